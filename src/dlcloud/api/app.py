@@ -1,0 +1,102 @@
+"""``create_app(platform)``: the FastAPI application with error handlers, middleware and routers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dlcloud import __version__
+from dlcloud.api import accounting, code, jobs, tenants
+from dlcloud.api.middleware import Metrics, RequestMiddleware
+from dlcloud.errors import DlcloudError
+from dlcloud.services.auth import AuthError
+from dlcloud.services.platform import Platform
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+
+def _error(request: Request, status: int, code: str, message: str, details: dict | None = None) -> JSONResponse:
+    request.state.error_code = code
+    return JSONResponse({"error": {"code": code, "message": message, "details": details or {}}}, status_code=status)
+
+
+def _validation_details(exc: RequestValidationError) -> tuple[str, dict[str, Any]]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (not allowed)"
+        msg = msg.removeprefix("Value error, ")
+        problems.append({"field": loc or "(body)", "problem": msg})
+    summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
+    return f"invalid request: {summary}", {"errors": problems}
+
+
+def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
+    """Build the API. ``ready_check`` returns None when ready or a reason string (the control loop)."""
+    app = FastAPI(
+        title="dlcloud",
+        version=__version__,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.platform = platform
+    metrics = Metrics()
+    app.state.metrics = metrics
+
+    @app.exception_handler(DlcloudError)
+    async def _dlcloud_error(request: Request, exc: DlcloudError) -> JSONResponse:
+        if isinstance(exc, AuthError) and exc.access_key:
+            request.state.auth_access_key = exc.access_key[:40]
+        return _error(request, exc.http_status, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, details = _validation_details(exc)
+        return _error(request, 422, "validation_error", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_argument")
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        return _error(request, exc.status_code, code, message)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return _error(request, 500, "internal", "internal server error; the server log has the details")
+
+    @app.get("/healthz", include_in_schema=False, name="healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False, name="readyz")
+    def readyz() -> JSONResponse:
+        try:
+            platform.db.ping()
+        except Exception as exc:  # any driver error means not ready
+            return JSONResponse({"status": "unavailable", "reason": f"database: {type(exc).__name__}"}, 503)
+        reason = ready_check() if ready_check else None
+        if reason:
+            return JSONResponse({"status": "unavailable", "reason": reason}, 503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False, name="metrics")
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    for module in (tenants, accounting, code, jobs):
+        app.include_router(module.router, prefix=API_PREFIX)
+    app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
+    return app

@@ -1,0 +1,48 @@
+"""Code uploads (streamed request bodies)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request, status
+
+from dlcloud import signing
+from dlcloud.api.deps import get_platform, set_audit_resource, streaming_caller
+from dlcloud.errors import InvalidArgument
+from dlcloud.schemas.jobs import CodeUpload
+from dlcloud.services import code as svc
+from dlcloud.services.auth import Caller
+from dlcloud.services.platform import Platform
+
+router = APIRouter()
+
+
+@router.post("/code", response_model=CodeUpload, status_code=status.HTTP_201_CREATED, name="code.upload")
+async def upload_code(
+    request: Request,
+    kind: str = Query("archive", description="archive (a .tar.gz of a directory), wheel or sdist"),
+    filename: str = Query("code.tar.gz", max_length=200),
+    c: Caller = Depends(streaming_caller),
+    p: Platform = Depends(get_platform),
+) -> CodeUpload:
+    length = request.headers.get("content-length")
+    try:
+        content_length = int(length) if length is not None else None
+    except ValueError:
+        raise InvalidArgument("Content-Length must be an integer") from None
+    declared = request.headers[signing.HEADER_CONTENT_SHA256.lower()]
+    upload = await svc.upload_code(
+        p.db,
+        p.settings,
+        c,
+        kind=kind,
+        filename=filename,
+        declared_sha256=declared,
+        content_length=content_length,
+        chunks=request.stream(),
+    )
+    set_audit_resource(request, upload.id)
+    return upload
+
+
+@router.get("/code/{code_id}", response_model=CodeUpload, name="code.get")
+def get_code(code_id: str, c: Caller = Depends(streaming_caller), p: Platform = Depends(get_platform)) -> CodeUpload:
+    return svc.get_code(p.db, c, code_id)

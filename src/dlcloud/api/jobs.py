@@ -1,0 +1,61 @@
+"""Jobs: submit, list, describe, cancel, delete, logs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi.responses import StreamingResponse
+
+from dlcloud.api.deps import caller, get_platform, set_audit_resource
+from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState
+from dlcloud.services import jobs as svc
+from dlcloud.services.auth import Caller
+from dlcloud.services.logs import open_log_stream
+from dlcloud.services.platform import Platform
+
+router = APIRouter()
+
+
+@router.post("/jobs", response_model=Job, status_code=status.HTTP_201_CREATED, name="jobs.submit")
+def submit_job(
+    spec: JobSpec, request: Request, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+) -> Job:
+    set_audit_resource(request, spec.name)
+    return svc.submit_job(p, c, spec)
+
+
+@router.get("/jobs", response_model=list[Job], name="jobs.list")
+def list_jobs(
+    state: list[JobState] | None = Query(None),
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=10_000_000),
+    c: Caller = Depends(caller),
+    p: Platform = Depends(get_platform),
+) -> list[Job]:
+    return svc.list_jobs(p, c, states=state, limit=limit, offset=offset)
+
+
+@router.get("/jobs/{name}", response_model=JobDetail, name="jobs.describe")
+def describe_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> JobDetail:
+    return svc.describe_job(p, c, name)
+
+
+@router.post("/jobs/{name}/cancel", response_model=Job, name="jobs.cancel")
+def cancel_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Job:
+    return svc.cancel_job(p, c, name)
+
+
+@router.delete("/jobs/{name}", status_code=status.HTTP_204_NO_CONTENT, name="jobs.delete")
+def delete_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+    svc.delete_job(p, c, name)
+
+
+@router.get("/jobs/{name}/logs", name="jobs.logs", response_class=StreamingResponse)
+async def job_logs(
+    name: str,
+    follow: bool = Query(False),
+    tail: int | None = Query(None, ge=0, le=1_000_000),
+    c: Caller = Depends(caller),
+    p: Platform = Depends(get_platform),
+) -> StreamingResponse:
+    lines = await open_log_stream(p, c, name, follow=follow, tail=tail)
+    return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

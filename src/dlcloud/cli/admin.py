@@ -1,0 +1,364 @@
+"""dlcloud tenants / users / keys / quota / usage / audit."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import typer
+
+from dlcloud.cli.common import client
+from dlcloud.cli.output import Output, OutputOption, err_console, print_json, render, render_fields, short_time
+from dlcloud.errors import InvalidArgument
+from dlcloud.schemas.common import format_memory, parse_duration
+
+tenants_app = typer.Typer(help="Manage tenants and their quotas (platform admin).", no_args_is_help=True)
+users_app = typer.Typer(help="Manage users.", no_args_is_help=True)
+keys_app = typer.Typer(help="Manage access keys (AK/SK pairs).", no_args_is_help=True)
+
+
+def _quota(gpus: int | None, cpus: float | None, memory: str | None, running: int | None, queued: int | None) -> dict:
+    q = {"gpus": gpus, "cpus": cpus, "memory": memory, "max_running_jobs": running, "max_queued_jobs": queued}
+    return {k: v for k, v in q.items() if v is not None}
+
+
+def _tenant_row(t: dict) -> dict:
+    q = t["quota"]
+    return {
+        "name": t["name"],
+        "gpus": q["gpus"],
+        "cpus": q["cpus"],
+        "memory": format_memory(q["memory"]) if q["memory"] is not None else None,
+        "running": q["max_running_jobs"],
+        "queued": q["max_queued_jobs"],
+        "created": short_time(t["created_at"]),
+    }
+
+
+TENANT_COLUMNS = [
+    ("NAME", "name"),
+    ("GPUS", "gpus"),
+    ("CPUS", "cpus"),
+    ("MEMORY", "memory"),
+    ("MAX RUNNING", "running"),
+    ("MAX QUEUED", "queued"),
+    ("CREATED", "created"),
+]
+
+
+@tenants_app.command("create")
+def tenants_create(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name (DNS-1123 label)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPU limit (default unlimited)."),
+    cpus: float | None = typer.Option(None, "--cpus", help="CPU limit."),
+    memory: str | None = typer.Option(None, "--memory", help="Memory limit, e.g. 64Gi."),
+    max_running_jobs: int | None = typer.Option(None, "--max-running-jobs", help="Concurrently running jobs."),
+    max_queued_jobs: int | None = typer.Option(None, "--max-queued-jobs", help="Queued jobs."),
+    output: Output = OutputOption,
+) -> None:
+    """Create a tenant with optional quotas (unset = unlimited).
+
+    Example:
+
+      dlcloud tenants create vision --gpus 4 --cpus 32 --memory 128Gi --max-running-jobs 8
+    """
+    t = client(ctx).tenants.create(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs))
+    if output == Output.json:
+        print_json(t)
+    else:
+        err_console.print(f"tenant {t['name']} created")
+
+
+@tenants_app.command("list")
+def tenants_list(ctx: typer.Context, output: Output = OutputOption) -> None:
+    """List tenants and their quotas.
+
+    Example:
+
+      dlcloud tenants list -o json
+    """
+    ts = client(ctx).tenants.list()
+    if output == Output.json:
+        print_json(ts)
+    else:
+        render([_tenant_row(t) for t in ts], output, TENANT_COLUMNS)
+
+
+@tenants_app.command("set-quota")
+def tenants_set_quota(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name."),
+    gpus: int | None = typer.Option(None, "--gpus"),
+    cpus: float | None = typer.Option(None, "--cpus"),
+    memory: str | None = typer.Option(None, "--memory"),
+    max_running_jobs: int | None = typer.Option(None, "--max-running-jobs"),
+    max_queued_jobs: int | None = typer.Option(None, "--max-queued-jobs"),
+    output: Output = OutputOption,
+) -> None:
+    """Replace a tenant's quota (limits not given become unlimited).
+
+    Example:
+
+      dlcloud tenants set-quota vision --gpus 8 --max-running-jobs 16
+    """
+    t = client(ctx).tenants.set_quota(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs))
+    if output == Output.json:
+        print_json(t)
+    else:
+        render([_tenant_row(t)], output, TENANT_COLUMNS)
+
+
+@users_app.command("create")
+def users_create(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="User name (DNS-1123 label)."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Tenant (default: yours)."),
+    role: str = typer.Option("member", "--role", help="member, tenant-admin or platform-admin."),
+    output: Output = OutputOption,
+) -> None:
+    """Create a user.
+
+    Example:
+
+      dlcloud users create alice --tenant vision --role tenant-admin
+    """
+    u = client(ctx).users.create(name, tenant=tenant, role=role)
+    if output == Output.json:
+        print_json(u)
+    else:
+        err_console.print(f"user {u['name']} created in tenant {u['tenant']} as {u['role']}")
+
+
+@users_app.command("list")
+def users_list(
+    ctx: typer.Context,
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant."),
+    output: Output = OutputOption,
+) -> None:
+    """List users.
+
+    Example:
+
+      dlcloud users list --tenant vision
+    """
+    us = client(ctx).users.list(tenant)
+    render(
+        us,
+        output,
+        [("NAME", "name"), ("TENANT", "tenant"), ("ROLE", "role"), ("CREATED", lambda u: short_time(u["created_at"]))],
+    )
+
+
+@keys_app.command("create")
+def keys_create(
+    ctx: typer.Context,
+    user: str | None = typer.Option(None, "--user", help="For this user (default: you)."),
+    tenant: str | None = typer.Option(None, "--tenant", help="The user's tenant (platform admin)."),
+    output: Output = OutputOption,
+) -> None:
+    """Create an access key. The secret is printed once and never again.
+
+    Examples:
+
+      dlcloud keys create
+
+      dlcloud keys create --user alice --tenant vision -o json
+    """
+    k = client(ctx).keys.create(user=user, tenant=tenant)
+    if output == Output.json:
+        print_json(
+            {"access_key": k["access_key"], "secret_key": k["secret_key"], "user": k["user"], "tenant": k["tenant"]}
+        )
+        return
+    render_fields(
+        k,
+        output,
+        [("Access key", k["access_key"]), ("Secret key", k["secret_key"]), ("User", f"{k['user']} ({k['tenant']})")],
+    )
+    err_console.print("[yellow]Store the secret key now: it cannot be shown again.[/yellow]")
+
+
+@keys_app.command("list")
+def keys_list(
+    ctx: typer.Context,
+    user: str | None = typer.Option(None, "--user"),
+    tenant: str | None = typer.Option(None, "--tenant"),
+    output: Output = OutputOption,
+) -> None:
+    """List access keys (never their secrets).
+
+    Example:
+
+      dlcloud keys list --user alice
+    """
+    ks = client(ctx).keys.list(user=user, tenant=tenant)
+    render(
+        ks,
+        output,
+        [
+            ("ACCESS KEY", "access_key"),
+            ("USER", "user"),
+            ("TENANT", "tenant"),
+            ("ENABLED", "enabled"),
+            ("CREATED", lambda k: short_time(k["created_at"])),
+        ],
+    )
+
+
+@keys_app.command("disable")
+def keys_disable(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+    """Disable a key: requests signed with it are refused until it is enabled again.
+
+    Example:
+
+      dlcloud keys disable AKXXXXXXXXXXXXXXXXXX
+    """
+    client(ctx).keys.disable(key)
+    err_console.print(f"key {key} disabled")
+
+
+@keys_app.command("enable")
+def keys_enable(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+    """Enable a disabled key.
+
+    Example:
+
+      dlcloud keys enable AKXXXXXXXXXXXXXXXXXX
+    """
+    client(ctx).keys.enable(key)
+    err_console.print(f"key {key} enabled")
+
+
+@keys_app.command("delete")
+def keys_delete(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+    """Delete a key for good.
+
+    Example:
+
+      dlcloud keys delete AKXXXXXXXXXXXXXXXXXX
+    """
+    client(ctx).keys.delete(key)
+    err_console.print(f"key {key} deleted")
+
+
+def quota(
+    ctx: typer.Context,
+    tenant: str | None = typer.Option(None, "--tenant", help="Another tenant (platform admin)."),
+    output: Output = OutputOption,
+) -> None:
+    """Show your tenant's limits and live usage.
+
+    Example:
+
+      dlcloud quota
+    """
+    r = client(ctx).accounting.quota(tenant)
+    if output == Output.json:
+        print_json(r)
+        return
+    lim, use = r["limits"], r["usage"]
+
+    def lim_str(v: object, fmt=str) -> str:  # type: ignore[no-untyped-def]
+        return "unlimited" if v is None else fmt(v)
+
+    rows = [
+        {"resource": "gpus", "used": use["gpus"], "limit": lim_str(lim["gpus"])},
+        {"resource": "cpus", "used": f"{use['cpus']:g}", "limit": lim_str(lim["cpus"], lambda v: f"{v:g}")},
+        {
+            "resource": "memory",
+            "used": format_memory(use["memory"]) if use["memory"] else "0",
+            "limit": lim_str(lim["memory"], format_memory),
+        },
+        {"resource": "running jobs", "used": use["running_jobs"], "limit": lim_str(lim["max_running_jobs"])},
+        {"resource": "queued jobs", "used": use["queued_jobs"], "limit": lim_str(lim["max_queued_jobs"])},
+    ]
+    render(
+        rows, output, [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")], title=f"tenant {r['tenant']}"
+    )
+
+
+def _since(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return (datetime.now(UTC) - timedelta(seconds=parse_duration(value))).isoformat()
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"--since takes a duration (24h, 7d) or an ISO time (2026-11-01T00:00), got {value!r}"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()
+
+
+def usage(
+    ctx: typer.Context,
+    since: str = typer.Option("24h", "--since", help="Window start: a duration back (24h, 7d) or an ISO time."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Another tenant (platform admin)."),
+    all_tenants: bool = typer.Option(False, "--all", help="Every tenant (platform admin)."),
+    output: Output = OutputOption,
+) -> None:
+    """GPU-seconds, CPU-seconds and job counts per tenant and user.
+
+    Examples:
+
+      dlcloud usage --since 7d
+
+      dlcloud usage --since 2026-11-01T00:00 --all -o json
+    """
+    r = client(ctx).accounting.usage(since=_since(since), tenant=tenant, all_tenants=all_tenants)
+    if output == Output.json:
+        print_json(r)
+        return
+    render(
+        r["rows"],
+        output,
+        [
+            ("TENANT", "tenant"),
+            ("USER", "user"),
+            ("JOBS", "jobs"),
+            ("ATTEMPTS", "attempts"),
+            ("GPU-SECONDS", lambda x: f"{x['gpu_seconds']:.1f}"),
+            ("CPU-SECONDS", lambda x: f"{x['cpu_seconds']:.1f}"),
+        ],
+        title=f"usage since {short_time(r['since'])}",
+    )
+
+
+def audit(
+    ctx: typer.Context,
+    since: str | None = typer.Option(None, "--since", help="A duration back (1h, 7d) or an ISO time."),
+    action: str | None = typer.Option(None, "--action", help="Only this action, e.g. jobs.submit."),
+    user: str | None = typer.Option(None, "--user", help="Only this user."),
+    all_tenants: bool = typer.Option(False, "--all", help="Every tenant (platform admin)."),
+    limit: int = typer.Option(100, "--limit", help="Newest N events."),
+    output: Output = OutputOption,
+) -> None:
+    """The audit log: who did what, when, from where, and how it ended (tenant admins).
+
+    Examples:
+
+      dlcloud audit --since 1h
+
+      dlcloud audit --all --action auth.bad_signature -o json
+    """
+    events = client(ctx).accounting.audit(
+        since=_since(since), action=action, user=user, all_tenants=all_tenants, limit=limit
+    )
+    render(
+        events,
+        output,
+        [
+            ("TIME", lambda e: short_time(e["time"])),
+            ("TENANT", "tenant"),
+            ("USER", "user"),
+            ("KEY", "access_key"),
+            ("ACTION", "action"),
+            ("RESOURCE", "resource"),
+            ("OUTCOME", lambda e: e["outcome"] if not e["error_code"] else f"{e['outcome']} ({e['error_code']})"),
+            ("CLIENT", "client_address"),
+            ("REQUEST", "request_id"),
+        ],
+    )

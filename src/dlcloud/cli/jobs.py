@@ -1,0 +1,341 @@
+"""dlcloud jobs ..."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from dlcloud.cli.common import client
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.client import Client
+from dlcloud.errors import InvalidSpec
+
+app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
+CODE_ID_RE = re.compile(r"^c-[a-z0-9]{16}$")
+
+
+def _load_spec(path: Path) -> dict[str, Any]:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read spec {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(f"{path} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"{path} must contain a mapping (name: ..., command: ...), not {type(data).__name__}")
+    return data
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidSpec(f"--env takes KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def upload_code(c: Client, code: str, base: Path) -> str:
+    """A directory, wheel or sdist is uploaded (with a progress bar); a code id passes through."""
+    if CODE_ID_RE.match(code):
+        return code
+    path = (base / code).expanduser() if not Path(code).is_absolute() else Path(code)
+    if not path.exists():
+        raise InvalidSpec(f"code {code!r} is neither a directory, a .whl/.tar.gz file nor an uploaded code id (c-...)")
+    if path.is_dir():
+        from dlcloud.cli.packing import pack_directory
+
+        packed = pack_directory(path)
+        for link in packed.skipped_links:
+            err_console.print(f"[yellow]skipped link[/yellow] {link} (links are not uploaded)")
+        file, kind, cleanup = packed.archive, "archive", True
+        label = f"{path.name}/ ({packed.files} files)"
+    elif path.name.endswith(".whl"):
+        file, kind, cleanup, label = path, "wheel", False, path.name
+    elif path.name.endswith((".tar.gz", ".tgz", ".zip")):
+        file, kind, cleanup, label = path, "sdist", False, path.name
+    else:
+        raise InvalidSpec(f"code file {path.name} must be a wheel (.whl) or an sdist (.tar.gz)")
+    try:
+        size = file.stat().st_size
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err_console,
+            transient=not err_console.is_terminal,
+        ) as progress:
+            task = progress.add_task(f"uploading {label}", total=size)
+            result = c.code.upload(
+                file,
+                kind=kind,
+                filename=file.name if kind != "archive" else "code.tar.gz",
+                progress=lambda n: progress.advance(task, n),
+            )
+    finally:
+        if cleanup:
+            file.unlink(missing_ok=True)
+    return str(result["id"])
+
+
+def _print_log_line(line: Any, timestamps: bool) -> None:
+    prefix = f"{line.time} " if timestamps and line.time else ""
+    if line.stream == "system":
+        err_console.print(f"{prefix}[dim]\\[dlcloud] {line.text}[/dim]", markup=True)
+    elif line.stream == "stderr":
+        sys.stderr.write(prefix + line.text + "\n")
+        sys.stderr.flush()
+    else:
+        sys.stdout.write(prefix + line.text + "\n")
+        sys.stdout.flush()
+
+
+def follow_job(c: Client, name: str, timestamps: bool = False) -> int:
+    """Stream logs until the job ends; returns the CLI exit code (0 only if SUCCEEDED)."""
+    while True:
+        for line in c.jobs.logs(name, follow=True):
+            _print_log_line(line, timestamps)
+        job = c.jobs.get(name)
+        if job["state"] in TERMINAL:
+            break
+    color = "green" if job["state"] == "SUCCEEDED" else "red"
+    err_console.print(f"job {name}: [{color}]{job['state']}[/{color}] ({job['reason']})")
+    return 0 if job["state"] == "SUCCEEDED" else 1
+
+
+@app.command("submit")
+def submit(
+    ctx: typer.Context,
+    file: Path | None = typer.Option(None, "-f", "--file", help="Job spec, YAML or JSON ('-' for stdin)."),
+    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1123 label, unique in your tenant)."),
+    code: str | None = typer.Option(None, "--code", help="Directory to pack, .whl/.tar.gz package, or code id."),
+    command: str | None = typer.Option(None, "--command", help="Shell command to run in the code directory."),
+    module: str | None = typer.Option(None, "--module", help="Python module to run (python -m MODULE ARGS)."),
+    args: list[str] = typer.Option([], "--args", help="Argument for --module (repeat for several)."),
+    env: list[str] = typer.Option([], "--env", help="Environment variable KEY=VALUE (repeatable)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per replica."),
+    cpu: float | None = typer.Option(None, "--cpu", help="CPUs per replica."),
+    memory: str | None = typer.Option(None, "--memory", help="Memory per replica, e.g. 4Gi."),
+    priority: int | None = typer.Option(None, "--priority", help="Higher runs first (-1000..1000)."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Wall-clock limit, e.g. 30m or 2h."),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts after a failure."),
+    backoff: float | None = typer.Option(None, "--backoff", help="Seconds between restarts."),
+    follow: bool = typer.Option(False, "--follow", help="Stream the logs until the job ends."),
+    output: Output = OutputOption,
+) -> None:
+    """Submit a training job from a spec file and/or flags (flags win).
+
+    Examples:
+
+      dlcloud jobs submit -f job.yaml --follow
+
+      dlcloud jobs submit --name mnist --code ./trainer --command "python train.py --epochs 3" --gpus 1
+
+      dlcloud jobs submit --name pkg --code dist/trainer-0.1-py3-none-any.whl --module trainer.task --args --lr=0.1
+    """
+    spec: dict[str, Any] = {}
+    base = Path.cwd()
+    if file is not None:
+        spec = _load_spec(file)
+        if str(file) != "-":
+            base = file.resolve().parent
+    overrides: dict[str, Any] = {
+        "name": name,
+        "command": command,
+        "module": module,
+        "priority": priority,
+        "timeout": timeout,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            spec[key] = value
+    if module is not None:
+        spec.pop("command", None)
+    if command is not None:
+        spec.pop("module", None)
+    if args:
+        spec["args"] = list(args)
+    if env:
+        spec["env"] = {**(spec.get("env") or {}), **_parse_env(env)}
+    res = dict(spec.get("resources") or {})
+    for key, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
+        if value is not None:
+            res[key] = value
+    if res:
+        spec["resources"] = res
+    restart = dict(spec.get("restart") or {})
+    if max_restarts is not None:
+        restart["max_restarts"] = max_restarts
+    if backoff is not None:
+        restart["backoff_seconds"] = backoff
+    if restart:
+        spec["restart"] = restart
+    if not spec.get("name"):
+        raise InvalidSpec("a job needs a name: use --name or 'name:' in the spec")
+    c = client(ctx)
+    if code is not None:
+        spec["code"] = code
+    if spec.get("code"):
+        spec["code"] = upload_code(c, str(spec["code"]), base)
+    job = c.jobs.submit(spec)
+    if output == Output.json and not follow:
+        render(job, output, [])
+        return
+    err_console.print(f"job [bold]{job['name']}[/bold] submitted ({job['id']}), state {job['state']}")
+    if follow:
+        raise typer.Exit(follow_job(c, job["name"]))
+
+
+@app.command("list")
+def list_jobs(
+    ctx: typer.Context,
+    state: list[str] = typer.Option([], "--state", help="Only jobs in this state (repeatable)."),
+    limit: int = typer.Option(100, "--limit", help="At most this many jobs, newest first."),
+    output: Output = OutputOption,
+) -> None:
+    """List your tenant's jobs, newest first.
+
+    Examples:
+
+      dlcloud jobs list
+
+      dlcloud jobs list --state RUNNING --state QUEUED -o json
+    """
+    jobs = client(ctx).jobs.list(states=[s.upper() for s in state] or None, limit=limit)
+    render(
+        jobs,
+        output,
+        [
+            ("NAME", "name"),
+            ("STATE", "state"),
+            ("USER", "user"),
+            ("GPUS", "gpus"),
+            ("CPUS", "cpus"),
+            ("ATTEMPT", "attempt"),
+            ("EXIT", "exit_code"),
+            ("CREATED", lambda j: short_time(j["created_at"])),
+            ("REASON", "reason"),
+        ],
+    )
+
+
+@app.command("describe")
+def describe(
+    ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id."), output: Output = OutputOption
+) -> None:
+    """Show a job: state, resources, queue position and wait reason, attempts and events.
+
+    Example:
+
+      dlcloud jobs describe mnist
+    """
+    job = client(ctx).jobs.get(name)
+    if output == Output.json:
+        render(job, output, [])
+        return
+    from dlcloud.schemas.common import format_memory
+
+    fields: list[tuple[str, Any]] = [
+        ("Name", job["name"]),
+        ("Id", job["id"]),
+        ("User", job["user"]),
+        ("State", job["state"]),
+        ("Reason", job["reason"]),
+        ("Command", job["command"]),
+        ("Code", job["code"]),
+        ("Resources", f"{job['gpus']} GPU, {job['cpus']:g} CPU, {format_memory(job['memory'])}"),
+        ("Priority", job["priority"]),
+        ("Attempt", f"{job['attempt']} (restarts {job['restarts']})"),
+        ("Exit code", job["exit_code"]),
+        ("Created", short_time(job["created_at"])),
+        ("Started", short_time(job["started_at"])),
+        ("Finished", short_time(job["finished_at"])),
+    ]
+    if job.get("queue_position") is not None:
+        fields.append(("Queue position", job["queue_position"]))
+        fields.append(("Waiting for", job["wait_reason"]))
+    render_fields(job, output, fields)
+    if job["attempts"]:
+        console.print()
+        render(
+            job["attempts"],
+            Output.table,
+            [
+                ("ATTEMPT", "number"),
+                ("HOST", "host"),
+                ("GPUS", lambda a: ",".join(map(str, a["gpus"])) or "-"),
+                ("STARTED", lambda a: short_time(a["started_at"])),
+                ("FINISHED", lambda a: short_time(a["finished_at"])),
+                ("EXIT", "exit_code"),
+                ("OUTCOME", "outcome"),
+            ],
+            title="Attempts",
+        )
+    console.print()
+    render(
+        job["events"],
+        Output.table,
+        [("TIME", lambda e: short_time(e["time"])), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
+        title="Events",
+    )
+
+
+@app.command("logs")
+def logs(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Job name or id."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep streaming until the job ends."),
+    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines (then follow, with -f)."),
+    timestamps: bool = typer.Option(False, "--timestamps", help="Prefix each line with its UTC time."),
+) -> None:
+    """Print a job's logs (stdout, stderr and dlcloud's own lines), across all attempts.
+
+    Examples:
+
+      dlcloud jobs logs mnist --follow
+
+      dlcloud jobs logs mnist --tail 100 --timestamps
+    """
+    c = client(ctx)
+    for line in c.jobs.logs(name, follow=follow, tail=tail):
+        _print_log_line(line, timestamps)
+
+
+@app.command("cancel")
+def cancel(
+    ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id."), output: Output = OutputOption
+) -> None:
+    """Cancel a job: queued jobs end at once; running ones get SIGTERM, then SIGKILL after the grace period.
+
+    Example:
+
+      dlcloud jobs cancel mnist
+    """
+    job = client(ctx).jobs.cancel(name)
+    if output == Output.json:
+        render(job, output, [])
+    else:
+        err_console.print(f"job {job['name']}: {job['reason'] or job['state']}")
+
+
+@app.command("delete")
+def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id.")) -> None:
+    """Delete a finished job with its logs and files (cancel a running job first).
+
+    Example:
+
+      dlcloud jobs delete mnist
+    """
+    client(ctx).jobs.delete(name)
+    err_console.print(f"job {name} deleted")

@@ -1,0 +1,163 @@
+"""``dlcloud``: the entry point. Errors print as ``error (code): message`` and exit non-zero."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from dlcloud import __version__
+from dlcloud.cli import admin, jobs
+from dlcloud.cli.output import Output, OutputOption, err_console, render_fields
+from dlcloud.errors import DlcloudError
+
+app = typer.Typer(
+    help="dlcloud: train, tune, track and serve models on shared GPUs.\n\n"
+    "Start a platform on this machine with 'dlcloud up'; in another terminal 'dlcloud jobs list' works at once.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(jobs.app, name="jobs")
+app.add_typer(admin.tenants_app, name="tenants")
+app.add_typer(admin.users_app, name="users")
+app.add_typer(admin.keys_app, name="keys")
+app.command("quota")(admin.quota)
+app.command("usage")(admin.usage)
+app.command("audit")(admin.audit)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dlcloud {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    profile: str | None = typer.Option(None, "--profile", envvar="DLCLOUD_PROFILE", help="Config profile to use."),
+    timeout: float = typer.Option(60.0, "--timeout", help="HTTP timeout in seconds."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    ctx.obj = {"profile": profile, "timeout": timeout}
+
+
+@app.command("up")
+def up(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8420, "--port", help="Port to listen on."),
+    data_dir: Path = typer.Option(Path("~/.dlcloud"), "--data-dir", help="Database, code, logs and keys live here."),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="postgresql://user@host/db; default SQLite in the data dir."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    no_profile: bool = typer.Option(False, "--no-profile", help="Do not write the 'local' CLI profile."),
+) -> None:
+    """Start the platform on this machine: API, scheduler and local executor in one process.
+
+    On first start it creates the platform admin, writes its key to <data-dir>/bootstrap-admin.json and
+    sets up the 'local' CLI profile. Stop with Ctrl-C or SIGTERM; running jobs keep running and are
+    re-adopted on the next start.
+
+    Examples:
+
+      dlcloud up
+
+      dlcloud up --port 9000 --data-dir /srv/dlcloud --database-url postgresql://postgres@127.0.0.1/dlcloud
+    """
+    import logging
+
+    from dlcloud.server import public_endpoint, serve
+    from dlcloud.settings import Settings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict = {"host": host, "port": port, "data_dir": data_dir.expanduser().resolve(), "log_level": log_level}
+    if database_url:
+        overrides["database_url"] = database_url
+    settings = Settings(**overrides)
+
+    def on_ready(server) -> None:  # type: ignore[no-untyped-def]
+        endpoint = public_endpoint(settings)
+        if not no_profile and server.bootstrap_file.exists():
+            from dlcloud.client.config import Credentials, read_config, write_profile
+
+            boot = json.loads(server.bootstrap_file.read_text())
+            current = read_config().get("current")
+            path = write_profile(
+                "local",
+                Credentials(endpoint, boot["access_key"], boot["secret_key"]),
+                make_current=current in (None, "local"),
+            )
+            err_console.print(f"CLI profile 'local' written to {path}")
+        err_console.print(f"dlcloud is starting at [bold]{endpoint}[/bold]")
+        err_console.print(f"admin key: {server.bootstrap_file}")
+
+    serve(settings, on_ready=on_ready)
+
+
+@app.command("configure")
+def configure(
+    endpoint: str = typer.Option(..., "--endpoint", prompt=True, help="API URL, e.g. http://gpu-box:8420."),
+    access_key: str = typer.Option(..., "--access-key", prompt=True, help="Access key id (AK...)."),
+    secret_key: str = typer.Option(..., "--secret-key", prompt=True, hide_input=True, help="Secret key."),
+    profile: str = typer.Option("default", "--profile", help="Profile name."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Verify the credentials with a signed call."),
+) -> None:
+    """Save credentials to ~/.config/dlcloud/config.toml (mode 0600) and make the profile current.
+
+    Examples:
+
+      dlcloud configure --endpoint http://gpu-box:8420 --access-key AK... --secret-key ...
+
+      dlcloud configure --profile lab    # prompts for each value
+    """
+    from dlcloud.client import Client, Credentials
+    from dlcloud.client.config import write_profile
+
+    creds = Credentials(endpoint.rstrip("/"), access_key.strip(), secret_key.strip())
+    if check:
+        with Client(creds) as c:
+            who = c.whoami()
+        err_console.print(f"signed in as {who['user']} (tenant {who['tenant']}, {who['role']})")
+    path = write_profile(profile, creds)
+    err_console.print(f"profile '{profile}' saved to {path}")
+
+
+@app.command("whoami")
+def whoami(ctx: typer.Context, output: Output = OutputOption) -> None:
+    """Show who the configured credentials belong to.
+
+    Example:
+
+      dlcloud whoami -o json
+    """
+    from dlcloud.cli.common import client
+
+    who = client(ctx).whoami()
+    render_fields(
+        who,
+        output,
+        [("User", who["user"]), ("Tenant", who["tenant"]), ("Role", who["role"]), ("Key", who["access_key"])],
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except DlcloudError as exc:
+        err_console.print(f"[red]error[/red] ({exc.code}): {exc.message}", markup=True, highlight=False)
+        errors = exc.details.get("errors") if exc.details else None
+        if isinstance(errors, list):
+            for e in errors[:20]:
+                if isinstance(e, dict):
+                    err_console.print(f"  - {e.get('field')}: {e.get('problem')}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

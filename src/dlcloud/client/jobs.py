@@ -1,0 +1,73 @@
+"""Jobs and code uploads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlcloud.client.base import API, Transport
+
+
+@dataclass(frozen=True)
+class LogLine:
+    time: str
+    stream: str  # stdout | stderr | system
+    text: str
+
+    @classmethod
+    def parse(cls, raw: str) -> LogLine:
+        parts = raw.split(" ", 2)
+        if len(parts) >= 2 and parts[1] in ("stdout", "stderr", "system"):
+            return cls(parts[0], parts[1], parts[2] if len(parts) > 2 else "")
+        return cls("", "stdout", raw)
+
+
+class CodeAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def upload(
+        self,
+        file: Path,
+        kind: str = "archive",
+        filename: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Upload a .tar.gz of a directory (kind=archive), a wheel or an sdist; returns its code id."""
+        params = {"kind": kind, "filename": filename or file.name}
+        return self._t.upload(f"{API}/code", file, params=params, progress=progress)  # type: ignore[no-any-return]
+
+
+class JobsAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Submit a job spec whose ``code`` (if any) is an uploaded code id.
+
+        Raises:
+            InvalidSpec / dlcloud.errors.DlcloudError with code validation_error: the spec is wrong.
+            QuotaExceeded: the tenant's queue is full or the job exceeds the tenant's limits.
+        """
+        return self._t.request("POST", f"{API}/jobs", json_body=spec)  # type: ignore[no-any-return]
+
+    def list(self, states: list[str] | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        return self._t.request("GET", f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})  # type: ignore[no-any-return]
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The job with its events, attempts, queue position and wait reason."""
+        return self._t.request("GET", f"{API}/jobs/{name}")  # type: ignore[no-any-return]
+
+    def cancel(self, name: str) -> dict[str, Any]:
+        return self._t.request("POST", f"{API}/jobs/{name}/cancel")  # type: ignore[no-any-return]
+
+    def delete(self, name: str) -> None:
+        self._t.request("DELETE", f"{API}/jobs/{name}")
+
+    def logs(self, name: str, *, follow: bool = False, tail: int | None = None) -> Iterator[LogLine]:
+        params = {"follow": follow or None, "tail": tail}
+        for raw in self._t.stream_lines(f"{API}/jobs/{name}/logs", params=params, timeout=None if follow else 60):
+            if raw:
+                yield LogLine.parse(raw)

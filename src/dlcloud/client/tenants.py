@@ -1,0 +1,58 @@
+"""Tenants, users and access keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlcloud.client.base import API, Transport
+
+
+class TenantsAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def create(self, name: str, quota: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create a tenant (platform admin). ``quota`` keys: gpus, cpus, memory, max_running_jobs, max_queued_jobs."""
+        return self._t.request("POST", f"{API}/tenants", json_body={"name": name, "quota": quota or {}})  # type: ignore[no-any-return]
+
+    def list(self) -> list[dict[str, Any]]:
+        return self._t.request("GET", f"{API}/tenants")  # type: ignore[no-any-return]
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self._t.request("GET", f"{API}/tenants/{name}")  # type: ignore[no-any-return]
+
+    def set_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
+        return self._t.request("PATCH", f"{API}/tenants/{name}", json_body={"quota": quota})  # type: ignore[no-any-return]
+
+
+class UsersAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def create(self, name: str, tenant: str | None = None, role: str = "member") -> dict[str, Any]:
+        body = {"name": name, "tenant": tenant, "role": role}
+        return self._t.request("POST", f"{API}/users", json_body=body)  # type: ignore[no-any-return]
+
+    def list(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._t.request("GET", f"{API}/users", params={"tenant": tenant})  # type: ignore[no-any-return]
+
+
+class KeysAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def create(self, user: str | None = None, tenant: str | None = None) -> dict[str, Any]:
+        """Returns ``access_key`` and ``secret_key``; the secret is shown only this once."""
+        return self._t.request("POST", f"{API}/keys", json_body={"user": user, "tenant": tenant})  # type: ignore[no-any-return]
+
+    def list(self, user: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        return self._t.request("GET", f"{API}/keys", params={"user": user, "tenant": tenant})  # type: ignore[no-any-return]
+
+    def disable(self, key: str) -> dict[str, Any]:
+        return self._t.request("POST", f"{API}/keys/{key}/disable")  # type: ignore[no-any-return]
+
+    def enable(self, key: str) -> dict[str, Any]:
+        return self._t.request("POST", f"{API}/keys/{key}/enable")  # type: ignore[no-any-return]
+
+    def delete(self, key: str) -> None:
+        self._t.request("DELETE", f"{API}/keys/{key}")

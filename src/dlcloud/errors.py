@@ -1,0 +1,134 @@
+"""One error base and one table from error code to HTTP status.
+
+Every error a user can see is a ``DlcloudError`` with a stable ``code``. The API turns it into
+``{"error": {"code", "message", "details"}}`` with the status from ``HTTP_STATUS``; the SDK turns that
+body back into the same class. Nothing here imports other dlcloud modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HTTP_STATUS: dict[str, int] = {
+    "invalid_argument": 400,
+    "invalid_spec": 400,
+    "invalid_archive": 400,
+    "checksum_mismatch": 400,
+    "validation_error": 422,
+    "unauthenticated": 401,
+    "missing_signature": 401,
+    "unknown_access_key": 401,
+    "disabled_access_key": 401,
+    "bad_signature": 401,
+    "clock_skew": 401,
+    "replayed_nonce": 401,
+    "permission_denied": 403,
+    "not_found": 404,
+    "already_exists": 409,
+    "conflict": 409,
+    "invalid_state": 409,
+    "payload_too_large": 413,
+    "quota_exceeded": 429,
+    "unavailable": 503,
+    "not_configured": 400,
+    "internal": 500,
+}
+
+
+class DlcloudError(Exception):
+    """Base of every user-facing error."""
+
+    code = "internal"
+
+    def __init__(self, message: str, code: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details or {}
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 500)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(DlcloudError):
+    code = "invalid_argument"
+
+
+class InvalidSpec(DlcloudError):
+    code = "invalid_spec"
+
+
+class InvalidArchive(DlcloudError):
+    code = "invalid_archive"
+
+
+class NotFound(DlcloudError):
+    code = "not_found"
+
+
+class AlreadyExists(DlcloudError):
+    code = "already_exists"
+
+
+class InvalidState(DlcloudError):
+    code = "invalid_state"
+
+
+class PermissionDenied(DlcloudError):
+    code = "permission_denied"
+
+
+class Unauthenticated(DlcloudError):
+    code = "unauthenticated"
+
+
+class PayloadTooLarge(DlcloudError):
+    code = "payload_too_large"
+
+
+class QuotaExceeded(DlcloudError):
+    code = "quota_exceeded"
+
+
+class Unavailable(DlcloudError):
+    code = "unavailable"
+
+
+_BY_CODE: dict[str, type[DlcloudError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        InvalidSpec,
+        InvalidArchive,
+        NotFound,
+        AlreadyExists,
+        InvalidState,
+        PermissionDenied,
+        Unauthenticated,
+        PayloadTooLarge,
+        QuotaExceeded,
+        Unavailable,
+    )
+}
+
+
+def error_from_body(status: int, body: Any) -> DlcloudError:
+    """Rebuild the error the server raised from its JSON body (used by the SDK)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("code"), str):
+        code = err["code"]
+        message = str(err.get("message", ""))
+        details = err.get("details") if isinstance(err.get("details"), dict) else {}
+        cls = _BY_CODE.get(code)
+        if cls is None:
+            cls = Unauthenticated if HTTP_STATUS.get(code) == 401 else DlcloudError
+        return cls(message, code=code, details=details)
+    return DlcloudError(f"server answered HTTP {status}: {str(body)[:500]}", code="internal")

@@ -1,0 +1,89 @@
+"""The Executor ABC and the value types that cross it.
+
+A Workload is one attempt of one job. The executor starts it, and afterwards ``poll`` reports its
+state from what the executor recorded (for the local executor: files on disk written by a detached
+launcher), so the control plane can crash and restart without losing or re-running anything.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One attempt of a job, fully decided: what to run, where, with which resources."""
+
+    job_id: str
+    tenant_id: str
+    attempt: int
+    attempt_dir: Path  # created by the executor; holds code/, logs and the launcher's records
+    command: str  # run with /bin/sh -c in the code directory
+    env: dict[str, str] = field(default_factory=dict)  # added to a minimal base environment
+    code_archive: Path | None = None  # a validated .tar.gz unpacked into <attempt_dir>/code
+    package: Path | None = None  # a wheel or sdist installed into <attempt_dir>/packages (PYTHONPATH)
+    gpus: tuple[int, ...] = ()  # exclusive GPU indices -> CUDA_VISIBLE_DEVICES
+    cpus: float = 1.0
+    memory_bytes: int = 0  # 0 = no limit
+    timeout_seconds: float | None = None  # enforced by the launcher, survives control-plane restarts
+    grace_seconds: float = 10.0  # SIGTERM -> SIGKILL on stop and timeout
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What the executor knows about one attempt."""
+
+    state: Literal["pending", "running", "exited", "lost"]
+    exit_code: int | None = None  # for exited: the process's code; negative = killed by that signal
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    timed_out: bool = False
+    stopped: bool = False  # exited because stop() was called
+    message: str = ""  # e.g. why it is lost, launcher errors (unpack failure, ...)
+    pid: int | None = None
+
+
+class Executor(abc.ABC):
+    """Starts, polls and stops Workloads. Public methods log; implementations fill the ``_`` hooks."""
+
+    name: str = "base"
+
+    def start(self, workload: Workload) -> None:
+        log.info(
+            "starting job %s attempt %d (gpus=%s cpus=%s)",
+            workload.job_id,
+            workload.attempt,
+            list(workload.gpus),
+            workload.cpus,
+        )
+        self._start(workload)
+
+    def poll(self, attempt_dir: Path) -> AttemptReport:
+        return self._poll(attempt_dir)
+
+    def stop(self, attempt_dir: Path) -> None:
+        log.info("stopping attempt %s", attempt_dir)
+        self._stop(attempt_dir)
+
+    def reap(self) -> None:
+        """Collect finished child processes (called regularly by the supervisor)."""
+
+    def log_files(self, attempt_dir: Path) -> list[Path]:
+        """The attempt's log files in reading order."""
+        return [attempt_dir / "output.log"]
+
+    @abc.abstractmethod
+    def _start(self, workload: Workload) -> None: ...
+
+    @abc.abstractmethod
+    def _poll(self, attempt_dir: Path) -> AttemptReport: ...
+
+    @abc.abstractmethod
+    def _stop(self, attempt_dir: Path) -> None: ...

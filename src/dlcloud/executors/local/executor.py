@@ -1,0 +1,316 @@
+"""LocalExecutor: runs each attempt on this host through a detached launcher process.
+
+Invariants:
+- The launcher (``launcher.py``, standard library only) runs in its own session and records everything
+  in the attempt directory; ``poll`` and ``stop`` read only those files and /proc, so a new
+  ``LocalExecutor`` in a restarted control plane handles attempts an earlier process started. The
+  Popen objects kept here only serve ``reap`` (no zombies) and a faster "pending"/"lost" answer.
+- A pid from a record is trusted only while /proc/<pid>/stat shows the recorded start ticks (no pid reuse).
+- The command sees ``base env + workload.env`` and nothing else of the server's environment: variables
+  such as DLCLOUD_SECRET_KEY never reach it, nor the launcher (whose /proc/<pid>/environ the job could read).
+- Attempt directories are private (0700) and their records 0600: workload.json holds the job's env.
+
+Files in an attempt directory: see ``launcher.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from dlcloud.errors import InvalidState
+from dlcloud.executors.base import AttemptReport, Executor, Workload
+from dlcloud.executors.local import launcher as launcher_mod
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_PATH = Path(launcher_mod.__file__).resolve()
+LAUNCHER_LOG = "launcher.log"
+PENDING_SECONDS = 30.0  # how long an attempt without launcher.json may be "pending" before it is "lost"
+BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A record written atomically by the launcher, or None if it does not exist (yet)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _is_alive(pid: Any, start_ticks: Any) -> bool:
+    """Whether the process that wrote a record still runs: same pid, same start ticks, not a zombie."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        stat = launcher_mod.read_proc_stat(pid)
+    except (OSError, ValueError, IndexError):  # /proc hidden or unreadable: fall back to signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_ticks is None or stat[3] == start_ticks
+
+
+def _group_members(pgid: int, sid: int | None, min_ticks: int | None) -> list[int]:
+    """Pids in process group ``pgid`` of session ``sid`` started no earlier than the group's leader.
+
+    Linux does not hand out a pid while a process group of that id exists, so members found this way
+    belong to the recorded group and not to a stranger that reused the number.
+    """
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = launcher_mod.read_proc_stat(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+        if stat is None or stat[0] in ("Z", "X") or stat[1] != pgid:
+            continue
+        if sid is not None and stat[2] != sid:
+            continue
+        if min_ticks is not None and stat[3] < min_ticks:
+            continue
+        members.append(int(name))
+    return members
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create path and its missing parents with mode 0700 (os.makedirs applies mode to the leaf only)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
+
+
+class LocalExecutor(Executor):
+    """Runs workloads as processes on this host (decision 2 of ARCHITECTURE.md: jobs outlive the control plane).
+
+    Args:
+        python: the interpreter for jobs (its directory goes first on PATH; pip installs ``package`` with it).
+            Default: this process's interpreter.
+        base_env: the variables every command starts from, replacing the default (PATH, HOME, LANG, LC_ALL,
+            TZ, TMPDIR, USER taken from this process where set). DLCLOUD_* variables are dropped from it.
+    """
+
+    name = "local"
+
+    def __init__(self, python: str | None = None, base_env: dict[str, str] | None = None) -> None:
+        # abspath, not realpath: a venv's bin/python is a symlink whose directory matters.
+        self.python = os.path.abspath(python or sys.executable)
+        if base_env is None:
+            base_env = {k: os.environ[k] for k in BASE_ENV_VARS if k in os.environ}
+        env = {k: v for k, v in base_env.items() if not k.startswith("DLCLOUD_")}
+        path = env.get("PATH") or DEFAULT_PATH
+        env["PATH"] = os.path.dirname(self.python) + os.pathsep + path
+        self.base_env = env
+        self._lock = threading.Lock()
+        self._launchers: dict[Path, subprocess.Popen[bytes]] = {}
+        self._launch_records: dict[Path, dict[str, Any]] = {}  # launcher.json is written once: cache it
+
+    # ---- start
+
+    def build_env(self, workload: Workload) -> dict[str, str]:
+        """The complete environment of the command, before the launcher adds CUDA_VISIBLE_DEVICES & co."""
+        return {**self.base_env, **{str(k): str(v) for k, v in workload.env.items()}}
+
+    def _start(self, workload: Workload) -> None:
+        attempt_dir = Path(os.path.abspath(workload.attempt_dir))
+        if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
+            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
+        _make_private_dirs(attempt_dir)
+        record = asdict(workload)
+        record.update(
+            attempt_dir=str(attempt_dir),
+            env=self.build_env(workload),
+            code_archive=str(workload.code_archive) if workload.code_archive else None,
+            package=str(workload.package) if workload.package else None,
+            gpus=list(workload.gpus),
+            python=self.python,
+        )
+        launcher_mod.write_json_atomic(str(attempt_dir / launcher_mod.WORKLOAD_FILE), record)
+        log_fd = os.open(attempt_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(LAUNCHER_PATH), str(attempt_dir)],
+                cwd=attempt_dir,
+                env=dict(self.base_env),
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            os.close(log_fd)
+        with self._lock:
+            self._launchers[attempt_dir] = proc
+
+    # ---- poll
+
+    def _poll(self, attempt_dir: Path) -> AttemptReport:
+        attempt_dir = Path(os.path.abspath(attempt_dir))
+        exit_record = _read_json(attempt_dir / launcher_mod.EXIT_FILE)
+        launch = self._launch_record(attempt_dir)
+        if exit_record is not None:
+            return self._exited(attempt_dir, exit_record, launch)
+        if launch is not None:
+            pid = launch.get("pid")
+            if _is_alive(pid, launch.get("proc_start_ticks")):
+                return AttemptReport(state="running", started_at=_parse_time(launch.get("started_at")), pid=pid)
+            exit_record = _read_json(attempt_dir / launcher_mod.EXIT_FILE)  # it may have just finished
+            if exit_record is not None:
+                return self._exited(attempt_dir, exit_record, launch)
+            return self._lost(
+                attempt_dir,
+                f"launcher process {pid} is gone and recorded no exit status "
+                "(killed, or the host restarted); its command may still run until stopped",
+                launch,
+            )
+        with self._lock:
+            proc = self._launchers.get(attempt_dir)
+        if proc is not None:
+            code = proc.poll()
+            if code is None:
+                return AttemptReport(state="pending")
+            exit_record = _read_json(attempt_dir / launcher_mod.EXIT_FILE)
+            if exit_record is not None:  # it wrote exit.json (and launcher.json) and left meanwhile
+                return self._exited(attempt_dir, exit_record, self._launch_record(attempt_dir))
+            return self._lost(attempt_dir, f"launcher exited with code {code} before it started; see {LAUNCHER_LOG}")
+        try:
+            spawned = (attempt_dir / launcher_mod.WORKLOAD_FILE).stat().st_mtime
+        except FileNotFoundError:
+            return self._lost(attempt_dir, f"attempt {attempt_dir} was never started here")
+        if time.time() - spawned < PENDING_SECONDS:
+            return AttemptReport(state="pending")
+        return self._lost(attempt_dir, f"launcher did not start within {PENDING_SECONDS:g} s; see {LAUNCHER_LOG}")
+
+    def _launch_record(self, attempt_dir: Path) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._launch_records.get(attempt_dir)
+        if cached is not None:
+            return cached
+        record = _read_json(attempt_dir / launcher_mod.LAUNCHER_FILE)
+        if record is not None:
+            with self._lock:
+                self._launch_records[attempt_dir] = record
+        return record
+
+    def _exited(self, attempt_dir: Path, record: dict[str, Any], launch: dict[str, Any] | None) -> AttemptReport:
+        self._forget(attempt_dir)
+        code = record.get("exit_code")
+        return AttemptReport(
+            state="exited",
+            exit_code=code if isinstance(code, int) else launcher_mod.LAUNCH_FAILED,
+            started_at=_parse_time(launch.get("started_at")) if launch else None,
+            finished_at=_parse_time(record.get("finished_at")),
+            timed_out=bool(record.get("timed_out")),
+            stopped=bool(record.get("stopped")),
+            message=str(record.get("message") or ""),
+            pid=launch.get("pid") if launch else None,
+        )
+
+    def _lost(self, attempt_dir: Path, message: str, launch: dict[str, Any] | None = None) -> AttemptReport:
+        self._forget(attempt_dir)
+        return AttemptReport(
+            state="lost",
+            started_at=_parse_time(launch.get("started_at")) if launch else None,
+            message=message,
+            pid=launch.get("pid") if launch else None,
+        )
+
+    def _forget(self, attempt_dir: Path) -> None:
+        with self._lock:
+            self._launch_records.pop(attempt_dir, None)
+
+    # ---- stop
+
+    def _stop(self, attempt_dir: Path) -> None:
+        attempt_dir = Path(os.path.abspath(attempt_dir))
+        if (attempt_dir / launcher_mod.EXIT_FILE).exists() or not attempt_dir.is_dir():
+            return
+        # The marker first, launcher.json second: a launcher still starting checks the marker after
+        # writing launcher.json, so either it sees the marker or we see its pid.
+        fd = os.open(attempt_dir / launcher_mod.STOP_REQUEST_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+        launch = _read_json(attempt_dir / launcher_mod.LAUNCHER_FILE)
+        if launch is None:
+            return
+        pid = launch.get("pid")
+        if isinstance(pid, int) and _is_alive(pid, launch.get("proc_start_ticks")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)  # the launcher signals the group and escalates after the grace
+            return
+        if (attempt_dir / launcher_mod.EXIT_FILE).exists():
+            return
+        self._stop_orphaned_group(attempt_dir)
+
+    def _stop_orphaned_group(self, attempt_dir: Path) -> None:
+        """The launcher died: SIGTERM the command's group ourselves, SIGKILL it after the grace period."""
+        child = _read_json(attempt_dir / launcher_mod.CHILD_FILE)
+        if child is None or not isinstance(child.get("pgid"), int):
+            return
+        pgid: int = child["pgid"]
+        sid, ticks = child.get("sid"), child.get("proc_start_ticks")
+        if not _group_members(pgid, sid, ticks):
+            return
+        workload = _read_json(attempt_dir / launcher_mod.WORKLOAD_FILE) or {}
+        grace = float(workload.get("grace_seconds") or 0.0)
+        log.warning("launcher of %s is gone; stopping its process group %d directly", attempt_dir, pgid)
+        launcher_mod.signal_group(pgid, signal.SIGTERM)
+
+        def kill_rest() -> None:
+            if _group_members(pgid, sid, ticks):
+                launcher_mod.signal_group(pgid, signal.SIGKILL)
+
+        timer = threading.Timer(grace, kill_rest)
+        timer.daemon = True
+        timer.start()
+
+    # ---- reap
+
+    def reap(self) -> None:
+        with self._lock:
+            done = [d for d, proc in self._launchers.items() if proc.poll() is not None]
+            for d in done:
+                del self._launchers[d]

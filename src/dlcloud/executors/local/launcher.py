@@ -1,0 +1,615 @@
+"""The detached launcher of one local attempt: runs the command, logs it, records how it ended.
+
+Run as ``<python> -I -S launcher.py <attempt_dir>`` by ``LocalExecutor`` in a new session. It uses the
+standard library only (it must never import dlcloud or a third-party package) so it starts fast and
+keeps working whatever happens to the control plane that started it.
+
+Everything it knows goes to files in the attempt directory, each written atomically (tmp + rename):
+
+``workload.json`` (input, written by the executor)
+    job_id, tenant_id, attempt, attempt_dir, command, env (the COMPLETE environment of the command),
+    code_archive, package, gpus, cpus, memory_bytes, timeout_seconds, grace_seconds, python.
+``launcher.json``
+    {"pid", "proc_start_ticks", "started_at", "limits": "cgroup2" | "rlimit", "cgroup": path | null}.
+    Written once, right after the signal handlers are installed and before any preparation.
+``child.json``
+    {"pid", "pgid", "sid", "proc_start_ticks", "role": "prepare" | "command"}, rewritten for each process
+    the launcher starts (pip while preparing, then the command). ``sid`` is the launcher's session.
+``exit.json``
+    {"exit_code", "finished_at", "timed_out", "stopped", "message"}. Written last, after every process of
+    the attempt is gone: its presence means the attempt is over.
+``output.log``
+    One line per output line: ``<UTC time, microseconds, Z> <stdout|stderr|system> <text>``.
+
+Exit codes in exit.json: the command's return code, negative when a signal killed it (-15 SIGTERM, -9
+SIGKILL). ``LAUNCH_FAILED`` (125, as ``docker run`` uses it) means the command did not run to its end
+because the launcher could not prepare or start it (bad archive, pip failure, spawn error, launcher
+crash), or the attempt was stopped / timed out while still preparing; ``message`` then says why. A
+command's own return code comes with an empty message unless it was stopped or timed out.
+
+Invariants:
+- The command runs in its own process group (pgid = its pid) inside the launcher's session. Stop and
+  timeout signal the whole group: SIGTERM, then SIGKILL after ``grace_seconds``.
+- When the command's leader exits, the rest of its group is SIGKILLed (after at most
+  ``PIPE_DRAIN_SECONDS`` waiting for its pipes to close) while the leader is still an unreaped zombie,
+  so the pgid cannot have been reused: no orphans are left and no stranger is signalled.
+- ``timeout_seconds`` counts from the launcher's start, preparation included.
+- SIGTERM to the launcher means "stop the attempt"; SIGINT and SIGHUP are ignored (the control plane's
+  terminal may go away). Handlers, not SIG_IGN, so the command starts with default dispositions.
+- A stop requested before launcher.json exists is seen through the ``stop-requested`` marker file,
+  which the launcher checks after writing launcher.json (the executor writes the marker, then reads
+  launcher.json: one of the two always sees the other).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
+
+WORKLOAD_FILE = "workload.json"
+LAUNCHER_FILE = "launcher.json"
+CHILD_FILE = "child.json"
+EXIT_FILE = "exit.json"
+OUTPUT_LOG = "output.log"
+STOP_REQUEST_FILE = "stop-requested"
+CODE_DIR = "code"
+PACKAGES_DIR = "packages"
+
+LAUNCH_FAILED = 125
+PIPE_DRAIN_SECONDS = 2.0  # after the command exits, how long its pipes may stay open before the group is killed
+MAX_LINE_BYTES = 64 * 1024  # longer lines are split so one runaway line cannot exhaust memory
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+CPU_PERIOD_US = 100_000
+
+
+def utc_now_iso() -> str:
+    """UTC time as ``2024-01-02T03:04:05.123456Z``."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def read_proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, pgrp, session, start ticks) of a process from /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[2]), int(fields[3]), int(fields[19])
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): tells a pid's reuse apart."""
+    stat = read_proc_stat(pid)
+    return None if stat is None else stat[3]
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write JSON so a reader sees the old file, no file, or the whole new one (mode 0600)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------------------------------
+# Resource limits
+
+
+def find_cgroup2_dir() -> str | None:
+    """This process's own cgroup v2 directory, when a cgroup2 hierarchy is mounted and we belong to it."""
+    try:
+        own = next(
+            (line[3:].strip() for line in _read_text("/proc/self/cgroup").splitlines() if line.startswith("0::")),
+            None,
+        )
+        mountinfo = _read_text("/proc/self/mountinfo").splitlines()
+    except OSError:
+        return None
+    if own is None or own.endswith("(deleted)"):
+        return None
+    for line in mountinfo:
+        left, sep, right = line.partition(" - ")
+        if not sep or right.split()[0] != "cgroup2":
+            continue
+        fields = left.split()
+        root, mount_point = fields[3], fields[4]
+        # The mount shows the hierarchy from `root`; our path must lie below it to be reachable here.
+        if root == "/":
+            rel = own
+        elif own == root or own.startswith(root.rstrip("/") + "/"):
+            rel = own[len(root.rstrip("/")) :]
+        else:
+            continue
+        path = os.path.join(mount_point, rel.lstrip("/"))
+        if os.path.isdir(path):
+            return path
+    return None
+
+
+def create_cgroup(name: str, cpus: float, memory_bytes: int) -> str | None:
+    """Create ``<own cgroup>/<name>`` with memory.max and cpu.max set, or return None if cgroup v2 is unusable.
+
+    Usable means: a cgroup2 hierarchy with the ``memory`` and ``cpu`` controllers available in our cgroup
+    and enabled (or enableable) for its children, and a child cgroup we may create and configure. A
+    non-root cgroup that holds processes cannot enable controllers for children (EBUSY): then we fall back.
+    """
+    parent = find_cgroup2_dir()
+    if parent is None:
+        return None
+    wanted = {"memory", "cpu"}
+    try:
+        if not wanted <= set(_read_text(os.path.join(parent, "cgroup.controllers")).split()):
+            return None
+        missing = wanted - set(_read_text(os.path.join(parent, "cgroup.subtree_control")).split())
+        if missing:
+            _write_file(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in sorted(missing)))
+        path = os.path.join(parent, name)
+        os.mkdir(path)
+    except OSError:
+        return None
+    try:
+        _write_file(os.path.join(path, "memory.max"), str(memory_bytes) if memory_bytes > 0 else "max")
+        quota = "max" if cpus <= 0 else str(max(1000, int(cpus * CPU_PERIOD_US)))
+        _write_file(os.path.join(path, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+    except OSError:
+        remove_cgroup(path)
+        return None
+    if memory_bytes > 0:
+        # Best effort: without these, swap stretches the limit and an OOM kills one process of a gang.
+        for file, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+            with contextlib.suppress(OSError):
+                _write_file(os.path.join(path, file), value)
+    return path
+
+
+def remove_cgroup(path: str) -> None:
+    """Kill whatever is left in the cgroup (also processes that left the process group) and remove it."""
+    try:
+        if os.path.exists(os.path.join(path, "cgroup.kill")):
+            _write_file(os.path.join(path, "cgroup.kill"), "1")
+        else:
+            for pid in _read_text(os.path.join(path, "cgroup.procs")).split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
+
+
+def _child_setup(cgroup: str | None, data_limit: int) -> Callable[[], None] | None:
+    """The function run in the child between fork and exec: join the cgroup or lower RLIMIT_DATA."""
+    if cgroup is None and data_limit <= 0:
+        return None
+
+    def setup() -> None:
+        if cgroup is not None:
+            _write_file(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()))
+        if data_limit > 0:
+            _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            limit = data_limit if hard == resource.RLIM_INFINITY else min(data_limit, hard)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return setup
+
+
+# --------------------------------------------------------------------------------------------------
+# The launcher
+
+
+class PrepareError(Exception):
+    """Preparation failed; the message is written to exit.json."""
+
+
+class Launcher:
+    """Runs one attempt. Single-threaded: signals set flags and wake the select loop through a pipe."""
+
+    def __init__(self, attempt_dir: str) -> None:
+        self.dir = attempt_dir
+        self.log: BinaryIO | None = None
+        self.timed_out = False
+        self.stopped = False
+        self.term_requested = False
+        self.grace = 10.0
+        self.deadline: float | None = None
+        self.cgroup: str | None = None
+        self.live_pgid: int | None = None  # the group of a started, not yet reaped child
+        self.started_monotonic = time.monotonic()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    # ---- signals and logging
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, frame: object) -> None:
+            self.term_requested = True
+
+        def ignore(signum: int, frame: object) -> None:
+            pass
+
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, ignore)
+        signal.signal(signal.SIGHUP, ignore)
+        signal.signal(signal.SIGCHLD, ignore)  # only to wake select() when a child exits
+
+    def open_log(self) -> None:
+        fd = os.open(self.path(OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.log = os.fdopen(fd, "ab", buffering=0)
+
+    def write_line(self, stream: str, text: str) -> None:
+        """Append one log line with a single write() (so lines never interleave)."""
+        if self.log is None:
+            return
+        line = f"{utc_now_iso()} {stream} {text}\n".encode("utf-8", "replace")
+        self.log.write(line)
+
+    def system(self, text: str) -> None:
+        self.write_line("system", text)
+
+    # ---- the whole run
+
+    def run(self) -> None:
+        self.install_signal_handlers()
+        self.open_log()
+        with open(self.path(WORKLOAD_FILE), encoding="utf-8") as f:
+            workload: dict[str, Any] = json.load(f)
+        self.grace = max(0.0, float(workload.get("grace_seconds", 10.0)))
+        timeout = workload.get("timeout_seconds")
+        if timeout is not None:
+            self.deadline = self.started_monotonic + float(timeout)
+        cpus = float(workload.get("cpus", 1.0))
+        memory_bytes = int(workload.get("memory_bytes", 0))
+        safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(workload.get("job_id", "job")))[:64]
+        cgroup_name = f"dlcloud-{safe_job}-{workload.get('attempt', 0)}-{os.getpid()}"
+        self.cgroup = create_cgroup(cgroup_name, cpus, memory_bytes)
+        limits = "cgroup2" if self.cgroup else "rlimit"
+        write_json_atomic(
+            self.path(LAUNCHER_FILE),
+            {
+                "pid": os.getpid(),
+                "proc_start_ticks": proc_start_ticks(os.getpid()),
+                "started_at": utc_now_iso(),
+                "limits": limits,
+                "cgroup": self.cgroup,
+            },
+        )
+        if os.path.exists(self.path(STOP_REQUEST_FILE)):
+            self.term_requested = True
+        self.system(f"launcher started (pid {os.getpid()}, limits {limits})")
+        try:
+            self.run_attempt(workload, cpus, memory_bytes)
+        finally:
+            if self.cgroup is not None:
+                remove_cgroup(self.cgroup)
+
+    def run_attempt(self, workload: dict[str, Any], cpus: float, memory_bytes: int) -> None:
+        env = {str(k): str(v) for k, v in (workload.get("env") or {}).items()}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in workload.get("gpus") or ())
+        env["PYTHONUNBUFFERED"] = "1"
+        # Thread pools sized to the CPU share, also under cgroup2: cpu.max throttles, it does not hide CPUs.
+        for var in THREAD_VARS:
+            env.setdefault(var, str(max(1, math.floor(cpus))))
+        preexec = _child_setup(self.cgroup, 0 if self.cgroup else memory_bytes)
+
+        if self.term_requested:
+            self.stopped = True
+            self.finish(LAUNCH_FAILED, "stopped before the command started")
+            return
+        try:
+            code_dir = self.prepare(workload, env)
+        except PrepareError as exc:
+            self.system(f"preparation failed: {exc}")
+            self.finish(LAUNCH_FAILED, f"preparation failed: {exc}")
+            return
+        if self.term_requested or self.stopped:
+            self.stopped = True
+            self.finish(LAUNCH_FAILED, "stopped before the command started")
+            return
+        if self.timed_out or (self.deadline is not None and time.monotonic() >= self.deadline):
+            self.timed_out = True
+            self.finish(LAUNCH_FAILED, "timed out before the command started")
+            return
+
+        command = str(workload["command"])
+        self.system(f"starting: {command}")
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                cwd=code_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                close_fds=True,
+                process_group=0,
+                preexec_fn=preexec,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.system(f"could not start the command: {exc}")
+            self.finish(LAUNCH_FAILED, f"could not start the command: {exc}")
+            return
+        self.record_child(proc.pid, "command")
+        code = self.supervise(proc, None)
+        message = ""
+        if self.timed_out:
+            message = f"timed out after {workload.get('timeout_seconds')} s"
+        elif self.stopped:
+            message = "stopped"
+        self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
+        self.finish(code, message)
+
+    def finish(self, exit_code: int, message: str) -> None:
+        if self.cgroup is not None:
+            remove_cgroup(self.cgroup)
+            self.cgroup = None
+        write_json_atomic(
+            self.path(EXIT_FILE),
+            {
+                "exit_code": exit_code,
+                "finished_at": utc_now_iso(),
+                "timed_out": self.timed_out,
+                "stopped": self.stopped,
+                "message": message,
+            },
+        )
+
+    def record_child(self, pid: int, role: str) -> None:
+        self.live_pgid = pid
+        write_json_atomic(
+            self.path(CHILD_FILE),
+            {
+                "pid": pid,
+                "pgid": pid,
+                "sid": os.getsid(0),
+                "proc_start_ticks": proc_start_ticks(pid),
+                "role": role,
+            },
+        )
+
+    # ---- preparation
+
+    def prepare(self, workload: dict[str, Any], env: dict[str, str]) -> str:
+        """Unpack the archive and install the package; return the code directory. Raises PrepareError."""
+        code_dir = self.path(CODE_DIR)
+        os.makedirs(code_dir, mode=0o700, exist_ok=True)
+        archive = workload.get("code_archive")
+        if archive:
+            self.system(f"unpacking {os.path.basename(archive)} into {CODE_DIR}/")
+            extract_archive(str(archive), code_dir)
+        package = workload.get("package")
+        if package:
+            packages = self.path(PACKAGES_DIR)
+            python = str(workload.get("python") or sys.executable)
+            self.system(f"installing {os.path.basename(package)} into {PACKAGES_DIR}/")
+            argv = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+            argv += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=code_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    process_group=0,
+                )
+            except OSError as exc:
+                raise PrepareError(f"could not run pip: {exc}") from exc
+            self.record_child(proc.pid, "prepare")
+            code = self.supervise(proc, "pip: ")
+            if self.stopped or self.timed_out:
+                return code_dir  # the caller reports stop / timeout
+            if code != 0:
+                raise PrepareError(f"pip install of {os.path.basename(package)} exited with code {code}")
+            old = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = packages + (os.pathsep + old if old else "")
+        return code_dir
+
+    # ---- running a process
+
+    def supervise(self, proc: subprocess.Popen[bytes], system_prefix: str | None) -> int:
+        """Pump the process's pipes into output.log until it exits; enforce stop and timeout.
+
+        With ``system_prefix`` the output is logged as ``system`` lines with that prefix (pip), else as
+        ``stdout`` / ``stderr``. Returns the return code (negative: killed by that signal). When it
+        returns, every process of the group is gone or SIGKILLed and the leader is reaped.
+        """
+        sel = selectors.DefaultSelector()
+        files: dict[int, tuple[Any, str, bytearray]] = {}
+        for f, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            if f is not None:
+                os.set_blocking(f.fileno(), False)
+                sel.register(f.fileno(), selectors.EVENT_READ)
+                files[f.fileno()] = (f, stream, bytearray())
+        sel.register(self.wake_r, selectors.EVENT_READ)
+
+        def emit(stream: str, data: bytes) -> None:
+            text = data.decode("utf-8", "replace").removesuffix("\r")
+            if system_prefix is None:
+                self.write_line(stream, text)
+            else:
+                self.system(system_prefix + text)
+
+        def pump(fd: int) -> None:
+            f, stream, buf = files[fd]
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if data:
+                buf += data
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    emit(stream, bytes(buf[:nl]))
+                    del buf[: nl + 1]
+                while len(buf) >= MAX_LINE_BYTES:
+                    emit(stream, bytes(buf[:MAX_LINE_BYTES]))
+                    del buf[:MAX_LINE_BYTES]
+                return
+            close(fd)
+
+        def close(fd: int) -> None:
+            f, stream, buf = files.pop(fd)
+            if buf:
+                emit(stream, bytes(buf))  # a last line without a newline
+            sel.unregister(fd)
+            f.close()
+
+        def select(timeout: float) -> None:
+            for key, _ in sel.select(max(0.0, timeout)):
+                if key.fd == self.wake_r:
+                    try:
+                        while os.read(self.wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif key.fd in files:
+                    pump(key.fd)
+
+        pgid = proc.pid
+        kill_at: float | None = None
+        exited_at: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if self.term_requested and not self.stopped:
+                    self.stopped = True
+                    self.system(f"stop requested: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s")
+                    signal_group(pgid, signal.SIGTERM)
+                    kill_at = now + self.grace if kill_at is None else kill_at
+                if self.deadline is not None and now >= self.deadline and not (self.timed_out or self.stopped):
+                    self.timed_out = True
+                    self.system(f"timeout: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s")
+                    signal_group(pgid, signal.SIGTERM)
+                    kill_at = now + self.grace
+                if kill_at is not None and now >= kill_at:
+                    kill_at = None
+                    if exited_at is None:
+                        self.system(f"still running {self.grace:g} s after SIGTERM: SIGKILL to process group {pgid}")
+                        signal_group(pgid, signal.SIGKILL)
+                if exited_at is None and has_exited(proc.pid):
+                    exited_at = now
+                if exited_at is not None and (not files or now >= exited_at + PIPE_DRAIN_SECONDS):
+                    break
+                waits = [1.0]
+                if exited_at is not None:
+                    waits.append(exited_at + PIPE_DRAIN_SECONDS - now)
+                if kill_at is not None:
+                    waits.append(kill_at - now)
+                if self.deadline is not None and not (self.timed_out or self.stopped):
+                    waits.append(self.deadline - now)
+                select(min(waits))
+            # The leader is a zombie we have not reaped, so its pid (= pgid) cannot be reused yet:
+            # killing the group now only hits what the command left behind.
+            if files:
+                self.system(f"output pipes still open {PIPE_DRAIN_SECONDS:g} s after exit: killing process group")
+            signal_group(pgid, signal.SIGKILL)
+            end = time.monotonic() + 0.5
+            while files and time.monotonic() < end:
+                select(end - time.monotonic())
+        finally:
+            for fd in list(files):
+                close(fd)
+            sel.close()
+        code = proc.wait()
+        self.live_pgid = None
+        return code
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def has_exited(pid: int) -> bool:
+    """Whether our child has exited, WITHOUT reaping it (WNOWAIT keeps its pid, and so its pgid, reserved)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def extract_archive(archive: str, dest: str) -> None:
+    """Unpack a tar archive (any compression) into dest, refusing anything that would land outside it."""
+    import tarfile  # only attempts with an archive pay for this import
+
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            tar.extractall(dest, filter="data")
+    except (OSError, tarfile.TarError) as exc:
+        raise PrepareError(f"cannot unpack code archive {os.path.basename(archive)}: {exc}") from exc
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} <attempt_dir>", file=sys.stderr)
+        return 2
+    launcher = Launcher(os.path.abspath(argv[1]))
+    try:
+        launcher.run()
+    except BaseException as exc:  # the attempt must end with an exit.json whatever went wrong
+        import traceback
+
+        traceback.print_exc()  # to launcher.log
+        message = f"launcher error: {type(exc).__name__}: {exc}"
+        if launcher.live_pgid is not None:  # still unreaped, so the pgid is still ours
+            signal_group(launcher.live_pgid, signal.SIGKILL)
+        try:
+            launcher.system(message)
+            if not os.path.exists(launcher.path(EXIT_FILE)):
+                launcher.finish(LAUNCH_FAILED, message)
+        except OSError:
+            traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

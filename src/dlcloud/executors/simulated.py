@@ -1,0 +1,88 @@
+"""SimulatedExecutor: an in-memory executor that runs nothing, for the scheduler benchmark and tests.
+
+``start`` records the workload as running; the test or benchmark ends it with ``finish``. ``stop`` ends it
+at once as if SIGTERM killed it (exit code -15, stopped). A ``timeout_seconds`` is honoured on ``poll``
+against the injected clock, so simulated time works. State lives only in this object: unlike the local
+executor, a new instance knows nothing of attempts an earlier one started (poll reports them "lost").
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from dlcloud.errors import InvalidState, NotFound
+from dlcloud.executors.base import AttemptReport, Executor, Workload
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class _Attempt:
+    workload: Workload
+    report: AttemptReport
+
+
+class SimulatedExecutor(Executor):
+    """Runs nothing; attempts are dictionary entries. ``clock`` returns the current (maybe simulated) time."""
+
+    name = "simulated"
+
+    def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
+        self.clock = clock
+        self._attempts: dict[Path, _Attempt] = {}
+        self._next_pid = 100_000
+
+    def _start(self, workload: Workload) -> None:
+        key = Path(workload.attempt_dir)
+        if key in self._attempts:
+            raise InvalidState(f"attempt directory {key} was already used; every attempt needs a new one")
+        self._next_pid += 1
+        report = AttemptReport(state="running", started_at=self.clock(), pid=self._next_pid)
+        self._attempts[key] = _Attempt(workload, report)
+
+    def _poll(self, attempt_dir: Path) -> AttemptReport:
+        attempt = self._attempts.get(Path(attempt_dir))
+        if attempt is None:
+            return AttemptReport(state="lost", message=f"attempt {attempt_dir} is unknown to this simulated executor")
+        timeout = attempt.workload.timeout_seconds
+        started = attempt.report.started_at
+        expired = timeout is not None and started is not None and self.clock() >= started + timedelta(seconds=timeout)
+        if attempt.report.state == "running" and expired:
+            self._end(attempt, -signal.SIGTERM, timed_out=True, message=f"timed out after {timeout} s")
+        return attempt.report
+
+    def _stop(self, attempt_dir: Path) -> None:
+        attempt = self._attempts.get(Path(attempt_dir))
+        if attempt is not None and attempt.report.state == "running":
+            self._end(attempt, -signal.SIGTERM, stopped=True, message="stopped")
+
+    def finish(self, attempt_dir: Path, exit_code: int = 0, message: str = "") -> None:
+        """End a running attempt with ``exit_code`` (what a real process exiting would look like)."""
+        attempt = self._attempts.get(Path(attempt_dir))
+        if attempt is None:
+            raise NotFound(f"attempt {attempt_dir} is unknown to this simulated executor")
+        if attempt.report.state == "running":
+            self._end(attempt, exit_code, message=message)
+
+    def running(self) -> list[Workload]:
+        """The workloads currently running, in start order."""
+        return [a.workload for a in self._attempts.values() if a.report.state == "running"]
+
+    def _end(
+        self, attempt: _Attempt, exit_code: int, *, timed_out: bool = False, stopped: bool = False, message: str = ""
+    ) -> None:
+        attempt.report = replace(
+            attempt.report,
+            state="exited",
+            exit_code=exit_code,
+            finished_at=self.clock(),
+            timed_out=timed_out,
+            stopped=stopped,
+            message=message,
+        )

@@ -1,0 +1,128 @@
+"""One scheduling pass as a pure function: queued jobs + usage + free capacity -> placements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from dlcloud.scheduler.inventory import Inventory
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    tenant_id: str
+    gpus: int
+    cpus: float
+    memory: int
+    gpu_type: str | None = None
+    not_before: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    gpus: int | None = None
+    cpus: float | None = None
+    memory: int | None = None
+    max_running_jobs: int | None = None
+
+
+@dataclass
+class Usage:
+    gpus: int = 0
+    cpus: float = 0.0
+    memory: int = 0
+    running_jobs: int = 0
+
+
+@dataclass(frozen=True)
+class Held:
+    """Resources held by one live attempt."""
+
+    tenant_id: str
+    gpus: tuple[int, ...]
+    cpus: float
+    memory: int
+
+
+@dataclass
+class Plan:
+    placements: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    wait_reasons: dict[str, str] = field(default_factory=dict)
+    blocked_by: str | None = None  # the job at the head of the line that did not fit
+
+
+def _quota_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
+    if lim.max_running_jobs is not None and use.running_jobs + 1 > lim.max_running_jobs:
+        return f"tenant quota: {use.running_jobs} of {lim.max_running_jobs} running jobs in use"
+    if lim.gpus is not None and use.gpus + job.gpus > lim.gpus:
+        return f"tenant quota: needs {job.gpus} GPU(s), {use.gpus} of {lim.gpus} in use"
+    if lim.cpus is not None and use.cpus + job.cpus > lim.cpus + 1e-9:
+        return f"tenant quota: needs {job.cpus:g} CPU(s), {use.cpus:g} of {lim.cpus:g} in use"
+    if lim.memory is not None and use.memory + job.memory > lim.memory:
+        return f"tenant quota: needs {job.memory} bytes of memory, {use.memory} of {lim.memory} in use"
+    return None
+
+
+def plan(
+    queue: Iterable[QueuedJob],
+    held: Iterable[Held],
+    limits: dict[str, Limits],
+    inventory: Inventory,
+    now: datetime,
+) -> Plan:
+    """Decide which queued jobs start now. ``queue`` must already be in priority/FIFO order."""
+    usage: dict[str, Usage] = {}
+    used_gpus: set[int] = set()
+    free_cpus = inventory.cpus
+    free_mem = inventory.memory
+    for h in held:
+        u = usage.setdefault(h.tenant_id, Usage())
+        u.gpus += len(h.gpus)
+        u.cpus += h.cpus
+        u.memory += h.memory
+        u.running_jobs += 1
+        used_gpus.update(h.gpus)
+        free_cpus -= h.cpus
+        free_mem -= h.memory
+    free_gpus = [g for g in inventory.gpus if g.index not in used_gpus]
+    no_limits = Limits()
+    result = Plan()
+    for job in queue:
+        if job.not_before is not None and job.not_before > now:
+            result.wait_reasons[job.id] = f"restart backoff until {job.not_before.isoformat(timespec='seconds')}"
+            continue
+        use = usage.setdefault(job.tenant_id, Usage())
+        reason = _quota_reason(job, limits.get(job.tenant_id, no_limits), use)
+        if reason:
+            result.wait_reasons[job.id] = reason
+            continue
+        if job.gpus:
+            want = job.gpu_type.lower() if job.gpu_type else None
+            candidates = [g for g in free_gpus if want is None or want in g.name.lower()]
+        else:
+            candidates = []
+        short = []
+        if len(candidates) < job.gpus:
+            kind = f" {job.gpu_type}" if job.gpu_type else ""
+            short.append(f"needs {job.gpus}{kind} GPU(s), {len(candidates)} free")
+        if job.cpus > free_cpus + 1e-9:
+            short.append(f"needs {job.cpus:g} CPU(s), {max(free_cpus, 0):g} free")
+        if job.memory > free_mem:
+            short.append(f"needs {job.memory} bytes of memory, {max(free_mem, 0)} free")
+        if short:
+            result.wait_reasons[job.id] = "waiting for capacity: " + "; ".join(short)
+            result.blocked_by = job.id
+            break
+        chosen = tuple(sorted(g.index for g in candidates[: job.gpus]))
+        chosen_set = set(chosen)
+        free_gpus = [g for g in free_gpus if g.index not in chosen_set]
+        free_cpus -= job.cpus
+        free_mem -= job.memory
+        use.gpus += job.gpus
+        use.cpus += job.cpus
+        use.memory += job.memory
+        use.running_jobs += 1
+        result.placements.append((job.id, chosen))
+    return result

@@ -1,0 +1,69 @@
+"""Tenants, quotas and usage on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field
+
+from dlcloud.schemas.common import MemoryBytes, Name, Request, Response
+
+GpuCount = Annotated[int, Field(ge=0, le=100_000)]
+CpuCount = Annotated[float, Field(ge=0, le=1_000_000)]
+JobCount = Annotated[int, Field(ge=0, le=10_000_000)]
+
+
+class QuotaSpec(Request):
+    """Limits of a tenant; ``None`` means unlimited."""
+
+    gpus: GpuCount | None = None
+    cpus: CpuCount | None = None
+    memory: MemoryBytes | None = None
+    max_running_jobs: JobCount | None = None
+    max_queued_jobs: JobCount | None = None
+
+
+class TenantCreate(Request):
+    name: Name
+    quota: QuotaSpec = QuotaSpec()
+
+
+class TenantUpdate(Request):
+    quota: QuotaSpec
+
+
+class Tenant(Response):
+    id: str
+    name: str
+    created_at: datetime
+    quota: QuotaSpec
+
+
+class QuotaUsage(Response):
+    gpus: int
+    cpus: float
+    memory: int
+    running_jobs: int
+    queued_jobs: int
+
+
+class QuotaReport(Response):
+    tenant: str
+    limits: QuotaSpec
+    usage: QuotaUsage
+
+
+class UsageRow(Response):
+    tenant: str
+    user: str
+    jobs: int
+    attempts: int
+    gpu_seconds: float
+    cpu_seconds: float
+
+
+class UsageReport(Response):
+    since: datetime
+    until: datetime
+    rows: list[UsageRow]

@@ -1,0 +1,162 @@
+"""The composition root of ``dlcloud up``: one process with the API, the scheduler and the local executor.
+
+Start-up order: settings -> data dir -> database + migrations -> server key -> bootstrap admin (first
+start) -> inventory -> platform -> executor + control loop (leader only) -> HTTP server. SIGTERM/SIGINT
+stop the HTTP server, then the control loop; running jobs keep running (they are detached) and are
+re-adopted on the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from dlcloud.api.app import create_app
+from dlcloud.executors.base import Executor
+from dlcloud.scheduler.inventory import build_inventory
+from dlcloud.services.auth import purge_nonces
+from dlcloud.services.control import ControlLoop
+from dlcloud.services.leader import Leadership
+from dlcloud.services.platform import Platform
+from dlcloud.services.secrets import SecretBox
+from dlcloud.services.tenants import bootstrap
+from dlcloud.settings import Settings
+from dlcloud.store.db import Database, migrate
+
+log = logging.getLogger("dlcloud")
+
+
+@dataclass
+class Server:
+    settings: Settings
+    platform: Platform
+    control: ControlLoop
+    leadership: Leadership
+    app: FastAPI
+    bootstrap_file: Path
+    stop_event: threading.Event
+
+
+def _write_bootstrap_file(path: Path, access: str, secret: str, endpoint: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"access_key": access, "secret_key": secret, "endpoint": endpoint}, f, indent=2)
+    os.chmod(path, 0o600)
+
+
+def public_endpoint(settings: Settings, port: int | None = None) -> str:
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port if port is not None else settings.port}"
+
+
+def build_server(settings: Settings, executor: Executor | None = None) -> Server:
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    url = settings.resolved_database_url
+    migrate(url)
+    db = Database(url)
+    box = SecretBox.from_file(settings.resolved_server_key_file)
+    boot = bootstrap(db, box, settings.bootstrap_tenant_name, settings.bootstrap_admin_name)
+    bootstrap_file = data_dir / "bootstrap-admin.json"
+    if boot.created:
+        assert boot.access_key and boot.secret_key
+        _write_bootstrap_file(bootstrap_file, boot.access_key, boot.secret_key, public_endpoint(settings))
+        log.info("created the platform admin %r; its key is in %s", settings.bootstrap_admin_name, bootstrap_file)
+    declared = (
+        [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory] if settings.gpu_inventory is not None else None
+    )
+    inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
+    if executor is None:
+        from dlcloud.executors.local.executor import LocalExecutor
+
+        executor = LocalExecutor()
+    holder: dict[str, ControlLoop] = {}
+    platform = Platform(settings=settings, db=db, box=box, inventory=inventory, wake=lambda: holder["c"].wake())
+    control = ControlLoop(platform, executor)
+    holder["c"] = control
+    leadership = Leadership(db, data_dir)
+    stop_event = threading.Event()
+    server = Server(settings, platform, control, leadership, FastAPI(), bootstrap_file, stop_event)
+
+    def ready() -> str | None:
+        return None if server_state["leader"] or server_state["follower"] else "control loop not started"
+
+    server_state = {"leader": False, "follower": False}
+    server.app = create_app(platform, ready_check=ready)
+    server.app.router.lifespan_context = _lifespan(server, server_state)
+    return server
+
+
+def _lifespan(server: Server, state: dict[str, bool]):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threads = [
+            threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
+            threading.Thread(target=_housekeeping, args=(server,), name="dlcloud-housekeeping", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            yield
+        finally:
+            server.stop_event.set()
+            server.control.wake()
+            for t in threads:
+                t.join(timeout=10)
+            server.leadership.release()
+            server.platform.db.dispose()
+            log.info("control plane stopped; running jobs keep running and are re-adopted on the next start")
+
+    return lifespan
+
+
+def _leader_loop(server: Server, state: dict[str, bool]) -> None:
+    stop = server.stop_event
+    while not stop.is_set():
+        if server.leadership.try_acquire():
+            state["leader"] = True
+            log.info("this process leads the scheduler")
+            server.control.run(stop)
+            return
+        state["follower"] = True
+        stop.wait(2.0)
+
+
+def _housekeeping(server: Server) -> None:
+    while not server.stop_event.wait(60.0):
+        try:
+            purge_nonces(server.platform.db, server.settings.clock_skew_seconds)
+        except Exception:  # keep housekeeping alive across transient database errors
+            log.exception("nonce purge failed")
+
+
+def serve(settings: Settings, on_ready=None) -> None:  # type: ignore[no-untyped-def]
+    """Run until SIGTERM/SIGINT."""
+    import uvicorn
+
+    server = build_server(settings)
+    config = uvicorn.Config(
+        server.app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    uv = uvicorn.Server(config)
+    if on_ready is not None:
+        on_ready(server)
+    uv.run()

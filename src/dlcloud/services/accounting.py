@@ -1,0 +1,190 @@
+"""Quota reports, usage accounting and the audit log.
+
+Usage is computed from job attempts: an attempt holds its GPUs and CPUs from placement until it
+finishes, so GPU-seconds = GPUs x held seconds, clipped to the asked window. Running attempts count
+up to now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, or_, select
+
+from dlcloud.schemas.audit import AuditEvent
+from dlcloud.schemas.jobs import JobState
+from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, UsageReport, UsageRow
+from dlcloud.services.auth import Caller
+from dlcloud.services.platform import Platform
+from dlcloud.services.tenants import resolve_tenant
+from dlcloud.store.db import Database
+from dlcloud.store.models import AccessKeyRow, AttemptRow, AuditRow, JobRow, TenantRow, UserRow, utcnow
+
+QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
+
+
+def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> QuotaReport:
+    with platform.db.read() as s:
+        t = resolve_tenant(s, caller, tenant)
+        live = s.execute(
+            select(AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
+                AttemptRow.tenant_id == t.id, AttemptRow.finished_at.is_(None)
+            )
+        ).all()
+        queued = s.scalar(
+            select(func.count()).select_from(JobRow).where(JobRow.tenant_id == t.id, JobRow.state.in_(QUEUE_STATES))
+        )
+        return QuotaReport(
+            tenant=t.name,
+            limits=QuotaSpec(
+                gpus=t.quota_gpus,
+                cpus=t.quota_cpus,
+                memory=t.quota_memory,
+                max_running_jobs=t.quota_max_running_jobs,
+                max_queued_jobs=t.quota_max_queued_jobs,
+            ),
+            usage=QuotaUsage(
+                gpus=sum(len(g) for g, _, _ in live),
+                cpus=sum(c for _, c, _ in live),
+                memory=sum(m for _, _, m in live),
+                running_jobs=len(live),
+                queued_jobs=int(queued or 0),
+            ),
+        )
+
+
+def usage_report(
+    platform: Platform, caller: Caller, since: datetime, until: datetime | None, tenant: str | None, all_tenants: bool
+) -> UsageReport:
+    until = until or utcnow()
+    with platform.db.read() as s:
+        q = (
+            select(
+                TenantRow.name,
+                UserRow.name,
+                AttemptRow.job_id,
+                AttemptRow.gpus,
+                AttemptRow.cpus,
+                AttemptRow.started_at,
+                AttemptRow.finished_at,
+                AttemptRow.user_id,
+            )
+            .join(TenantRow, TenantRow.id == AttemptRow.tenant_id)
+            .outerjoin(UserRow, UserRow.id == AttemptRow.user_id)
+            .where(AttemptRow.started_at < until, or_(AttemptRow.finished_at.is_(None), AttemptRow.finished_at > since))
+        )
+        if all_tenants:
+            caller.require_platform_admin("usage of all tenants")
+        else:
+            t = resolve_tenant(s, caller, tenant)
+            if not caller.is_tenant_admin:
+                q = q.where(AttemptRow.user_id == caller.user_id)
+            q = q.where(AttemptRow.tenant_id == t.id)
+        now = utcnow()
+        acc: dict[tuple[str, str], dict] = {}
+        for tname, uname, job_id, gpus, cpus, start, end, user_id in s.execute(q):
+            lo = max(start, since)
+            hi = min(end or now, until)
+            secs = max((hi - lo).total_seconds(), 0.0)
+            row = acc.setdefault((tname, uname or user_id), {"jobs": set(), "attempts": 0, "gpu": 0.0, "cpu": 0.0})
+            row["jobs"].add(job_id)
+            row["attempts"] += 1
+            row["gpu"] += len(gpus) * secs
+            row["cpu"] += cpus * secs
+        rows = [
+            UsageRow(
+                tenant=t,
+                user=u,
+                jobs=len(v["jobs"]),
+                attempts=v["attempts"],
+                gpu_seconds=round(v["gpu"], 3),
+                cpu_seconds=round(v["cpu"], 3),
+            )
+            for (t, u), v in sorted(acc.items())
+        ]
+        return UsageReport(since=since, until=until, rows=rows)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    tenant_id: str | None
+    tenant: str | None
+    user: str | None
+    access_key: str | None
+    action: str
+    resource: str | None
+    status_code: int
+    error_code: str | None
+    request_id: str
+    client_address: str | None
+
+
+def record_audit(db: Database, rec: AuditRecord) -> None:
+    with db.write() as s:
+        tenant_id, tenant = rec.tenant_id, rec.tenant
+        if tenant_id is None and rec.access_key:
+            # an authentication failure with a known key belongs to that key's tenant's log
+            key = s.get(AccessKeyRow, rec.access_key[:40])
+            owner = s.get(TenantRow, key.tenant_id) if key else None
+            if owner is not None:
+                tenant_id, tenant = owner.id, owner.name
+        s.add(
+            AuditRow(
+                time=utcnow(),
+                tenant_id=tenant_id,
+                tenant_name=tenant,
+                user_name=rec.user,
+                access_key=rec.access_key,
+                action=rec.action,
+                resource=rec.resource,
+                outcome="success" if rec.status_code < 400 else "failure",
+                status_code=rec.status_code,
+                error_code=rec.error_code,
+                request_id=rec.request_id,
+                client_address=rec.client_address,
+            )
+        )
+
+
+def list_audit(
+    platform: Platform,
+    caller: Caller,
+    *,
+    since: datetime | None,
+    action: str | None,
+    user: str | None,
+    all_tenants: bool,
+    limit: int,
+) -> list[AuditEvent]:
+    caller.require_tenant_admin("reading the audit log")
+    with platform.db.read() as s:
+        q = select(AuditRow)
+        if all_tenants:
+            caller.require_platform_admin("the audit log of all tenants")
+        else:
+            q = q.where(AuditRow.tenant_id == caller.tenant_id)
+        if since is not None:
+            q = q.where(AuditRow.time >= since)
+        if action:
+            q = q.where(AuditRow.action == action)
+        if user:
+            q = q.where(AuditRow.user_name == user)
+        rows = s.scalars(q.order_by(AuditRow.id.desc()).limit(limit))
+        return [
+            AuditEvent(
+                id=r.id,
+                time=r.time,
+                tenant=r.tenant_name,
+                user=r.user_name,
+                access_key=r.access_key,
+                action=r.action,
+                resource=r.resource,
+                outcome=r.outcome,
+                status_code=r.status_code,
+                error_code=r.error_code,
+                request_id=r.request_id,
+                client_address=r.client_address,
+            )
+            for r in rows
+        ]

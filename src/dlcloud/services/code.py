@@ -1,0 +1,114 @@
+"""Code uploads: stream to a temporary file, check size and checksum, validate, then store atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+
+from dlcloud.errors import InvalidArchive, InvalidArgument, NotFound, PayloadTooLarge
+from dlcloud.schemas.jobs import CodeUpload
+from dlcloud.services.auth import Caller
+from dlcloud.settings import Settings
+from dlcloud.storage.archives import ArchiveLimits, validate_sdist, validate_tar, validate_zip
+from dlcloud.store.db import Database
+from dlcloud.store.ids import new_id
+from dlcloud.store.models import CodeRow, utcnow
+
+KINDS = ("archive", "wheel", "sdist")
+FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
+SUFFIX = {"archive": ".tar.gz", "wheel": ".whl", "sdist": ".tar.gz"}
+
+
+def _row_model(row: CodeRow) -> CodeUpload:
+    return CodeUpload(
+        id=row.id, kind=row.kind, filename=row.filename, sha256=row.sha256, size=row.size, created_at=row.created_at
+    )
+
+
+async def upload_code(
+    db: Database,
+    settings: Settings,
+    caller: Caller,
+    *,
+    kind: str,
+    filename: str,
+    declared_sha256: str,
+    content_length: int | None,
+    chunks: AsyncIterator[bytes],
+) -> CodeUpload:
+    if kind not in KINDS:
+        raise InvalidArgument(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not FILENAME_RE.match(filename):
+        raise InvalidArgument("filename must be 1-200 characters of letters, digits, '.', '_', '+', '-'")
+    if kind == "wheel" and not filename.endswith(".whl"):
+        raise InvalidArgument("a wheel's filename must end in .whl")
+    limit = settings.max_upload_bytes
+    if content_length is not None and content_length > limit:
+        raise PayloadTooLarge(
+            f"upload is {content_length} bytes; the limit is {limit} bytes ({limit // (1024 * 1024)} MiB)",
+            details={"limit": limit, "size": content_length},
+        )
+    dest_dir = settings.code_dir / caller.tenant_id
+    dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=dest_dir)
+    tmp = Path(tmp_name)
+    try:
+        digest = hashlib.sha256()
+        size = 0
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"upload exceeds the limit of {limit} bytes ({limit // (1024 * 1024)} MiB)",
+                        details={"limit": limit},
+                    )
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != declared_sha256:
+            raise InvalidArchive(
+                "uploaded bytes do not match the declared SHA-256; the upload was corrupted, try again",
+                code="checksum_mismatch",
+            )
+        limits = ArchiveLimits(settings.max_unpacked_bytes, settings.max_archive_members)
+        validate = {"archive": validate_tar, "wheel": validate_zip, "sdist": validate_sdist}[kind]
+        await anyio.to_thread.run_sync(validate, tmp, limits)
+        code_id = new_id("c-")
+        final = dest_dir / f"{code_id}{SUFFIX[kind]}"
+        try:
+            with db.write() as s:
+                row = CodeRow(
+                    id=code_id,
+                    tenant_id=caller.tenant_id,
+                    user_id=caller.user_id,
+                    kind=kind,
+                    filename=filename,
+                    sha256=declared_sha256,
+                    size=size,
+                    path=str(final),
+                    created_at=utcnow(),
+                )
+                s.add(row)
+                s.flush()
+                os.replace(tmp, final)
+        except BaseException:
+            final.unlink(missing_ok=True)
+            raise
+        return _row_model(row)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def get_code(db: Database, caller: Caller, code_id: str) -> CodeUpload:
+    with db.read() as s:
+        row = s.get(CodeRow, code_id)
+        if row is None or row.tenant_id != caller.tenant_id:
+            raise NotFound(f"code upload {code_id!r} not found")
+        return _row_model(row)

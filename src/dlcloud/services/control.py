@@ -1,0 +1,307 @@
+"""The control loop: schedules queued jobs and supervises running attempts.
+
+It runs in the leader control-plane process only (``leader.py``). Each tick:
+1. supervise: poll every live attempt through the executor and apply what happened (RUNNING, exit,
+   timeout, cancellation, restart policy) through ``job_states``;
+2. schedule: plan placements with ``scheduler.planner`` inside one write transaction, record the new
+   attempts (STARTING), commit, then start the workloads.
+
+Recording the attempt before starting it means a crash in between leaves an attempt that never
+launched; the supervisor sees it as lost-before-launch and starts it then, so nothing is lost and
+nothing runs twice. Attempts hold their resources until ``finished_at`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select, update
+
+from dlcloud.executors.base import AttemptReport, Executor, Workload
+from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
+from dlcloud.schemas.jobs import JobState
+from dlcloud.services import job_states
+from dlcloud.services.jobs import QUEUE_STATES, job_dir
+from dlcloud.services.platform import Platform
+from dlcloud.store.models import AttemptRow, CodeRow, JobRow, TenantRow, utcnow
+
+log = logging.getLogger(__name__)
+LOST_BEFORE_LAUNCH = "launcher never started"
+
+
+def compose_command(spec: dict, main: str) -> str:
+    """The shell script of one attempt: pre_command, the main command, post_command."""
+    pre, post = spec.get("pre_command"), spec.get("post_command")
+    script = main
+    if pre:
+        script = f"(\n{pre}\n) && (\n{script}\n)"
+    if post:
+        script = (
+            f"(\n{script}\n)\nDLCLOUD_EXIT_CODE=$?\nexport DLCLOUD_EXIT_CODE\n(\n{post}\n)\nexit $DLCLOUD_EXIT_CODE"
+        )
+    return script
+
+
+class ControlLoop:
+    def __init__(self, platform: Platform, executor: Executor):
+        self.p = platform
+        self.executor = executor
+        self._stopping: set[int] = set()  # attempt ids already sent a stop
+        self._relaunched: set[int] = set()
+        self._wake = threading.Event()
+
+    # -- driving -----------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        interval = self.p.settings.supervisor_interval_seconds
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
+                log.exception("control loop tick failed")
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def tick(self) -> None:
+        self.executor.reap()
+        self.supervise()
+        self.schedule()
+
+    # -- scheduling --------------------------------------------------------------------------------
+    def schedule(self) -> int:
+        """One scheduling pass; returns the number of attempts started."""
+        now = utcnow()
+        workloads: list[Workload] = []
+        with self.p.db.write() as s:
+            queue_rows = s.execute(
+                select(
+                    JobRow.id,
+                    JobRow.tenant_id,
+                    JobRow.gpus,
+                    JobRow.cpus,
+                    JobRow.memory,
+                    JobRow.gpu_type,
+                    JobRow.not_before,
+                    JobRow.wait_reason,
+                )
+                .where(JobRow.state.in_(QUEUE_STATES))
+                .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+            ).all()
+            if not queue_rows:
+                return 0
+            held = [
+                Held(t, tuple(g), c, m)
+                for t, g, c, m in s.execute(
+                    select(AttemptRow.tenant_id, AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
+                        AttemptRow.finished_at.is_(None)
+                    )
+                )
+            ]
+            tenant_ids = {r.tenant_id for r in queue_rows}
+            limits = {
+                t.id: Limits(t.quota_gpus, t.quota_cpus, t.quota_memory, t.quota_max_running_jobs)
+                for t in s.scalars(select(TenantRow).where(TenantRow.id.in_(tenant_ids)))
+            }
+            queue = [
+                QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before) for r in queue_rows
+            ]
+            result = plan(queue, held, limits, self.p.inventory, now)
+            old_reasons = {r.id: r.wait_reason for r in queue_rows}
+            placed = {job_id for job_id, _ in result.placements}
+            changed = {jid: reason for jid, reason in result.wait_reasons.items() if old_reasons.get(jid) != reason}
+            # jobs no longer held back by something specific get their reason cleared
+            cleared = [
+                r.id
+                for r in queue_rows
+                if r.wait_reason is not None and r.id not in result.wait_reasons and r.id not in placed
+            ]
+            for jid, reason in changed.items():
+                s.execute(update(JobRow).where(JobRow.id == jid).values(wait_reason=reason))
+            if cleared:
+                s.execute(update(JobRow).where(JobRow.id.in_(cleared)).values(wait_reason=None))
+            for job_id, gpus in result.placements:
+                job = s.get(JobRow, job_id)
+                assert job is not None
+                workloads.append(self._place(s, job, gpus, now))
+        for w in workloads:
+            self._start(w)
+        return len(workloads)
+
+    def _place(self, s, job: JobRow, gpus: tuple[int, ...], now) -> Workload:  # type: ignore[no-untyped-def]
+        job.attempt += 1
+        attempt_dir = job_dir(self.p, job.tenant_id, job.id) / f"attempt-{job.attempt}"
+        s.add(
+            AttemptRow(
+                job_id=job.id,
+                tenant_id=job.tenant_id,
+                user_id=job.user_id,
+                number=job.attempt,
+                host=self.p.inventory.host,
+                gpus=list(gpus),
+                cpus=job.cpus,
+                memory=job.memory,
+                attempt_dir=str(attempt_dir),
+                started_at=now,
+            )
+        )
+        where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
+        job_states.transition(
+            s, job, JobState.STARTING, f"attempt {job.attempt} placed on {self.p.inventory.host}{where}", at=now
+        )
+        return self._workload(s, job, gpus, attempt_dir)
+
+    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path) -> Workload:  # type: ignore[no-untyped-def]
+        jd = job_dir(self.p, job.tenant_id, job.id)
+        code_archive = package = None
+        if job.code_id:
+            code = s.get(CodeRow, job.code_id)
+            if code is not None:
+                if code.kind == "archive":
+                    code_archive = Path(code.path)
+                else:
+                    package = Path(code.path)
+        env = dict(job.spec.get("env") or {})
+        env.update(
+            {
+                "DLCLOUD_JOB": job.name,
+                "DLCLOUD_JOB_ID": job.id,
+                "DLCLOUD_ATTEMPT": str(job.attempt),
+                "DLCLOUD_CHECKPOINT_DIR": str(jd / "checkpoints"),
+                "DLCLOUD_OUTPUT_DIR": str(jd / "outputs"),
+            }
+        )
+        timeout = None
+        if job.timeout_seconds is not None:
+            elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
+            timeout = max(job.timeout_seconds - elapsed, 0.5)
+        return Workload(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            attempt=job.attempt,
+            attempt_dir=attempt_dir,
+            command=compose_command(job.spec, job.command),
+            env=env,
+            code_archive=code_archive,
+            package=package,
+            gpus=gpus,
+            cpus=job.cpus,
+            memory_bytes=job.memory,
+            timeout_seconds=timeout,
+            grace_seconds=self.p.settings.stop_grace_seconds,
+        )
+
+    def _start(self, w: Workload) -> None:
+        for d in ("checkpoints", "outputs"):
+            (w.attempt_dir.parent / d).mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.executor.start(w)
+        except OSError:
+            log.exception("could not start job %s attempt %d", w.job_id, w.attempt)
+
+    # -- supervision -------------------------------------------------------------------------------
+    def supervise(self) -> None:
+        with self.p.db.read() as s:
+            live = s.execute(
+                select(AttemptRow.id, AttemptRow.attempt_dir, JobRow.id, JobRow.state, JobRow.cancel_requested)
+                .join(JobRow, JobRow.id == AttemptRow.job_id)
+                .where(AttemptRow.finished_at.is_(None))
+            ).all()
+        for attempt_id, attempt_dir, job_id, state, cancel in live:
+            path = Path(attempt_dir)
+            report = self.executor.poll(path)
+            if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
+                self._stopping.add(attempt_id)
+                self.executor.stop(path)
+            if report.state == "running" and state == JobState.STARTING.value:
+                self._mark_running(job_id, attempt_id, report)
+            elif report.state == "exited":
+                self._finish(job_id, attempt_id, report)
+            elif report.state == "lost":
+                self._lost(job_id, attempt_id, report)
+
+    def _mark_running(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        with self.p.db.write() as s:
+            job = s.get(JobRow, job_id)
+            if job is None or job.state != JobState.STARTING.value:
+                return
+            job_states.transition(
+                s, job, JobState.RUNNING, f"attempt {job.attempt} running (pid {report.pid})", at=report.started_at
+            )
+
+    def _finish(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        now = report.finished_at or utcnow()
+        with self.p.db.write() as s:
+            attempt = s.get(AttemptRow, attempt_id)
+            job = s.get(JobRow, job_id)
+            if attempt is None or job is None or attempt.finished_at is not None:
+                return
+            code = report.exit_code
+            attempt.finished_at = now
+            attempt.exit_code = code
+            job.exit_code = code
+            state = JobState(job.state)
+            if state == JobState.STARTING:
+                job_states.transition(s, job, JobState.RUNNING, f"attempt {job.attempt} ran", at=report.started_at)
+            detail = f" ({report.message})" if report.message else ""
+            if job.cancel_requested or report.stopped:
+                attempt.outcome = "cancelled"
+                job_states.transition(s, job, JobState.CANCELLED, f"cancelled; exit code {code}", at=now)
+            elif report.timed_out:
+                attempt.outcome = "timed_out"
+                limit = f"{job.timeout_seconds:g} s" if job.timeout_seconds else "its limit"
+                job_states.transition(s, job, JobState.TIMED_OUT, f"ran longer than the timeout of {limit}", at=now)
+            elif code == 0:
+                attempt.outcome = "succeeded"
+                job_states.transition(s, job, JobState.SUCCEEDED, "exit code 0", at=now)
+            else:
+                attempt.outcome = "failed"
+                self._failed(s, job, f"attempt {job.attempt} failed with exit code {code}{detail}", now)
+        self._stopping.discard(attempt_id)
+        self.wake()
+
+    def _failed(self, s, job: JobRow, why: str, now) -> None:  # type: ignore[no-untyped-def]
+        if job.restarts < job.max_restarts:
+            job.restarts += 1
+            job.not_before = now + timedelta(seconds=job.backoff_seconds)
+            job_states.transition(
+                s,
+                job,
+                JobState.RESTARTING,
+                f"{why}; restart {job.restarts} of {job.max_restarts} after {job.backoff_seconds:g} s",
+                at=now,
+            )
+        else:
+            tail = f" (restarts exhausted: {job.restarts} of {job.max_restarts})" if job.max_restarts else ""
+            job_states.transition(s, job, JobState.FAILED, why + tail, at=now)
+
+    def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        if LOST_BEFORE_LAUNCH in report.message and attempt_id not in self._relaunched:
+            # recorded but never launched (crash between commit and start): launch it now
+            with self.p.db.read() as s:
+                job = s.get(JobRow, job_id)
+                attempt = s.get(AttemptRow, attempt_id)
+                if job is None or attempt is None or attempt.finished_at is not None:
+                    return
+                w = self._workload(s, job, tuple(attempt.gpus), Path(attempt.attempt_dir))
+            self._relaunched.add(attempt_id)
+            log.warning("job %s attempt %d was recorded but never launched; launching it now", job_id, w.attempt)
+            self._start(w)
+            return
+        now = utcnow()
+        with self.p.db.write() as s:
+            attempt = s.get(AttemptRow, attempt_id)
+            job = s.get(JobRow, job_id)
+            if attempt is None or job is None or attempt.finished_at is not None:
+                return
+            attempt.finished_at = now
+            attempt.outcome = "lost"
+            if job.cancel_requested:
+                job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
+            else:
+                self._failed(s, job, f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}", now)
+        self.wake()

@@ -1,0 +1,294 @@
+"""Jobs as users see them: submit, list, describe, cancel, delete.
+
+State changes go through ``job_states.transition``; running attempts are driven by ``control.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied, QuotaExceeded
+from dlcloud.schemas.common import format_memory
+from dlcloud.schemas.jobs import (
+    TERMINAL_STATES,
+    Job,
+    JobAttempt,
+    JobDetail,
+    JobEvent,
+    JobSpec,
+    JobState,
+)
+from dlcloud.services import job_states
+from dlcloud.services.auth import Caller
+from dlcloud.services.platform import Platform
+from dlcloud.store import tenants as tenant_store
+from dlcloud.store.ids import new_id
+from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
+
+QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
+ENVIRONMENTS = ("default",)
+
+
+def job_dir(platform: Platform, tenant_id: str, job_id: str) -> Path:
+    return platform.settings.runs_dir / tenant_id / job_id
+
+
+def _job_model(row: JobRow, tenant: str, user: str) -> Job:
+    return Job(
+        id=row.id,
+        name=row.name,
+        tenant=tenant,
+        user=user,
+        state=JobState(row.state),
+        reason=row.reason,
+        priority=row.priority,
+        gpus=row.gpus,
+        cpus=row.cpus,
+        memory=row.memory,
+        attempt=row.attempt,
+        restarts=row.restarts,
+        exit_code=row.exit_code,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        code=row.code_id,
+        command=row.command,
+    )
+
+
+def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
+    """Refuse a job that could never start, instead of letting it wait forever."""
+    r = spec.resources
+    inv = platform.inventory
+    matching = inv.gpus_matching(r.gpu_type)
+    if r.gpu_type and r.gpus and not matching:
+        names = sorted({g.name for g in inv.gpus}) or ["none"]
+        raise InvalidSpec(f"no GPU of type {r.gpu_type!r} exists; GPU types here: {', '.join(names)}")
+    if r.gpus > len(matching):
+        raise InvalidSpec(f"resources.gpus is {r.gpus} but this platform has {len(matching)} matching GPU(s)")
+    if r.cpu > inv.cpus:
+        raise InvalidSpec(f"resources.cpu is {r.cpu:g} but this platform has {inv.cpus:g} CPU(s)")
+    if r.memory > inv.memory:
+        raise InvalidSpec(
+            f"resources.memory is {format_memory(r.memory)} but this platform has {format_memory(inv.memory)}"
+        )
+    q = tenant
+    for what, want, limit, fmt in (
+        ("gpus", r.gpus, q.quota_gpus, str),
+        ("cpu", r.cpu, q.quota_cpus, lambda v: f"{v:g}"),
+        ("memory", r.memory, q.quota_memory, format_memory),
+    ):
+        if limit is not None and want > limit:
+            raise QuotaExceeded(
+                f"resources.{what} is {fmt(want)} but tenant {tenant.name!r} may use at most {fmt(limit)}",
+                details={"resource": what, "limit": limit, "requested": want},
+            )
+    if q.quota_max_running_jobs == 0:
+        raise QuotaExceeded(f"tenant {tenant.name!r} may not run jobs (max_running_jobs is 0)")
+
+
+def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
+    if spec.environment is not None and spec.environment not in ENVIRONMENTS:
+        raise InvalidSpec(f"environment {spec.environment!r} does not exist; available: {', '.join(ENVIRONMENTS)}")
+    with platform.db.write() as s:
+        tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
+        if tenant is None:
+            raise NotFound("your tenant no longer exists")
+        _check_fits(platform, tenant, spec)
+        if spec.code is not None:
+            code = s.get(CodeRow, spec.code)
+            if code is None or code.tenant_id != caller.tenant_id:
+                raise InvalidSpec(f"code {spec.code!r} not found; upload it first (the CLI does this for directories)")
+            if spec.module is None and code.kind != "archive":
+                raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
+        elif spec.module is not None:
+            pass  # a module from the environment itself (e.g. a library's CLI module)
+        if s.scalar(select(JobRow.id).where(JobRow.tenant_id == tenant.id, JobRow.name == spec.name)):
+            raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
+        if tenant.quota_max_queued_jobs is not None:
+            queued = (
+                s.scalar(
+                    select(func.count())
+                    .select_from(JobRow)
+                    .where(JobRow.tenant_id == tenant.id, JobRow.state.in_(QUEUE_STATES))
+                )
+                or 0
+            )
+            if queued >= tenant.quota_max_queued_jobs:
+                raise QuotaExceeded(
+                    f"tenant {tenant.name!r} already has {queued} queued job(s), the limit is "
+                    f"{tenant.quota_max_queued_jobs}; wait for some to start or cancel some",
+                    details={"resource": "max_queued_jobs", "limit": tenant.quota_max_queued_jobs},
+                )
+        row = JobRow(
+            id=new_id("j-"),
+            tenant_id=tenant.id,
+            user_id=caller.user_id,
+            name=spec.name,
+            spec=spec.model_dump(mode="json"),
+            command=spec.shell_command(),
+            code_id=spec.code,
+            state=JobState.QUEUED.value,
+            reason="submitted",
+            priority=spec.priority,
+            gpus=spec.resources.gpus,
+            cpus=spec.resources.cpu,
+            memory=spec.resources.memory,
+            gpu_type=spec.resources.gpu_type,
+            timeout_seconds=spec.timeout,
+            max_restarts=spec.restart.max_restarts,
+            backoff_seconds=spec.restart.backoff_seconds,
+            attempt=0,
+            restarts=0,
+            cancel_requested=False,
+            created_at=utcnow(),
+        )
+        s.add(row)
+        s.flush()
+        job_states.record_created(s, row, f"submitted by {caller.user}")
+        job = _job_model(row, tenant.name, caller.user)
+    platform.wake()
+    return job
+
+
+def _get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> JobRow:
+    q = select(JobRow).where(
+        JobRow.tenant_id == caller.tenant_id, or_(JobRow.name == name_or_id, JobRow.id == name_or_id)
+    )
+    if for_update:
+        q = q.with_for_update()
+    row = s.scalars(q).first()
+    if row is None:
+        raise NotFound(f"job {name_or_id!r} not found")
+    return row
+
+
+def _user_name(s: Session, user_id: str) -> str:
+    u = s.get(UserRow, user_id)
+    return u.name if u else user_id
+
+
+def list_jobs(
+    platform: Platform, caller: Caller, *, states: list[JobState] | None = None, limit: int = 100, offset: int = 0
+) -> list[Job]:
+    with platform.db.read() as s:
+        q = (
+            select(JobRow, UserRow.name)
+            .outerjoin(UserRow, UserRow.id == JobRow.user_id)
+            .where(JobRow.tenant_id == caller.tenant_id)
+        )
+        if states:
+            q = q.where(JobRow.state.in_([st.value for st in states]))
+        q = q.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit).offset(offset)
+        return [_job_model(j, caller.tenant, u or j.user_id) for j, u in s.execute(q)]
+
+
+def get_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
+    with platform.db.read() as s:
+        row = _get_row(s, caller, name_or_id)
+        return _job_model(row, caller.tenant, _user_name(s, row.user_id))
+
+
+def queue_position(s: Session, row: JobRow) -> int:
+    ahead = s.scalar(
+        select(func.count())
+        .select_from(JobRow)
+        .where(
+            JobRow.state.in_(QUEUE_STATES),
+            or_(
+                JobRow.priority > row.priority,
+                and_(
+                    JobRow.priority == row.priority,
+                    or_(
+                        JobRow.created_at < row.created_at,
+                        and_(JobRow.created_at == row.created_at, JobRow.id < row.id),
+                    ),
+                ),
+            ),
+        )
+    )
+    return int(ahead or 0) + 1
+
+
+def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDetail:
+    with platform.db.read() as s:
+        row = _get_row(s, caller, name_or_id)
+        base = _job_model(row, caller.tenant, _user_name(s, row.user_id))
+        events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == row.id).order_by(JobEventRow.id))
+        attempts = s.scalars(select(AttemptRow).where(AttemptRow.job_id == row.id).order_by(AttemptRow.number))
+        position = None
+        wait = None
+        if row.state in QUEUE_STATES:
+            position = queue_position(s, row)
+            wait = row.wait_reason or (
+                "waiting for the scheduler"
+                if position == 1
+                else f"waiting behind {position - 1} earlier job(s) in the queue"
+            )
+        return JobDetail(
+            **base.model_dump(),
+            spec=row.spec,
+            queue_position=position,
+            wait_reason=wait,
+            events=[
+                JobEvent(
+                    time=e.time,
+                    from_state=JobState(e.from_state) if e.from_state else None,
+                    to_state=JobState(e.to_state),
+                    reason=e.reason,
+                    attempt=e.attempt,
+                )
+                for e in events
+            ],
+            attempts=[
+                JobAttempt(
+                    number=a.number,
+                    host=a.host,
+                    gpus=list(a.gpus),
+                    cpus=a.cpus,
+                    memory=a.memory,
+                    started_at=a.started_at,
+                    finished_at=a.finished_at,
+                    exit_code=a.exit_code,
+                    outcome=a.outcome,
+                )
+                for a in attempts
+            ],
+        )
+
+
+def _require_owner_or_admin(caller: Caller, row: JobRow, what: str) -> None:
+    if row.user_id != caller.user_id and not caller.is_tenant_admin:
+        raise PermissionDenied(f"only the job's owner or a tenant admin can {what} job {row.name!r}")
+
+
+def cancel_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
+    with platform.db.write() as s:
+        row = _get_row(s, caller, name_or_id, for_update=True)
+        _require_owner_or_admin(caller, row, "cancel")
+        state = JobState(row.state)
+        if state in TERMINAL_STATES:
+            raise InvalidState(f"job {row.name!r} already ended ({state.value}); nothing to cancel")
+        if state in (JobState.QUEUED, JobState.RESTARTING):
+            job_states.transition(s, row, JobState.CANCELLED, f"cancelled by {caller.user} while {state.value}")
+        else:
+            row.cancel_requested = True
+            row.reason = f"cancellation requested by {caller.user}"
+        job = _job_model(row, caller.tenant, _user_name(s, row.user_id))
+    platform.wake()
+    return job
+
+
+def delete_job(platform: Platform, caller: Caller, name_or_id: str) -> None:
+    with platform.db.write() as s:
+        row = _get_row(s, caller, name_or_id, for_update=True)
+        _require_owner_or_admin(caller, row, "delete")
+        if JobState(row.state) not in TERMINAL_STATES:
+            raise InvalidState(f"job {row.name!r} is {row.state}; cancel it first (dlcloud jobs cancel {row.name})")
+        tenant_id, job_id = row.tenant_id, row.id
+        s.delete(row)
+    shutil.rmtree(job_dir(platform, tenant_id, job_id), ignore_errors=True)

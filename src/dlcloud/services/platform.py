@@ -1,0 +1,24 @@
+"""The handles every service needs, built once at the entry point (``dlcloud up`` / tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dlcloud.scheduler.inventory import Inventory
+from dlcloud.services.secrets import SecretBox
+from dlcloud.settings import Settings
+from dlcloud.store.db import Database
+
+
+def _no_wake() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Platform:
+    settings: Settings
+    db: Database
+    box: SecretBox
+    inventory: Inventory
+    wake: Callable[[], None] = field(default=_no_wake)  # nudges the control loop after a change

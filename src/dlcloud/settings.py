@@ -1,0 +1,75 @@
+"""Settings: one pydantic-settings tree, built at the entry point and passed down.
+
+Environment variables use the prefix ``DLCLOUD_`` (``DLCLOUD_DATA_DIR``, ``DLCLOUD_DATABASE_URL``, ...).
+Nothing here imports other dlcloud modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GpuSpec(BaseModel):
+    """One GPU of a declared inventory (used where detection is not wanted)."""
+
+    index: Annotated[int, Field(ge=0, le=1023)]
+    name: Annotated[str, Field(min_length=1, max_length=128)] = "GPU"
+    memory_mb: Annotated[int, Field(ge=0)] = 0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DLCLOUD_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8420
+    data_dir: Path = Path("~/.dlcloud").expanduser()
+    database_url: str | None = None  # default: SQLite in the data dir
+
+    # Auth
+    clock_skew_seconds: Annotated[int, Field(ge=1, le=3600)] = 300
+    server_key_file: Path | None = None  # default: <data_dir>/server.key
+    bootstrap_admin_name: str = "admin"
+    bootstrap_tenant_name: str = "default"
+
+    # Uploads
+    max_upload_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
+    max_unpacked_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024 * 1024
+    max_archive_members: Annotated[int, Field(ge=1)] = 100_000
+
+    # Scheduler and executor
+    scheduler_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    supervisor_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 0.2
+    stop_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
+    gpu_inventory: list[GpuSpec] | None = None  # declared inventory; None = detect
+    cpu_capacity: Annotated[float, Field(gt=0)] | None = None  # None = os.cpu_count()
+    memory_capacity_bytes: Annotated[int, Field(gt=0)] | None = None  # None = physical memory
+    host_name: str | None = None  # recorded on attempts; None = socket.gethostname()
+
+    log_level: str = "info"
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url[len("postgresql://") :]
+            elif url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url[len("postgres://") :]
+            return url
+        return f"sqlite:///{self.data_dir / 'dlcloud.db'}"
+
+    @property
+    def resolved_server_key_file(self) -> Path:
+        return self.server_key_file or self.data_dir / "server.key"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.data_dir / "code"

@@ -1,0 +1,103 @@
+"""Engine, sessions and transactions for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class Database:
+    """One engine plus read/write session helpers.
+
+    ``write()`` yields a session inside a transaction that commits on success and rolls back on any
+    exception, so a failed request leaves the database as it was. On SQLite the transaction begins
+    with ``BEGIN IMMEDIATE`` (one writer at a time, no lock upgrades mid-transaction).
+    """
+
+    def __init__(self, url: str, *, pool_size: int = 20):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        kwargs: dict[str, Any] = {}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            if ":memory:" in url:
+                raise ValueError("in-memory SQLite is not supported: the scheduler and API share the database")
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = 40
+        else:
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = 20
+            kwargs["pool_pre_ping"] = True
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.is_sqlite:
+            _configure_sqlite(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=True)
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            try:
+                yield session
+            finally:
+                session.rollback()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            if self.is_sqlite:
+                session.connection(execution_options={"sqlite_immediate": True})
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get("sqlite_immediate"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+
+def migrate(url: str) -> None:
+    """Bring the schema to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+def null_pool_engine(url: str) -> Engine:
+    return create_engine(url, poolclass=NullPool)

@@ -1,0 +1,202 @@
+"""ORM tables. Rows never leave the service layer: services return pydantic read models."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both SQLite (naive storage) and PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime()}
+
+
+class TenantRow(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    quota_gpus: Mapped[int | None] = mapped_column(Integer)
+    quota_cpus: Mapped[float | None] = mapped_column(Float)
+    quota_memory: Mapped[int | None] = mapped_column(BigInteger)
+    quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer)
+    quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    role: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AccessKeyRow(Base):
+    __tablename__ = "access_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # the access key id itself
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    secret_encrypted: Mapped[bytes] = mapped_column(LargeBinary)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class NonceRow(Base):
+    __tablename__ = "nonces"
+    access_key: Mapped[str] = mapped_column(String(40), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class CodeRow(Base):
+    __tablename__ = "code_uploads"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(16))  # archive | wheel | sdist
+    filename: Mapped[str] = mapped_column(String(255))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"),
+        Index("ix_jobs_queue", "state", "priority", "created_at"),
+        Index("ix_jobs_tenant_state", "tenant_id", "state"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    user_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    command: Mapped[str] = mapped_column(Text)
+    code_id: Mapped[str | None] = mapped_column(String(40))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    wait_reason: Mapped[str | None] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    cpus: Mapped[float] = mapped_column(Float, default=1.0)
+    memory: Mapped[int] = mapped_column(BigInteger, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    timeout_seconds: Mapped[float | None] = mapped_column(Float)
+    max_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    backoff_seconds: Mapped[float] = mapped_column(Float, default=10.0)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class AttemptRow(Base):
+    __tablename__ = "job_attempts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "number"),
+        Index("ix_attempts_tenant_time", "tenant_id", "started_at"),
+        Index("ix_attempts_live", "finished_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))
+    number: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+    gpus: Mapped[list[int]] = mapped_column(JSON)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory: Mapped[int] = mapped_column(BigInteger)
+    attempt_dir: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+
+
+class JobEventRow(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    time: Mapped[datetime] = mapped_column(UTCDateTime())
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_tenant_time", "tenant_id", "time"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(32))
+    tenant_name: Mapped[str | None] = mapped_column(String(63))
+    user_name: Mapped[str | None] = mapped_column(String(63))
+    access_key: Mapped[str | None] = mapped_column(String(40))
+    action: Mapped[str] = mapped_column(String(64))
+    resource: Mapped[str | None] = mapped_column(String(255))
+    outcome: Mapped[str] = mapped_column(String(16))
+    status_code: Mapped[int] = mapped_column(Integer)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    request_id: Mapped[str] = mapped_column(String(64))
+    client_address: Mapped[str | None] = mapped_column(String(255))
+
+
+class LeaseRow(Base):
+    """Named leases (e.g. the scheduler leader on SQLite, where advisory locks do not exist)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,67 @@
+"""Tenant, user and access-key queries."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlcloud.store.models import AccessKeyRow, TenantRow, UserRow
+
+
+def get_tenant_by_name(s: Session, name: str, *, for_update: bool = False) -> TenantRow | None:
+    q = select(TenantRow).where(TenantRow.name == name)
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
+
+
+def get_tenant(s: Session, tenant_id: str, *, for_update: bool = False) -> TenantRow | None:
+    q = select(TenantRow).where(TenantRow.id == tenant_id)
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
+
+
+def list_tenants(s: Session) -> list[TenantRow]:
+    return list(s.scalars(select(TenantRow).order_by(TenantRow.name)))
+
+
+def get_user_by_name(s: Session, tenant_id: str, name: str) -> UserRow | None:
+    return s.scalars(select(UserRow).where(UserRow.tenant_id == tenant_id, UserRow.name == name)).first()
+
+
+def list_users(s: Session, tenant_id: str | None) -> list[tuple[UserRow, str]]:
+    q = select(UserRow, TenantRow.name).join(TenantRow, TenantRow.id == UserRow.tenant_id)
+    if tenant_id is not None:
+        q = q.where(UserRow.tenant_id == tenant_id)
+    return [(u, t) for u, t in s.execute(q.order_by(TenantRow.name, UserRow.name))]
+
+
+def get_key_with_owner(s: Session, key_id: str) -> tuple[AccessKeyRow, UserRow, TenantRow] | None:
+    row = s.execute(
+        select(AccessKeyRow, UserRow, TenantRow)
+        .join(UserRow, UserRow.id == AccessKeyRow.user_id)
+        .join(TenantRow, TenantRow.id == AccessKeyRow.tenant_id)
+        .where(AccessKeyRow.id == key_id)
+    ).first()
+    return (row[0], row[1], row[2]) if row else None
+
+
+def get_key(s: Session, tenant_id: str | None, key_id: str) -> AccessKeyRow | None:
+    q = select(AccessKeyRow).where(AccessKeyRow.id == key_id)
+    if tenant_id is not None:
+        q = q.where(AccessKeyRow.tenant_id == tenant_id)
+    return s.scalars(q).first()
+
+
+def list_keys(s: Session, tenant_id: str | None, user_id: str | None) -> list[tuple[AccessKeyRow, str, str]]:
+    q = (
+        select(AccessKeyRow, UserRow.name, TenantRow.name)
+        .join(UserRow, UserRow.id == AccessKeyRow.user_id)
+        .join(TenantRow, TenantRow.id == AccessKeyRow.tenant_id)
+    )
+    if tenant_id is not None:
+        q = q.where(AccessKeyRow.tenant_id == tenant_id)
+    if user_id is not None:
+        q = q.where(AccessKeyRow.user_id == user_id)
+    return [(k, u, t) for k, u, t in s.execute(q.order_by(AccessKeyRow.created_at))]

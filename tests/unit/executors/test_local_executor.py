@@ -1,0 +1,302 @@
+"""LocalExecutor: start / poll / stop through the attempt directory, across control-plane restarts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlcloud.errors import InvalidState
+from dlcloud.executors import AttemptReport, Workload, get_executor_class
+from dlcloud.executors.local import launcher
+from dlcloud.executors.local.executor import LocalExecutor
+
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z (stdout|stderr|system) (.*)$")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll predicate until it returns something truthy; fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def executor() -> Iterator[LocalExecutor]:
+    ex = LocalExecutor()
+    yield ex
+    ex.reap()
+
+
+def workload(attempt_dir: Path, command: str, **fields: Any) -> Workload:
+    return Workload(job_id="job1", tenant_id="t1", attempt=1, attempt_dir=attempt_dir, command=command, **fields)
+
+
+def wait_state(ex: LocalExecutor, attempt_dir: Path, state: str, timeout: float = 15.0) -> AttemptReport:
+    def check() -> AttemptReport | None:
+        report = ex.poll(attempt_dir)
+        return report if report.state == state else None
+
+    report: AttemptReport = wait_for(check, timeout)
+    return report
+
+
+def output(attempt_dir: Path, stream: str) -> list[str]:
+    out = []
+    for raw in (attempt_dir / "output.log").read_text().splitlines():
+        m = LINE.match(raw)
+        assert m, f"badly formatted log line: {raw!r}"
+        if m.group(1) == stream:
+            out.append(m.group(2))
+    return out
+
+
+def logged(attempt_dir: Path, text: str) -> bool:
+    path = attempt_dir / "output.log"
+    return path.exists() and text in path.read_text()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in process group pgid."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                st = launcher.read_proc_stat(int(name))
+            except OSError:
+                continue
+            if st is not None and st[1] == pgid and st[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def test_registry_returns_local_executor() -> None:
+    assert get_executor_class("local") is LocalExecutor
+
+
+def test_runs_command_and_reports_exit(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "jobs" / "job1" / "1"
+    executor.start(workload(attempt_dir, "echo to-out; echo to-err >&2"))
+    assert executor.poll(attempt_dir).state in ("pending", "running", "exited")
+    report = wait_state(executor, attempt_dir, "exited")
+    assert report.exit_code == 0 and not report.timed_out and not report.stopped and report.message == ""
+    assert report.started_at is not None and report.finished_at is not None
+    assert report.started_at <= report.finished_at and report.started_at.tzinfo is not None
+    assert report.pid == json.loads((attempt_dir / "launcher.json").read_text())["pid"]
+    assert output(attempt_dir, "stdout") == ["to-out"]
+    assert output(attempt_dir, "stderr") == ["to-err"]
+    assert executor.log_files(attempt_dir) == [attempt_dir / "output.log"]
+    for d in (tmp_path / "jobs", tmp_path / "jobs" / "job1", attempt_dir):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert stat.S_IMODE((attempt_dir / "workload.json").stat().st_mode) == 0o600
+
+
+def test_exit_code_is_reported(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", "exit 3"))
+    assert wait_state(executor, tmp_path / "a", "exited").exit_code == 3
+
+
+def test_attempt_dir_cannot_be_reused(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", "true"))
+    with pytest.raises(InvalidState, match="already used"):
+        executor.start(workload(tmp_path / "a", "true"))
+    wait_state(executor, tmp_path / "a", "exited")
+
+
+def test_stop_delivers_sigterm(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    script = "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
+    executor.start(workload(attempt_dir, script))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    assert executor.poll(attempt_dir).state == "running"
+    started = time.monotonic()
+    executor.stop(attempt_dir)
+    assert time.monotonic() - started < 1.0  # stop never waits for the grace period
+    report = wait_state(executor, attempt_dir, "exited")
+    assert report.stopped and report.exit_code == 7 and report.message == "stopped"
+    assert "got TERM" in output(attempt_dir, "stdout")
+
+
+def test_stop_kills_command_ignoring_sigterm_after_grace(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "trap '' TERM; echo ready; while :; do sleep 0.05; done", grace_seconds=0.5))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    executor.stop(attempt_dir)
+    report = wait_state(executor, attempt_dir, "exited")
+    assert report.stopped and report.exit_code == -signal.SIGKILL
+
+
+def test_stop_right_after_start_is_not_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "sleep 30"))
+    executor.stop(attempt_dir)  # most likely before the launcher has written launcher.json
+    report = wait_state(executor, attempt_dir, "exited")
+    assert report.stopped
+
+
+def test_stop_after_exit_is_harmless(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", "exit 0"))
+    wait_state(executor, tmp_path / "a", "exited")
+    executor.stop(tmp_path / "a")
+    executor.stop(tmp_path / "never-started")
+    report = executor.poll(tmp_path / "a")
+    assert report.state == "exited" and not report.stopped
+
+
+def test_timeout(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", "exec sleep 30", timeout_seconds=0.5, grace_seconds=1.0))
+    report = wait_state(executor, tmp_path / "a", "exited")
+    assert report.timed_out and not report.stopped
+    assert report.exit_code == -signal.SIGTERM
+
+
+def test_attempt_survives_the_process_that_started_it(tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    starter = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dlcloud.executors import Workload\n"
+        "from dlcloud.executors.local.executor import LocalExecutor\n"
+        "LocalExecutor().start(Workload('job1', 't1', 1, Path(sys.argv[1]),"
+        " 'echo ready; while [ ! -f go ]; do sleep 0.02; done; echo done'))\n"
+    )
+    subprocess.run([sys.executable, "-c", starter, str(attempt_dir)], check=True, timeout=30)
+    restarted = LocalExecutor()  # a new control plane: nothing in memory about this attempt
+    report = wait_state(restarted, attempt_dir, "running")
+    assert report.pid is not None and report.started_at is not None
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    (attempt_dir / "code" / "go").touch()
+    report = wait_state(restarted, attempt_dir, "exited")
+    assert report.exit_code == 0
+    assert output(attempt_dir, "stdout") == ["ready", "done"]
+
+
+def test_new_executor_can_stop_attempt_of_previous_one(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "echo ready; exec sleep 30"))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    restarted = LocalExecutor()
+    restarted.stop(attempt_dir)
+    report = wait_state(restarted, attempt_dir, "exited")
+    assert report.stopped and report.exit_code == -signal.SIGTERM
+
+
+def test_killed_launcher_and_command_are_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "echo ready; exec sleep 30"))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    launcher_pid = json.loads((attempt_dir / "launcher.json").read_text())["pid"]
+    child = json.loads((attempt_dir / "child.json").read_text())
+    os.kill(launcher_pid, signal.SIGKILL)
+    os.killpg(child["pgid"], signal.SIGKILL)
+    report = wait_state(executor, attempt_dir, "lost")
+    assert "gone" in report.message and report.exit_code is None
+    assert LocalExecutor().poll(attempt_dir).state == "lost"
+
+
+def test_stop_kills_command_whose_launcher_died(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "trap '' TERM; echo ready; while :; do sleep 0.05; done", grace_seconds=0.3))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    os.kill(json.loads((attempt_dir / "launcher.json").read_text())["pid"], signal.SIGKILL)
+    wait_state(executor, attempt_dir, "lost")
+    pgid = json.loads((attempt_dir / "child.json").read_text())["pgid"]
+    assert group_alive(pgid)
+    LocalExecutor().stop(attempt_dir)  # SIGTERM is ignored: SIGKILL follows after the grace period
+    wait_for(lambda: not group_alive(pgid))
+
+
+def test_unknown_attempt_is_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+    report = executor.poll(tmp_path / "nothing-here")
+    assert report.state == "lost" and "never started" in report.message
+
+
+def test_reap_leaves_no_zombie_launcher(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", "true"))
+    pid = wait_state(executor, tmp_path / "a", "exited").pid
+    assert pid is not None
+
+    def reaped() -> bool:
+        executor.reap()
+        return launcher.read_proc_stat(pid) is None
+
+    wait_for(reaped)
+    assert executor.poll(tmp_path / "a").state == "exited"
+
+
+def test_env_has_workload_env_but_not_server_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DLCLOUD_SECRET_KEY", "server-secret")
+    monkeypatch.setenv("SOME_SERVER_VAR", "server-only")
+    ex = LocalExecutor()
+    attempt_dir = tmp_path / "a"
+    ex.start(workload(attempt_dir, "env; echo ready; while [ ! -f go ]; do sleep 0.02; done", env={"FOO": "bar"}))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    launcher_pid = json.loads((attempt_dir / "launcher.json").read_text())["pid"]
+    launcher_environ = Path(f"/proc/{launcher_pid}/environ").read_bytes()
+    (attempt_dir / "code" / "go").touch()
+    assert wait_state(ex, attempt_dir, "exited").exit_code == 0
+    ex.reap()
+    env = dict(line.split("=", 1) for line in output(attempt_dir, "stdout") if "=" in line)
+    assert env["FOO"] == "bar"
+    assert "DLCLOUD_SECRET_KEY" not in env and "SOME_SERVER_VAR" not in env
+    assert b"server-secret" not in launcher_environ
+    assert b"server-secret" not in (attempt_dir / "workload.json").read_bytes()
+    assert env["PATH"].split(":")[0] == os.path.dirname(os.path.abspath(sys.executable))
+    assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_base_env_replaces_inherited_variables(tmp_path: Path) -> None:
+    ex = LocalExecutor(python="/opt/py/bin/python3", base_env={"PATH": "/usr/bin:/bin", "X": "1", "DLCLOUD_X": "2"})
+    assert ex.base_env == {"PATH": "/opt/py/bin:/usr/bin:/bin", "X": "1"}
+    job = workload(tmp_path / "a", "true", env={"X": "from-job", "DLCLOUD_JOB": "job1"})
+    assert ex.build_env(job) == {"PATH": "/opt/py/bin:/usr/bin:/bin", "X": "from-job", "DLCLOUD_JOB": "job1"}
+
+
+def test_gpus_set_cuda_visible_devices(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.start(workload(tmp_path / "a", 'echo "[$CUDA_VISIBLE_DEVICES]"', gpus=(0, 2)))
+    executor.start(workload(tmp_path / "b", 'echo "[$CUDA_VISIBLE_DEVICES]"'))
+    assert wait_state(executor, tmp_path / "a", "exited").exit_code == 0
+    assert wait_state(executor, tmp_path / "b", "exited").exit_code == 0
+    assert output(tmp_path / "a", "stdout") == ["[0,2]"]
+    assert output(tmp_path / "b", "stdout") == ["[]"]
+
+
+def test_code_archive_is_unpacked(executor: LocalExecutor, tmp_path: Path) -> None:
+    archive = tmp_path / "code.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        data = b"print('trained')\n"
+        info = tarfile.TarInfo("train.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    executor.start(workload(tmp_path / "a", "python train.py", code_archive=archive))
+    assert wait_state(executor, tmp_path / "a", "exited").exit_code == 0
+    assert (tmp_path / "a" / "code" / "train.py").exists()
+    assert output(tmp_path / "a", "stdout") == ["trained"]
+
+
+def test_memory_limit_uses_rlimit_without_cgroup2(executor: LocalExecutor, tmp_path: Path) -> None:
+    limit = 768 * 1024 * 1024
+    attempt_dir = tmp_path / "a"
+    executor.start(workload(attempt_dir, "grep 'Max data size' /proc/self/limits", memory_bytes=limit))
+    assert wait_state(executor, attempt_dir, "exited").exit_code == 0
+    record = json.loads((attempt_dir / "launcher.json").read_text())
+    if record["limits"] == "rlimit":
+        assert output(attempt_dir, "stdout")[0].split()[3:5] == [str(limit), str(limit)]
+    else:  # a host with usable cgroup v2: the limit is memory.max, RLIMIT_DATA stays as it was
+        assert record["limits"] == "cgroup2" and record["cgroup"]
