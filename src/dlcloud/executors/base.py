@@ -48,6 +48,7 @@ class AttemptReport:
     stopped: bool = False  # exited because stop() was called
     message: str = ""  # e.g. why it is lost, launcher errors (unpack failure, ...)
     pid: int | None = None
+    launched: bool = True  # False: the attempt was recorded but its workload never reached the executor
 
 
 class Executor(abc.ABC):
@@ -72,7 +73,7 @@ class Executor(abc.ABC):
         log.info("stopping attempt %s", attempt_dir)
         self._stop(attempt_dir)
 
-    def reap(self) -> None:
+    def reap(self) -> None:  # noqa: B027 - optional hook, most executors have nothing to reap
         """Collect finished child processes (called regularly by the supervisor)."""
 
     def log_files(self, attempt_dir: Path) -> list[Path]:

@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
@@ -29,7 +29,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.store.models import AttemptRow, CodeRow, JobRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
-LOST_BEFORE_LAUNCH = "launcher never started"
+SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
 
 
 def compose_command(spec: dict, main: str) -> str:
@@ -78,6 +78,10 @@ class ControlLoop:
         now = utcnow()
         workloads: list[Workload] = []
         with self.p.db.write() as s:
+            if not self.p.db.is_sqlite:
+                # passes must not interleave (two would place the same job); SQLite's BEGIN IMMEDIATE
+                # already serialises them, PostgreSQL needs this transaction-scoped lock
+                s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEDULE_LOCK_ID})
             queue_rows = s.execute(
                 select(
                     JobRow.id,
@@ -280,7 +284,7 @@ class ControlLoop:
             job_states.transition(s, job, JobState.FAILED, why + tail, at=now)
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
-        if LOST_BEFORE_LAUNCH in report.message and attempt_id not in self._relaunched:
+        if not report.launched and attempt_id not in self._relaunched:
             # recorded but never launched (crash between commit and start): launch it now
             with self.p.db.read() as s:
                 job = s.get(JobRow, job_id)
@@ -293,6 +297,11 @@ class ControlLoop:
             self._start(w)
             return
         now = utcnow()
+        with self.p.db.read() as s:
+            attempt_row = s.get(AttemptRow, attempt_id)
+            attempt_dir = Path(attempt_row.attempt_dir) if attempt_row else None
+        if attempt_dir is not None and report.launched:
+            self.executor.stop(attempt_dir)  # whatever the dead launcher left running must not hold on
         with self.p.db.write() as s:
             attempt = s.get(AttemptRow, attempt_id)
             job = s.get(JobRow, job_id)

@@ -333,3 +333,38 @@ def test_launcher_error_still_writes_exit_json(tmp_path: Path) -> None:
     result = json.loads((attempt_dir / "exit.json").read_text())
     assert result["exit_code"] == launcher.LAUNCH_FAILED
     assert result["message"].startswith("launcher error: JSONDecodeError")
+
+
+def _fake_proc(tmp_path: Path, own: str, mount_root: str, mount_point: Path) -> tuple[str, str]:
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text(f"4:memory:/x\n0::{own}\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        f"41 31 0:38 {mount_root} {mount_point} rw,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
+    )
+    return str(cgroup), str(mountinfo)
+
+
+def test_find_cgroup2_dir_on_a_v2_host(tmp_path: Path) -> None:
+    mount = tmp_path / "sys-fs-cgroup"
+    (mount / "user.slice" / "dlcloud.service").mkdir(parents=True)
+    files = _fake_proc(tmp_path, "/user.slice/dlcloud.service", "/", mount)
+    assert launcher.find_cgroup2_dir(*files) == str(mount / "user.slice" / "dlcloud.service")
+
+
+def test_find_cgroup2_dir_in_a_container_seeing_part_of_the_hierarchy(tmp_path: Path) -> None:
+    mount = tmp_path / "sys-fs-cgroup"
+    (mount / "inner").mkdir(parents=True)
+    files = _fake_proc(tmp_path, "/docker/abc/inner", "/docker/abc", mount)
+    assert launcher.find_cgroup2_dir(*files) == str(mount / "inner")
+    other = _fake_proc(tmp_path, "/elsewhere", "/docker/abc", mount)
+    assert launcher.find_cgroup2_dir(*other) is None
+
+
+def test_no_cgroup2_mount_means_rlimit_fallback(tmp_path: Path) -> None:
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 0:21 / /proc rw,nosuid - proc proc rw\n")
+    assert launcher.find_cgroup2_dir(str(cgroup), str(mountinfo)) is None

@@ -300,3 +300,16 @@ def test_memory_limit_uses_rlimit_without_cgroup2(executor: LocalExecutor, tmp_p
         assert output(attempt_dir, "stdout")[0].split()[3:5] == [str(limit), str(limit)]
     else:  # a host with usable cgroup v2: the limit is memory.max, RLIMIT_DATA stays as it was
         assert record["limits"] == "cgroup2" and record["cgroup"]
+
+
+def test_launcher_that_cannot_be_spawned_is_reported_at_once(
+    monkeypatch: pytest.MonkeyPatch, executor: LocalExecutor, tmp_path: Path
+) -> None:
+    def no_spawn(*args: Any, **kwargs: Any) -> None:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(subprocess, "Popen", no_spawn)
+    executor.start(workload(tmp_path / "a", "true"))
+    report = executor.poll(tmp_path / "a")
+    assert report.state == "exited" and report.exit_code == launcher.LAUNCH_FAILED
+    assert "no more processes" in report.message

@@ -181,6 +181,20 @@ class LocalExecutor(Executor):
                 close_fds=True,
                 start_new_session=True,
             )
+        except OSError as exc:
+            # Recorded like any launch failure, so poll() reports it at once instead of "lost" in 30 s.
+            log.exception("cannot start the launcher for %s", attempt_dir)
+            launcher_mod.write_json_atomic(
+                str(attempt_dir / launcher_mod.EXIT_FILE),
+                {
+                    "exit_code": launcher_mod.LAUNCH_FAILED,
+                    "finished_at": launcher_mod.utc_now_iso(),
+                    "timed_out": False,
+                    "stopped": False,
+                    "message": f"could not start the launcher: {exc}",
+                },
+            )
+            return
         finally:
             os.close(log_fd)
         with self._lock:
@@ -220,7 +234,7 @@ class LocalExecutor(Executor):
         try:
             spawned = (attempt_dir / launcher_mod.WORKLOAD_FILE).stat().st_mtime
         except FileNotFoundError:
-            return self._lost(attempt_dir, f"attempt {attempt_dir} was never started here")
+            return AttemptReport(state="lost", message=f"attempt {attempt_dir} was never started here", launched=False)
         if time.time() - spawned < PENDING_SECONDS:
             return AttemptReport(state="pending")
         return self._lost(attempt_dir, f"launcher did not start within {PENDING_SECONDS:g} s; see {LAUNCHER_LOG}")

@@ -125,14 +125,20 @@ def _read_text(path: str) -> str:
 # Resource limits
 
 
-def find_cgroup2_dir() -> str | None:
-    """This process's own cgroup v2 directory, when a cgroup2 hierarchy is mounted and we belong to it."""
+def find_cgroup2_dir(
+    proc_cgroup: str = "/proc/self/cgroup", proc_mountinfo: str = "/proc/self/mountinfo"
+) -> str | None:
+    """This process's own cgroup v2 directory, when a cgroup2 hierarchy is mounted and we belong to it.
+
+    Works for a pure v2 host (/sys/fs/cgroup), a hybrid one (/sys/fs/cgroup/unified) and containers that
+    see a bind-mounted part of the hierarchy (mount root other than "/").
+    """
     try:
         own = next(
-            (line[3:].strip() for line in _read_text("/proc/self/cgroup").splitlines() if line.startswith("0::")),
+            (line[3:].strip() for line in _read_text(proc_cgroup).splitlines() if line.startswith("0::")),
             None,
         )
-        mountinfo = _read_text("/proc/self/mountinfo").splitlines()
+        mountinfo = _read_text(proc_mountinfo).splitlines()
     except OSError:
         return None
     if own is None or own.endswith("(deleted)"):
@@ -337,6 +343,7 @@ class Launcher:
 
         if self.term_requested:
             self.stopped = True
+            self.system("stop requested before the command started")
             self.finish(LAUNCH_FAILED, "stopped before the command started")
             return
         try:
@@ -347,10 +354,12 @@ class Launcher:
             return
         if self.term_requested or self.stopped:
             self.stopped = True
+            self.system("stop requested before the command started")
             self.finish(LAUNCH_FAILED, "stopped before the command started")
             return
         if self.timed_out or (self.deadline is not None and time.monotonic() >= self.deadline):
             self.timed_out = True
+            self.system("timed out before the command started")
             self.finish(LAUNCH_FAILED, "timed out before the command started")
             return
 

@@ -1,0 +1,186 @@
+"""Shared fixtures: a platform on SQLite and PostgreSQL, the in-process API and SDK clients.
+
+PostgreSQL: ``DLCLOUD_TEST_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1:5432/postgres) names a
+server where the tests may create a database. Where it is unreachable the PostgreSQL variants are skipped,
+except under CI=true, where they fail: a CI run never silently drops a tier.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+from starlette.testclient import TestClient
+
+from dlcloud.api.app import create_app
+from dlcloud.client import Client, Credentials
+from dlcloud.executors.base import Executor
+from dlcloud.scheduler.inventory import build_inventory
+from dlcloud.services.control import ControlLoop
+from dlcloud.services.platform import Platform
+from dlcloud.services.secrets import SecretBox
+from dlcloud.services.tenants import bootstrap
+from dlcloud.settings import GpuSpec, Settings
+from dlcloud.store.db import Database, migrate
+from dlcloud.store.models import Base
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+PG_ADMIN_URL = os.environ.get("DLCLOUD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Poll until ``predicate()`` is truthy; returns its value. Fails the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _sa_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1) if url.startswith("postgresql://") else url
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    admin_url = _sa_url(PG_ADMIN_URL)
+    try:
+        admin = create_engine(admin_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # driver errors vary: any failure means no server
+        if IN_CI:
+            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is required in CI but unreachable: {exc}")
+        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL}: {exc}")
+    name = f"dlcloud_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    migrate(url)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _truncate_postgres(url: str) -> None:
+    engine = create_engine(url, poolclass=NullPool)
+    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every store-backed test runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'dlcloud.db'}"
+        migrate(url)
+        return url
+    url = request.getfixturevalue("postgres_database")
+    _truncate_postgres(url)
+    return url
+
+
+@dataclass
+class Env:
+    """An in-process platform: settings, platform handles, the API app and the admin's SDK client."""
+
+    settings: Settings
+    platform: Platform
+    app: object
+    http: TestClient
+    admin: Client
+    admin_creds: Credentials
+    control: ControlLoop | None
+
+    def client(self, creds: Credentials) -> Client:
+        return Client(creds, http_client=self.http)
+
+    def new_tenant_user(self, tenant: str, user: str, role: str = "member", quota: dict | None = None) -> Client:
+        names = {t["name"] for t in self.admin.tenants.list()}
+        if tenant not in names:
+            self.admin.tenants.create(tenant, quota or {})
+        self.admin.users.create(user, tenant=tenant, role=role)
+        key = self.admin.keys.create(user=user, tenant=tenant)
+        return self.client(Credentials("http://testserver", key["access_key"], key["secret_key"]))
+
+
+def make_settings(tmp_path: Path, db_url: str, **overrides: object) -> Settings:
+    values: dict = {
+        "data_dir": tmp_path / "data",
+        "database_url": db_url,
+        "gpu_inventory": [
+            GpuSpec(index=0, name="NVIDIA H100 80GB HBM3"),
+            GpuSpec(index=1, name="NVIDIA H100 80GB HBM3"),
+        ],
+        "cpu_capacity": 8,
+        "memory_capacity_bytes": 32 * 1024**3,
+        "host_name": "testhost",
+        "stop_grace_seconds": 2.0,
+        "supervisor_interval_seconds": 0.05,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def build_env(settings: Settings, executor: Executor | None = None) -> Env:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url)
+    box = SecretBox.from_file(settings.resolved_server_key_file)
+    boot = bootstrap(db, box, "default", "admin")
+    assert boot.created and boot.access_key and boot.secret_key
+    declared = [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory or []]
+    inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
+    holder: dict[str, ControlLoop] = {}
+    platform = Platform(settings, db, box, inventory, wake=lambda: holder["c"].wake() if "c" in holder else None)
+    control = None
+    if executor is not None:
+        control = ControlLoop(platform, executor)
+        holder["c"] = control
+    app = create_app(platform)
+    http = TestClient(app, base_url="http://testserver")
+    creds = Credentials("http://testserver", boot.access_key, boot.secret_key)
+    return Env(settings, platform, app, http, Client(creds, http_client=http), creds, control)
+
+
+@pytest.fixture
+def env(tmp_path: Path, db_url: str) -> Iterator[Env]:
+    """The API in-process on SQLite and PostgreSQL, with no control loop (jobs stay queued)."""
+    e = build_env(make_settings(tmp_path, db_url))
+    with e.http:
+        yield e
+    e.platform.db.dispose()
+
+
+@pytest.fixture
+def running_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
+    """Like ``env`` plus the control loop and the local executor running in a background thread."""
+    from dlcloud.executors.local.executor import LocalExecutor
+
+    e = build_env(make_settings(tmp_path, db_url), LocalExecutor())
+    assert e.control is not None
+    stop = threading.Event()
+    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
+    thread.start()
+    with e.http:
+        yield e
+    stop.set()
+    e.control.wake()
+    thread.join(timeout=10)
+    e.platform.db.dispose()

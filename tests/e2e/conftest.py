@@ -1,0 +1,114 @@
+"""e2e fixtures: the real server (``dlcloud up`` on a free port, temp data dir) and the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+DLCLOUD = str(Path(sys.executable).parent / "dlcloud")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    root: Path
+    port: int
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def env(self) -> dict[str, str]:
+        e = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
+        e["XDG_CONFIG_HOME"] = str(self.root / "config")
+        e["HOME"] = str(self.root / "home")
+        e["COLUMNS"] = "200"
+        return e
+
+    def start(self) -> None:
+        (self.root / "home").mkdir(parents=True, exist_ok=True)
+        log = (self.root / "server.log").open("ab")
+        self.proc = subprocess.Popen(
+            [DLCLOUD, "up", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"dlcloud up exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.endpoint}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"server not ready in 60 s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def log(self) -> str:
+        p = self.root / "server.log"
+        return p.read_text(errors="replace")[-5000:] if p.exists() else ""
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 180, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess:
+        res = subprocess.run(
+            [DLCLOUD, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd or self.root
+        )
+        if check and res.returncode != 0:
+            pytest.fail(
+                f"dlcloud {' '.join(args)} exited {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+            )
+        return res
+
+    def cli_json(self, *args: str) -> object:
+        return json.loads(self.cli(*args, "-o", "json").stdout)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path, free_port())
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -1,0 +1,183 @@
+"""A user's session with the real server and CLI: configure, submit a directory with a PyTorch training
+script, follow its logs, failures, restarts, cancel, timeout and a control-plane crash."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.e2e.conftest import Server
+
+pytestmark = pytest.mark.e2e
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
+
+TRAIN = textwrap.dedent(
+    """
+    import os, torch
+    torch.manual_seed(0)
+    x = torch.randn(256, 4)
+    y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5]) + 0.1
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[i:i+32]).squeeze(-1), y[i:i+32])
+            loss.backward()
+            opt.step()
+        print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
+    torch.save(model.state_dict(), os.path.join(os.environ["DLCLOUD_OUTPUT_DIR"], "model.pt"))
+    print("done training")
+    """
+)
+
+
+def _trainer(root: Path) -> Path:
+    d = root / "trainer"
+    d.mkdir()
+    (d / "train.py").write_text(TRAIN)
+    (d / "big.bin").write_bytes(b"x" * 1000)
+    (d / ".dlcloudignore").write_text("big.bin\n")
+    return d
+
+
+def _state(server: Server, name: str, profile: str | None = None) -> dict:
+    args = ["--profile", profile] if profile else []
+    return server.cli_json(*args, "jobs", "describe", name)  # type: ignore[return-value]
+
+
+def _wait_end(server: Server, name: str, timeout: float = 120, profile: str | None = None) -> dict:
+    return wait_for(
+        lambda: (j := _state(server, name, profile))["state"] in TERMINAL and j,
+        timeout=timeout,
+        interval=0.3,
+        what=f"job {name} to end",
+    )
+
+
+def test_configure_submit_directory_and_follow_pytorch_training(server: Server):
+    # the bootstrap admin's profile works with no configuration
+    assert server.cli_json("whoami")["role"] == "platform-admin"
+    assert json.loads((server.data_dir / "bootstrap-admin.json").read_text())["endpoint"] == server.endpoint
+    assert (server.data_dir / "bootstrap-admin.json").stat().st_mode & 0o777 == 0o600
+    server.cli("tenants", "create", "vision", "--gpus", "0", "--max-running-jobs", "2")
+    server.cli("users", "create", "alice", "--tenant", "vision")
+    key = server.cli_json("keys", "create", "--user", "alice", "--tenant", "vision")
+    assert set(key) >= {"access_key", "secret_key"}
+    server.cli(
+        "configure",
+        "--profile",
+        "alice",
+        "--endpoint",
+        server.endpoint,
+        "--access-key",
+        key["access_key"],
+        "--secret-key",
+        key["secret_key"],
+    )
+    cfg = server.root / "config" / "dlcloud" / "config.toml"
+    assert cfg.stat().st_mode & 0o777 == 0o600
+
+    trainer = _trainer(server.root)
+    res = server.cli(
+        "--profile",
+        "alice",
+        "jobs",
+        "submit",
+        "--name",
+        "mnist",
+        "--code",
+        str(trainer),
+        "--command",
+        "python train.py",
+        "--follow",
+    )
+    assert "epoch 2 loss" in res.stdout and "done training" in res.stdout
+    assert "SUCCEEDED" in res.stderr
+    job = _state(server, "mnist", "alice")
+    assert job["state"] == "SUCCEEDED" and job["user"] == "alice" and job["tenant"] == "vision"
+    # the ignored file did not travel; the model was written to the output dir
+    assert "big.bin" not in server.cli("--profile", "alice", "jobs", "logs", "mnist").stdout
+    outputs = list((server.data_dir / "runs").glob("*/*/outputs/model.pt"))
+    assert len(outputs) == 1
+    follow = server.cli("--profile", "alice", "jobs", "logs", "mnist", "--follow", "--tail", "2")
+    assert follow.stdout.strip().splitlines() == ["done training"]
+    # configure made alice's profile current; the admin (another tenant) cannot see alice's job
+    assert server.cli_json("whoami")["user"] == "alice"
+    denied = server.cli("--profile", "local", "jobs", "describe", "mnist", check=False)
+    assert denied.returncode != 0 and "not found" in denied.stderr
+    usage = server.cli_json("--profile", "local", "usage", "--all", "--since", "1h")
+    assert any(r["tenant"] == "vision" and r["user"] == "alice" and r["jobs"] == 1 for r in usage["rows"])
+    audit = server.cli_json("--profile", "local", "audit", "--all")
+    assert any(e["action"] == "jobs.submit" and e["user"] == "alice" for e in audit)
+
+
+def test_failing_script_restart_cancel_and_timeout(server: Server):
+    bad = server.cli("jobs", "submit", "--name", "bad", "--command", "echo oops >&2; exit 7", "--follow", check=False)
+    assert bad.returncode != 0 and "FAILED" in bad.stderr and "oops" in bad.stderr
+    assert _state(server, "bad")["exit_code"] == 7
+
+    spec = server.root / "retry.yaml"
+    spec.write_text(
+        textwrap.dedent(
+            """
+            name: retry
+            command: |
+              n=$(cat "$DLCLOUD_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$DLCLOUD_CHECKPOINT_DIR/n"
+              echo "try $n"; [ $n -ge 2 ]
+            restart: {max_restarts: 2, backoff_seconds: 0.2}
+            """
+        )
+    )
+    server.cli("jobs", "submit", "-f", str(spec))
+    job = _wait_end(server, "retry")
+    assert job["state"] == "SUCCEEDED" and job["attempt"] == 2
+
+    server.cli("jobs", "submit", "--name", "long", "--command", "echo up; sleep 120")
+    wait_for(lambda: "up" in server.cli("jobs", "logs", "long").stdout, timeout=60, interval=0.3, what="long to start")
+    server.cli("jobs", "cancel", "long")
+    assert _wait_end(server, "long")["state"] == "CANCELLED"
+
+    server.cli("jobs", "submit", "--name", "slow", "--command", "sleep 120", "--timeout", "2s")
+    assert _wait_end(server, "slow")["state"] == "TIMED_OUT"
+    listed = {j["name"]: j["state"] for j in server.cli_json("jobs", "list")}
+    assert listed == {"bad": "FAILED", "retry": "SUCCEEDED", "long": "CANCELLED", "slow": "TIMED_OUT"}
+
+
+def test_bad_input_is_a_clear_error_without_traceback(server: Server):
+    spec = server.root / "bad.yaml"
+    spec.write_text("name: x\ncommand: echo\nresources: {cpu: -1}\nwhatever: 1\n")
+    res = server.cli("jobs", "submit", "-f", str(spec), check=False)
+    assert res.returncode != 0
+    assert "resources.cpu" in res.stderr and "whatever" in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    res = server.cli("jobs", "describe", "nope", check=False)
+    assert res.returncode != 0 and "not found" in res.stderr
+    assert server.cli_json("jobs", "list") == []
+
+
+def test_server_kill9_while_job_runs_then_restart_completes_it_once(server: Server):
+    marker = server.root / "release"
+    server.cli(
+        "jobs",
+        "submit",
+        "--name",
+        "survivor",
+        "--command",
+        f"echo started; while [ ! -e {marker} ]; do sleep 0.1; done; echo finished",
+    )
+    wait_for(lambda: _state(server, "survivor")["state"] == "RUNNING", timeout=60, interval=0.2, what="RUNNING")
+    wait_for(lambda: "started" in server.cli("jobs", "logs", "survivor").stdout, timeout=30, interval=0.2, what="start")
+    server.kill9()
+    marker.touch()  # the job finishes while the control plane is down
+    server.start()
+    job = _wait_end(server, "survivor")
+    assert job["state"] == "SUCCEEDED"
+    assert len(job["attempts"]) == 1
+    assert [e["to_state"] for e in job["events"]].count("SUCCEEDED") == 1
+    out = server.cli("jobs", "logs", "survivor").stdout.split()
+    assert out.count("started") == 1 and out.count("finished") == 1
