@@ -99,7 +99,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     return server
 
 
-def _lifespan(server: Server, state: dict[str, bool]):  # type: ignore[no-untyped-def]
+def _lifespan(server: Server, state: dict[str, bool]):
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         threads = [
@@ -142,7 +142,7 @@ def _housekeeping(server: Server) -> None:
             log.exception("nonce purge failed")
 
 
-def serve(settings: Settings, on_ready=None) -> None:  # type: ignore[no-untyped-def]
+def serve(settings: Settings, on_ready=None) -> None:
     """Run until SIGTERM/SIGINT."""
     import uvicorn
 

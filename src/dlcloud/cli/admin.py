@@ -258,7 +258,7 @@ def quota(
         return
     lim, use = r["limits"], r["usage"]
 
-    def lim_str(v: object, fmt=str) -> str:  # type: ignore[no-untyped-def]
+    def lim_str(v: object, fmt=str) -> str:
         return "unlimited" if v is None else fmt(v)
 
     rows = [

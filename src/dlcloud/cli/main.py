@@ -79,7 +79,7 @@ def up(
         overrides["database_url"] = database_url
     settings = Settings(**overrides)
 
-    def on_ready(server) -> None:  # type: ignore[no-untyped-def]
+    def on_ready(server) -> None:
         endpoint = public_endpoint(settings)
         if not no_profile and server.bootstrap_file.exists():
             from dlcloud.client.config import Credentials, read_config, write_profile

@@ -21,13 +21,13 @@ class PackResult:
     skipped_links: list[str] = field(default_factory=list)
 
 
-def _spec(root: Path) -> pathspec.PathSpec:
+def _spec(root: Path) -> pathspec.GitIgnoreSpec:
     lines = list(ALWAYS_IGNORED)
     for name in (".gitignore", ".dlcloudignore"):
         f = root / name
         if f.is_file():
             lines.extend(f.read_text(errors="replace").splitlines())
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def pack_directory(root: Path) -> PackResult:

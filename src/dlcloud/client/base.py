@@ -144,7 +144,7 @@ class Client:
         return cls(load_credentials(profile), **kwargs)
 
     def whoami(self) -> dict[str, Any]:
-        return self.transport.request("GET", f"{API}/whoami")  # type: ignore[no-any-return]
+        return self.transport.request("GET", f"{API}/whoami")
 
     def close(self) -> None:
         self.transport.close()

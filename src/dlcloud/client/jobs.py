@@ -37,7 +37,7 @@ class CodeAPI:
     ) -> dict[str, Any]:
         """Upload a .tar.gz of a directory (kind=archive), a wheel or an sdist; returns its code id."""
         params = {"kind": kind, "filename": filename or file.name}
-        return self._t.upload(f"{API}/code", file, params=params, progress=progress)  # type: ignore[no-any-return]
+        return self._t.upload(f"{API}/code", file, params=params, progress=progress)
 
 
 class JobsAPI:
@@ -51,17 +51,17 @@ class JobsAPI:
             InvalidSpec / dlcloud.errors.DlcloudError with code validation_error: the spec is wrong.
             QuotaExceeded: the tenant's queue is full or the job exceeds the tenant's limits.
         """
-        return self._t.request("POST", f"{API}/jobs", json_body=spec)  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/jobs", json_body=spec)
 
     def list(self, states: list[str] | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-        return self._t.request("GET", f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})
 
     def get(self, name: str) -> dict[str, Any]:
         """The job with its events, attempts, queue position and wait reason."""
-        return self._t.request("GET", f"{API}/jobs/{name}")  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/jobs/{name}")
 
     def cancel(self, name: str) -> dict[str, Any]:
-        return self._t.request("POST", f"{API}/jobs/{name}/cancel")  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/jobs/{name}/cancel")
 
     def delete(self, name: str) -> None:
         self._t.request("DELETE", f"{API}/jobs/{name}")

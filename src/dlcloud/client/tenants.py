@@ -13,16 +13,16 @@ class TenantsAPI:
 
     def create(self, name: str, quota: dict[str, Any] | None = None) -> dict[str, Any]:
         """Create a tenant (platform admin). ``quota`` keys: gpus, cpus, memory, max_running_jobs, max_queued_jobs."""
-        return self._t.request("POST", f"{API}/tenants", json_body={"name": name, "quota": quota or {}})  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/tenants", json_body={"name": name, "quota": quota or {}})
 
     def list(self) -> list[dict[str, Any]]:
-        return self._t.request("GET", f"{API}/tenants")  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/tenants")
 
     def get(self, name: str) -> dict[str, Any]:
-        return self._t.request("GET", f"{API}/tenants/{name}")  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/tenants/{name}")
 
     def set_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
-        return self._t.request("PATCH", f"{API}/tenants/{name}", json_body={"quota": quota})  # type: ignore[no-any-return]
+        return self._t.request("PATCH", f"{API}/tenants/{name}", json_body={"quota": quota})
 
 
 class UsersAPI:
@@ -31,10 +31,10 @@ class UsersAPI:
 
     def create(self, name: str, tenant: str | None = None, role: str = "member") -> dict[str, Any]:
         body = {"name": name, "tenant": tenant, "role": role}
-        return self._t.request("POST", f"{API}/users", json_body=body)  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/users", json_body=body)
 
     def list(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self._t.request("GET", f"{API}/users", params={"tenant": tenant})  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/users", params={"tenant": tenant})
 
 
 class KeysAPI:
@@ -43,16 +43,16 @@ class KeysAPI:
 
     def create(self, user: str | None = None, tenant: str | None = None) -> dict[str, Any]:
         """Returns ``access_key`` and ``secret_key``; the secret is shown only this once."""
-        return self._t.request("POST", f"{API}/keys", json_body={"user": user, "tenant": tenant})  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/keys", json_body={"user": user, "tenant": tenant})
 
     def list(self, user: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self._t.request("GET", f"{API}/keys", params={"user": user, "tenant": tenant})  # type: ignore[no-any-return]
+        return self._t.request("GET", f"{API}/keys", params={"user": user, "tenant": tenant})
 
     def disable(self, key: str) -> dict[str, Any]:
-        return self._t.request("POST", f"{API}/keys/{key}/disable")  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/keys/{key}/disable")
 
     def enable(self, key: str) -> dict[str, Any]:
-        return self._t.request("POST", f"{API}/keys/{key}/enable")  # type: ignore[no-any-return]
+        return self._t.request("POST", f"{API}/keys/{key}/enable")
 
     def delete(self, key: str) -> None:
         self._t.request("DELETE", f"{API}/keys/{key}")

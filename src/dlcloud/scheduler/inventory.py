@@ -35,7 +35,7 @@ class Inventory:
 
 def _detect_nvml() -> list[Gpu] | None:
     try:
-        import pynvml  # type: ignore[import-untyped]
+        import pynvml
     except ImportError:
         return None
     try:

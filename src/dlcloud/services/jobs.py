@@ -6,7 +6,9 @@ State changes go through ``job_states.transition``; running attempts are driven 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -77,11 +79,13 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
             f"resources.memory is {format_memory(r.memory)} but this platform has {format_memory(inv.memory)}"
         )
     q = tenant
-    for what, want, limit, fmt in (
+    checks: list[tuple[str, float, float | None, Callable[[Any], str]]] = [
+
         ("gpus", r.gpus, q.quota_gpus, str),
         ("cpu", r.cpu, q.quota_cpus, lambda v: f"{v:g}"),
         ("memory", r.memory, q.quota_memory, format_memory),
-    ):
+    ]
+    for what, want, limit, fmt in checks:
         if limit is not None and want > limit:
             raise QuotaExceeded(
                 f"resources.{what} is {fmt(want)} but tenant {tenant.name!r} may use at most {fmt(limit)}",

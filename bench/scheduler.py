@@ -1,0 +1,283 @@
+"""Scheduler benchmark: 10,000 queued jobs from 50 tenants on a simulated 1,000-GPU host.
+
+Uses the real store and ``ControlLoop.schedule()`` with the SimulatedExecutor. Measures:
+
+- placements/s of passes that place jobs: the queue is ordered, jobs ask for 1-8 GPUs, so one pass fills
+  the ~1,000 GPUs (then a job that does not fit blocks the line); between rounds every running attempt is
+  finished and supervised (not timed), and the next pass fills the host again;
+- ms per idle pass: every GPU is taken, the queue is still ~full, nothing can start.
+
+A fifth of the tenants have a GPU quota and a running-jobs limit, so passes also skip quota-blocked jobs
+and record their wait reasons.
+
+    python bench/scheduler.py                                   # SQLite in a temporary directory
+    python bench/scheduler.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
+      (a scratch database is created on that server and dropped afterwards)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform as py_platform
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import create_engine, insert, text
+from sqlalchemy.pool import NullPool
+
+from dlcloud.executors.simulated import SimulatedExecutor
+from dlcloud.scheduler.inventory import Gpu, Inventory
+from dlcloud.schemas.jobs import JobSpec, JobState
+from dlcloud.services.control import ControlLoop
+from dlcloud.services.platform import Platform
+from dlcloud.services.secrets import SecretBox
+from dlcloud.settings import Settings
+from dlcloud.store.db import Database, migrate
+from dlcloud.store.ids import new_id
+from dlcloud.store.models import JobEventRow, JobRow, TenantRow, UserRow, utcnow
+
+GiB = 1024**3
+TARGET_PLACEMENTS_PER_S = 2_000
+TARGET_IDLE_MS = 100
+
+
+def machine() -> str:
+    model = py_platform.processor() or py_platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} core(s) usable, Python {py_platform.python_version()}"
+
+
+def _sa_url(url: str) -> str:
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@contextmanager
+def scratch_database(url: str | None, tmp: Path) -> Iterator[str]:
+    """A fresh, migrated database: SQLite in ``tmp``, or a new database on the given PostgreSQL server."""
+    if url is None or url.startswith("sqlite"):
+        db_url = url or f"sqlite:///{tmp / 'bench.db'}"
+        migrate(db_url)
+        yield db_url
+        return
+    admin_url = _sa_url(url)
+    admin = create_engine(admin_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    name = f"dlcloud_bench_{os.getpid()}_{secrets.token_hex(3)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db_url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        migrate(db_url)
+        yield db_url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def populate(db: Database, n_jobs: int, n_tenants: int, rng: random.Random) -> None:
+    """Tenants, one user each, and ``n_jobs`` queued jobs: the rows ``submit_job`` writes, bulk-inserted."""
+    now = utcnow()
+    tenants, users = [], []
+    for t in range(n_tenants):
+        capped = t % 5 == 4  # every fifth tenant has limits
+        tenants.append(
+            {
+                "id": new_id("t-"),
+                "name": f"tenant-{t:02d}",
+                "created_at": now,
+                "quota_gpus": 24 if capped else None,
+                "quota_cpus": None,
+                "quota_memory": None,
+                "quota_max_running_jobs": 6 if capped else None,
+                "quota_max_queued_jobs": None,
+            }
+        )
+        users.append(
+            {"id": new_id("u-"), "tenant_id": tenants[-1]["id"], "name": "user", "role": "member", "created_at": now}
+        )
+    jobs, events = [], []
+    for i in range(n_jobs):
+        t = rng.randrange(n_tenants)
+        spec = JobSpec.model_validate(
+            {
+                "name": f"job-{i:05d}",
+                "command": "python train.py --epochs 3",
+                "resources": {"gpus": rng.randint(1, 8), "cpu": 4, "memory": "16Gi"},
+                "priority": rng.choice((0, 0, 0, 0, 1, 5)),
+                "env": {"SEED": str(i)},
+            }
+        )
+        created = now + timedelta(microseconds=i)  # distinct submit times: a stable FIFO order
+        row = {
+            "id": new_id("j-"),
+            "tenant_id": tenants[t]["id"],
+            "user_id": users[t]["id"],
+            "name": spec.name,
+            "spec": spec.model_dump(mode="json"),
+            "command": spec.shell_command(),
+            "code_id": None,
+            "state": JobState.QUEUED.value,
+            "reason": "submitted",
+            "wait_reason": None,
+            "priority": spec.priority,
+            "gpus": spec.resources.gpus,
+            "cpus": spec.resources.cpu,
+            "memory": spec.resources.memory,
+            "gpu_type": None,
+            "timeout_seconds": spec.timeout,
+            "max_restarts": spec.restart.max_restarts,
+            "backoff_seconds": spec.restart.backoff_seconds,
+            "attempt": 0,
+            "restarts": 0,
+            "exit_code": None,
+            "cancel_requested": False,
+            "not_before": None,
+            "created_at": created,
+            "started_at": None,
+            "finished_at": None,
+        }
+        jobs.append(row)
+        events.append(
+            {
+                "job_id": row["id"],
+                "tenant_id": row["tenant_id"],
+                "time": created,
+                "from_state": None,
+                "to_state": JobState.QUEUED.value,
+                "reason": "submitted by user",
+                "attempt": 0,
+            }
+        )
+    with db.write() as s:
+        s.execute(insert(TenantRow), tenants)
+        s.execute(insert(UserRow), users)
+        for lo in range(0, n_jobs, 2000):
+            s.execute(insert(JobRow), jobs[lo : lo + 2000])
+            s.execute(insert(JobEventRow), events[lo : lo + 2000])
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def run(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="dlcloud-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        with scratch_database(args.database_url, tmp) as url:
+            settings = Settings(data_dir=tmp / "data", database_url=url, host_name="bench")
+            db = Database(settings.resolved_database_url)
+            inventory = Inventory(
+                host="bench",
+                gpus=tuple(Gpu(i, "NVIDIA H100 80GB HBM3", 81_559) for i in range(args.gpus)),
+                cpus=100_000.0,
+                memory=1_000_000 * GiB,
+            )
+            box = SecretBox.from_file(settings.resolved_server_key_file)
+            executor = SimulatedExecutor()
+            control = ControlLoop(Platform(settings, db, box, inventory), executor)
+
+            t0 = time.perf_counter()
+            populate(db, args.jobs, args.tenants, rng)
+            setup_s = time.perf_counter() - t0
+
+            place_times: list[float] = []
+            placed_counts: list[int] = []
+            finish_times: list[float] = []
+            for r in range(args.rounds):
+                if r:
+                    t0 = time.perf_counter()
+                    for w in executor.running():
+                        executor.finish(w.attempt_dir, 0)
+                    control.supervise()
+                    finish_times.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                n = control.schedule()
+                place_times.append(time.perf_counter() - t0)
+                placed_counts.append(n)
+                if n == 0:
+                    print("a placing pass placed nothing; check the setup", file=sys.stderr)
+                    return 1
+
+            gpus_busy = sum(len(w.gpus) for w in executor.running())
+            idle: list[float] = []
+            for _ in range(args.idle_passes):
+                t0 = time.perf_counter()
+                n = control.schedule()
+                idle.append((time.perf_counter() - t0) * 1000)
+                if n:
+                    print(f"an idle pass placed {n} job(s); check the setup", file=sys.stderr)
+                    return 1
+            with db.read() as s:
+                queued = s.scalar(text("SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'RESTARTING')"))
+            db.dispose()
+
+    placements = sum(placed_counts)
+    rate = placements / sum(place_times)
+    median, p99 = statistics.median(idle), percentile(idle, 99)
+    backend = "PostgreSQL" if args.database_url and not args.database_url.startswith("sqlite") else "SQLite"
+    print(f"machine:   {machine()}")
+    print(
+        f"setup:     {args.jobs} jobs / {args.tenants} tenants / {args.gpus} GPUs on {backend}, "
+        f"inserted in {setup_s:.2f} s"
+    )
+    print(
+        f"placing:   {args.rounds} passes placed {placements} jobs ({', '.join(map(str, placed_counts))}); "
+        f"finish+supervise between rounds {statistics.mean(finish_times) * 1000 if finish_times else 0:.0f} ms"
+    )
+    print(f"idle:      {args.idle_passes} passes with {gpus_busy} of {args.gpus} GPUs busy and {queued} jobs queued")
+    print()
+    rows = [
+        ("placements/s (placing passes)", f"{rate:,.0f}", f">= {TARGET_PLACEMENTS_PER_S:,}", rate >= 2000),
+        ("ms per placing pass (mean)", f"{statistics.mean(place_times) * 1000:.1f}", "", None),
+        ("ms per idle pass, median", f"{median:.1f}", f"<= {TARGET_IDLE_MS}", median <= TARGET_IDLE_MS),
+        ("ms per idle pass, p99", f"{p99:.1f}", f"<= {TARGET_IDLE_MS}", p99 <= TARGET_IDLE_MS),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    print(f"{'metric':<{w0}}  {'value':>10}  {'target':>8}  ok")
+    for name, value, target, ok in rows:
+        mark = "" if ok is None else ("yes" if ok else "NO")
+        print(f"{name:<{w0}}  {value:>10}  {target:>8}  {mark}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--database-url", help="default: SQLite in a temporary directory")
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--tenants", type=int, default=50)
+    ap.add_argument("--gpus", type=int, default=1_000)
+    ap.add_argument("--rounds", type=int, default=5, help="placing passes (the host is emptied between them)")
+    ap.add_argument("--idle-passes", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    if args.idle_passes < 20:
+        ap.error("--idle-passes must be at least 20 for a meaningful p99")
+    logging.basicConfig(level=logging.WARNING)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

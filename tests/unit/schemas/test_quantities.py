@@ -1,0 +1,62 @@
+"""Memory and duration quantities, and the job spec's own rules."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dlcloud.schemas.common import format_memory, parse_duration, parse_memory
+from dlcloud.schemas.jobs import JobSpec
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4Gi", 4 * 1024**3), ("512Mi", 512 * 1024**2), ("2G", 2 * 10**9), (1024, 1024), ("1.5Gi", int(1.5 * 1024**3))],
+)
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1Gi", "17Ti", True, [], "4Gx"])
+def test_parse_memory_rejects(bad):
+    with pytest.raises(ValueError, match="memory"):
+        parse_memory(bad)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("90s", 90), ("30m", 1800), ("1h30m", 5400), (12, 12), ("250ms", 0.25)])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bad", ["forever", "0", "-5s", "31d", "1h junk", ""])
+def test_parse_duration_rejects(bad):
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+
+
+def test_format_memory():
+    assert format_memory(4 * 1024**3) == "4Gi"
+    assert format_memory(1536 * 1024**2) == "1536Mi"
+    assert format_memory(None) == "-"
+
+
+def test_job_spec_module_runs_with_python_m():
+    spec = JobSpec(name="pkg", module="trainer.task", args=["--lr", "0.1 x"])
+    assert spec.shell_command() == "python -m trainer.task --lr '0.1 x'"
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"command": "a", "module": "b"}, "exactly one"),
+        ({}, "exactly one"),
+        ({"command": "a", "args": ["x"]}, "'args' goes with 'module'"),
+        ({"command": "a", "env": {"DLCLOUD_X": "1"}}, "set by dlcloud"),
+        ({"command": "a", "replicas": {"worker": 2}}, "single-replica"),
+        ({"command": "a", "bogus": 1}, "Extra inputs"),
+        ({"command": "a", "resources": {"memory": "1Mi"}}, "at least 16Mi"),
+    ],
+)
+def test_job_spec_rules(fields, fragment):
+    with pytest.raises(ValidationError, match=fragment):
+        JobSpec(name="x", **fields)
