@@ -8,9 +8,11 @@ re-adopted on the next start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -146,6 +148,7 @@ def serve(settings: Settings, on_ready=None) -> None:
     """Run until SIGTERM/SIGINT."""
     import uvicorn
 
+    _Uvicorn = _uvicorn_class()
     server = build_server(settings)
     config = uvicorn.Config(
         server.app,
@@ -156,7 +159,25 @@ def serve(settings: Settings, on_ready=None) -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    uv = uvicorn.Server(config)
+    uv = _Uvicorn(config)
     if on_ready is not None:
         on_ready(server)
     uv.run()
+
+
+def _uvicorn_class():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown; a clean stop exits 0 here."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return Uvicorn
