@@ -62,7 +62,7 @@ def upload_code(c: Client, code: str, base: Path) -> str:
         label = f"{path.name}/ ({packed.files} files)"
     elif path.name.endswith(".whl"):
         file, kind, cleanup, label = path, "wheel", False, path.name
-    elif path.name.endswith((".tar.gz", ".tgz", ".zip")):
+    elif path.name.endswith((".tar.gz", ".tgz")):
         file, kind, cleanup, label = path, "sdist", False, path.name
     else:
         raise InvalidSpec(f"code file {path.name} must be a wheel (.whl) or an sdist (.tar.gz)")

@@ -22,7 +22,6 @@ from dlcloud.store.models import CodeRow, utcnow
 
 KINDS = ("archive", "wheel", "sdist")
 FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
-SUFFIX = {"archive": ".tar.gz", "wheel": ".whl", "sdist": ".tar.gz"}
 
 
 def _row_model(row: CodeRow) -> CodeUpload:
@@ -48,6 +47,8 @@ async def upload_code(
         raise InvalidArgument("filename must be 1-200 characters of letters, digits, '.', '_', '+', '-'")
     if kind == "wheel" and not filename.endswith(".whl"):
         raise InvalidArgument("a wheel's filename must end in .whl")
+    if kind == "sdist" and not filename.endswith((".tar.gz", ".tgz")):
+        raise InvalidArgument("an sdist's filename must end in .tar.gz or .tgz")
     limit = settings.max_upload_bytes
     if content_length is not None and content_length > limit:
         raise PayloadTooLarge(
@@ -80,7 +81,8 @@ async def upload_code(
         validate = {"archive": validate_tar, "wheel": validate_zip, "sdist": validate_sdist}[kind]
         await anyio.to_thread.run_sync(validate, tmp, limits)
         code_id = new_id("c-")
-        final = dest_dir / f"{code_id}{SUFFIX[kind]}"
+        # packages keep their own file name: pip reads the name and version from a wheel's name
+        final = dest_dir / code_id / (filename if kind != "archive" else "code.tar.gz")
         try:
             with db.write() as s:
                 row = CodeRow(
@@ -96,9 +98,12 @@ async def upload_code(
                 )
                 s.add(row)
                 s.flush()
+                final.parent.mkdir(mode=0o700)
                 os.replace(tmp, final)
         except BaseException:
             final.unlink(missing_ok=True)
+            if final.parent.is_dir():
+                final.parent.rmdir()
             raise
         return _row_model(row)
     finally:
