@@ -149,6 +149,7 @@ def serve(settings: Settings, on_ready=None) -> None:
     import uvicorn
 
     _Uvicorn = _uvicorn_class()
+    os.umask(0o077)  # the database, keys, code and logs are readable by this user only
     server = build_server(settings)
     config = uvicorn.Config(
         server.app,

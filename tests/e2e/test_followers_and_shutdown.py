@@ -20,7 +20,9 @@ def test_many_followers_then_sigterm(server: Server):
     creds = Credentials(server.endpoint, boot["access_key"], boot["secret_key"])
     marker = server.root / "release"
     with Client(creds) as c:
-        c.jobs.submit({"name": "chatty", "command": f"echo hello; while [ ! -e {marker} ]; do sleep 0.1; done; echo bye"})
+        c.jobs.submit(
+            {"name": "chatty", "command": f"echo hello; while [ ! -e {marker} ]; do sleep 0.1; done; echo bye"}
+        )
         wait_for(lambda: c.jobs.get("chatty")["state"] == "RUNNING", what="RUNNING")
 
     results: list[list[str]] = []

@@ -46,88 +46,102 @@ def _spec(**overrides) -> dict:
 _DROP = object()
 
 
-# (spec overrides, status, error code, message fragment)
-BAD_SPECS = {
-    "unknown-field": ({"bogus_field": 1}, 422, "validation_error", "bogus_field: unknown field"),
-    "unknown-nested-field": ({"resources": {"cpu": 1, "tpus": 2}}, 422, "validation_error", "resources.tpus"),
-    "cpu-negative": ({"resources": {"cpu": -1}}, 422, "validation_error", "resources.cpu"),
-    "cpu-zero": ({"resources": {"cpu": 0}}, 422, "validation_error", "greater than 0"),
-    "cpu-absurd": ({"resources": {"cpu": 100000}}, 422, "validation_error", "less than or equal to 1024"),
-    "cpu-more-than-host": ({"resources": {"cpu": 100}}, 400, "invalid_spec", "this platform has 8 CPU(s)"),
-    "memory-absurd": ({"resources": {"memory": "100Ti"}}, 422, "validation_error", "at most 16Ti"),
-    "memory-words": ({"resources": {"memory": "lots"}}, 422, "validation_error", "'lots' is not a quantity"),
-    "memory-negative": ({"resources": {"memory": -5}}, 422, "validation_error", "must not be negative"),
-    "memory-tiny": ({"resources": {"memory": "1Ki"}}, 422, "validation_error", "at least 16Mi"),
-    "memory-more-than-host": ({"resources": {"memory": "1Ti"}}, 400, "invalid_spec", "this platform has 32Gi"),
-    "gpus-absurd": ({"resources": {"gpus": 65}}, 422, "validation_error", "resources.gpus"),
-    "gpus-negative": ({"resources": {"gpus": -1}}, 422, "validation_error", "resources.gpus"),
-    "gpus-more-than-inventory": (
-        {"resources": {"gpus": 3}},
-        400,
-        "invalid_spec",
-        "resources.gpus is 3 but this platform has 2 matching GPU(s)",
-    ),
-    "gpu-type-unknown": (
-        {"resources": {"gpus": 1, "gpu_type": "A100"}},
-        400,
-        "invalid_spec",
-        "no GPU of type 'A100' exists; GPU types here: NVIDIA H100",
-    ),
-    "name-uppercase-underscore": ({"name": "Bad_Name"}, 422, "validation_error", "'Bad_Name' is not a valid name"),
-    "name-leading-dash": ({"name": "-x"}, 422, "validation_error", "'-x' is not a valid name"),
-    "name-64-chars": ({"name": "a" * 64}, 422, "validation_error", "at most 63 characters"),
-    "name-empty": ({"name": ""}, 422, "validation_error", "name"),
-    "name-missing": ({"name": _DROP}, 422, "validation_error", "name: Field required"),
-    "command-and-module": ({"module": "trainer.task"}, 422, "validation_error", "give exactly one of 'command'"),
-    "neither-command-nor-module": ({"command": _DROP}, 422, "validation_error", "give exactly one of 'command'"),
-    "args-without-module": ({"args": ["--x"]}, 422, "validation_error", "'args' goes with 'module'"),
-    "env-dlcloud-prefix": ({"env": {"DLCLOUD_X": "1"}}, 422, "validation_error", "env DLCLOUD_X is set by dlcloud"),
-    "env-cuda-visible-devices": (
-        {"env": {"CUDA_VISIBLE_DEVICES": "0"}},
-        422,
-        "validation_error",
-        "env CUDA_VISIBLE_DEVICES is set by dlcloud",
-    ),
-    "env-bad-key": ({"env": {"1BAD": "x"}}, 422, "validation_error", "env.1BAD"),
-    "timeout-forever": ({"timeout": "forever"}, 422, "validation_error", "duration 'forever' is not understood"),
-    "timeout-zero": ({"timeout": 0}, 422, "validation_error", "duration must be positive"),
-    "timeout-too-long": ({"timeout": "31d"}, 422, "validation_error", "at most 30d"),
-    "priority-absurd": ({"priority": 5000}, 422, "validation_error", "priority"),
-    "replicas-multi": ({"replicas": {"worker": 2}}, 422, "validation_error", "single-replica jobs"),
-    "framework-unknown": ({"framework": "caffe"}, 422, "validation_error", "framework"),
-    "environment-unknown": ({"environment": "nope"}, 400, "invalid_spec", "environment 'nope' does not exist"),
-    "code-unknown": ({"code": "c-doesnotexist"}, 400, "invalid_spec", "code 'c-doesnotexist' not found"),
-    "type-name-int": ({"name": 123}, 422, "validation_error", "name: Input should be a valid string"),
-    "type-cpu-string": ({"resources": {"cpu": "many"}}, 422, "validation_error", "resources.cpu"),
-    "type-resources-string": ({"resources": "big"}, 422, "validation_error", "resources"),
-    "type-env-list": ({"env": ["A=1"]}, 422, "validation_error", "env: Input should be a valid dictionary"),
-    "type-priority-float": ({"priority": 1.5}, 422, "validation_error", "priority"),
-    "type-restart-string": ({"restart": {"max_restarts": "x"}}, 422, "validation_error", "restart.max_restarts"),
+# group -> case -> (spec overrides, status, error code, message fragment)
+BAD_SPECS: dict[str, dict] = {
+    "fields": {
+        "unknown-field": ({"bogus_field": 1}, 422, "validation_error", "bogus_field: unknown field"),
+        "unknown-nested-field": ({"resources": {"cpu": 1, "tpus": 2}}, 422, "validation_error", "resources.tpus"),
+        "name-missing": ({"name": _DROP}, 422, "validation_error", "name: Field required"),
+    },
+    "cpu-memory": {
+        "cpu-negative": ({"resources": {"cpu": -1}}, 422, "validation_error", "resources.cpu"),
+        "cpu-zero": ({"resources": {"cpu": 0}}, 422, "validation_error", "greater than 0"),
+        "cpu-absurd": ({"resources": {"cpu": 100000}}, 422, "validation_error", "less than or equal to 1024"),
+        "cpu-more-than-host": ({"resources": {"cpu": 100}}, 400, "invalid_spec", "this platform has 8 CPU(s)"),
+        "memory-absurd": ({"resources": {"memory": "100Ti"}}, 422, "validation_error", "at most 16Ti"),
+        "memory-words": ({"resources": {"memory": "lots"}}, 422, "validation_error", "'lots' is not a quantity"),
+        "memory-negative": ({"resources": {"memory": -5}}, 422, "validation_error", "must not be negative"),
+        "memory-tiny": ({"resources": {"memory": "1Ki"}}, 422, "validation_error", "at least 16Mi"),
+        "memory-more-than-host": ({"resources": {"memory": "1Ti"}}, 400, "invalid_spec", "this platform has 32Gi"),
+    },
+    "gpus": {
+        "gpus-absurd": ({"resources": {"gpus": 65}}, 422, "validation_error", "resources.gpus"),
+        "gpus-negative": ({"resources": {"gpus": -1}}, 422, "validation_error", "resources.gpus"),
+        "gpus-more-than-inventory": (
+            {"resources": {"gpus": 3}},
+            400,
+            "invalid_spec",
+            "resources.gpus is 3 but this platform has 2 matching GPU(s)",
+        ),
+        "gpu-type-unknown": (
+            {"resources": {"gpus": 1, "gpu_type": "A100"}},
+            400,
+            "invalid_spec",
+            "no GPU of type 'A100' exists; GPU types here: NVIDIA H100",
+        ),
+    },
+    "names": {
+        "name-uppercase-underscore": ({"name": "Bad_Name"}, 422, "validation_error", "'Bad_Name' is not a valid name"),
+        "name-leading-dash": ({"name": "-x"}, 422, "validation_error", "'-x' is not a valid name"),
+        "name-64-chars": ({"name": "a" * 64}, 422, "validation_error", "at most 63 characters"),
+        "name-empty": ({"name": ""}, 422, "validation_error", "name"),
+    },
+    "command": {
+        "command-and-module": ({"module": "trainer.task"}, 422, "validation_error", "give exactly one of 'command'"),
+        "neither-command-nor-module": ({"command": _DROP}, 422, "validation_error", "give exactly one of 'command'"),
+        "args-without-module": ({"args": ["--x"]}, 422, "validation_error", "'args' goes with 'module'"),
+        "replicas-multi": ({"replicas": {"worker": 2}}, 422, "validation_error", "single-replica jobs"),
+        "framework-unknown": ({"framework": "caffe"}, 422, "validation_error", "framework"),
+        "environment-unknown": ({"environment": "nope"}, 400, "invalid_spec", "environment 'nope' does not exist"),
+        "code-unknown": ({"code": "c-doesnotexist"}, 400, "invalid_spec", "code 'c-doesnotexist' not found"),
+    },
+    "env": {
+        "env-dlcloud-prefix": ({"env": {"DLCLOUD_X": "1"}}, 422, "validation_error", "env DLCLOUD_X is set by dlcloud"),
+        "env-cuda-visible-devices": (
+            {"env": {"CUDA_VISIBLE_DEVICES": "0"}},
+            422,
+            "validation_error",
+            "env CUDA_VISIBLE_DEVICES is set by dlcloud",
+        ),
+        "env-bad-key": ({"env": {"1BAD": "x"}}, 422, "validation_error", "env.1BAD"),
+    },
+    "timeout-priority": {
+        "timeout-forever": ({"timeout": "forever"}, 422, "validation_error", "duration 'forever' is not understood"),
+        "timeout-zero": ({"timeout": 0}, 422, "validation_error", "duration must be positive"),
+        "timeout-too-long": ({"timeout": "31d"}, 422, "validation_error", "at most 30d"),
+        "priority-absurd": ({"priority": 5000}, 422, "validation_error", "priority"),
+    },
+    "types": {
+        "type-name-int": ({"name": 123}, 422, "validation_error", "name: Input should be a valid string"),
+        "type-cpu-string": ({"resources": {"cpu": "many"}}, 422, "validation_error", "resources.cpu"),
+        "type-resources-string": ({"resources": "big"}, 422, "validation_error", "resources"),
+        "type-env-list": ({"env": ["A=1"]}, 422, "validation_error", "env: Input should be a valid dictionary"),
+        "type-priority-float": ({"priority": 1.5}, 422, "validation_error", "priority"),
+        "type-restart-string": ({"restart": {"max_restarts": "x"}}, 422, "validation_error", "restart.max_restarts"),
+    },
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_SPECS))
-def test_bad_job_spec_is_refused_and_nothing_is_stored(env, case):
-    overrides, status, code, fragment = BAD_SPECS[case]
-    resp = _post(env, f"{API}/jobs", json.dumps(_spec(**overrides)).encode())
-    _assert_error(resp, status, code, fragment)
-    assert env.admin.jobs.list() == []
+@pytest.mark.parametrize("group", list(BAD_SPECS))
+def test_bad_job_spec_is_refused_and_nothing_is_stored(env, subtests, group):
+    for case, (overrides, status, code, fragment) in BAD_SPECS[group].items():
+        with subtests.test(case=case):
+            resp = _post(env, f"{API}/jobs", json.dumps(_spec(**overrides)).encode())
+            _assert_error(resp, status, code, fragment)
+            assert env.admin.jobs.list() == []
 
 
-@pytest.mark.parametrize(
-    ("body", "fragment"),
-    [
-        (b'{"name": "train", "command": ', "JSON decode error"),
-        (b"not json at all", "JSON decode error"),
-        (b'["name", "train"]', "valid dictionary"),
-        (b'"train"', "valid dictionary"),
-        (b"", "Field required"),
-    ],
-    ids=["truncated", "garbage", "list", "string", "empty"],
-)
-def test_malformed_job_body_is_refused(env, body, fragment):
-    _assert_error(_post(env, f"{API}/jobs", body), 422, "validation_error", fragment)
-    assert env.admin.jobs.list() == []
+def test_malformed_job_body_is_refused(env, subtests):
+    for case, body, fragment in [
+        ("truncated", b'{"name": "train", "command": ', "JSON decode error"),
+        ("garbage", b"not json at all", "JSON decode error"),
+        ("list", b'["name", "train"]', "valid dictionary"),
+        ("string", b'"train"', "valid dictionary"),
+        ("empty", b"", "Field required"),
+    ]:
+        with subtests.test(case=case):
+            _assert_error(_post(env, f"{API}/jobs", body), 422, "validation_error", fragment)
+            assert env.admin.jobs.list() == []
 
 
 def test_validation_error_lists_every_problem(env):
@@ -200,11 +214,11 @@ BAD_TENANTS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_TENANTS))
-def test_bad_tenant_is_refused(env, case):
-    body, fragment = BAD_TENANTS[case]
-    _assert_error(_post(env, f"{API}/tenants", json.dumps(body).encode()), 422, "validation_error", fragment)
-    assert [t["name"] for t in env.admin.tenants.list()] == ["default"]
+def test_bad_tenant_is_refused(env, subtests):
+    for case, (body, fragment) in BAD_TENANTS.items():
+        with subtests.test(case=case):
+            _assert_error(_post(env, f"{API}/tenants", json.dumps(body).encode()), 422, "validation_error", fragment)
+            assert [t["name"] for t in env.admin.tenants.list()] == ["default"]
 
 
 def test_duplicate_tenant_is_a_conflict(env):
@@ -228,11 +242,11 @@ BAD_USERS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_USERS))
-def test_bad_user_is_refused(env, case):
-    body, status, code, fragment = BAD_USERS[case]
-    _assert_error(_post(env, f"{API}/users", json.dumps(body).encode()), status, code, fragment)
-    assert [u["name"] for u in env.admin.users.list()] == ["admin"]
+def test_bad_user_is_refused(env, subtests):
+    for case, (body, status, code, fragment) in BAD_USERS.items():
+        with subtests.test(case=case):
+            _assert_error(_post(env, f"{API}/users", json.dumps(body).encode()), status, code, fragment)
+            assert [u["name"] for u in env.admin.users.list()] == ["admin"]
 
 
 def test_duplicate_user_is_a_conflict(env):
@@ -250,27 +264,28 @@ def test_tenant_admin_cannot_create_a_platform_admin(env):
     assert [u["name"] for u in team_admin.users.list()] == ["tara"]
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "code", "fragment"),
-    [
-        ({"user": "nobody"}, 404, "not_found", "user 'nobody' not found"),
-        ({"user": "Bad_User"}, 422, "validation_error", "is not a valid name"),
-        ({"secret_key": "mine"}, 422, "validation_error", "secret_key: unknown field"),
-    ],
-    ids=["unknown-user", "bad-name", "own-secret"],
-)
-def test_bad_key_request_is_refused(env, body, status, code, fragment):
+def test_bad_key_request_is_refused(env, subtests):
     before = [k["access_key"] for k in env.admin.keys.list()]
-    _assert_error(_post(env, f"{API}/keys", json.dumps(body).encode()), status, code, fragment)
-    assert [k["access_key"] for k in env.admin.keys.list()] == before
+    for case, body, status, code, fragment in [
+        ("unknown-user", {"user": "nobody"}, 404, "not_found", "user 'nobody' not found"),
+        ("bad-name", {"user": "Bad_User"}, 422, "validation_error", "is not a valid name"),
+        ("own-secret", {"secret_key": "mine"}, 422, "validation_error", "secret_key: unknown field"),
+        ("unknown-tenant", {"user": "admin", "tenant": "nowhere"}, 404, "not_found", "tenant 'nowhere' not found"),
+    ]:
+        with subtests.test(case=case):
+            _assert_error(_post(env, f"{API}/keys", json.dumps(body).encode()), status, code, fragment)
+            assert [k["access_key"] for k in env.admin.keys.list()] == before
 
 
-@pytest.mark.parametrize(
-    ("query", "fragment"),
-    [("limit=0", "limit"), ("limit=abc", "limit"), ("state=DONE", "state"), ("offset=-1", "offset")],
-)
-def test_bad_query_parameters_are_refused(env, query, fragment):
+def test_bad_query_parameters_are_refused(env, subtests):
     creds = env.admin_creds
-    headers = signing.sign_request(creds.access_key, creds.secret_key, "GET", f"{API}/jobs", query).headers
-    resp = env.http.get(f"{API}/jobs?{query}", headers=headers)
-    _assert_error(resp, 422, "validation_error", fragment)
+    for query, fragment in [
+        ("limit=0", "limit"),
+        ("limit=abc", "limit"),
+        ("state=DONE", "state"),
+        ("offset=-1", "offset"),
+    ]:
+        with subtests.test(query=query):
+            headers = signing.sign_request(creds.access_key, creds.secret_key, "GET", f"{API}/jobs", query).headers
+            resp = env.http.get(f"{API}/jobs?{query}", headers=headers)
+            _assert_error(resp, 422, "validation_error", fragment)

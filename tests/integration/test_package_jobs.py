@@ -34,9 +34,7 @@ def _package_source(root):
         )
     )
     (src / "trainer" / "__init__.py").write_text("")
-    (src / "trainer" / "task.py").write_text(
-        "import sys\nprint('task args', sys.argv[1:])\n"
-    )
+    (src / "trainer" / "task.py").write_text("import sys\nprint('task args', sys.argv[1:])\n")
     return src
 
 
@@ -54,7 +52,19 @@ def wheel(tmp_path):
     src = _package_source(tmp_path)
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ],
         check=True,
         capture_output=True,
     )

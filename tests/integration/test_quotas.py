@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from tests.conftest import Env, build_env, make_settings
 
 from dlcloud import signing
 from dlcloud.client import Client
 from dlcloud.errors import QuotaExceeded
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.store.models import AttemptRow, JobRow, TenantRow
-from tests.conftest import Env, build_env, make_settings
 
 GiB = 1024**3
 
@@ -51,7 +51,12 @@ def executor(env: Env) -> SimulatedExecutor:
 
 
 def spec(name: str, gpus: int = 0, cpu: float = 1, priority: int = 0) -> dict:
-    return {"name": name, "command": "true", "resources": {"gpus": gpus, "cpu": cpu, "memory": "1Gi"}, "priority": priority}
+    return {
+        "name": name,
+        "command": "true",
+        "resources": {"gpus": gpus, "cpu": cpu, "memory": "1Gi"},
+        "priority": priority,
+    }
 
 
 def live_attempts(env: Env, tenant: str | None = None) -> list[tuple[str, list[int], float]]:

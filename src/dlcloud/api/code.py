@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from dlcloud import signing
-from dlcloud.api.deps import get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services import code as svc
@@ -44,5 +44,5 @@ async def upload_code(
 
 
 @router.get("/code/{code_id}", response_model=CodeUpload, name="code.get")
-def get_code(code_id: str, c: Caller = Depends(streaming_caller), p: Platform = Depends(get_platform)) -> CodeUpload:
+def get_code(code_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> CodeUpload:
     return svc.get_code(p.db, c, code_id)

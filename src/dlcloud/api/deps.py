@@ -11,7 +11,8 @@ from dlcloud.services.auth import Caller, SignedRequest, verify
 from dlcloud.services.platform import Platform
 
 
-def get_platform(request: Request) -> Platform:
+async def get_platform(request: Request) -> Platform:
+    # async on purpose: FastAPI runs a plain ``def`` dependency in the thread pool, a thread hop per request
     return request.app.state.platform  # type: ignore[no-any-return]
 
 

@@ -33,8 +33,6 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.jobs_started = Counter("dlcloud_job_attempts_started", "Job attempts started", registry=self.registry)
-        self.scheduler_passes = Counter("dlcloud_scheduler_passes", "Scheduling passes", registry=self.registry)
 
 
 class RequestMiddleware:

@@ -47,13 +47,15 @@ def root(
 
 @app.command("up")
 def up(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8420, "--port", help="Port to listen on."),
-    data_dir: Path = typer.Option(Path("~/.dlcloud"), "--data-dir", help="Database, code, logs and keys live here."),
+    host: str | None = typer.Option(None, "--host", help="Address to listen on [default: 127.0.0.1]."),
+    port: int | None = typer.Option(None, "--port", help="Port to listen on [default: 8420]."),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Database, code, logs and keys [default: ~/.dlcloud]."
+    ),
     database_url: str | None = typer.Option(
         None, "--database-url", help="postgresql://user@host/db; default SQLite in the data dir."
     ),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning or error [default: info]."),
     no_profile: bool = typer.Option(False, "--no-profile", help="Do not write the 'local' CLI profile."),
 ) -> None:
     """Start the platform on this machine: API, scheduler and local executor in one process.
@@ -73,11 +75,13 @@ def up(
     from dlcloud.server import public_endpoint, serve
     from dlcloud.settings import Settings
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides: dict = {"host": host, "port": port, "data_dir": data_dir.expanduser().resolve(), "log_level": log_level}
-    if database_url:
-        overrides["database_url"] = database_url
+    # flags win over DLCLOUD_* variables, which win over the defaults
+    flags = {"host": host, "port": port, "database_url": database_url, "log_level": log_level}
+    overrides: dict = {k: v for k, v in flags.items() if v is not None}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir.expanduser().resolve()
     settings = Settings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def on_ready(server) -> None:
         endpoint = public_endpoint(settings)

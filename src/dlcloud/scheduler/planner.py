@@ -98,11 +98,13 @@ def plan(
         if reason:
             result.wait_reasons[job.id] = reason
             continue
-        if job.gpus:
-            want = job.gpu_type.lower() if job.gpu_type else None
-            candidates = [g for g in free_gpus if want is None or want in g.name.lower()]
-        else:
+        if not job.gpus:
             candidates = []
+        elif job.gpu_type:
+            want = job.gpu_type.lower()
+            candidates = [g for g in free_gpus if want in g.name.lower()]
+        else:
+            candidates = free_gpus  # any type: no copy (a pass may place hundreds of jobs on 1,000s of GPUs)
         short = []
         if len(candidates) < job.gpus:
             kind = f" {job.gpu_type}" if job.gpu_type else ""
@@ -116,8 +118,11 @@ def plan(
             result.blocked_by = job.id
             break
         chosen = tuple(sorted(g.index for g in candidates[: job.gpus]))
-        chosen_set = set(chosen)
-        free_gpus = [g for g in free_gpus if g.index not in chosen_set]
+        if candidates is free_gpus:
+            free_gpus = free_gpus[job.gpus :]
+        elif chosen:
+            chosen_set = set(chosen)
+            free_gpus = [g for g in free_gpus if g.index not in chosen_set]
         free_cpus -= job.cpus
         free_mem -= job.memory
         use.gpus += job.gpus

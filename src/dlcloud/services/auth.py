@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete
+from sqlalchemy import delete, insert
 from sqlalchemy.exc import IntegrityError
 
 from dlcloud import signing
@@ -26,6 +26,7 @@ from dlcloud.store.models import NonceRow, utcnow
 
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_INSERT_NONCE = insert(NonceRow.__table__)
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,12 @@ def verify(db: Database, box: SecretBox, skew_seconds: int, req: SignedRequest) 
         raise AuthError(f"{signing.HEADER_CONTENT_SHA256} does not match the body", "bad_signature", key_id)
     canonical = signing.canonical_request(req.method, req.path, req.query, body_hash, ts, nonce, key_id)
 
-    with db.write() as s:
-        found = tenant_store.get_key_with_owner(s, key_id)
-        if found is None:
+    # Core, not the ORM: this runs on every request. The key is read in the same write transaction that
+    # records the nonce, so a key disabled before the commit can no longer authenticate anything.
+    with db.write_connection() as conn:
+        key = tenant_store.get_key_owner(conn, key_id)
+        if key is None:
             raise AuthError(f"unknown access key {key_id}", "unknown_access_key", key_id)
-        key, user, tenant = found
         if not key.enabled:
             raise AuthError(f"access key {key_id} is disabled", "disabled_access_key", key_id)
         expected = signing.sign(box.decrypt(key.secret_encrypted), canonical)
@@ -140,10 +142,9 @@ def verify(db: Database, box: SecretBox, skew_seconds: int, req: SignedRequest) 
                 "bad_signature",
                 key_id,
             )
-        caller = Caller(tenant.id, tenant.name, user.id, user.name, Role(user.role), key.id)
-        s.add(NonceRow(access_key=key_id, nonce=nonce, seen_at=utcnow()))
+        caller = Caller(key.tenant_id, key.tenant, key.user_id, key.user, Role(key.role), key_id)
         try:
-            s.flush()
+            conn.execute(_INSERT_NONCE, {"access_key": key_id, "nonce": nonce, "seen_at": utcnow()})
         except IntegrityError:
             raise AuthError("nonce was already used: replayed request", "replayed_nonce", key_id) from None
     return caller

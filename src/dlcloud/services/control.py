@@ -13,12 +13,16 @@ nothing runs twice. Attempts hold their resources until ``finished_at`` is set.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Connection, Row, and_, insert, or_, select, text, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
@@ -45,6 +49,50 @@ def compose_command(spec: dict, main: str) -> str:
     return script
 
 
+QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+
+
+def _behind(row: Row) -> ColumnElement[bool]:
+    """Jobs after ``row`` in QUEUE_ORDER."""
+    return or_(
+        JobRow.priority < row.priority,
+        and_(
+            JobRow.priority == row.priority,
+            or_(JobRow.created_at > row.created_at, and_(JobRow.created_at == row.created_at, JobRow.id > row.id)),
+        ),
+    )
+
+
+def _read_queue(conn: Connection, seen: list[Row]) -> Iterator[QueuedJob]:
+    """The queue in QUEUE_ORDER, read lazily in growing chunks: a pass that stops at the first job that
+    must wait reads one small chunk, not the whole queue. Rows handed out are appended to ``seen``."""
+    size = 512
+    after: Row | None = None
+    while True:
+        q = select(
+            JobRow.id,
+            JobRow.tenant_id,
+            JobRow.gpus,
+            JobRow.cpus,
+            JobRow.memory,
+            JobRow.gpu_type,
+            JobRow.not_before,
+            JobRow.wait_reason,
+            JobRow.priority,
+            JobRow.created_at,
+        ).where(JobRow.state.in_(QUEUE_STATES))
+        if after is not None:
+            q = q.where(_behind(after))
+        rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
+        for r in rows:
+            seen.append(r)
+            yield QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before)
+        if len(rows) < size:
+            return
+        after = rows[-1]
+        size = min(size * 4, 16_384)
+
+
 class ControlLoop:
     def __init__(self, platform: Platform, executor: Executor):
         self.p = platform
@@ -58,19 +106,29 @@ class ControlLoop:
         self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
+        """Supervise every ``supervisor_interval``; schedule when woken (a submit, a cancel, an attempt
+        ending) and at least every ``scheduler_interval`` (restart backoffs, quota changes)."""
         interval = self.p.settings.supervisor_interval_seconds
+        schedule_every = self.p.settings.scheduler_interval_seconds
+        last_pass = 0.0
+        woken = True
         while not stop.is_set():
+            now = time.monotonic()
             try:
-                self.tick()
+                due = woken or now - last_pass >= schedule_every
+                self.tick(schedule=due)
+                if due:
+                    last_pass = now
             except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
                 log.exception("control loop tick failed")
-            self._wake.wait(interval)
+            woken = self._wake.wait(interval)
             self._wake.clear()
 
-    def tick(self) -> None:
+    def tick(self, *, schedule: bool = True) -> None:
         self.executor.reap()
         self.supervise()
-        self.schedule()
+        if schedule:
+            self.schedule()
 
     # -- scheduling --------------------------------------------------------------------------------
     def schedule(self) -> int:
@@ -82,80 +140,107 @@ class ControlLoop:
                 # passes must not interleave (two would place the same job); SQLite's BEGIN IMMEDIATE
                 # already serialises them, PostgreSQL needs this transaction-scoped lock
                 s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEDULE_LOCK_ID})
-            queue_rows = s.execute(
-                select(
-                    JobRow.id,
-                    JobRow.tenant_id,
-                    JobRow.gpus,
-                    JobRow.cpus,
-                    JobRow.memory,
-                    JobRow.gpu_type,
-                    JobRow.not_before,
-                    JobRow.wait_reason,
-                )
-                .where(JobRow.state.in_(QUEUE_STATES))
-                .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
-            ).all()
-            if not queue_rows:
+            conn = s.connection()
+            seen: list[Row] = []  # queue rows the planner looked at, in order
+            queue = _read_queue(conn, seen)
+            first = next(queue, None)
+            if first is None:
                 return 0
             held = [
                 Held(t, tuple(g), c, m)
-                for t, g, c, m in s.execute(
+                for t, g, c, m in conn.execute(
                     select(AttemptRow.tenant_id, AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
                         AttemptRow.finished_at.is_(None)
                     )
                 )
             ]
-            tenant_ids = {r.tenant_id for r in queue_rows}
             limits = {
-                t.id: Limits(t.quota_gpus, t.quota_cpus, t.quota_memory, t.quota_max_running_jobs)
-                for t in s.scalars(select(TenantRow).where(TenantRow.id.in_(tenant_ids)))
+                t: Limits(g, c, m, r)
+                for t, g, c, m, r in conn.execute(
+                    select(
+                        TenantRow.id,
+                        TenantRow.quota_gpus,
+                        TenantRow.quota_cpus,
+                        TenantRow.quota_memory,
+                        TenantRow.quota_max_running_jobs,
+                    )
+                )
             }
-            queue = [
-                QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before) for r in queue_rows
-            ]
-            result = plan(queue, held, limits, self.p.inventory, now)
-            old_reasons = {r.id: r.wait_reason for r in queue_rows}
+            result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now)
             placed = {job_id for job_id, _ in result.placements}
-            changed = {jid: reason for jid, reason in result.wait_reasons.items() if old_reasons.get(jid) != reason}
-            # jobs no longer held back by something specific get their reason cleared
-            cleared = [
-                r.id
-                for r in queue_rows
-                if r.wait_reason is not None and r.id not in result.wait_reasons and r.id not in placed
+            reasons = result.wait_reasons
+            # write the wait reasons that changed; a job no longer held back by something specific gets its
+            # reason cleared (a placed job's is cleared by its transition)
+            changed = [
+                {"id": r.id, "wait_reason": reasons.get(r.id)}
+                for r in seen
+                if r.wait_reason != reasons.get(r.id) and r.id not in placed
             ]
-            for jid, reason in changed.items():
-                s.execute(update(JobRow).where(JobRow.id == jid).values(wait_reason=reason))
-            if cleared:
-                s.execute(update(JobRow).where(JobRow.id.in_(cleared)).values(wait_reason=None))
+            if changed:
+                s.execute(update(JobRow), changed)
+            if result.blocked_by is not None:
+                # the jobs behind the blocked one were not looked at: they wait behind it, for no reason of
+                # their own
+                s.execute(
+                    update(JobRow)
+                    .where(JobRow.state.in_(QUEUE_STATES), JobRow.wait_reason.is_not(None), _behind(seen[-1]))
+                    .values(wait_reason=None)
+                    .execution_options(synchronize_session=False)
+                )
+            jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
+            attempts: list[dict] = []
+            events: list[dict] = []
             for job_id, gpus in result.placements:
-                job = s.get(JobRow, job_id)
-                assert job is not None
-                workloads.append(self._place(s, job, gpus, now))
+                job = jobs.get(job_id)
+                if job is None or job.state not in QUEUE_STATES:
+                    continue  # cancelled since the queue was read (PostgreSQL); its resources stay free
+                workloads.append(self._place(s, job, gpus, now, attempts, events))
+            if attempts:
+                s.execute(insert(AttemptRow).returning(AttemptRow.id), attempts)
+            job_states.add_events(s, events)
         for w in workloads:
             self._start(w)
         return len(workloads)
 
-    def _place(self, s, job: JobRow, gpus: tuple[int, ...], now) -> Workload:  # type: ignore[no-untyped-def]
+    def _load_for_placement(self, s, job_ids: list[str]) -> dict[str, JobRow]:  # type: ignore[no-untyped-def]
+        """The jobs to place, locked, in a few queries; their code rows go into the identity map so that
+        ``_workload`` needs no query (a query would autoflush, turning batched inserts into one per row)."""
+        jobs: dict[str, JobRow] = {}
+        for lo in range(0, len(job_ids), 500):
+            q = select(JobRow).where(JobRow.id.in_(job_ids[lo : lo + 500])).with_for_update()
+            jobs.update((j.id, j) for j in s.scalars(q))
+        code_ids = sorted({j.code_id for j in jobs.values() if j.code_id})
+        for lo in range(0, len(code_ids), 500):
+            s.scalars(select(CodeRow).where(CodeRow.id.in_(code_ids[lo : lo + 500]))).all()
+        return jobs
+
+    def _place(self, s, job: JobRow, gpus: tuple[int, ...], now, attempts: list[dict], events: list[dict]) -> Workload:  # type: ignore[no-untyped-def]
+        """Record attempt ``job.attempt + 1``: the attempt and event rows go to ``attempts`` / ``events``
+        for one bulk insert each."""
         job.attempt += 1
         attempt_dir = job_dir(self.p, job.tenant_id, job.id) / f"attempt-{job.attempt}"
-        s.add(
-            AttemptRow(
-                job_id=job.id,
-                tenant_id=job.tenant_id,
-                user_id=job.user_id,
-                number=job.attempt,
-                host=self.p.inventory.host,
-                gpus=list(gpus),
-                cpus=job.cpus,
-                memory=job.memory,
-                attempt_dir=str(attempt_dir),
-                started_at=now,
-            )
+        attempts.append(
+            {
+                "job_id": job.id,
+                "tenant_id": job.tenant_id,
+                "user_id": job.user_id,
+                "number": job.attempt,
+                "host": self.p.inventory.host,
+                "gpus": list(gpus),
+                "cpus": job.cpus,
+                "memory": job.memory,
+                "attempt_dir": str(attempt_dir),
+                "started_at": now,
+            }
         )
         where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
         job_states.transition(
-            s, job, JobState.STARTING, f"attempt {job.attempt} placed on {self.p.inventory.host}{where}", at=now
+            s,
+            job,
+            JobState.STARTING,
+            f"attempt {job.attempt} placed on {self.p.inventory.host}{where}",
+            at=now,
+            events=events,
         )
         return self._workload(s, job, gpus, attempt_dir)
 
@@ -179,6 +264,7 @@ class ControlLoop:
                 "DLCLOUD_OUTPUT_DIR": str(jd / "outputs"),
             }
         )
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA_VISIBLE_DEVICES holds NVML (PCI) indices
         timeout = None
         if job.timeout_seconds is not None:
             elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
@@ -200,8 +286,10 @@ class ControlLoop:
         )
 
     def _start(self, w: Workload) -> None:
+        jd = w.attempt_dir.parent
+        jd.mkdir(parents=True, exist_ok=True)  # first, so the next two need no failed try and retry
         for d in ("checkpoints", "outputs"):
-            (w.attempt_dir.parent / d).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (jd / d).mkdir(exist_ok=True, mode=0o700)
         try:
             self.executor.start(w)
         except OSError:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied, QuotaExceeded
@@ -18,9 +19,7 @@ from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import (
     TERMINAL_STATES,
     Job,
-    JobAttempt,
     JobDetail,
-    JobEvent,
     JobSpec,
     JobState,
 )
@@ -40,7 +39,12 @@ def job_dir(platform: Platform, tenant_id: str, job_id: str) -> Path:
 
 
 def _job_model(row: JobRow, tenant: str, user: str) -> Job:
-    return Job(
+    return Job(**_job_fields(row, tenant, user))
+
+
+def _job_fields(row: Any, tenant: str, user: str) -> dict[str, Any]:
+    """The fields of ``Job`` from a JobRow or a Core row of the jobs table."""
+    return dict(
         id=row.id,
         name=row.name,
         tenant=tenant,
@@ -80,7 +84,6 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
         )
     q = tenant
     checks: list[tuple[str, float, float | None, Callable[[Any], str]]] = [
-
         ("gpus", r.gpus, q.quota_gpus, str),
         ("cpu", r.cpu, q.quota_cpus, lambda v: f"{v:g}"),
         ("memory", r.memory, q.quota_memory, format_memory),
@@ -197,72 +200,87 @@ def get_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
         return _job_model(row, caller.tenant, _user_name(s, row.user_id))
 
 
-def queue_position(s: Session, row: JobRow) -> int:
-    ahead = s.scalar(
-        select(func.count())
-        .select_from(JobRow)
-        .where(
-            JobRow.state.in_(QUEUE_STATES),
-            or_(
-                JobRow.priority > row.priority,
-                and_(
-                    JobRow.priority == row.priority,
-                    or_(
-                        JobRow.created_at < row.created_at,
-                        and_(JobRow.created_at == row.created_at, JobRow.id < row.id),
-                    ),
+_jobs, _users = JobRow.__table__, UserRow.__table__
+_events, _attempts = JobEventRow.__table__, AttemptRow.__table__
+# describe is the most frequent call (CLIs and dashboards poll it): its statements are built once, so
+# executing them skips query construction (a constant statement's cache key is memoised), and they run
+# on a Core connection without ORM loading.
+_DESCRIBE_JOB = (
+    select(_jobs, _users.c.name.label("user_name"))
+    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
+    .where(_jobs.c.tenant_id == bindparam("tenant_id"))
+    .where(or_(_jobs.c.name == bindparam("name_or_id"), _jobs.c.id == bindparam("name_or_id")))
+)
+_DESCRIBE_EVENTS = (
+    select(_events.c.time, _events.c.from_state, _events.c.to_state, _events.c.reason, _events.c.attempt)
+    .where(_events.c.job_id == bindparam("job_id"))
+    .order_by(_events.c.id)
+)
+_DESCRIBE_ATTEMPTS = (
+    select(
+        _attempts.c.number,
+        _attempts.c.host,
+        _attempts.c.gpus,
+        _attempts.c.cpus,
+        _attempts.c.memory,
+        _attempts.c.started_at,
+        _attempts.c.finished_at,
+        _attempts.c.exit_code,
+        _attempts.c.outcome,
+    )
+    .where(_attempts.c.job_id == bindparam("job_id"))
+    .order_by(_attempts.c.number)
+)
+_JOBS_AHEAD = (
+    select(func.count())
+    .select_from(_jobs)
+    .where(
+        _jobs.c.state.in_(QUEUE_STATES),
+        or_(
+            _jobs.c.priority > bindparam("priority"),
+            and_(
+                _jobs.c.priority == bindparam("priority"),
+                or_(
+                    _jobs.c.created_at < bindparam("created_at"),
+                    and_(_jobs.c.created_at == bindparam("created_at"), _jobs.c.id < bindparam("job_id")),
                 ),
             ),
-        )
+        ),
     )
+)
+
+
+def queue_position(conn: Connection, job_id: str, priority: int, created_at: datetime) -> int:
+    """1 + the queued jobs the scheduler considers before this one (priority, then submission order)."""
+    ahead = conn.execute(_JOBS_AHEAD, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
     return int(ahead or 0) + 1
 
 
 def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDetail:
-    with platform.db.read() as s:
-        row = _get_row(s, caller, name_or_id)
-        base = _job_model(row, caller.tenant, _user_name(s, row.user_id))
-        events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == row.id).order_by(JobEventRow.id))
-        attempts = s.scalars(select(AttemptRow).where(AttemptRow.job_id == row.id).order_by(AttemptRow.number))
+    with platform.db.read_connection() as conn:
+        row = conn.execute(_DESCRIBE_JOB, {"tenant_id": caller.tenant_id, "name_or_id": name_or_id}).first()
+        if row is None:
+            raise NotFound(f"job {name_or_id!r} not found")
+        events = conn.execute(_DESCRIBE_EVENTS, {"job_id": row.id}).all()
+        attempts = conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": row.id}).all()
         position = None
         wait = None
         if row.state in QUEUE_STATES:
-            position = queue_position(s, row)
+            position = queue_position(conn, row.id, row.priority, row.created_at)
             wait = row.wait_reason or (
                 "waiting for the scheduler"
                 if position == 1
                 else f"waiting behind {position - 1} earlier job(s) in the queue"
             )
-        return JobDetail(
-            **base.model_dump(),
-            spec=row.spec,
-            queue_position=position,
-            wait_reason=wait,
-            events=[
-                JobEvent(
-                    time=e.time,
-                    from_state=JobState(e.from_state) if e.from_state else None,
-                    to_state=JobState(e.to_state),
-                    reason=e.reason,
-                    attempt=e.attempt,
-                )
-                for e in events
-            ],
-            attempts=[
-                JobAttempt(
-                    number=a.number,
-                    host=a.host,
-                    gpus=list(a.gpus),
-                    cpus=a.cpus,
-                    memory=a.memory,
-                    started_at=a.started_at,
-                    finished_at=a.finished_at,
-                    exit_code=a.exit_code,
-                    outcome=a.outcome,
-                )
-                for a in attempts
-            ],
-        )
+    # the selected columns carry the read models' field names
+    return JobDetail(
+        **_job_fields(row, caller.tenant, row.user_name or row.user_id),
+        spec=row.spec,
+        queue_position=position,
+        wait_reason=wait,
+        events=[e._asdict() for e in events],
+        attempts=[a._asdict() for a in attempts],
+    )
 
 
 def _require_owner_or_admin(caller: Caller, row: JobRow, what: str) -> None:

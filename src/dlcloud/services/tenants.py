@@ -136,6 +136,7 @@ def create_key(db: Database, box: SecretBox, caller: Caller, req: KeyCreate) -> 
             user = store.get_user_by_name(s, tenant.id, req.user)
         if user is None:
             raise NotFound(f"user {req.user!r} not found in tenant {tenant.name!r}")
+        _require_may_manage_keys_of(caller, user)
         access, secret = _new_key_pair()
         row = AccessKeyRow(
             id=access,
@@ -181,10 +182,19 @@ def list_keys(db: Database, caller: Caller, user: str | None, tenant: str | None
         ]
 
 
+def _require_may_manage_keys_of(caller: Caller, owner: UserRow) -> None:
+    """A tenant admin manages its tenant's keys, but never a platform admin's: that would be an escalation."""
+    if owner.role == Role.PLATFORM_ADMIN.value and owner.id != caller.user_id and not caller.is_platform_admin:
+        raise PermissionDenied("only a platform admin can manage a platform admin's keys")
+
+
 def _key_for_change(s: Session, caller: Caller, key_id: str) -> AccessKeyRow:
     key = store.get_key(s, None if caller.is_platform_admin else caller.tenant_id, key_id)
     if key is None or (not caller.is_tenant_admin and key.user_id != caller.user_id):
         raise NotFound(f"access key {key_id!r} not found")
+    owner = s.get(UserRow, key.user_id)
+    assert owner is not None
+    _require_may_manage_keys_of(caller, owner)
     return key
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -20,6 +21,12 @@ class Database:
     ``write()`` yields a session inside a transaction that commits on success and rolls back on any
     exception, so a failed request leaves the database as it was. On SQLite the transaction begins
     with ``BEGIN IMMEDIATE`` (one writer at a time, no lock upgrades mid-transaction).
+
+    ``read_connection()`` / ``write_connection()`` are the same transactions on a Core connection, for
+    hot paths that need no ORM (request authentication, describe). On SQLite the write transactions of
+    this process queue on an in-process lock before ``BEGIN IMMEDIATE``: SQLite admits one writer
+    anyway, and its busy handler polls with sleeps of up to 100 ms, which under concurrent requests
+    turned a sub-millisecond wait into a tail of seconds. Other processes still wait in the busy handler.
     """
 
     def __init__(self, url: str, *, pool_size: int = 20):
@@ -40,6 +47,10 @@ class Database:
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=True)
+        # re-entrant: a nested write on SQLite fails with "database is locked" as before, never hangs
+        self._write_lock: contextlib.AbstractContextManager[object] = (
+            threading.RLock() if self.is_sqlite else contextlib.nullcontext()
+        )
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
@@ -51,7 +62,7 @@ class Database:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
-        with self._sessions() as session:
+        with self._write_lock, self._sessions() as session:
             if self.is_sqlite:
                 session.connection(execution_options={"sqlite_immediate": True})
             try:
@@ -60,6 +71,25 @@ class Database:
             except BaseException:
                 session.rollback()
                 raise
+
+    @contextlib.contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A Core connection in a read transaction (one snapshot on SQLite), always rolled back."""
+        with self.engine.connect() as conn:
+            conn.begin()
+            try:
+                yield conn
+            finally:
+                conn.rollback()
+
+    @contextlib.contextmanager
+    def write_connection(self) -> Iterator[Connection]:
+        """A Core connection in a write transaction: commits on success, rolls back on any exception."""
+        with self._write_lock, self.engine.connect() as conn:
+            if self.is_sqlite:
+                conn.execution_options(sqlite_immediate=True)
+            with conn.begin():
+                yield conn
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -148,7 +148,8 @@ class AttemptRow(Base):
         Index("ix_attempts_live", "finished_at"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # no foreign key: attempts outlive a deleted job, they are the usage record
+    job_id: Mapped[str] = mapped_column(String(32))
     tenant_id: Mapped[str] = mapped_column(String(32))
     user_id: Mapped[str] = mapped_column(String(32))
     number: Mapped[int] = mapped_column(Integer)

@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from dlcloud.store.models import AccessKeyRow, TenantRow, UserRow
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    """What authentication needs about one access key, read in one Core query."""
+
+    enabled: bool
+    secret_encrypted: bytes
+    user_id: str
+    user: str
+    role: str
+    tenant_id: str
+    tenant: str
+
+
+_keys, _users, _tenants = AccessKeyRow.__table__, UserRow.__table__, TenantRow.__table__
+# built once: a constant statement's cache key is memoised, so executing it skips query construction
+_KEY_OWNER = (
+    select(
+        _keys.c.enabled,
+        _keys.c.secret_encrypted,
+        _users.c.id,
+        _users.c.name,
+        _users.c.role,
+        _tenants.c.id,
+        _tenants.c.name,
+    )
+    .join(_users, _users.c.id == _keys.c.user_id)
+    .join(_tenants, _tenants.c.id == _keys.c.tenant_id)
+    .where(_keys.c.id == bindparam("key_id"))
+)
 
 
 def get_tenant_by_name(s: Session, name: str, *, for_update: bool = False) -> TenantRow | None:
@@ -45,6 +78,12 @@ def get_key_with_owner(s: Session, key_id: str) -> tuple[AccessKeyRow, UserRow, 
         .where(AccessKeyRow.id == key_id)
     ).first()
     return (row[0], row[1], row[2]) if row else None
+
+
+def get_key_owner(conn: Connection, key_id: str) -> KeyOwner | None:
+    """The key with its user and tenant (Core, for the per-request authentication)."""
+    row = conn.execute(_KEY_OWNER, {"key_id": key_id}).first()
+    return KeyOwner(bool(row[0]), bytes(row[1]), *row[2:]) if row else None
 
 
 def get_key(s: Session, tenant_id: str | None, key_id: str) -> AccessKeyRow | None:

@@ -294,7 +294,8 @@ class Launcher:
         self.log.write(line)
 
     def system(self, text: str) -> None:
-        self.write_line("system", text)
+        for line in text.splitlines() or [""]:  # one log record per line keeps the format parseable
+            self.write_line("system", line)
 
     # ---- the whole run
 

@@ -166,7 +166,6 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("outcome", sa.String(length=16), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("job_id", "number"),
     )
