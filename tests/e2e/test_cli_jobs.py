@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server
 
@@ -127,7 +126,8 @@ def test_failing_script_restart_cancel_and_timeout(server: Server):
             """
             name: retry
             command: |
-              n=$(cat "$DLCLOUD_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$DLCLOUD_CHECKPOINT_DIR/n"
+              n=$(cat "$DLCLOUD_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n+1))
+              echo $n > "$DLCLOUD_CHECKPOINT_DIR/n"
               echo "try $n"; [ $n -ge 2 ]
             restart: {max_restarts: 2, backoff_seconds: 0.2}
             """
