@@ -33,6 +33,9 @@ def _assert_error(resp, status: int, code: str, fragment: str) -> dict:
     return err
 
 
+_DROP = object()  # an override that removes the field
+
+
 def _spec(**overrides) -> dict:
     spec: dict = {"name": "train", "command": "python train.py"}
     for key, value in overrides.items():
@@ -41,9 +44,6 @@ def _spec(**overrides) -> dict:
         else:
             spec[key] = value
     return spec
-
-
-_DROP = object()
 
 
 # group -> case -> (spec overrides, status, error code, message fragment)

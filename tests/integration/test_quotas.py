@@ -14,14 +14,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from tests.conftest import Env, build_env, make_settings
 
 from dlcloud import signing
 from dlcloud.client import Client
 from dlcloud.errors import QuotaExceeded
 from dlcloud.executors.simulated import SimulatedExecutor
-from dlcloud.store.models import AttemptRow, JobRow, TenantRow
+from dlcloud.schemas.jobs import JobSpec
+from dlcloud.store.ids import new_id
+from dlcloud.store.models import AttemptRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
 
 GiB = 1024**3
 
@@ -57,6 +59,55 @@ def spec(name: str, gpus: int = 0, cpu: float = 1, priority: int = 0) -> dict:
         "resources": {"gpus": gpus, "cpu": cpu, "memory": "1Gi"},
         "priority": priority,
     }
+
+
+def enqueue(env: Env, tenant: str, user: str, count: int, gpus: int) -> None:
+    """Queue ``count`` jobs named bulk-<i> at once: the rows ``submit_job`` writes, without 3 requests each."""
+    with env.platform.db.write() as s:
+        tenant_id, user_id = s.execute(
+            select(TenantRow.id, UserRow.id)
+            .join(UserRow, UserRow.tenant_id == TenantRow.id)
+            .where(TenantRow.name == tenant, UserRow.name == user)
+        ).one()
+        now = utcnow()
+        jobs, events = [], []
+        for i in range(count):
+            job_spec = JobSpec.model_validate(spec(f"bulk-{i}", gpus=gpus))
+            created = now - timedelta(microseconds=count - i)
+            jobs.append(
+                {
+                    "id": new_id("j-"),
+                    "tenant_id": tenant_id,
+                    "user_id": user_id,
+                    "name": job_spec.name,
+                    "spec": job_spec.model_dump(mode="json"),
+                    "command": job_spec.shell_command(),
+                    "state": "QUEUED",
+                    "reason": "submitted",
+                    "priority": 0,
+                    "gpus": gpus,
+                    "cpus": job_spec.resources.cpu,
+                    "memory": job_spec.resources.memory,
+                    "max_restarts": 0,
+                    "backoff_seconds": 10.0,
+                    "attempt": 0,
+                    "restarts": 0,
+                    "cancel_requested": False,
+                    "created_at": created,
+                }
+            )
+            events.append(
+                {
+                    "job_id": jobs[-1]["id"],
+                    "tenant_id": tenant_id,
+                    "time": created,
+                    "to_state": "QUEUED",
+                    "reason": f"submitted by {user}",
+                    "attempt": 0,
+                }
+            )
+        s.execute(insert(JobRow), jobs)
+        s.execute(insert(JobEventRow), events)
 
 
 def live_attempts(env: Env, tenant: str | None = None) -> list[tuple[str, list[int], float]]:
@@ -239,7 +290,10 @@ def test_big_job_waits_for_capacity_and_blocks_the_line(sim_env: Env) -> None:
     c.jobs.submit(spec("urgent", gpus=1, priority=10))
     assert control.schedule() == 0
     assert c.jobs.get("urgent")["queue_position"] == 1
-    assert c.jobs.get("small-2")["queue_position"] == 2
+    small2 = c.jobs.get("small-2")
+    assert small2["queue_position"] == 2
+    # behind a job that waits for capacity, small-2 has no reason of its own any more
+    assert small2["wait_reason"] == "waiting behind 1 earlier job(s) in the queue"
     finish(env, "big")
     assert control.schedule() == 2
     assert running_names(env) == ["urgent", "small-2"]
@@ -265,6 +319,33 @@ def test_priority_orders_the_queue(sim_env: Env) -> None:
     finish(env, "p9", "p5")
     assert control.schedule() == 2
     assert running_names(env) == ["p0-a", "p0-b"]
+
+
+def test_the_scheduler_reads_a_long_queue_to_its_end(sim_env: Env) -> None:
+    """The queue is read in chunks as the planner walks it; jobs deep in it are planned like the first."""
+    env = sim_env
+    control = env.control
+    assert control is not None
+    hog = env.new_tenant_user("hog", "hugo", quota={"gpus": 1})
+    hog.jobs.submit(spec("hog-0", gpus=1))
+    assert control.schedule() == 1
+    enqueue(env, "hog", "hugo", 1200, gpus=1)  # all over hog's GPU quota
+    env.admin.jobs.submit(spec("after-the-hog", gpus=1))
+    assert control.schedule() == 1
+    assert running_names(env) == ["hog-0", "after-the-hog"]
+    deep = hog.jobs.get("bulk-1100")
+    assert deep["queue_position"] == 1101
+    assert deep["wait_reason"] == "tenant quota: needs 1 GPU(s), 1 of 1 in use"
+
+    # a job ahead of them all that cannot fit blocks the line: the reasons behind it no longer apply
+    env.admin.jobs.submit(spec("urgent-big", gpus=2, priority=5))
+    assert control.schedule() == 0
+    assert env.admin.jobs.get("urgent-big")["wait_reason"] == "waiting for capacity: needs 2 GPU(s), 0 free"
+    deep = hog.jobs.get("bulk-1100")
+    assert deep["queue_position"] == 1102
+    assert deep["wait_reason"] == "waiting behind 1101 earlier job(s) in the queue"
+    with env.platform.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(JobRow).where(JobRow.wait_reason.is_not(None))) == 1
 
 
 # -- (d) usage accounting -------------------------------------------------------------------------------

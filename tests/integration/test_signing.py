@@ -317,3 +317,14 @@ def test_secret_appears_only_in_the_create_response(env, caplog):
     for record in caplog.records:
         assert secret not in record.getMessage()
         assert secret not in repr(record.args)
+
+
+def test_secret_sent_as_key_id_is_neither_echoed_nor_audited(env):
+    """A client that swaps its key and secret must not leak the secret into errors or the audit log."""
+    secret = env.admin_creds.secret_key
+    headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
+    headers[signing.HEADER_KEY] = secret
+    err = _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "unknown_access_key")
+    assert secret not in err["message"]
+    events = env.admin.accounting.audit(all_tenants=True, limit=1000)
+    assert events and all(secret not in str(e) for e in events)

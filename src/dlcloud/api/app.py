@@ -96,7 +96,8 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (tenants, accounting, code, jobs):
+    # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
+    for module in (jobs, tenants, accounting, code):
         app.include_router(module.router, prefix=API_PREFIX)
     app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
     return app

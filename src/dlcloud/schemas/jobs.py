@@ -54,6 +54,12 @@ class Resources(Request):
             raise ValueError(f"memory must be at least 16Mi, got {v} bytes")
         return v
 
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> Resources:
+        if self.gpu_type and not self.gpus:
+            raise ValueError(f"gpu_type {self.gpu_type!r} needs gpus of at least 1")
+        return self
+
 
 class RestartPolicy(Request):
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 
 from dlcloud.errors import InvalidArchive, InvalidArgument, NotFound, PayloadTooLarge
+from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services.auth import Caller
 from dlcloud.settings import Settings
@@ -52,7 +53,7 @@ async def upload_code(
     limit = settings.max_upload_bytes
     if content_length is not None and content_length > limit:
         raise PayloadTooLarge(
-            f"upload is {content_length} bytes; the limit is {limit} bytes ({limit // (1024 * 1024)} MiB)",
+            f"upload is {content_length} bytes; the limit is {limit} bytes ({format_memory(limit)})",
             details={"limit": limit, "size": content_length},
         )
     dest_dir = settings.code_dir / caller.tenant_id
@@ -67,7 +68,7 @@ async def upload_code(
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLarge(
-                        f"upload exceeds the limit of {limit} bytes ({limit // (1024 * 1024)} MiB)",
+                        f"upload exceeds the limit of {limit} bytes ({format_memory(limit)})",
                         details={"limit": limit},
                     )
                 digest.update(chunk)

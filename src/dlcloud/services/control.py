@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -106,29 +105,19 @@ class ControlLoop:
         self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
-        """Supervise every ``supervisor_interval``; schedule when woken (a submit, a cancel, an attempt
-        ending) and at least every ``scheduler_interval`` (restart backoffs, quota changes)."""
         interval = self.p.settings.supervisor_interval_seconds
-        schedule_every = self.p.settings.scheduler_interval_seconds
-        last_pass = 0.0
-        woken = True
         while not stop.is_set():
-            now = time.monotonic()
             try:
-                due = woken or now - last_pass >= schedule_every
-                self.tick(schedule=due)
-                if due:
-                    last_pass = now
+                self.tick()
             except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
                 log.exception("control loop tick failed")
-            woken = self._wake.wait(interval)
+            self._wake.wait(interval)
             self._wake.clear()
 
-    def tick(self, *, schedule: bool = True) -> None:
+    def tick(self) -> None:
         self.executor.reap()
         self.supervise()
-        if schedule:
-            self.schedule()
+        self.schedule()
 
     # -- scheduling --------------------------------------------------------------------------------
     def schedule(self) -> int:
@@ -196,7 +185,7 @@ class ControlLoop:
                     continue  # cancelled since the queue was read (PostgreSQL); its resources stay free
                 workloads.append(self._place(s, job, gpus, now, attempts, events))
             if attempts:
-                s.execute(insert(AttemptRow).returning(AttemptRow.id), attempts)
+                s.execute(insert(AttemptRow), attempts)
             job_states.add_events(s, events)
         for w in workloads:
             self._start(w)
@@ -264,7 +253,6 @@ class ControlLoop:
                 "DLCLOUD_OUTPUT_DIR": str(jd / "outputs"),
             }
         )
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA_VISIBLE_DEVICES holds NVML (PCI) indices
         timeout = None
         if job.timeout_seconds is not None:
             elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0

@@ -90,4 +90,4 @@ def transition(
 def add_events(s: Session, events: list[dict[str, Any]]) -> None:
     """Insert the events that ``transition(..., events=...)`` collected."""
     if events:
-        s.execute(insert(JobEventRow).returning(JobEventRow.id), events)
+        s.execute(insert(JobEventRow), events)

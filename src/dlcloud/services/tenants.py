@@ -184,7 +184,7 @@ def list_keys(db: Database, caller: Caller, user: str | None, tenant: str | None
 
 def _require_may_manage_keys_of(caller: Caller, owner: UserRow) -> None:
     """A tenant admin manages its tenant's keys, but never a platform admin's: that would be an escalation."""
-    if owner.role == Role.PLATFORM_ADMIN.value and owner.id != caller.user_id and not caller.is_platform_admin:
+    if owner.role == Role.PLATFORM_ADMIN.value and not caller.is_platform_admin:
         raise PermissionDenied("only a platform admin can manage a platform admin's keys")
 
 
