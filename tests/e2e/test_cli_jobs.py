@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server
 

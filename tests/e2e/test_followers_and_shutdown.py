@@ -6,10 +6,10 @@ import json
 import threading
 
 import pytest
-from tests.conftest import wait_for
-from tests.e2e.conftest import Server
 
 from dlcloud.client import Client, Credentials
+from tests.conftest import wait_for
+from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e
 FOLLOWERS = 40  # more than the database pool's base size (20)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
-from tests.conftest import Env, build_env, make_settings
 
 from dlcloud import signing
 from dlcloud.client import Credentials
 from dlcloud.errors import DlcloudError
 from dlcloud.store.models import CodeRow
+from tests.conftest import Env, build_env, make_settings
 
 API = "/api/v1"
 MAX_UPLOAD = 512 * 1024

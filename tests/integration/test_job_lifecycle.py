@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tests.conftest import wait_for
 
 from dlcloud.errors import InvalidState
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services.control import ControlLoop
+from tests.conftest import wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 

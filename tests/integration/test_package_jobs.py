@@ -8,6 +8,7 @@ import tarfile
 import textwrap
 
 import pytest
+
 from tests.conftest import wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, insert, select
-from tests.conftest import Env, build_env, make_settings
 
 from dlcloud import signing
 from dlcloud.client import Client
@@ -24,6 +23,7 @@ from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.schemas.jobs import JobSpec
 from dlcloud.store.ids import new_id
 from dlcloud.store.models import AttemptRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
+from tests.conftest import Env, build_env, make_settings
 
 GiB = 1024**3
 

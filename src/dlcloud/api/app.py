@@ -15,7 +15,7 @@ from dlcloud import __version__
 from dlcloud.api import accounting, code, jobs, tenants
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.errors import DlcloudError
-from dlcloud.services.auth import AuthError
+from dlcloud.services.auth import AuthError, BatchVerifier
 from dlcloud.services.platform import Platform
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.platform = platform
+    app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
     metrics = Metrics()
     app.state.metrics = metrics
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import hashlib
 
-import anyio
 from fastapi import Request
 
-from dlcloud.services.auth import Caller, SignedRequest, verify
+from dlcloud.services.auth import BatchVerifier, Caller, SignedRequest
 from dlcloud.services.platform import Platform
 
 
 async def get_platform(request: Request) -> Platform:
     # async on purpose: FastAPI runs a plain ``def`` dependency in the thread pool, a thread hop per request
-    return request.app.state.platform  # type: ignore[no-any-return]
+    return request.app.state.platform
 
 
 async def _authenticate(request: Request, body_sha256: str | None) -> Caller:
-    platform: Platform = request.app.state.platform
+    verifier: BatchVerifier = request.app.state.verifier
     signed = SignedRequest(
         method=request.method,
         path=request.url.path,
@@ -25,9 +24,7 @@ async def _authenticate(request: Request, body_sha256: str | None) -> Caller:
         headers={k.lower(): v for k, v in request.headers.items()},
         body_sha256=body_sha256,
     )
-    caller = await anyio.to_thread.run_sync(
-        verify, platform.db, platform.box, platform.settings.clock_skew_seconds, signed
-    )
+    caller = await verifier.verify(signed)
     request.state.caller = caller
     return caller
 

@@ -33,8 +33,8 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 KEY_ID_RE = re.compile(r"^AK[A-Z0-9]{18}$")
 # per dialect (the two the store supports), built once
 _INSERT_NONCE = {
-    "sqlite": sqlite.insert(NonceRow.__table__).on_conflict_do_nothing(),
-    "postgresql": postgresql.insert(NonceRow.__table__).on_conflict_do_nothing(),
+    "sqlite": sqlite.insert(NonceRow).on_conflict_do_nothing(),
+    "postgresql": postgresql.insert(NonceRow).on_conflict_do_nothing(),
 }
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import Connection, Row, and_, insert, or_, select, text, update
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
+from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
@@ -191,7 +191,7 @@ class ControlLoop:
             self._start(w)
         return len(workloads)
 
-    def _load_for_placement(self, s, job_ids: list[str]) -> dict[str, JobRow]:  # type: ignore[no-untyped-def]
+    def _load_for_placement(self, s: Session, job_ids: list[str]) -> dict[str, JobRow]:
         """The jobs to place, locked, in a few queries; their code rows go into the identity map so that
         ``_workload`` needs no query (a query would autoflush, turning batched inserts into one per row)."""
         jobs: dict[str, JobRow] = {}
@@ -203,7 +203,15 @@ class ControlLoop:
             s.scalars(select(CodeRow).where(CodeRow.id.in_(code_ids[lo : lo + 500]))).all()
         return jobs
 
-    def _place(self, s, job: JobRow, gpus: tuple[int, ...], now, attempts: list[dict], events: list[dict]) -> Workload:  # type: ignore[no-untyped-def]
+    def _place(
+        self,
+        s: Session,
+        job: JobRow,
+        gpus: tuple[int, ...],
+        now: datetime,
+        attempts: list[dict],
+        events: list[dict],
+    ) -> Workload:
         """Record attempt ``job.attempt + 1``: the attempt and event rows go to ``attempts`` / ``events``
         for one bulk insert each."""
         job.attempt += 1
@@ -275,7 +283,7 @@ class ControlLoop:
 
     def _start(self, w: Workload) -> None:
         jd = w.attempt_dir.parent
-        jd.mkdir(parents=True, exist_ok=True)  # first, so the next two need no failed try and retry
+        jd.mkdir(parents=True, exist_ok=True)  # the parent first: each mkdir below is then one system call
         for d in ("checkpoints", "outputs"):
             (jd / d).mkdir(exist_ok=True, mode=0o700)
         try:

@@ -19,7 +19,9 @@ from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import (
     TERMINAL_STATES,
     Job,
+    JobAttempt,
     JobDetail,
+    JobEvent,
     JobSpec,
     JobState,
 )
@@ -278,8 +280,8 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         spec=row.spec,
         queue_position=position,
         wait_reason=wait,
-        events=[e._asdict() for e in events],
-        attempts=[a._asdict() for a in attempts],
+        events=[JobEvent(**e._asdict()) for e in events],
+        attempts=[JobAttempt(**a._asdict()) for a in attempts],
     )
 
 

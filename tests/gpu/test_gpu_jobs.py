@@ -1,0 +1,52 @@
+"""GPU tier (``pytest -m gpu``): real GPU detection and exclusive assignment through CUDA_VISIBLE_DEVICES.
+
+Runs only on a machine with an NVIDIA GPU and a CUDA build of torch; ``make test`` deselects it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.scheduler.inventory import detect_gpus
+from dlcloud.store.db import migrate
+from tests.conftest import build_env, make_settings, wait_for
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_env(tmp_path):
+    gpus = detect_gpus()
+    if not gpus:
+        pytest.fail("the GPU tier was asked for but no NVIDIA GPU was detected (NVML / nvidia-smi)")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    migrate(url)
+    env = build_env(make_settings(tmp_path, url, gpu_inventory=None, cpu_capacity=None), LocalExecutor())
+    stop = threading.Event()
+    t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
+    t.start()
+    with env.http:
+        yield env, gpus
+    stop.set()
+    env.control.wake()
+    t.join(timeout=10)
+
+
+def test_job_sees_exactly_its_gpu_and_computes_on_it(gpu_env):
+    env, gpus = gpu_env
+    assert [g.index for g in env.platform.inventory.gpus] == [g.index for g in gpus]
+    c = env.admin
+    script = (
+        'python -c "import torch; assert torch.cuda.is_available(); '
+        "x = torch.randn(512, 512, device='cuda'); "
+        "print('devices', torch.cuda.device_count(), float((x @ x).sum()) != 0)\""
+    )
+    c.jobs.submit({"name": "on-gpu", "command": script, "resources": {"gpus": 1}})
+    job = wait_for(lambda: (j := c.jobs.get("on-gpu"))["state"] in ("SUCCEEDED", "FAILED") and j, timeout=300)
+    lines = [x.text for x in c.jobs.logs("on-gpu")]
+    assert job["state"] == "SUCCEEDED", lines
+    assert "devices 1 True" in lines
+    assert len(job["attempts"][0]["gpus"]) == 1
