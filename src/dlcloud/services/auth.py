@@ -31,10 +31,10 @@ from dlcloud.store.models import NonceRow, utcnow
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 KEY_ID_RE = re.compile(r"^AK[A-Z0-9]{18}$")
-# per dialect (the two the store supports), built once
+# per dialect (the two the store supports), built once; rowcount 0 means the nonce was there already
 _INSERT_NONCE = {
-    "sqlite": sqlite.insert(NonceRow).on_conflict_do_nothing(),
-    "postgresql": postgresql.insert(NonceRow).on_conflict_do_nothing(),
+    "sqlite": sqlite.insert(NonceRow).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
+    "postgresql": postgresql.insert(NonceRow).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
 }
 log = logging.getLogger(__name__)
 
@@ -163,20 +163,32 @@ def check_request(skew_seconds: int, req: SignedRequest) -> CheckedRequest:
     return CheckedRequest(key_id, nonce, sig, canonical)
 
 
-def _verify_in_transaction(conn: Connection, box: SecretBox, req: CheckedRequest) -> Caller | AuthError:
+_KeyCache = dict[str, tuple["tenant_store.KeyOwner | None", str | None]]
+
+
+def _verify_in_transaction(
+    conn: Connection, box: SecretBox, req: CheckedRequest, keys: _KeyCache | None = None
+) -> Caller | AuthError:
     """Key known and enabled, signature, then the nonce: recorded unless already seen.
 
     Returns the AuthError instead of raising it, so one bad request does not roll back the nonces of the
     others sharing the transaction. The key is read in the write transaction that records the nonce, so
-    a key disabled before the commit authenticates nothing. Core, not the ORM: this runs on every request.
+    a key disabled before the commit authenticates nothing; ``keys`` holds what this transaction has read
+    (key and decrypted secret), for the requests of a batch that share a key. Core, not the ORM: this
+    runs on every request.
     """
     key_id = req.key_id
-    key = tenant_store.get_key_owner(conn, key_id)
+    keys = {} if keys is None else keys
+    if key_id not in keys:
+        owner = tenant_store.get_key_owner(conn, key_id)
+        secret = box.decrypt(owner.secret_encrypted) if owner is not None and owner.enabled else None
+        keys[key_id] = (owner, secret)
+    key, secret = keys[key_id]
     if key is None:
         return AuthError(f"unknown access key {key_id}", "unknown_access_key", key_id)
-    if not key.enabled:
+    if not key.enabled or secret is None:
         return AuthError(f"access key {key_id} is disabled", "disabled_access_key", key_id)
-    expected = signing.sign(box.decrypt(key.secret_encrypted), req.canonical)
+    expected = signing.sign(secret, req.canonical)
     if not signing.signatures_equal(expected, req.signature):
         return AuthError(
             "signature does not match the request; check the secret key and the canonical request (docs/api-auth.md)",
@@ -245,7 +257,8 @@ class BatchVerifier:
             outcomes: list[Caller | BaseException]
             try:
                 with self._db.write_connection() as conn:
-                    outcomes = [_verify_in_transaction(conn, self._box, checked) for checked, _, _ in batch]
+                    keys: _KeyCache = {}
+                    outcomes = [_verify_in_transaction(conn, self._box, checked, keys) for checked, _, _ in batch]
             except Exception as exc:  # the database failed: every request of the batch fails with it
                 log.exception("authentication transaction failed for %d request(s)", len(batch))
                 outcomes = [exc] * len(batch)
