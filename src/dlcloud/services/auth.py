@@ -245,30 +245,57 @@ class BatchVerifier:
         return await future
 
     def _run(self) -> None:
-        while True:
+        batch: list[_Waiter] = []
+        try:
+            while batch := self._take():
+                self._settle(batch, self._verify_batch(batch))
+        except BaseException as exc:  # a bug here must not leave requests waiting forever
+            log.exception("the authentication thread failed")
+            self._settle(batch, [exc] * len(batch))
+            raise
+        finally:
             with self._cond:
+                if self._running:  # failed rather than idle: what waits gets a new thread
+                    self._running = bool(self._waiting)
+                    if self._running:
+                        threading.Thread(target=self._run, name="dlcloud-auth", daemon=True).start()
+
+    def _take(self) -> list[_Waiter]:
+        """The next batch; empty (and the thread marked stopped) after ``IDLE_SECONDS`` without requests."""
+        with self._cond:
+            if not self._waiting:
+                self._cond.wait(self.IDLE_SECONDS)
                 if not self._waiting:
-                    self._cond.wait(self.IDLE_SECONDS)
-                    if not self._waiting:
-                        self._running = False
-                        return
-                batch = self._waiting[: self.MAX_BATCH]
-                del self._waiting[: self.MAX_BATCH]
-            outcomes: list[Caller | BaseException]
-            try:
-                with self._db.write_connection() as conn:
-                    keys: _KeyCache = {}
-                    outcomes = [_verify_in_transaction(conn, self._box, checked, keys) for checked, _, _ in batch]
-            except Exception as exc:  # the database failed: every request of the batch fails with it
-                log.exception("authentication transaction failed for %d request(s)", len(batch))
-                outcomes = [exc] * len(batch)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Caller], Caller | BaseException]]]
-            by_loop = {}
-            for (_, loop, future), outcome in zip(batch, outcomes, strict=True):
-                by_loop.setdefault(loop, []).append((future, outcome))
-            for loop, results in by_loop.items():
-                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
-                    loop.call_soon_threadsafe(_resolve, results)
+                    self._running = False
+                    return []
+            batch = self._waiting[: self.MAX_BATCH]
+            del self._waiting[: self.MAX_BATCH]
+            return batch
+
+    def _verify_batch(self, batch: list[_Waiter]) -> list[Caller | BaseException]:
+        try:
+            with self._db.write_connection() as conn:
+                keys: _KeyCache = {}
+                return [_verify_in_transaction(conn, self._box, checked, keys) for checked, _, _ in batch]
+        except Exception as exc:  # the database failed, so does every request of the batch (a 500 each)
+            log.exception("the authentication transaction of %d request(s) failed", len(batch))
+            failures: list[Caller | BaseException] = []
+            for _ in batch:
+                failure = RuntimeError("the authentication transaction failed")
+                failure.__cause__ = exc  # one exception object per request: tracebacks stay apart
+                failures.append(failure)
+            return failures
+
+    @staticmethod
+    def _settle(batch: list[_Waiter], outcomes: list[Caller | BaseException]) -> None:
+        """Hand each outcome to its request's event loop: one callback per loop, not per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Caller], Caller | BaseException]]]
+        by_loop = {}
+        for (_, loop, future), outcome in zip(batch, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append((future, outcome))
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, results)
 
 
 def _resolve(results: list[tuple[asyncio.Future[Caller], Caller | BaseException]]) -> None:
