@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import anyio
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 
-from dlcloud.api.deps import caller, get_platform, set_audit_resource
+from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
 from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState
 from dlcloud.services import jobs as svc
 from dlcloud.services.auth import Caller
@@ -37,9 +36,9 @@ def list_jobs(
 
 @router.get("/jobs/{name}", response_model=JobDetail, name="jobs.describe")
 async def describe_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> JobDetail:
-    # async with one explicit hop: a plain ``def`` route with a response model costs two (FastAPI
-    # validates the result of a sync endpoint in the thread pool too), and describe is polled hard
-    return await anyio.to_thread.run_sync(svc.describe_job, p, c, name)
+    # async, not a plain ``def``: describe is polled hard, and FastAPI would run a sync endpoint in the
+    # thread pool and then validate its result in the thread pool again
+    return await run_read(p, svc.describe_job, p, c, name)
 
 
 @router.post("/jobs/{name}/cancel", response_model=Job, name="jobs.cancel")

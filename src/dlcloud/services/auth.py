@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Connection, delete
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, bindparam, delete, insert, select
+from sqlalchemy.exc import IntegrityError
 
 from dlcloud import signing
 from dlcloud.errors import DlcloudError, PermissionDenied
@@ -31,11 +31,12 @@ from dlcloud.store.models import NonceRow, utcnow
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 KEY_ID_RE = re.compile(r"^AK[A-Z0-9]{18}$")
-# per dialect (the two the store supports), built once; rowcount 0 means the nonce was there already
-_INSERT_NONCE = {
-    "sqlite": sqlite.insert(NonceRow).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
-    "postgresql": postgresql.insert(NonceRow).on_conflict_do_nothing().execution_options(preserve_rowcount=True),
-}
+_nonces = NonceRow.__table__
+_USED_NONCES = select(_nonces.c.access_key, _nonces.c.nonce).where(
+    _nonces.c.access_key.in_(bindparam("keys", expanding=True)),
+    _nonces.c.nonce.in_(bindparam("nonces", expanding=True)),
+)
+_INSERT_NONCE = insert(NonceRow)
 log = logging.getLogger(__name__)
 
 
@@ -96,9 +97,7 @@ class CheckedRequest:
 
 def verify(db: Database, box: SecretBox, skew_seconds: int, req: SignedRequest) -> Caller:
     """Verify one request in a write transaction of its own (``BatchVerifier`` shares one between requests)."""
-    checked = check_request(skew_seconds, req)
-    with db.write_connection() as conn:
-        outcome = _verify_in_transaction(conn, box, checked)
+    outcome = _verify_alone(db, box, check_request(skew_seconds, req))
     if isinstance(outcome, AuthError):
         raise outcome
     return outcome
@@ -163,44 +162,69 @@ def check_request(skew_seconds: int, req: SignedRequest) -> CheckedRequest:
     return CheckedRequest(key_id, nonce, sig, canonical)
 
 
-_KeyCache = dict[str, tuple["tenant_store.KeyOwner | None", str | None]]
+def _verify_in_transaction(conn: Connection, box: SecretBox, reqs: list[CheckedRequest]) -> list[Caller | AuthError]:
+    """Key known and enabled, signature, then the nonce, for requests sharing one write transaction.
 
-
-def _verify_in_transaction(
-    conn: Connection, box: SecretBox, req: CheckedRequest, keys: _KeyCache | None = None
-) -> Caller | AuthError:
-    """Key known and enabled, signature, then the nonce: recorded unless already seen.
-
-    Returns the AuthError instead of raising it, so one bad request does not roll back the nonces of the
-    others sharing the transaction. The key is read in the write transaction that records the nonce, so
-    a key disabled before the commit authenticates nothing; ``keys`` holds what this transaction has read
-    (key and decrypted secret), for the requests of a batch that share a key. Core, not the ORM: this
-    runs on every request.
+    Each request gets its Caller or its AuthError (returned, not raised: one bad request must not roll
+    back the nonces of the others). The keys are read in the write transaction that records the nonces,
+    so a key disabled before the commit authenticates nothing. Core, not the ORM, and a fixed number of
+    statements per transaction (one per distinct key, one to find used nonces, one insert): this runs
+    for every request. Raises IntegrityError when a concurrent writer (another API process on
+    PostgreSQL) recorded one of the nonces after the check; see ``_verify_alone``.
     """
-    key_id = req.key_id
-    keys = {} if keys is None else keys
-    if key_id not in keys:
-        owner = tenant_store.get_key_owner(conn, key_id)
-        secret = box.decrypt(owner.secret_encrypted) if owner is not None and owner.enabled else None
-        keys[key_id] = (owner, secret)
-    key, secret = keys[key_id]
-    if key is None:
-        return AuthError(f"unknown access key {key_id}", "unknown_access_key", key_id)
-    if not key.enabled or secret is None:
-        return AuthError(f"access key {key_id} is disabled", "disabled_access_key", key_id)
-    expected = signing.sign(secret, req.canonical)
-    if not signing.signatures_equal(expected, req.signature):
-        return AuthError(
-            "signature does not match the request; check the secret key and the canonical request (docs/api-auth.md)",
-            "bad_signature",
-            key_id,
+    keys: dict[str, tuple[tenant_store.KeyOwner | None, str | None]] = {}  # key id -> (key, secret)
+    outcomes: list[Caller | AuthError] = []
+    for req in reqs:
+        key_id = req.key_id
+        if key_id not in keys:
+            owner = tenant_store.get_key_owner(conn, key_id)
+            keys[key_id] = (owner, box.decrypt(owner.secret_encrypted) if owner is not None and owner.enabled else None)
+        key, secret = keys[key_id]
+        if key is None:
+            outcomes.append(AuthError(f"unknown access key {key_id}", "unknown_access_key", key_id))
+        elif not key.enabled or secret is None:
+            outcomes.append(AuthError(f"access key {key_id} is disabled", "disabled_access_key", key_id))
+        elif not signing.signatures_equal(signing.sign(secret, req.canonical), req.signature):
+            outcomes.append(
+                AuthError(
+                    "signature does not match the request; check the secret key and the canonical request "
+                    "(docs/api-auth.md)",
+                    "bad_signature",
+                    key_id,
+                )
+            )
+        else:
+            outcomes.append(Caller(key.tenant_id, key.tenant, key.user_id, key.user, Role(key.role), key_id))
+    signed = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, Caller)]
+    if not signed:
+        return outcomes
+    seen = {
+        (k, n)
+        for k, n in conn.execute(
+            _USED_NONCES, {"keys": list({reqs[i].key_id for i in signed}), "nonces": [reqs[i].nonce for i in signed]}
         )
-    # ON CONFLICT DO NOTHING, not an IntegrityError: on PostgreSQL an error aborts the whole transaction
-    insert_nonce = _INSERT_NONCE[conn.dialect.name]
-    inserted = conn.execute(insert_nonce, {"access_key": key_id, "nonce": req.nonce, "seen_at": utcnow()}).rowcount
-    if inserted != 1:
-        return AuthError("nonce was already used: replayed request", "replayed_nonce", key_id)
-    return Caller(key.tenant_id, key.tenant, key.user_id, key.user, Role(key.role), key_id)
+    }
+    now = utcnow()
+    rows = []
+    for i in signed:
+        pair = (reqs[i].key_id, reqs[i].nonce)
+        if pair in seen:  # stored before, or earlier in this batch
+            outcomes[i] = AuthError("nonce was already used: replayed request", "replayed_nonce", pair[0])
+        else:
+            seen.add(pair)
+            rows.append({"access_key": pair[0], "nonce": pair[1], "seen_at": now})
+    if rows:
+        conn.execute(_INSERT_NONCE, rows)  # executemany: a multi-row VALUES statement is compiled every time
+    return outcomes
+
+
+def _verify_alone(db: Database, box: SecretBox, req: CheckedRequest) -> Caller | AuthError:
+    """One request in a write transaction of its own."""
+    try:
+        with db.write_connection() as conn:
+            return _verify_in_transaction(conn, box, [req])[0]
+    except IntegrityError:  # another process recorded this nonce between our check and our insert
+        return AuthError("nonce was already used: replayed request", "replayed_nonce", req.key_id)
 
 
 _Waiter = tuple[CheckedRequest, asyncio.AbstractEventLoop, "asyncio.Future[Caller]"]
@@ -273,10 +297,13 @@ class BatchVerifier:
             return batch
 
     def _verify_batch(self, batch: list[_Waiter]) -> list[Caller | BaseException]:
+        reqs = [checked for checked, _, _ in batch]
         try:
-            with self._db.write_connection() as conn:
-                keys: _KeyCache = {}
-                return [_verify_in_transaction(conn, self._box, checked, keys) for checked, _, _ in batch]
+            try:
+                with self._db.write_connection() as conn:
+                    return list(_verify_in_transaction(conn, self._box, reqs))
+            except IntegrityError:  # a concurrent writer stored one of the nonces: find which, one at a time
+                return [_verify_alone(self._db, self._box, req) for req in reqs]
         except Exception as exc:  # the database failed, so does every request of the batch (a 500 each)
             log.exception("the authentication transaction of %d request(s) failed", len(batch))
             failures: list[Caller | BaseException] = []
