@@ -264,7 +264,8 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         if row is None:
             raise NotFound(f"job {name_or_id!r} not found")
         events = conn.execute(_DESCRIBE_EVENTS, {"job_id": row.id}).all()
-        attempts = conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": row.id}).all()
+        # no attempt yet (the counter grows with every attempt row): spare queued jobs the query
+        attempts = conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": row.id}).all() if row.attempt else []
         position = None
         wait = None
         if row.state in QUEUE_STATES:
