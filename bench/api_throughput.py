@@ -26,7 +26,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from _common import machine, percentile  # bench/ is on sys.path when run as a script
 
 from dlcloud.signing import sign_request
 
@@ -47,6 +47,7 @@ PEER_APP = """
 import sys
 import uvicorn
 from fastapi import FastAPI
+
 
 app = FastAPI()
 
@@ -62,29 +63,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 
 
 # -- machine and numbers ---------------------------------------------------------------------------
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 0
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    return f"{model}, {cores} cores ({usable} usable), Python {platform.python_version()}, Linux {platform.release()}"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def cpu_seconds(pid: int) -> float:

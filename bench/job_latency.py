@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -34,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from _common import machine, percentile
 
 from dlcloud.client import Client, Credentials
 
@@ -45,29 +45,6 @@ TARGET_P99_MS = 1000.0
 
 
 # -- machine and numbers ---------------------------------------------------------------------------
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 0
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    return f"{model}, {cores} cores ({usable} usable), Python {platform.python_version()}, Linux {platform.release()}"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def stats(values: list[float]) -> tuple[float, float, float, float]:

@@ -4,6 +4,9 @@ Verification order (each failure is a 401 with its own code): headers present (m
 timestamp within the skew window (clock_skew), key known (unknown_access_key) and enabled
 (disabled_access_key), signature equal in constant time (bad_signature), nonce not seen in the window
 (replayed_nonce; nonces live in the database so the check holds across restarts and API replicas).
+
+The API verifies through ``BatchVerifier``: the requests waiting at one moment share one write
+transaction (group commit). Each still gets its answer only after its nonce is committed.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dlcloud.store.models import NonceRow, utcnow
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 KEY_ID_RE = re.compile(r"^AK[A-Z0-9]{18}$")
+# built once (a constant statement is compiled once): the nonces of a batch already stored, and the insert
 _nonces = NonceRow.__table__
 _USED_NONCES = select(_nonces.c.access_key, _nonces.c.nonce).where(
     _nonces.c.access_key.in_(bindparam("keys", expanding=True)),
