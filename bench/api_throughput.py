@@ -220,7 +220,7 @@ async def _worker_main(load: Load) -> tuple[bytes, dict[str, int]]:
     return latencies.tobytes(), counts
 
 
-def _worker(load: Load, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _worker(load: Load, out: mp.Queue) -> None:
     out.put(asyncio.run(_worker_main(load)))
 
 
@@ -251,7 +251,7 @@ def drive(
     name: str, port: int, path: str, keys: tuple[str, str] | None, server_pid: int, args: argparse.Namespace
 ) -> Result:
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    out: mp.Queue = ctx.Queue()
     per_proc = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0) for i in range(args.procs)]
     start_at = time.time() + 1.5  # time to spawn the workers and open the connections
     measure_from = start_at + args.warmup

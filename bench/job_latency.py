@@ -171,7 +171,7 @@ def print_report(args: argparse.Namespace, samples: list[dict[str, float]], peer
     ok99 = "met" if d99 <= TARGET_P99_MS else "MISSED"
     print(f"target (2-core machine): p50 <= {TARGET_P50_MS:.0f} ms ({ok50}), p99 <= {TARGET_P99_MS:.0f} ms ({ok99})")
     print()
-    print("dlcloud breakdown (ms; stages add up to the total)")
+    print("dlcloud breakdown (ms, percentiles per stage; the last four stages of one job add up to its total)")
     print(header)
     print("-" * len(header))
     stages = [
@@ -184,7 +184,7 @@ def print_report(args: argparse.Namespace, samples: list[dict[str, float]], peer
     for label, key in stages:
         a, b, c, d = stats([s[key] for s in samples])
         print(f"{label:<34}{a:>9.1f}{b:>9.1f}{c:>9.1f}{d:>9.1f}")
-    print("(the submit round trip overlaps the 'submit -> scheduled' stage; log times have 1 us resolution)")
+    print("(the submit round trip overlaps 'submit -> scheduled': the control loop is woken before the response)")
 
 
 def main() -> None:
