@@ -70,15 +70,6 @@ def list_users(s: Session, tenant_id: str | None) -> list[tuple[UserRow, str]]:
     return [(u, t) for u, t in s.execute(q.order_by(TenantRow.name, UserRow.name))]
 
 
-def get_key_with_owner(s: Session, key_id: str) -> tuple[AccessKeyRow, UserRow, TenantRow] | None:
-    row = s.execute(
-        select(AccessKeyRow, UserRow, TenantRow)
-        .join(UserRow, UserRow.id == AccessKeyRow.user_id)
-        .join(TenantRow, TenantRow.id == AccessKeyRow.tenant_id)
-        .where(AccessKeyRow.id == key_id)
-    ).first()
-    return (row[0], row[1], row[2]) if row else None
-
 
 def get_key_owner(conn: Connection, key_id: str) -> KeyOwner | None:
     """The key with its user and tenant (Core, for the per-request authentication)."""
