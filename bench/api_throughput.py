@@ -23,13 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +33,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from _common import machine, percentile  # bench/ is on sys.path when run as a script
+from _common import DlcloudServer, Process, machine, percentile  # bench/ is on sys.path when run as a script
 
 from dlcloud.signing import sign_request
 
@@ -86,66 +81,6 @@ def uvicorn_stack() -> str:
 
 
 # -- servers ---------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Process:
-    """A server in a child process; ``stop()`` is always safe to call."""
-
-    def __init__(self, root: Path, name: str) -> None:
-        self.root = root
-        self.name = name
-        self.port = free_port()
-        self.log_path = root / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _spawn(self, argv: list[str], ready_path: str, timeout: float = 60.0) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
-        env["HOME"] = str(self.root / "home")
-        env["XDG_CONFIG_HOME"] = str(self.root / "config")
-        (self.root / "home").mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(self.endpoint + ready_path, timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready in {timeout:g} s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-class DlcloudServer(Process):
-    def start(self, log_level: str) -> tuple[str, str]:
-        data_dir = self.root / "data"
-        argv = [sys.executable, "-m", "dlcloud.cli.main", "up", "--port", str(self.port)]
-        argv += ["--data-dir", str(data_dir), "--no-profile", "--log-level", log_level]
-        self._spawn(argv, "/readyz")
-        boot = json.loads((data_dir / "bootstrap-admin.json").read_text())
-        return boot["access_key"], boot["secret_key"]
-
-
 class PeerServer(Process):
     def start(self) -> None:
         self._spawn([sys.executable, "-c", PEER_APP, str(self.port)], "/ping")

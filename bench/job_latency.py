@@ -20,11 +20,7 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,8 +28,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import httpx
-from _common import machine, percentile
+from _common import DlcloudServer, machine, percentile
 
 from dlcloud.client import Client, Credentials
 
@@ -52,60 +47,6 @@ def stats(values: list[float]) -> tuple[float, float, float, float]:
 
 
 # -- the server ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class DlcloudServer:
-    """``dlcloud up`` in a child process; ``stop()`` is always safe to call."""
-
-    def __init__(self, root: Path, log_level: str) -> None:
-        self.root = root
-        self.port = free_port()
-        self.data_dir = root / "data"
-        self.log_path = root / "server.log"
-        self.log_level = log_level
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> Credentials:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
-        env["HOME"] = str(self.root / "home")
-        env["XDG_CONFIG_HOME"] = str(self.root / "config")
-        (self.root / "home").mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "dlcloud.cli.main", "up", "--port", str(self.port)]
-        argv += ["--data-dir", str(self.data_dir), "--no-profile", "--log-level", self.log_level]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dlcloud up exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.endpoint}/readyz", timeout=1).status_code == 200:
-                    boot = json.loads((self.data_dir / "bootstrap-admin.json").read_text())
-                    return Credentials(self.endpoint, boot["access_key"], boot["secret_key"])
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"dlcloud up not ready in {timeout:g} s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 # -- one sample of each ----------------------------------------------------------------------------
 def _iso(value: str) -> float:
     """An ISO time (from the API or a log line) as Unix seconds."""
@@ -200,11 +141,11 @@ def main() -> None:
         ap.error("--jobs must be at least 1")
 
     root = Path(tempfile.mkdtemp(prefix="dlcloud-bench-latency-"))
-    server = DlcloudServer(root, args.log_level)
+    server = DlcloudServer(root)
     samples: list[dict[str, float]] = []
     peer: list[float] = []
     try:
-        creds = server.start()
+        creds = Credentials(server.endpoint, *server.start(args.log_level))
         with Client(creds) as client:
             for i in range(args.warmup + args.jobs):
                 sample = run_job(client, f"lat-{i}", args.poll, args.job_timeout)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform as py_platform
 import random
 import secrets
 import statistics
@@ -36,6 +35,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+from _common import load_average, machine, percentile  # bench/ is on sys.path when run as a script
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.pool import NullPool
 
@@ -65,20 +65,6 @@ class TimedControlLoop(ControlLoop):
         t0 = time.perf_counter()
         super()._start(w)
         self.start_seconds += time.perf_counter() - t0
-
-
-def machine() -> str:
-    model = py_platform.processor() or py_platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return f"{model}, {cores} core(s) usable, load average {load}, Python {py_platform.python_version()}"
 
 
 def _sa_url(url: str) -> str:
@@ -193,12 +179,6 @@ def populate(db: Database, n_jobs: int, n_tenants: int, rng: random.Random) -> N
             s.execute(insert(JobEventRow), events[lo : lo + 2000])
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
 def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="dlcloud-bench-", dir=args.data_dir) as tmp_name:
@@ -260,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     start_share = sum(start_times) / sum(place_times)
     median, p99 = statistics.median(idle), percentile(idle, 99)
     backend = "PostgreSQL" if args.database_url and not args.database_url.startswith("sqlite") else "SQLite"
-    print(f"machine:   {machine()}")
+    print(f"machine:   {machine()}, load average {load_average()}")
     print(
         f"setup:     {args.jobs} jobs / {args.tenants} tenants / {args.gpus} GPUs on {backend}, "
         f"inserted in {setup_s:.2f} s"
