@@ -184,3 +184,18 @@ def running_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     e.control.wake()
     thread.join(timeout=10)
     e.platform.db.dispose()
+
+
+def assert_api_error(resp, status: int, code: str, fragment: str | None = None) -> dict:
+    """The response is an API error of the documented shape, with this status and code (and message part)."""
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"code", "message", "details"}
+    assert err["code"] == code, err
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["details"], dict)
+    if fragment is not None:
+        assert fragment in err["message"], err["message"]
+    return err

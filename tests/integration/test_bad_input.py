@@ -13,6 +13,7 @@ import pytest
 
 from dlcloud import signing
 from dlcloud.client import Credentials
+from tests.conftest import assert_api_error
 
 API = "/api/v1"
 
@@ -23,14 +24,6 @@ def _post(env, path: str, body: bytes, creds: Credentials | None = None):
         creds.access_key, creds.secret_key, "POST", path, "", hashlib.sha256(body).hexdigest()
     ).headers
     return env.http.post(path, content=body, headers={**headers, "Content-Type": "application/json"})
-
-
-def _assert_error(resp, status: int, code: str, fragment: str) -> dict:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert err["code"] == code, err
-    assert fragment in err["message"], err["message"]
-    return err
 
 
 _DROP = object()  # an override that removes the field
@@ -127,7 +120,7 @@ def test_bad_job_spec_is_refused_and_nothing_is_stored(env, subtests, group):
     for case, (overrides, status, code, fragment) in BAD_SPECS[group].items():
         with subtests.test(case=case):
             resp = _post(env, f"{API}/jobs", json.dumps(_spec(**overrides)).encode())
-            _assert_error(resp, status, code, fragment)
+            assert_api_error(resp, status, code, fragment)
             assert env.admin.jobs.list() == []
 
 
@@ -140,13 +133,13 @@ def test_malformed_job_body_is_refused(env, subtests):
         ("empty", b"", "Field required"),
     ]:
         with subtests.test(case=case):
-            _assert_error(_post(env, f"{API}/jobs", body), 422, "validation_error", fragment)
+            assert_api_error(_post(env, f"{API}/jobs", body), 422, "validation_error", fragment)
             assert env.admin.jobs.list() == []
 
 
 def test_validation_error_lists_every_problem(env):
     spec = _spec(name="Bad_Name", resources={"cpu": -1, "gpus": 65})
-    err = _assert_error(_post(env, f"{API}/jobs", json.dumps(spec).encode()), 422, "validation_error", "name")
+    err = assert_api_error(_post(env, f"{API}/jobs", json.dumps(spec).encode()), 422, "validation_error", "name")
     fields = {p["field"] for p in err["details"]["errors"]}
     assert {"name", "resources.cpu", "resources.gpus"} <= fields
     assert env.admin.jobs.list() == []
@@ -162,7 +155,7 @@ def test_gpu_type_that_exists_is_accepted(env):
 def test_duplicate_job_name_is_a_conflict(env):
     first = env.admin.jobs.submit(_spec(command="echo first"))
     resp = _post(env, f"{API}/jobs", json.dumps(_spec(command="echo second")).encode())
-    _assert_error(resp, 409, "already_exists", "job 'train' already exists")
+    assert_api_error(resp, 409, "already_exists", "job 'train' already exists")
     jobs = env.admin.jobs.list()
     assert [(j["id"], j["command"]) for j in jobs] == [(first["id"], "echo first")]
 
@@ -181,7 +174,7 @@ def test_code_of_another_tenant_is_refused(env, tmp_path):
     other = env.new_tenant_user("other", "olga")
     code = other.code.upload(_tar_gz(tmp_path / "code.tar.gz"))
     resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code["id"])).encode())
-    _assert_error(resp, 400, "invalid_spec", f"code {code['id']!r} not found")
+    assert_api_error(resp, 400, "invalid_spec", f"code {code['id']!r} not found")
     assert env.admin.jobs.list() == []
     assert other.jobs.list() == []
 
@@ -194,7 +187,7 @@ def test_wheel_code_with_command_is_refused(env, tmp_path):
         zf.writestr("pkg/__init__.py", "")
     code = env.admin.code.upload(wheel, kind="wheel")
     resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code["id"])).encode())
-    _assert_error(resp, 400, "invalid_spec", "run a package with 'module:'")
+    assert_api_error(resp, 400, "invalid_spec", "run a package with 'module:'")
     assert env.admin.jobs.list() == []
 
 
@@ -217,14 +210,14 @@ BAD_TENANTS = {
 def test_bad_tenant_is_refused(env, subtests):
     for case, (body, fragment) in BAD_TENANTS.items():
         with subtests.test(case=case):
-            _assert_error(_post(env, f"{API}/tenants", json.dumps(body).encode()), 422, "validation_error", fragment)
+            assert_api_error(_post(env, f"{API}/tenants", json.dumps(body).encode()), 422, "validation_error", fragment)
             assert [t["name"] for t in env.admin.tenants.list()] == ["default"]
 
 
 def test_duplicate_tenant_is_a_conflict(env):
     created = env.admin.tenants.create("team", {"gpus": 1})
     resp = _post(env, f"{API}/tenants", json.dumps({"name": "team", "quota": {"gpus": 2}}).encode())
-    _assert_error(resp, 409, "already_exists", "tenant 'team' already exists")
+    assert_api_error(resp, 409, "already_exists", "tenant 'team' already exists")
     tenant = env.admin.tenants.get("team")
     assert tenant["id"] == created["id"]
     assert tenant["quota"]["gpus"] == 1
@@ -245,14 +238,14 @@ BAD_USERS = {
 def test_bad_user_is_refused(env, subtests):
     for case, (body, status, code, fragment) in BAD_USERS.items():
         with subtests.test(case=case):
-            _assert_error(_post(env, f"{API}/users", json.dumps(body).encode()), status, code, fragment)
+            assert_api_error(_post(env, f"{API}/users", json.dumps(body).encode()), status, code, fragment)
             assert [u["name"] for u in env.admin.users.list()] == ["admin"]
 
 
 def test_duplicate_user_is_a_conflict(env):
     env.admin.users.create("bob", role="member")
     resp = _post(env, f"{API}/users", json.dumps({"name": "bob", "role": "tenant-admin"}).encode())
-    _assert_error(resp, 409, "already_exists", "user 'bob' already exists in tenant 'default'")
+    assert_api_error(resp, 409, "already_exists", "user 'bob' already exists in tenant 'default'")
     assert [(u["name"], u["role"]) for u in env.admin.users.list() if u["name"] == "bob"] == [("bob", "member")]
 
 
@@ -260,7 +253,7 @@ def test_tenant_admin_cannot_create_a_platform_admin(env):
     team_admin = env.new_tenant_user("team", "tara", role="tenant-admin")
     creds = team_admin.transport.creds
     resp = _post(env, f"{API}/users", json.dumps({"name": "eve", "role": "platform-admin"}).encode(), creds)
-    _assert_error(resp, 403, "permission_denied", "only a platform admin can create platform admins")
+    assert_api_error(resp, 403, "permission_denied", "only a platform admin can create platform admins")
     assert [u["name"] for u in team_admin.users.list()] == ["tara"]
 
 
@@ -273,7 +266,7 @@ def test_bad_key_request_is_refused(env, subtests):
         ("unknown-tenant", {"user": "admin", "tenant": "nowhere"}, 404, "not_found", "tenant 'nowhere' not found"),
     ]:
         with subtests.test(case=case):
-            _assert_error(_post(env, f"{API}/keys", json.dumps(body).encode()), status, code, fragment)
+            assert_api_error(_post(env, f"{API}/keys", json.dumps(body).encode()), status, code, fragment)
             assert [k["access_key"] for k in env.admin.keys.list()] == before
 
 
@@ -288,4 +281,4 @@ def test_bad_query_parameters_are_refused(env, subtests):
         with subtests.test(query=query):
             headers = signing.sign_request(creds.access_key, creds.secret_key, "GET", f"{API}/jobs", query).headers
             resp = env.http.get(f"{API}/jobs?{query}", headers=headers)
-            _assert_error(resp, 422, "validation_error", fragment)
+            assert_api_error(resp, 422, "validation_error", fragment)

@@ -18,7 +18,7 @@ from dlcloud import signing
 from dlcloud.client import Credentials
 from dlcloud.errors import DlcloudError
 from dlcloud.store.models import CodeRow
-from tests.conftest import Env, build_env, make_settings
+from tests.conftest import Env, assert_api_error, build_env, make_settings
 
 API = "/api/v1"
 MAX_UPLOAD = 512 * 1024
@@ -306,14 +306,6 @@ def _assert_nothing_stored(env: Env) -> None:
     assert _code_rows(env) == 0
 
 
-def _assert_error(resp, status: int, code: str, fragment: str) -> dict:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert err["code"] == code, err
-    assert fragment in err["message"], err["message"]
-    return err
-
-
 # --- good uploads --------------------------------------------------------------------------------------------
 
 
@@ -368,7 +360,7 @@ def test_valid_wheel_uploads(small_env, tmp_path):
 def test_bad_archives_are_refused_through_raw_requests(small_env, subtests):
     for case, (kind, filename, build, status, code, fragment) in BAD_ARCHIVES.items():
         with subtests.test(case=case):
-            _assert_error(_upload_raw(small_env, build(), kind=kind, filename=filename), status, code, fragment)
+            assert_api_error(_upload_raw(small_env, build(), kind=kind, filename=filename), status, code, fragment)
             _assert_nothing_stored(small_env)
 
 
@@ -397,7 +389,7 @@ def test_oversize_upload_with_content_length_is_refused(small_env, tmp_path):
 
 def test_oversize_streamed_upload_is_refused(small_env):
     resp = _upload_raw(small_env, b"x" * (MAX_UPLOAD + 1), chunked=True)
-    err = _assert_error(resp, 413, "payload_too_large", f"exceeds the limit of {MAX_UPLOAD} bytes")
+    err = assert_api_error(resp, 413, "payload_too_large", f"exceeds the limit of {MAX_UPLOAD} bytes")
     assert err["details"]["limit"] == MAX_UPLOAD
     _assert_nothing_stored(small_env)
 
@@ -415,7 +407,7 @@ def test_upload_at_the_limit_is_accepted(small_env):
 def test_wrong_declared_checksum_is_refused(small_env, chunked):
     data = _good_archive()
     resp = _upload_raw(small_env, data, declared=hashlib.sha256(b"something else").hexdigest(), chunked=chunked)
-    _assert_error(resp, 400, "checksum_mismatch", "do not match the declared SHA-256")
+    assert_api_error(resp, 400, "checksum_mismatch", "do not match the declared SHA-256")
     _assert_nothing_stored(small_env)
 
 
@@ -427,13 +419,13 @@ def test_malformed_declared_checksum_is_refused(small_env):
         creds.access_key, creds.secret_key, "POST", f"{API}/code", query, "not-a-hash"
     ).headers
     resp = small_env.http.post(f"{API}/code?{query}", content=data, headers=headers)
-    _assert_error(resp, 401, "bad_signature", signing.HEADER_CONTENT_SHA256)
+    assert_api_error(resp, 401, "bad_signature", signing.HEADER_CONTENT_SHA256)
     _assert_nothing_stored(small_env)
 
 
 def test_upload_needs_a_valid_signature(small_env):
     bad = Credentials("http://testserver", small_env.admin_creds.access_key, "wrong-secret")
-    _assert_error(_upload_raw(small_env, _good_archive(), creds=bad), 401, "bad_signature", "signature")
+    assert_api_error(_upload_raw(small_env, _good_archive(), creds=bad), 401, "bad_signature", "signature")
     _assert_nothing_stored(small_env)
 
 
@@ -450,8 +442,8 @@ def test_job_with_a_made_up_code_id_is_refused(small_env):
 def test_rejection_after_a_good_upload_leaves_only_the_good_one(small_env):
     good = _upload_raw(small_env, _good_archive())
     assert good.status_code == 201, good.text
-    _assert_error(_upload_raw(small_env, _tar_gz([_file("../evil.py")])), 400, "invalid_archive", "'..'")
-    _assert_error(_upload_raw(small_env, _bomb()), 413, "payload_too_large", "more than")
+    assert_api_error(_upload_raw(small_env, _tar_gz([_file("../evil.py")])), 400, "invalid_archive", "'..'")
+    assert_api_error(_upload_raw(small_env, _bomb()), 413, "payload_too_large", "more than")
     [stored] = _stored_files(small_env)
     assert good.json()["id"] in str(stored)
     assert _code_rows(small_env) == 1

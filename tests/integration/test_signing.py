@@ -17,6 +17,7 @@ from dlcloud import signing
 from dlcloud.api.app import create_app
 from dlcloud.client import Credentials
 from dlcloud.store.db import Database
+from tests.conftest import assert_api_error
 
 API = "/api/v1"
 
@@ -37,18 +38,6 @@ def _send(http: TestClient, method: str, path: str, query: str, body: bytes, hea
 
 def _call(env, creds: Credentials, method: str, path: str, query: str = "", body: bytes = b""):
     return _send(env.http, method, path, query, body, _signed_headers(creds, method, path, query, body))
-
-
-def _assert_error(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"code", "message", "details"}
-    assert err["code"] == code, err
-    assert isinstance(err["message"], str) and err["message"]
-    assert isinstance(err["details"], dict)
-    return err
 
 
 def _new_key(env, user: str = "admin", tenant: str = "default") -> Credentials:
@@ -98,7 +87,7 @@ def test_tampered_method_is_rejected(env):
     env.admin.jobs.cancel("keep-me")
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/jobs/keep-me")
     resp = _send(env.http, "DELETE", f"{API}/jobs/keep-me", "", b"", headers)
-    _assert_error(resp, 401, "bad_signature")
+    assert_api_error(resp, 401, "bad_signature")
     assert env.admin.jobs.get("keep-me")["state"] == "CANCELLED"
 
 
@@ -106,7 +95,7 @@ def test_tampered_path_is_rejected(env):
     env.admin.tenants.create("other")
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/tenants/default")
     resp = _send(env.http, "GET", f"{API}/tenants/other", "", b"", headers)
-    _assert_error(resp, 401, "bad_signature")
+    assert_api_error(resp, 401, "bad_signature")
 
 
 def test_tampered_query_is_rejected(env, subtests):
@@ -120,13 +109,13 @@ def test_tampered_query_is_rejected(env, subtests):
         with subtests.test(case=case):
             headers = _signed_headers(env.admin_creds, "GET", f"{API}/users", signed_query)
             resp = _send(env.http, "GET", f"{API}/users", sent_query, b"", headers)
-            _assert_error(resp, 401, "bad_signature")
+            assert_api_error(resp, 401, "bad_signature")
 
 
 def test_tampered_body_is_rejected_with_declared_hash(env):
     headers = _signed_headers(env.admin_creds, "POST", f"{API}/users", body=_user_body("signed-name"))
     resp = _send(env.http, "POST", f"{API}/users", "", _user_body("other-name"), headers)
-    err = _assert_error(resp, 401, "bad_signature")
+    err = assert_api_error(resp, 401, "bad_signature")
     assert "does not match the body" in err["message"]
     assert not {"signed-name", "other-name"} & _user_names(env)
 
@@ -135,7 +124,7 @@ def test_tampered_body_is_rejected_without_declared_hash(env):
     headers = _signed_headers(env.admin_creds, "POST", f"{API}/jobs", body=b'{"name": "a", "command": "true"}')
     del headers[signing.HEADER_CONTENT_SHA256]
     resp = _send(env.http, "POST", f"{API}/jobs", "", b'{"name": "b", "command": "true"}', headers)
-    _assert_error(resp, 401, "bad_signature")
+    assert_api_error(resp, 401, "bad_signature")
     assert env.admin.jobs.list() == []
 
 
@@ -151,23 +140,23 @@ def test_tampered_header_is_rejected(env, subtests):
             headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
             headers[header] = replacement(headers[header])
             resp = _send(env.http, "GET", f"{API}/whoami", "", b"", headers)
-            _assert_error(resp, 401, "bad_signature")
+            assert_api_error(resp, 401, "bad_signature")
 
 
 def test_another_valid_key_id_is_a_bad_signature(env):
     other = _new_key(env)
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
     headers[signing.HEADER_KEY] = other.access_key
-    _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "bad_signature")
+    assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "bad_signature")
     # and the right key id signed with the wrong secret
     wrong_secret = Credentials("http://testserver", env.admin_creds.access_key, other.secret_key)
-    _assert_error(_call(env, wrong_secret, "GET", f"{API}/whoami"), 401, "bad_signature")
+    assert_api_error(_call(env, wrong_secret, "GET", f"{API}/whoami"), 401, "bad_signature")
 
 
 def test_unknown_key_id_is_rejected(env):
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
     headers[signing.HEADER_KEY] = "AKNOSUCHKEY000000000"
-    err = _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "unknown_access_key")
+    err = assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "unknown_access_key")
     assert "AKNOSUCHKEY000000000" in err["message"]
 
 
@@ -180,7 +169,7 @@ def test_replayed_request_is_rejected(env):
     first = _send(env.http, "POST", f"{API}/users", "", body, headers)
     assert first.status_code == 201, first.text
     second = _send(env.http, "POST", f"{API}/users", "", body, headers)
-    _assert_error(second, 401, "replayed_nonce")
+    assert_api_error(second, 401, "replayed_nonce")
     assert sorted(u["name"] for u in env.admin.users.list() if u["name"] == "replayed") == ["replayed"]
 
 
@@ -192,7 +181,7 @@ def test_replay_is_rejected_after_a_restart(env):
     try:
         platform = dataclasses.replace(env.platform, db=db)
         with TestClient(create_app(platform), base_url="http://testserver") as http:
-            _assert_error(_send(http, "GET", f"{API}/whoami", "", b"", headers), 401, "replayed_nonce")
+            assert_api_error(_send(http, "GET", f"{API}/whoami", "", b"", headers), 401, "replayed_nonce")
             fresh = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
             assert _send(http, "GET", f"{API}/whoami", "", b"", fresh).status_code == 200
     finally:
@@ -206,7 +195,7 @@ def test_skewed_timestamp_is_rejected(env, subtests):
             now = time.time()
             ts = math.floor(now) + offset if offset < 0 else math.ceil(now) + offset
             headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami", timestamp=ts)
-            err = _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "clock_skew")
+            err = assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "clock_skew")
             assert "at most 300 s allowed" in err["message"]
 
 
@@ -224,7 +213,7 @@ def test_timestamp_inside_the_window_is_accepted(env, subtests):
 def test_non_integer_timestamp_is_rejected(env):
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
     headers[signing.HEADER_TIMESTAMP] = "yesterday"
-    _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "clock_skew")
+    assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "clock_skew")
 
 
 # --- key state and missing headers -----------------------------------------------------------------------
@@ -235,7 +224,7 @@ def test_disabled_key_is_rejected_until_enabled(env):
     creds = _new_key(env, user="dana")
     assert _call(env, creds, "GET", f"{API}/whoami").json()["user"] == "dana"
     env.admin.keys.disable(creds.access_key)
-    err = _assert_error(_call(env, creds, "GET", f"{API}/whoami"), 401, "disabled_access_key")
+    err = assert_api_error(_call(env, creds, "GET", f"{API}/whoami"), 401, "disabled_access_key")
     assert creds.access_key in err["message"]
     env.admin.keys.enable(creds.access_key)
     resp = _call(env, creds, "GET", f"{API}/whoami")
@@ -257,7 +246,7 @@ def test_missing_headers_are_rejected(env, subtests):
             for name in dropped:
                 del headers[name]
             resp = _send(env.http, "GET", f"{API}/whoami", "", b"", headers)
-            err = _assert_error(resp, 401, "missing_signature")
+            err = assert_api_error(resp, 401, "missing_signature")
             for name in dropped:
                 if name != signing.HEADER_CONTENT_SHA256:
                     assert name in err["message"]
@@ -265,7 +254,7 @@ def test_missing_headers_are_rejected(env, subtests):
 
 def test_unsigned_post_is_rejected_and_changes_nothing(env):
     resp = env.http.post(f"{API}/users", content=_user_body("unsigned"), headers={"Content-Type": "application/json"})
-    _assert_error(resp, 401, "missing_signature")
+    assert_api_error(resp, 401, "missing_signature")
     assert "unsigned" not in _user_names(env)
 
 
@@ -297,7 +286,7 @@ def test_secret_appears_only_in_the_create_response(env, caplog):
         seen.append(r.text)
     # a failing call with the key (a bad signature) and a disable/enable round trip are logged and audited too
     bad = Credentials("http://testserver", creds.access_key, secret[::-1])
-    _assert_error(_call(env, bad, "GET", f"{API}/whoami"), 401, "bad_signature")
+    assert_api_error(_call(env, bad, "GET", f"{API}/whoami"), 401, "bad_signature")
     for action in ("disable", "enable"):
         r = _call(env, env.admin_creds, "POST", f"{API}/keys/{creds.access_key}/{action}")
         assert r.status_code == 200, r.text
@@ -324,7 +313,7 @@ def test_secret_sent_as_key_id_is_neither_echoed_nor_audited(env):
     secret = env.admin_creds.secret_key
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami")
     headers[signing.HEADER_KEY] = secret
-    err = _assert_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "unknown_access_key")
+    err = assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "unknown_access_key")
     assert secret not in err["message"]
     events = env.admin.accounting.audit(all_tenants=True, limit=1000)
     assert events and all(secret not in str(e) for e in events)
