@@ -171,14 +171,14 @@ def serve(settings: Settings, on_ready=None) -> None:
     uv.run()
 
 
-def _uvicorn_class():  # type: ignore[no-untyped-def]
+def _uvicorn_class():
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
         """uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown; a clean stop exits 0 here."""
 
         @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def]
+        def capture_signals(self):
             previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
                 yield

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -112,10 +111,3 @@ class Request(BaseModel):
 
 class Response(BaseModel):
     model_config = ConfigDict(from_attributes=True)
-
-
-class Page(Response):
-    items: list[Any]
-
-
-Timestamp = datetime

@@ -241,7 +241,7 @@ class ControlLoop:
         )
         return self._workload(s, job, gpus, attempt_dir)
 
-    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path) -> Workload:  # type: ignore[no-untyped-def]
+    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path) -> Workload:
         jd = job_dir(self.p, job.tenant_id, job.id)
         code_archive = package = None
         if job.code_id:
@@ -352,7 +352,7 @@ class ControlLoop:
         self._stopping.discard(attempt_id)
         self.wake()
 
-    def _failed(self, s, job: JobRow, why: str, now) -> None:  # type: ignore[no-untyped-def]
+    def _failed(self, s, job: JobRow, why: str, now) -> None:
         if job.restarts < job.max_restarts:
             job.restarts += 1
             job.not_before = now + timedelta(seconds=job.backoff_seconds)

@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -127,7 +126,3 @@ def migrate(url: str) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     command.upgrade(cfg, "head")
-
-
-def null_pool_engine(url: str) -> Engine:
-    return create_engine(url, poolclass=NullPool)

@@ -192,12 +192,3 @@ class AuditRow(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     request_id: Mapped[str] = mapped_column(String(64))
     client_address: Mapped[str | None] = mapped_column(String(255))
-
-
-class LeaseRow(Base):
-    """Named leases (e.g. the scheduler leader on SQLite, where advisory locks do not exist)."""
-
-    __tablename__ = "leases"
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(128))
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -70,7 +70,6 @@ def list_users(s: Session, tenant_id: str | None) -> list[tuple[UserRow, str]]:
     return [(u, t) for u, t in s.execute(q.order_by(TenantRow.name, UserRow.name))]
 
 
-
 def get_key_owner(conn: Connection, key_id: str) -> KeyOwner | None:
     """The key with its user and tenant (Core, for the per-request authentication)."""
     row = conn.execute(_KEY_OWNER, {"key_id": key_id}).first()

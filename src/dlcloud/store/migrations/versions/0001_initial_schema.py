@@ -38,13 +38,6 @@ def upgrade() -> None:
         batch_op.create_index("ix_audit_tenant_time", ["tenant_id", "time"], unique=False)
 
     op.create_table(
-        "leases",
-        sa.Column("name", sa.String(length=64), nullable=False),
-        sa.Column("holder", sa.String(length=128), nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("name"),
-    )
-    op.create_table(
         "nonces",
         sa.Column("access_key", sa.String(length=40), nullable=False),
         sa.Column("nonce", sa.String(length=128), nullable=False),
@@ -226,7 +219,6 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_nonces_seen_at"))
 
     op.drop_table("nonces")
-    op.drop_table("leases")
     with op.batch_alter_table("audit_events", schema=None) as batch_op:
         batch_op.drop_index("ix_audit_tenant_time")
         batch_op.drop_index(batch_op.f("ix_audit_events_time"))
