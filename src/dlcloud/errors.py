@@ -14,6 +14,8 @@ HTTP_STATUS: dict[str, int] = {
     "invalid_spec": 400,
     "invalid_archive": 400,
     "checksum_mismatch": 400,
+    "invalid_signature": 400,
+    "unknown_format": 400,
     "validation_error": 422,
     "unauthenticated": 401,
     "missing_signature": 401,
@@ -24,9 +26,12 @@ HTTP_STATUS: dict[str, int] = {
     "replayed_nonce": 401,
     "permission_denied": 403,
     "not_found": 404,
+    "model_not_found": 404,
+    "model_version_not_found": 404,
     "already_exists": 409,
     "conflict": 409,
     "invalid_state": 409,
+    "model_deployed": 409,
     "payload_too_large": 413,
     "quota_exceeded": 429,
     "unavailable": 503,
@@ -102,6 +107,28 @@ class Unavailable(DlcloudError):
     code = "unavailable"
 
 
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class ModelVersionNotFound(NotFound):
+    code = "model_version_not_found"
+
+
+class ModelDeployed(InvalidState):
+    """A model version cannot be deleted while a deployment lease on it is live."""
+
+    code = "model_deployed"
+
+
+class InvalidSignature(InvalidArgument):
+    code = "invalid_signature"
+
+
+class UnknownFormat(InvalidArgument):
+    code = "unknown_format"
+
+
 _BY_CODE: dict[str, type[DlcloudError]] = {
     cls.code: cls
     for cls in (
@@ -116,6 +143,11 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         PayloadTooLarge,
         QuotaExceeded,
         Unavailable,
+        ModelNotFound,
+        ModelVersionNotFound,
+        ModelDeployed,
+        InvalidSignature,
+        UnknownFormat,
     )
 }
 

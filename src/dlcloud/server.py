@@ -8,12 +8,10 @@ re-adopted on the next start.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
 import os
-import signal
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +31,7 @@ from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import Settings
 from dlcloud.store.db import Database, migrate
+from dlcloud.uvicorn_server import uvicorn_class
 
 log = logging.getLogger("dlcloud")
 
@@ -149,7 +148,7 @@ def serve(settings: Settings, on_ready=None) -> None:
     """Run until SIGTERM/SIGINT."""
     import uvicorn
 
-    _Uvicorn = _uvicorn_class()
+    _Uvicorn = uvicorn_class()
     os.umask(0o077)  # the database, keys, code and logs are readable by this user only
     server = build_server(settings)
     config = uvicorn.Config(
@@ -169,21 +168,3 @@ def serve(settings: Settings, on_ready=None) -> None:
     gc.collect()
     gc.freeze()
     uv.run()
-
-
-def _uvicorn_class():
-    import uvicorn
-
-    class Uvicorn(uvicorn.Server):
-        """uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown; a clean stop exits 0 here."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-
-    return Uvicorn

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     max_unpacked_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024 * 1024
     max_archive_members: Annotated[int, Field(ge=1)] = 100_000
 
+    # Model registry
+    model_inspect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0  # signature inference
+    model_upload_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0  # an unused artifact upload is dropped
+
     # Scheduler and executor
     scheduler_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     supervisor_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 0.2
@@ -79,3 +83,7 @@ class Settings(BaseSettings):
     @property
     def code_dir(self) -> Path:
         return self.data_dir / "code"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from dlcloud import __version__
-from dlcloud.cli import admin, jobs
+from dlcloud.cli import admin, jobs, serve
 from dlcloud.cli.output import Output, OutputOption, err_console, render_fields
 from dlcloud.errors import DlcloudError
 
@@ -27,6 +27,7 @@ app.add_typer(admin.keys_app, name="keys")
 app.command("quota")(admin.quota)
 app.command("usage")(admin.usage)
 app.command("audit")(admin.audit)
+app.command("serve")(serve.serve)
 
 
 def _version(value: bool) -> None:

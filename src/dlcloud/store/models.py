@@ -192,3 +192,75 @@ class AuditRow(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     request_id: Mapped[str] = mapped_column(String(64))
     client_address: Mapped[str | None] = mapped_column(String(255))
+
+
+class ModelRow(Base):
+    """A registry model: a name in a tenant. ``last_version`` is the highest number ever given, so a
+    deleted version's number is never reused."""
+
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    description: Mapped[str] = mapped_column(Text, default="")
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(32))  # user id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ModelVersionRow(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(32))
+    artifact_name: Mapped[str] = mapped_column(String(255))
+    artifact_path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    signature: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_job_id: Mapped[str | None] = mapped_column(String(32))
+    source_job_name: Mapped[str | None] = mapped_column(String(63))
+    source_path: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(32))  # user id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ModelLabelRow(Base):
+    """A label points at exactly one version of its model (the primary key makes that so)."""
+
+    __tablename__ = "model_labels"
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    label: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"), index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ModelShareRow(Base):
+    """Read-only access to a model for another tenant."""
+
+    __tablename__ = "model_shares"
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ModelDeploymentRow(Base):
+    """A deployment lease: the version counts as deployed while ``expires_at`` is in the future."""
+
+    __tablename__ = "model_deployments"
+    __table_args__ = (UniqueConstraint("model_version_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(32))  # the tenant whose model server holds the lease
+    name: Mapped[str] = mapped_column(String(128))
+    endpoint: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,165 @@
+"""The model registry on the wire: register requests, labels, deployment leases and the read models.
+
+Vocabulary: a *model* is a name in a tenant; each registration adds an immutable *version* (1, 2, ...)
+holding one *artifact* (a file or a directory tree) with its checksum, signature and metrics. A *label*
+(``staging``, ``production``, ...) points at exactly one version of a model. A *share* lets another
+tenant read a model. A *deployment lease* marks a version as served until it expires.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from dlcloud.schemas.common import Name, Request, Response
+
+LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+RESERVED_LABELS = frozenset({"latest"})
+UPLOAD_ID_RE = re.compile(r"^mu-[a-z0-9]{16}$")
+MAX_METRICS = 256
+
+
+class ModelFormat(StrEnum):
+    TORCHSCRIPT = "torchscript"
+    ONNX = "onnx"
+    SKLEARN = "sklearn"
+    XGBOOST = "xgboost"
+    SAVEDMODEL = "savedmodel"
+    PYTHON = "python"
+
+
+FORMATS: tuple[str, ...] = tuple(f.value for f in ModelFormat)
+
+
+def check_label(value: str) -> str:
+    if not LABEL_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid label: use 1-63 lower-case letters, digits and '-', starting with a "
+            "letter and ending with a letter or digit (e.g. staging, production, canary-2)"
+        )
+    if value in RESERVED_LABELS:
+        raise ValueError(f"{value!r} is reserved (it always means the newest version); choose another label")
+    return value
+
+
+Label = Annotated[str, Field(min_length=1, max_length=63), AfterValidator(check_label)]
+MetricName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
+DeploymentName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class FromJob(Request):
+    """A file or directory inside a job's output directory (``DLCLOUD_OUTPUT_DIR``)."""
+
+    job: Annotated[str, Field(min_length=1, max_length=63)]
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class ModelRegister(Request):
+    """Register a new version of ``name`` (the model is created with its first version).
+
+    Exactly one of ``upload`` (an artifact uploaded to ``/model-uploads``) and ``from_job``.
+    ``format`` is checked by the service so an unknown name gets the ``unknown_format`` error.
+    """
+
+    name: Name
+    format: Annotated[str, Field(min_length=1, max_length=32)]
+    upload: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    from_job: FromJob | None = None
+    signature: dict[str, Any] | None = None
+    metrics: Annotated[dict[MetricName, float], Field(max_length=MAX_METRICS)] = {}
+    description: Annotated[str, Field(max_length=4096)] = ""
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite(cls, metrics: dict[str, float]) -> dict[str, float]:
+        for key, value in metrics.items():
+            if not math.isfinite(value):
+                raise ValueError(f"metric {key!r} must be a finite number, got {value}")
+        return metrics
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelRegister:
+        if (self.upload is None) == (self.from_job is None):
+            raise ValueError("give exactly one artifact source: 'upload' (an upload id) or 'from_job' (job and path)")
+        return self
+
+
+class LabelSet(Request):
+    version: Annotated[int, Field(ge=1)]
+
+
+class DeploymentLease(Request):
+    """A heartbeat from a model server: the version is deployed until ``ttl_seconds`` from now."""
+
+    name: DeploymentName
+    endpoint: Annotated[str, Field(min_length=1, max_length=2048)]
+    ttl_seconds: Annotated[float, Field(gt=0, le=86400)] = 60.0
+
+
+class ModelUpload(Response):
+    id: str
+    sha256: str
+    size: int
+    artifact: str  # the top-level file or directory name in the archive
+    expires_at: datetime
+
+
+class ModelDeployment(Response):
+    name: str
+    endpoint: str
+    tenant: str
+    last_seen: datetime
+    expires_at: datetime
+
+
+class ModelVersion(Response):
+    model: str
+    owner: str
+    version: int
+    format: str
+    artifact: str
+    sha256: str
+    size_bytes: int
+    signature: dict[str, Any] | None
+    metrics: dict[str, float]
+    source_job: str | None
+    source_job_id: str | None
+    source_path: str | None
+    created_by: str
+    created_at: datetime
+    description: str
+    labels: list[str]
+    deployments: list[ModelDeployment]
+    deployed: bool
+
+
+class Model(Response):
+    name: str
+    owner: str
+    shared: bool  # another tenant's model, shared read-only with the caller
+    description: str
+    created_by: str
+    created_at: datetime
+    latest_version: int | None
+    version_count: int
+    labels: dict[str, int]
+    shared_with: list[str]  # tenants; only the owner sees them
+
+
+class ModelDetail(Model):
+    versions: list[ModelVersion]
+
+
+class ModelLabel(Response):
+    label: str
+    version: int
+
+
+class ModelShare(Response):
+    tenant: str
+    created_at: datetime

@@ -1,0 +1,43 @@
+"""Run the model server (``dlcloud serve``): uvicorn with uvloop and httptools, one process."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+
+from dlcloud.serving.app import create_serving_app
+from dlcloud.serving.config import ServerConfig
+from dlcloud.uvicorn_server import uvicorn_class
+
+
+def run(config: ServerConfig, *, log_level: str = "info", on_started: Callable[[int], None] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; ``on_started(port)`` is called once the socket listens and models loaded."""
+    import uvicorn
+
+    app = create_serving_app(config)
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        access_log=False,  # our own structured access log (dlcloud.serving.access) replaces uvicorn's
+        lifespan="on",
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn_class()(uv_config)
+    if on_started is not None:
+        original = server.startup
+
+        async def startup(sockets=None):  # type: ignore[no-untyped-def]
+            await original(sockets=sockets)
+            ports = [s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ())]
+            on_started(ports[0] if ports else config.port)
+
+        server.startup = startup  # type: ignore[method-assign]
+    logging.getLogger("dlcloud.serving").setLevel(log_level.upper())
+    gc.collect()
+    gc.freeze()
+    server.run()
