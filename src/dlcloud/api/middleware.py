@@ -1,6 +1,8 @@
 """ASGI middleware: request ids, Prometheus metrics and the audit log.
 
 Audited: every mutating call (POST, PUT, PATCH, DELETE under /api/) and every authentication failure.
+A route may mark a successful call as routine (``request.state.audit_skip``, e.g. the renewal of a
+deployment lease, which a model server sends every few seconds); it is then not recorded.
 The audit record never contains request bodies or headers, so secrets cannot reach it.
 """
 
@@ -67,7 +69,8 @@ class RequestMiddleware:
             self.metrics.requests.labels(method, route_name, str(status)).inc()
             self.metrics.latency.labels(method, route_name).observe(time.perf_counter() - start)
             path = scope.get("path", "")
-            if path.startswith("/api/") and (method in MUTATING or status == 401):
+            routine = bool(state.get("audit_skip")) and status < 400
+            if path.startswith("/api/") and (method in MUTATING or status == 401) and not routine:
                 await self._audit(scope, state, route_name, status)
 
     async def _audit(self, scope: dict, state: dict, route_name: str, status: int) -> None:

@@ -80,7 +80,9 @@ def serve(
         err_console.print(f"[red]error (invalid_config):[/red] {exc}")
         raise typer.Exit(2) from None
     if not cfg.models:
-        err_console.print("[red]error (invalid_config):[/red] nothing to serve: give --model NAME=PATH or --config FILE")
+        err_console.print(
+            "[red]error (invalid_config):[/red] nothing to serve: give --model NAME=PATH or --config FILE"
+        )
         raise typer.Exit(2)
     missing = [m for m in cfg.models if not cfg.resolve(m.path).exists()]
     if missing:

@@ -106,6 +106,33 @@ class Transport:
         self._raise_for(resp)
         return resp.json()
 
+    def download(
+        self,
+        path: str,
+        dest: Path,
+        *,
+        params: dict[str, Any] | None = None,
+        progress: Callable[[int], None] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Headers:
+        """Stream a GET response body into the file ``dest``; returns the response headers."""
+        query = _query_string(params)
+        headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
+        url = path + (f"?{query}" if query else "")
+        try:
+            with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    self._raise_for(resp)
+                with dest.open("wb") as f:
+                    for chunk in resp.iter_bytes(CHUNK):
+                        f.write(chunk)
+                        if progress:
+                            progress(len(chunk))
+                return resp.headers
+        except httpx.TransportError as exc:
+            raise Unavailable(f"lost the connection to {self.creds.endpoint}: {exc}") from None
+
     def stream_lines(
         self, path: str, *, params: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Iterator[str]:
@@ -123,16 +150,21 @@ class Transport:
 
 
 class Client:
-    """Entry point of the SDK. Sub-APIs: ``jobs``, ``tenants``, ``users``, ``keys``, ``code``, ``accounting``."""
+    """Entry point of the SDK.
+
+    Sub-APIs: ``jobs``, ``models``, ``tenants``, ``users``, ``keys``, ``code``, ``accounting``.
+    """
 
     def __init__(self, creds: Credentials, *, timeout: float = 60.0, http_client: httpx.Client | None = None):
         from dlcloud.client.accounting import AccountingAPI
         from dlcloud.client.jobs import CodeAPI, JobsAPI
+        from dlcloud.client.models import ModelsAPI
         from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
 
         self.transport = Transport(creds, timeout=timeout, client=http_client)
         self.jobs = JobsAPI(self.transport)
         self.code = CodeAPI(self.transport)
+        self.models = ModelsAPI(self.transport)
         self.tenants = TenantsAPI(self.transport)
         self.users = UsersAPI(self.transport)
         self.keys = KeysAPI(self.transport)

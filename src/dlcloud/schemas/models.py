@@ -22,6 +22,10 @@ LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 RESERVED_LABELS = frozenset({"latest"})
 UPLOAD_ID_RE = re.compile(r"^mu-[a-z0-9]{16}$")
 MAX_METRICS = 256
+# response headers of an artifact download: the checksum (dlcloud.checksums) and what was sent
+ARTIFACT_SHA256_HEADER = "X-Dlcloud-Artifact-Sha256"
+ARTIFACT_NAME_HEADER = "X-Dlcloud-Artifact-Name"
+VERSION_HEADER = "X-Dlcloud-Model-Version"
 
 
 class ModelFormat(StrEnum):
@@ -113,6 +117,7 @@ class ModelDeployment(Response):
     name: str
     endpoint: str
     tenant: str
+    created_at: datetime
     last_seen: datetime
     expires_at: datetime
 

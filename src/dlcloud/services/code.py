@@ -25,6 +25,41 @@ KINDS = ("archive", "wheel", "sdist")
 FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
 
 
+def check_content_length(content_length: int | None, limit: int) -> None:
+    """Refuse an upload whose declared length is over the limit before reading its body."""
+    if content_length is not None and content_length > limit:
+        raise PayloadTooLarge(
+            f"upload is {content_length} bytes; the limit is {limit} bytes ({format_memory(limit)})",
+            details={"limit": limit, "size": content_length},
+        )
+
+
+async def receive_upload(fd: int, chunks: AsyncIterator[bytes], *, limit: int, declared_sha256: str) -> int:
+    """Write a streamed body to the open file ``fd`` (closed here); returns its size.
+
+    Raises PayloadTooLarge past ``limit`` bytes and checksum_mismatch when the bytes do not hash to the
+    declared (signed) SHA-256. The caller deletes the file on any error.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "wb") as f:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"upload exceeds the limit of {limit} bytes ({format_memory(limit)})",
+                    details={"limit": limit},
+                )
+            digest.update(chunk)
+            f.write(chunk)
+    if digest.hexdigest() != declared_sha256:
+        raise InvalidArchive(
+            "uploaded bytes do not match the declared SHA-256; the upload was corrupted, try again",
+            code="checksum_mismatch",
+        )
+    return size
+
+
 def _row_model(row: CodeRow) -> CodeUpload:
     return CodeUpload(
         id=row.id, kind=row.kind, filename=row.filename, sha256=row.sha256, size=row.size, created_at=row.created_at
@@ -51,33 +86,13 @@ async def upload_code(
     if kind == "sdist" and not filename.endswith((".tar.gz", ".tgz")):
         raise InvalidArgument("an sdist's filename must end in .tar.gz or .tgz")
     limit = settings.max_upload_bytes
-    if content_length is not None and content_length > limit:
-        raise PayloadTooLarge(
-            f"upload is {content_length} bytes; the limit is {limit} bytes ({format_memory(limit)})",
-            details={"limit": limit, "size": content_length},
-        )
+    check_content_length(content_length, limit)
     dest_dir = settings.code_dir / caller.tenant_id
     dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=dest_dir)
     tmp = Path(tmp_name)
     try:
-        digest = hashlib.sha256()
-        size = 0
-        with os.fdopen(fd, "wb") as f:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(
-                        f"upload exceeds the limit of {limit} bytes ({format_memory(limit)})",
-                        details={"limit": limit},
-                    )
-                digest.update(chunk)
-                f.write(chunk)
-        if digest.hexdigest() != declared_sha256:
-            raise InvalidArchive(
-                "uploaded bytes do not match the declared SHA-256; the upload was corrupted, try again",
-                code="checksum_mismatch",
-            )
+        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
         limits = ArchiveLimits(settings.max_unpacked_bytes, settings.max_archive_members)
         validate = {"archive": validate_tar, "wheel": validate_zip, "sdist": validate_sdist}[kind]
         await anyio.to_thread.run_sync(validate, tmp, limits)

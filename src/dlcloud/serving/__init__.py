@@ -21,3 +21,4 @@ that version is not unloaded while the request is in flight; every error a clien
 
 This package imports nothing from dlcloud but ``errors``/``settings``-level modules, so it can be installed
 and run on its own (``dlcloud serve``).
+"""

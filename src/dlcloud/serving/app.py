@@ -76,9 +76,7 @@ class ServingApp:
 
     # helpers ---------------------------------------------------------------------------------------
 
-    def _record(
-        self, request: Request, model: str, version: str, protocol: str, status: int, started: float
-    ) -> None:
+    def _record(self, request: Request, model: str, version: str, protocol: str, status: int, started: float) -> None:
         took = time.perf_counter() - started
         code = str(status)
         self.metrics.requests.labels(model, version, protocol, code).inc()
@@ -157,7 +155,14 @@ class ServingApp:
                 from dlcloud.serving.types import Signature
 
                 sig = Signature()
-            return _json(v2.model_config(served.name, mv.platform, mv.max_batch_size, sig))
+            batching = None
+            if served.spec is not None and mv.max_batch_size > 0:
+                b = served.spec.batching
+                batching = {
+                    "preferred_batch_size": list(b.preferred_batch_sizes),
+                    "max_queue_delay_microseconds": int(b.max_queue_delay * 1e6),
+                }
+            return _json(v2.model_config(served.name, mv.platform, mv.max_batch_size, sig, dynamic_batching=batching))
         except ServingError as exc:
             return _error(exc)
 
@@ -175,15 +180,24 @@ class ServingApp:
             req = v2.decode_infer_request(
                 body, request.headers, max_body_bytes=self.config.max_body_bytes, single_input=single
             )
+            sig = mv.signature
+            if sig is not None and sig.outputs:
+                v2.check_requested_outputs(served.name, req.outputs, (o.name for o in sig.outputs))
             outputs = await mv.run({t.name: t.array for t in req.inputs}, None)
             payload, headers = v2.encode_infer_response(
-                served.name, mv.label, req.id, outputs, req.outputs, req.binary_output_default
+                served.name,
+                mv.label,
+                req.id,
+                outputs,
+                req.outputs,
+                req.binary_output_default,
+                mv.output_datatypes,
             )
             return Response(payload, headers=headers)
         except ServingError as exc:
             status = exc.status
             return _error(exc)
-        except Exception as exc:  # noqa: BLE001 - the client gets a message, the log gets the traceback
+        except Exception as exc:
             status = 500
             log.exception("infer on model %s failed", model)
             return _error(ServingError(f"internal error: {type(exc).__name__}: {exc}"))
@@ -256,12 +270,11 @@ class ServingApp:
                 raise NotFound(f"'{action}' needs POST")
             if label is not None:
                 version = served.route(None, label).version
-            states = [
-                (v, _tf_state(mv.state)) for v, mv in sorted(served.versions.items()) if version in (None, v)
-            ]
+            states = [(v, _tf_state(mv.state)) for v, mv in sorted(served.versions.items()) if version in (None, v)]
             if version is not None and not states:
                 raise NotFound(f"model '{name}' has no version {version}")
-            return _json(tfserving.model_status(states))
+            errors = {v: mv.error for v, mv in served.versions.items() if mv.error}
+            return _json(tfserving.model_status(states, errors=errors))
         except ServingError as exc:
             return _error(exc)
 
@@ -286,12 +299,12 @@ class ServingApp:
             if action == "predict":
                 payload = tfserving.encode_predict(outputs, fmt)
             else:
-                payload = tfserving.encode_results(outputs)
+                payload = tfserving.encode_results(outputs, method=action)
             return Response(payload, media_type=JSON)
         except ServingError as exc:
             status = exc.status
             return _error(exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             status = 500
             log.exception("predict on model %s failed", model)
             return _error(ServingError(f"internal error: {type(exc).__name__}: {exc}"))

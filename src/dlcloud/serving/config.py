@@ -29,20 +29,20 @@ class _Strict(BaseModel):
 class BatchingSpec(_Strict):
     """Dynamic batching of one model (every version gets its own queue)."""
 
-    max_batch_size: int = Field(32, ge=0, le=65536, description="rows per batch; 0 disables batching")
-    max_queue_delay: Seconds = Field(0.0, description="wait this long for a batch to fill; 0 = run at once")
+    max_batch_size: int = Field(default=32, ge=0, le=65536, description="rows per batch; 0 disables batching")
+    max_queue_delay: Seconds = Field(default=0.0, description="wait this long for a batch to fill; 0 = run at once")
     preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_size: int = Field(1024, ge=1, le=1_000_000)
-    timeout: Seconds | None = Field(None, description="default time a request may wait in the queue")
-    instances: int = Field(1, ge=1, le=64, description="batches of one version that may run at once")
+    max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    timeout: Seconds | None = Field(default=None, description="default time a request may wait in the queue")
+    instances: int = Field(default=1, ge=1, le=64, description="batches of one version that may run at once")
 
 
 class VersionPolicy(_Strict):
     """Which versions of a versioned model directory are served (TF Serving's policies)."""
 
     policy: Literal["latest", "specific", "all"] = "latest"
-    num_versions: int = Field(1, ge=1, le=100, description="for 'latest': how many of the newest versions")
-    versions: tuple[int, ...] = Field((), description="for 'specific'")
+    num_versions: int = Field(default=1, ge=1, le=100, description="for 'latest': how many of the newest versions")
+    versions: tuple[int, ...] = Field(default=(), description="for 'specific'")
 
     @model_validator(mode="after")
     def _specific_needs_versions(self) -> VersionPolicy:
@@ -82,11 +82,11 @@ class ModelSpec(_Strict):
     name: str
     path: Path
     format: Literal["torchscript", "onnx", "sklearn", "xgboost", "savedmodel", "python"] | None = None
-    signature: dict[str, Any] | None = Field(None, description="declared inputs/outputs (overrides inference)")
+    signature: dict[str, Any] | None = Field(default=None, description="declared inputs/outputs (overrides inference)")
     batching: BatchingSpec = BatchingSpec()
     versions: Annotated[VersionPolicy, BeforeValidator(_parse_policy)] = VersionPolicy()
     labels: dict[str, int] = Field(default_factory=dict, description="label -> version, e.g. {stable: 1}")
-    warmup: Path | None = Field(None, description="JSON file: a list of V2 infer requests replayed after load")
+    warmup: Path | None = Field(default=None, description="JSON file: a list of V2 infer requests replayed after load")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options (e.g. threads)")
 
     @field_validator("name")
@@ -149,15 +149,15 @@ class PipelineSpec(_Strict):
 class ServerConfig(_Strict):
     name: str = "dlcloud"
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    root_path: str = Field("", description="serve under this URL prefix as well, e.g. /serving")
+    port: int = Field(default=8000, ge=0, le=65535)
+    root_path: str = Field(default="", description="serve under this URL prefix as well, e.g. /serving")
     models: tuple[ModelSpec, ...] = ()
     pipelines: tuple[PipelineSpec, ...] = ()
-    watch_interval: Seconds = Field(2.0, description="rescan model directories this often; 0 = never")
+    watch_interval: Seconds = Field(default=2.0, description="rescan model directories this often; 0 = never")
     max_body_bytes: int = Field(64 * 1024**2, ge=1024)
     access_log: bool = True
-    admin_token: str | None = Field(None, description="required as a Bearer token by the repository endpoints")
-    base_dir: Path = Field(Path("."), description="relative paths in the config are resolved against this")
+    admin_token: str | None = Field(default=None, description="required as a Bearer token by the repository endpoints")
+    base_dir: Path = Field(default=Path("."), description="relative paths in the config are resolved against this")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ServerConfig:

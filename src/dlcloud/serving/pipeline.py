@@ -101,7 +101,7 @@ class Pipeline:
             return None
         outputs: tuple[TensorSpec, ...] = ()
         if self._combine is _concat:
-            specs = []
+            specs: list[TensorSpec] = []
             for step in self.spec.steps:
                 mv = self.repository.get(step.model).default_version()
                 if mv is None or mv.signature is None:

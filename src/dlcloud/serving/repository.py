@@ -30,7 +30,7 @@ import numpy as np
 from dlcloud.serving.batching import BatchingConfig, DynamicBatcher
 from dlcloud.serving.config import ModelSpec, ServerConfig
 from dlcloud.serving.errors import BadRequest, NotFound, ServingError, Unavailable
-from dlcloud.serving.loaders import check_inputs, detect_format, load_predictor
+from dlcloud.serving.loaders import artifact_for, check_inputs, detect_format, load_predictor
 from dlcloud.serving.loaders.base import Arrays, Predictor
 from dlcloud.serving.metrics import ServingMetrics
 from dlcloud.serving.types import V2_TO_NUMPY, Signature
@@ -40,12 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dlcloud.serving")
 
-FILE_FORMAT_SUFFIXES = {
-    "torchscript": (".pt", ".pth", ".torchscript"),
-    "onnx": (".onnx",),
-    "sklearn": (".joblib", ".pkl", ".pickle"),
-    "xgboost": (".json", ".ubj"),
-}
 WARMUP_FILE = "warmup.json"
 
 Runner = Callable[[Arrays, float | None], Awaitable[Arrays]]
@@ -78,6 +72,12 @@ class ModelVersion:
     @property
     def label(self) -> str:
         return str(self.version)
+
+    @property
+    def output_datatypes(self) -> dict[str, str] | None:
+        if self.signature is None or not self.signature.outputs:
+            return None
+        return {o.name: o.datatype for o in self.signature.outputs}
 
     async def run(self, inputs: Arrays, timeout: float | None) -> Arrays:
         """Validate one request against the signature and run it (batched where configured)."""
@@ -173,14 +173,7 @@ def discover_versions(path: Path) -> dict[int, Path]:
 def resolve_artifact(path: Path, fmt: str | None) -> tuple[Path, str]:
     """The artifact to load from a version path, and its format."""
     fmt = fmt or detect_format(path)
-    suffixes = FILE_FORMAT_SUFFIXES.get(fmt)
-    if path.is_dir() and suffixes is not None:
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
-        if len(files) != 1:
-            wanted = ", ".join(suffixes)
-            raise ValueError(f"{path} must hold exactly one {fmt} file ({wanted}); found {len(files)}")
-        return files[0], fmt
-    return path, fmt
+    return artifact_for(path, fmt), fmt
 
 
 def zeros_for(signature: Signature) -> Arrays | None:
@@ -240,7 +233,7 @@ class ModelRepository:
                 mv.runner = pipeline.run
                 mv.state = VersionState.AVAILABLE
                 self.metrics.model_events.labels(pspec.name, "1", "load").inc()
-            except Exception as exc:  # noqa: BLE001 - a broken pipeline is reported, the rest serves
+            except Exception as exc:
                 mv.state, mv.error = VersionState.FAILED, f"{type(exc).__name__}: {exc}"
                 log.error("pipeline %s failed to load: %s", pspec.name, mv.error)
                 self.metrics.model_events.labels(pspec.name, "1", "load_failed").inc()
@@ -311,7 +304,8 @@ class ModelRepository:
             to_load = [
                 v
                 for v in wanted
-                if v not in served.versions or served.versions[v].state is VersionState.FAILED
+                if v not in served.versions
+                or served.versions[v].state is VersionState.FAILED
                 or served.versions[v].path != on_disk[v]
             ]
             await asyncio.gather(*(self._load(served, v, on_disk[v]) for v in to_load))
@@ -420,7 +414,7 @@ class ModelRepository:
                 mv.platform,
                 (time.perf_counter() - started) * 1000,
             )
-        except Exception as exc:  # noqa: BLE001 - any loader failure becomes the version's FAILED reason
+        except Exception as exc:
             message = exc.message if isinstance(exc, ServingError) else f"{type(exc).__name__}: {exc}"
             mv.state, mv.error = VersionState.FAILED, message
             log.error("model %s version %d failed to load: %s", served.name, mv.version, message)

@@ -31,12 +31,12 @@ def run(config: ServerConfig, *, log_level: str = "info", on_started: Callable[[
     if on_started is not None:
         original = server.startup
 
-        async def startup(sockets=None):  # type: ignore[no-untyped-def]
+        async def startup(sockets=None):
             await original(sockets=sockets)
             ports = [s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ())]
             on_started(ports[0] if ports else config.port)
 
-        server.startup = startup  # type: ignore[method-assign]
+        server.startup = startup
     logging.getLogger("dlcloud.serving").setLevel(log_level.upper())
     gc.collect()
     gc.freeze()

@@ -35,6 +35,8 @@ Arrays = dict[str, np.ndarray]
 
 #: sidecar files that describe a model's signature next to (or inside) its artifact
 SIGNATURE_SIDECARS = ("signature.json", "signature.yaml", "signature.yml")
+#: files that may sit beside an artifact and are never the model itself (warm-up requests, python config)
+AUXILIARY_FILES = frozenset((*SIGNATURE_SIDECARS, "warmup.json", "model.yaml"))
 
 
 class MissingDependency(ImportError):
@@ -233,7 +235,7 @@ def find_artifact(path: Path, suffixes: Iterable[str], fmt: str) -> Path:
     if path.is_file():
         return path
     files = sorted(
-        p for p in path.iterdir() if p.is_file() and p.suffix.lower() in suffixes and p.name not in SIGNATURE_SIDECARS
+        p for p in path.iterdir() if p.is_file() and p.suffix.lower() in suffixes and p.name not in AUXILIARY_FILES
     )
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"

@@ -1,0 +1,391 @@
+"""dlcloud models ..."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from dlcloud.cli.common import client
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.errors import InvalidArgument, InvalidSignature, UnknownFormat
+
+app = typer.Typer(
+    help="Register, version, label, share and download models (NAME, or OWNER/NAME for a shared model).",
+    no_args_is_help=True,
+)
+FORMATS_HELP = "torchscript, onnx, sklearn, xgboost, savedmodel or python"
+
+
+def _progress() -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err_console,
+        transient=not err_console.is_terminal,
+    )
+
+
+def _parse_metrics(pairs: list[str]) -> dict[str, float]:
+    metrics = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not key or not math.isfinite(number):
+            raise InvalidArgument(f"--metric takes NAME=NUMBER, got {pair!r}")
+        metrics[key] = number
+    return metrics
+
+
+def _load_signature(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InvalidSignature(f"cannot read signature file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidSignature(f"{path} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidSignature(f"{path} must hold a mapping with 'inputs' and 'outputs' lists")
+    return data
+
+
+def _size(n: int) -> str:
+    from dlcloud.schemas.common import format_memory
+
+    return format_memory(n) if n >= 1024 else f"{n}B"
+
+
+def _source(v: dict[str, Any]) -> str:
+    if v.get("source_job"):
+        return f"job {v['source_job']}:{v['source_path']}"
+    return "upload"
+
+
+def _tensors(specs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in specs) or "-"
+
+
+VERSION_COLUMNS: list[tuple[str, Any]] = [
+    ("VERSION", "version"),
+    ("FORMAT", "format"),
+    ("ARTIFACT", "artifact"),
+    ("SIZE", lambda v: _size(v["size_bytes"])),
+    ("SHA256", lambda v: v["sha256"][:12]),
+    ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
+    ("DEPLOYED", lambda v: "yes" if v["deployed"] else "no"),
+    ("SOURCE", _source),
+    ("BY", "created_by"),
+    ("CREATED", lambda v: short_time(v["created_at"])),
+]
+
+
+@app.command("register")
+def register(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name (DNS-1123 label); registering again adds a version."),
+    file: Path | None = typer.Option(None, "--file", help="File or directory to register (packed and uploaded)."),
+    from_job: str | None = typer.Option(None, "--from-job", help="Job (name or id) whose output to register."),
+    path: str | None = typer.Option(None, "--path", help="File or directory in the job's outputs (with --from-job)."),
+    fmt: str | None = typer.Option(
+        None, "--format", help=f"{FORMATS_HELP}; recognised from the file name when left out."
+    ),
+    signature: Path | None = typer.Option(
+        None, "--signature", help="JSON/YAML file: inputs and outputs of {name, datatype, shape}."
+    ),
+    metric: list[str] = typer.Option([], "--metric", help="A metric NAME=NUMBER (repeatable)."),
+    description: str = typer.Option("", "--description", help="Free text kept with the version."),
+    output: Output = OutputOption,
+) -> None:
+    """Register a new version of a model from a local file or directory, or from a job's outputs.
+
+    Versions are numbered 1, 2, ... and immutable; a directory is packed whole, hidden files included.
+
+    Without --format: .pt/.pth/.torchscript, .onnx, .joblib/.pkl, .json/.ubj, saved_model.pb or predictor.py.
+
+    Without --signature the signature is inferred where the format allows.
+
+    Examples:
+
+      dlcloud models register mnist --file model.pt --metric accuracy=0.98
+
+      dlcloud models register mnist --from-job train-1 --path model.onnx --format onnx
+
+      dlcloud models register churn --file ./export --format python --signature signature.yaml
+    """
+    from dlcloud.client.models import infer_format, pack_artifact, split_name, unknown_format_error
+    from dlcloud.schemas.models import FORMATS
+
+    if (file is None) == (from_job is None):
+        raise InvalidArgument("give either --file FILE|DIR or --from-job JOB --path PATH")
+    if (from_job is None) != (path is None):
+        raise InvalidArgument("--from-job and --path go together")
+    if fmt is None:
+        fmt = infer_format(file) if file is not None else infer_format(str(path), local=False)
+        if fmt is None:
+            raise unknown_format_error(str(file if file is not None else path))
+    elif fmt not in FORMATS:
+        raise UnknownFormat(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    sig = _load_signature(signature) if signature is not None else None
+    metrics = _parse_metrics(metric)
+    c = client(ctx)
+    kwargs: dict[str, Any] = {"signature": sig, "metrics": metrics, "description": description}
+    if file is not None:
+        split_name(name)  # a malformed OWNER/NAME fails before the upload
+        archive = pack_artifact(file)
+        try:
+            with _progress() as progress:
+                task = progress.add_task(f"uploading {file.name}", total=archive.stat().st_size)
+                up = c.models.upload(archive, progress=lambda n: progress.advance(task, n))
+        finally:
+            archive.unlink(missing_ok=True)
+        version = c.models.register(name, fmt, upload=up["id"], **kwargs)
+    else:
+        version = c.models.register(name, fmt, from_job=from_job, path=path, **kwargs)
+    if output == Output.json:
+        render(version, output, [])
+        return
+    err_console.print(
+        f"model [bold]{version['model']}[/bold] version {version['version']} registered "
+        f"({version['format']}, {_size(version['size_bytes'])}, sha256 {version['sha256'][:12]})"
+    )
+    if version["signature"] is None:
+        err_console.print("signature: not declared (could not be inferred; give --signature FILE to declare it)")
+
+
+@app.command("list")
+def list_models(ctx: typer.Context, output: Output = OutputOption) -> None:
+    """List your tenant's models, then the models other tenants share with it (OWNER/NAME, read-only).
+
+    Examples:
+
+      dlcloud models list
+
+      dlcloud models list -o json
+    """
+    models = client(ctx).models.list()
+    render(
+        models,
+        output,
+        [
+            ("NAME", "name"),
+            ("LATEST", "latest_version"),
+            ("VERSIONS", "version_count"),
+            ("LABELS", lambda m: ",".join(f"{k}={v}" for k, v in m["labels"].items()) or "-"),
+            ("SHARED", lambda m: "from " + m["owner"] if m["shared"] else (",".join(m["shared_with"]) or "-")),
+            ("BY", "created_by"),
+            ("CREATED", lambda m: short_time(m["created_at"])),
+        ],
+    )
+
+
+def _describe_version(v: dict[str, Any], output: Output) -> None:
+    sig = v["signature"]
+    fields: list[tuple[str, Any]] = [
+        ("Model", v["model"]),
+        ("Version", v["version"]),
+        ("Format", v["format"]),
+        ("Artifact", v["artifact"]),
+        ("Size", _size(v["size_bytes"])),
+        ("SHA256", v["sha256"]),
+        ("Labels", ", ".join(v["labels"]) or "-"),
+        ("Signature", "not declared" if sig is None else ""),
+    ]
+    if sig is not None:
+        fields += [("  inputs", _tensors(sig["inputs"])), ("  outputs", _tensors(sig["outputs"]))]
+    fields += [
+        ("Metrics", ", ".join(f"{k}={val:g}" for k, val in v["metrics"].items()) or "-"),
+        ("Source", _source(v)),
+        ("Description", v["description"] or "-"),
+        ("Created by", v["created_by"]),
+        ("Created", short_time(v["created_at"])),
+        ("Deployed", ", ".join(f"{d['name']} ({d['endpoint']})" for d in v["deployments"]) or "no"),
+    ]
+    render_fields(v, output, fields)
+
+
+@app.command("describe")
+def describe(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name, or OWNER/NAME for a model shared with your tenant."),
+    version: str | None = typer.Option(None, "--version", help="Show one version: a number, a label or latest."),
+    output: Output = OutputOption,
+) -> None:
+    """Show a model with its versions, labels and shares, or one version with its signature and metrics.
+
+    Examples:
+
+      dlcloud models describe mnist
+
+      dlcloud models describe mnist --version production -o json
+
+      dlcloud models describe vision/mnist --version 3
+    """
+    c = client(ctx)
+    if version is not None:
+        _describe_version(c.models.version(name, version), output)
+        return
+    m = c.models.get(name)
+    if output == Output.json:
+        render(m, output, [])
+        return
+    fields: list[tuple[str, Any]] = [
+        ("Name", m["name"]),
+        ("Owner", m["owner"] + (" (shared with you, read-only)" if m["shared"] else "")),
+        ("Description", m["description"] or "-"),
+        ("Created by", m["created_by"]),
+        ("Created", short_time(m["created_at"])),
+        ("Latest version", m["latest_version"]),
+        ("Labels", ", ".join(f"{k} -> {v}" for k, v in m["labels"].items()) or "-"),
+    ]
+    if not m["shared"]:
+        fields.append(("Shared with", ", ".join(m["shared_with"]) or "-"))
+    render_fields(m, output, fields)
+    console.print()
+    render(m["versions"], Output.table, VERSION_COLUMNS, title="Versions")
+    unsigned = [str(v["version"]) for v in m["versions"] if v["signature"] is None]
+    if unsigned:
+        console.print(f"signature: not declared for version(s) {', '.join(unsigned)}")
+
+
+@app.command("versions")
+def versions(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name, or OWNER/NAME for a shared model."),
+    output: Output = OutputOption,
+) -> None:
+    """List a model's versions, oldest first.
+
+    Examples:
+
+      dlcloud models versions mnist
+
+      dlcloud models versions vision/mnist -o json
+    """
+    render(client(ctx).models.versions(name), output, VERSION_COLUMNS)
+
+
+@app.command("label")
+def label(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name."),
+    label_name: str = typer.Argument(..., metavar="LABEL", help="Label, e.g. staging or production."),
+    version: int = typer.Argument(..., help="Version number the label moves to."),
+    output: Output = OutputOption,
+) -> None:
+    """Point a label at a version; the label leaves the version it was on.
+
+    Example:
+
+      dlcloud models label mnist production 3
+    """
+    result = client(ctx).models.set_label(name, label_name, version)
+    if output == Output.json:
+        render(result, output, [])
+    else:
+        err_console.print(f"model {name}: {result['label']} -> version {result['version']}")
+
+
+@app.command("unlabel")
+def unlabel(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name."),
+    label_name: str = typer.Argument(..., metavar="LABEL", help="Label to remove."),
+) -> None:
+    """Remove a label from a model.
+
+    Example:
+
+      dlcloud models unlabel mnist staging
+    """
+    client(ctx).models.remove_label(name, label_name)
+    err_console.print(f"model {name}: label {label_name} removed")
+
+
+@app.command("share")
+def share(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant that may read the model."),
+) -> None:
+    """Share a model read-only with another tenant: it can list, describe and download it as OWNER/NAME.
+
+    Example:
+
+      dlcloud models share mnist --tenant research
+    """
+    client(ctx).models.share(name, tenant)
+    err_console.print(f"model {name} shared read-only with tenant {tenant}")
+
+
+@app.command("unshare")
+def unshare(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant to take access from."),
+) -> None:
+    """Stop sharing a model with a tenant.
+
+    Example:
+
+      dlcloud models unshare mnist --tenant research
+    """
+    client(ctx).models.unshare(name, tenant)
+    err_console.print(f"model {name} no longer shared with tenant {tenant}")
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name."),
+    version: int | None = typer.Option(None, "--version", help="Delete only this version."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Delete a model with all its versions, or one version (refused while it is deployed).
+
+    Examples:
+
+      dlcloud models delete mnist --version 2
+
+      dlcloud models delete mnist --yes
+    """
+    what = f"version {version} of model {name}" if version is not None else f"model {name} and all its versions"
+    if not yes:
+        typer.confirm(f"Delete {what}? Artifacts are removed for good", abort=True, err=True)
+    c = client(ctx)
+    if version is not None:
+        c.models.delete_version(name, version)
+    else:
+        c.models.delete(name)
+    err_console.print(f"deleted {what}")
+
+
+@app.command("download")
+def download(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name, or OWNER/NAME for a shared model."),
+    version: str = typer.Argument("latest", help="Version number, label, or latest."),
+    dest: Path = typer.Option(Path("."), "--dest", help="Directory to put the artifact in."),
+) -> None:
+    """Download a version's artifact (file or directory) and verify its checksum.
+
+    Examples:
+
+      dlcloud models download mnist production --dest ./serving
+
+      dlcloud models download vision/mnist 3
+    """
+    c = client(ctx)
+    with _progress() as progress:
+        task = progress.add_task(f"downloading {name}:{version}", total=None)
+        target = c.models.download(name, version, dest=dest, progress=lambda n: progress.advance(task, n))
+    err_console.print(f"downloaded {name}:{version} to {target} (checksum verified)")
+    typer.echo(str(target))

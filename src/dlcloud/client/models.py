@@ -1,0 +1,338 @@
+"""The model registry: register artifacts, read versions, move labels, share, download, deployment leases.
+
+Models are named ``NAME`` in your tenant or ``OWNER/NAME`` for a model another tenant shares with yours
+(read-only). Versions are addressed by number, label, or ``latest``.
+
+from dlcloud.client import Client
+c = Client.from_env()
+v = c.models.register("mnist", "torchscript", artifact=Path("model.pt"), metrics={"accuracy": 0.98})
+c.models.set_label("mnist", "production", v["version"])
+c.models.download("mnist", "production", dest=Path("models/"))
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dlcloud.checksums import artifact_digest
+from dlcloud.client.base import API, Transport
+from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
+from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, FORMATS
+
+# file suffix -> format; a directory is recognised by what it holds (see infer_format)
+SUFFIX_FORMATS = {
+    ".pt": "torchscript",
+    ".pth": "torchscript",
+    ".torchscript": "torchscript",
+    ".onnx": "onnx",
+    ".joblib": "sklearn",
+    ".pkl": "sklearn",
+    ".json": "xgboost",
+    ".ubj": "xgboost",
+}
+DIRECTORY_MARKERS = {"saved_model.pb": "savedmodel", "predictor.py": "python"}
+
+
+def infer_format(path: Path | str, *, local: bool = True) -> str | None:
+    """The format a path's name (and, for a local directory, its content) stands for; None if unknown.
+
+    ``.pt``/``.pth``/``.torchscript`` torchscript, ``.onnx`` onnx, ``.joblib``/``.pkl`` sklearn,
+    ``.json``/``.ubj`` xgboost; a directory holding ``saved_model.pb`` savedmodel, one holding
+    ``predictor.py`` python. ``local=False`` looks at the name only (a path inside a job's outputs).
+    """
+    p = Path(path)
+    if local and p.is_dir():
+        for marker, fmt in DIRECTORY_MARKERS.items():
+            if (p / marker).is_file():
+                return fmt
+        return None
+    return SUFFIX_FORMATS.get(p.suffix.lower())
+
+
+def unknown_format_error(what: str) -> UnknownFormat:
+    return UnknownFormat(
+        f"cannot recognise the model format of {what}; give --format, one of {', '.join(FORMATS)} "
+        "(recognised: .pt/.pth/.torchscript, .onnx, .joblib/.pkl, .json/.ubj, a directory with saved_model.pb "
+        "or predictor.py)"
+    )
+
+
+def pack_artifact(path: Path) -> Path:
+    """A temporary .tar.gz holding ``path`` (a file or a directory) under its own name; the caller deletes it.
+
+    Everything in a directory is packed, hidden files included (no ignore files apply to models). Links
+    and special files are refused rather than skipped, so an artifact never silently misses a file.
+
+    Raises:
+        InvalidArgument: the path does not exist, or holds a link or a special file.
+    """
+    top = Path(os.path.abspath(path))
+    if not top.exists():
+        raise InvalidArgument(f"{path} does not exist")
+    fd, name = tempfile.mkstemp(prefix="dlcloud-model-", suffix=".tar.gz")
+    os.close(fd)
+    archive = Path(name)
+
+    def add(tf: tarfile.TarFile, full: Path, arcname: str) -> None:
+        info = tf.gettarinfo(str(full), arcname=arcname)
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        if info.isfile():
+            with full.open("rb") as f:
+                tf.addfile(info, f)
+        else:
+            tf.addfile(info)
+
+    try:
+        with tarfile.open(archive, "w:gz", compresslevel=6) as tf:
+            if top.is_file():
+                add(tf, top.resolve(), top.name)
+                return archive
+            if not top.is_dir():
+                raise InvalidArgument(f"{path} is not a regular file or a directory")
+            add(tf, top.resolve(), top.name)
+            for dirpath, dirnames, filenames in os.walk(top.resolve()):
+                dirnames.sort()
+                rel_dir = Path(dirpath).relative_to(top.resolve())
+                for entry in [*dirnames, *sorted(filenames)]:
+                    full = Path(dirpath) / entry
+                    rel = (Path(top.name) / rel_dir / entry).as_posix()
+                    mode = os.lstat(full).st_mode
+                    if stat.S_ISLNK(mode):
+                        raise InvalidArgument(
+                            f"{rel} is a link; model artifacts hold regular files only (copy the file in its place)"
+                        )
+                    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                        raise InvalidArgument(f"{rel} is a device, FIFO or socket; model artifacts hold regular files")
+                    add(tf, full, rel)
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
+    return archive
+
+
+def split_name(name: str) -> tuple[str, dict[str, Any]]:
+    """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {})."""
+    owner, sep, model = name.partition("/")
+    if not sep:
+        return name, {}
+    if not owner or not model or "/" in model:
+        raise InvalidArgument(f"model name {name!r} must be NAME or OWNER_TENANT/NAME")
+    return model, {"owner": owner}
+
+
+class ModelsAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    # -- register --------------------------------------------------------------------------------------
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Upload a .tar.gz holding one file or directory (see ``pack_artifact``); returns its upload id.
+
+        The upload waits for one ``register`` call (at most a day by default).
+        """
+        return self._t.upload(f"{API}/model-uploads", archive, progress=progress)
+
+    def delete_upload(self, upload_id: str) -> None:
+        self._t.request("DELETE", f"{API}/model-uploads/{upload_id}")
+
+    def register(
+        self,
+        name: str,
+        format: str | None = None,
+        *,
+        artifact: Path | None = None,
+        upload: str | None = None,
+        from_job: str | None = None,
+        path: str | None = None,
+        signature: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        description: str = "",
+    ) -> dict[str, Any]:
+        """Register a new version of ``name`` (the model is created with its first version).
+
+        Args:
+            name: the model name (DNS-1123 label).
+            format: torchscript, onnx, sklearn, xgboost, savedmodel or python; recognised from the
+                artifact's name (or a directory's content) when None.
+            artifact: a local file or directory: packed, uploaded and registered.
+            upload: an upload id from ``upload`` (instead of ``artifact``); deleted if the register fails.
+            from_job, path: a file or directory inside a job's output directory (instead of ``artifact``).
+            signature: {"inputs": [...], "outputs": [...]} of {name, datatype, shape}; inferred when None.
+            metrics: name -> number.
+            description: free text.
+
+        Returns:
+            The new version (``version``, ``sha256``, ``signature``, ...).
+
+        Raises:
+            UnknownFormat: the format is not one of the six, or cannot be recognised.
+            InvalidSignature: the declared signature is invalid.
+            InvalidArchive / InvalidArgument / PayloadTooLarge: the artifact or the job path is refused.
+            NotFound: the job does not exist.
+        """
+        sources = sum(x is not None for x in (artifact, upload, from_job))
+        if sources != 1 or (from_job is None) != (path is None):
+            raise InvalidArgument("give exactly one of artifact, upload, or from_job with path")
+        if format is None:
+            guess = artifact if artifact is not None else path
+            format = infer_format(guess, local=artifact is not None) if guess is not None else None
+            if format is None:
+                raise unknown_format_error(str(guess or "the upload"))
+        body: dict[str, Any] = {
+            "name": name,
+            "format": format,
+            "signature": signature,
+            "metrics": metrics or {},
+            "description": description,
+        }
+        model, params = split_name(name)
+        body["name"] = model
+        if from_job is not None:
+            body["from_job"] = {"job": from_job, "path": path}
+            return self._t.request("POST", f"{API}/models", params=params, json_body=body)
+        if upload is None:
+            assert artifact is not None
+            if format not in FORMATS:  # before packing and uploading what the server would refuse
+                raise UnknownFormat(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+            archive = pack_artifact(artifact)
+            try:
+                upload = self.upload(archive)["id"]
+            finally:
+                archive.unlink(missing_ok=True)
+        return self._register_upload(upload, body, params)
+
+    def _register_upload(self, upload_id: str, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """An upload is used once: by a successful register, or deleted here when the register fails."""
+        try:
+            return self._t.request("POST", f"{API}/models", params=params, json_body={**body, "upload": upload_id})
+        except DlcloudError:
+            with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
+                self.delete_upload(upload_id)
+            raise
+
+    # -- reads -----------------------------------------------------------------------------------------
+    def list(self) -> list[dict[str, Any]]:
+        """Your tenant's models, then those shared with it (``shared`` true, named ``OWNER/NAME``)."""
+        return self._t.request("GET", f"{API}/models")
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The model with its versions, labels and shares."""
+        model, params = split_name(name)
+        return self._t.request("GET", f"{API}/models/{model}", params=params)
+
+    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
+        model, params = split_name(name)
+        return self._t.request("GET", f"{API}/models/{model}/versions", params=params)
+
+    def version(self, name: str, version: int | str = "latest") -> dict[str, Any]:
+        """One version by number, label or ``latest``."""
+        model, params = split_name(name)
+        return self._t.request("GET", f"{API}/models/{model}/versions/{version}", params=params)
+
+    def download(
+        self,
+        name: str,
+        version: int | str = "latest",
+        dest: Path = Path("."),
+        progress: Callable[[int], None] | None = None,
+    ) -> Path:
+        """Download a version's artifact into the directory ``dest`` and verify its checksum.
+
+        Returns:
+            The artifact's path: ``dest/<artifact name>`` (a file or a directory).
+
+        Raises:
+            AlreadyExists: ``dest/<artifact name>`` exists already.
+            InvalidArchive (code checksum_mismatch): what arrived does not match the registered checksum;
+                nothing is left in ``dest``.
+        """
+        model, params = split_name(name)
+        meta = self.version(name, version)
+        dest = Path(dest)
+        target = dest / meta["artifact"]
+        if os.path.lexists(target):
+            raise AlreadyExists(f"{target} already exists; remove it or download into another directory")
+        dest.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".dlcloud-download-", dir=dest))
+        try:
+            archive = work / "artifact.tar.gz"
+            headers = self._t.download(
+                f"{API}/models/{model}/versions/{meta['version']}/artifact", archive, params=params, progress=progress
+            )
+            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta["sha256"]
+            unpacked = work / "unpacked"
+            try:
+                with tarfile.open(archive, "r:gz") as tf:
+                    tf.extractall(unpacked, filter="data")
+                got = artifact_digest(unpacked / meta["artifact"]).sha256
+            except (tarfile.TarError, OSError, ValueError) as exc:
+                raise InvalidArchive(
+                    f"the downloaded artifact is damaged ({exc}); try again", code="checksum_mismatch"
+                ) from None
+            if got != expected or expected != meta["sha256"]:
+                raise InvalidArchive(
+                    f"the downloaded artifact of {name} version {meta['version']} does not match its checksum "
+                    f"(registered {meta['sha256']}, received {got}); the stored copy may be damaged",
+                    code="checksum_mismatch",
+                )
+            os.rename(unpacked / meta["artifact"], target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return target
+
+    # -- labels, shares, deletion ------------------------------------------------------------------------
+    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
+        """Point ``label`` at ``version`` (moving it off the version it was on)."""
+        model, params = split_name(name)
+        return self._t.request(
+            "PUT", f"{API}/models/{model}/labels/{label}", params=params, json_body={"version": version}
+        )
+
+    def remove_label(self, name: str, label: str) -> None:
+        model, params = split_name(name)
+        self._t.request("DELETE", f"{API}/models/{model}/labels/{label}", params=params)
+
+    def share(self, name: str, tenant: str) -> dict[str, Any]:
+        """Let ``tenant`` list, describe and download the model (never change it)."""
+        model, params = split_name(name)
+        return self._t.request("POST", f"{API}/models/{model}/shares/{tenant}", params=params)
+
+    def unshare(self, name: str, tenant: str) -> None:
+        model, params = split_name(name)
+        self._t.request("DELETE", f"{API}/models/{model}/shares/{tenant}", params=params)
+
+    def delete(self, name: str) -> None:
+        """Delete the model with every version (refused with ModelDeployed while a version is deployed)."""
+        model, params = split_name(name)
+        self._t.request("DELETE", f"{API}/models/{model}", params=params)
+
+    def delete_version(self, name: str, version: int) -> None:
+        """Delete one version (refused with ModelDeployed while it is deployed)."""
+        model, params = split_name(name)
+        self._t.request("DELETE", f"{API}/models/{model}/versions/{version}", params=params)
+
+    # -- deployment leases (used by the model server) ----------------------------------------------------
+    def heartbeat_deployment(
+        self, name: str, version: int, deployment: str, endpoint: str, ttl_seconds: float = 60.0
+    ) -> dict[str, Any]:
+        """Create or renew the lease that marks ``version`` as deployed for ``ttl_seconds``."""
+        model, params = split_name(name)
+        body = {"name": deployment, "endpoint": endpoint, "ttl_seconds": ttl_seconds}
+        return self._t.request(
+            "POST", f"{API}/models/{model}/versions/{version}/deployments", params=params, json_body=body
+        )
+
+    def release_deployment(self, name: str, version: int, deployment: str) -> None:
+        """End a lease (no error if it expired or never existed)."""
+        model, params = split_name(name)
+        self._t.request("DELETE", f"{API}/models/{model}/versions/{version}/deployments/{deployment}", params=params)

@@ -1,0 +1,731 @@
+"""The model registry: register versions, read them, move labels, share, delete, deployment leases.
+
+Rules (this module is the only writer of the registry tables):
+- Models are tenant-scoped. Another tenant's model is visible only when it is shared with the caller's
+  tenant, and then only for reading (describe, versions, download); any change to it is 403. A model that
+  is not shared with the caller is 404 ``model_not_found``, exactly like one that does not exist.
+- Versions are numbered 1, 2, ... per model from ``models.last_version``, under the model row's lock; a
+  deleted version's number is never given again. Artifacts are immutable (``storage/artifacts.py``).
+- Any member registers versions and moves labels; deleting a model or a version is for its author or a
+  tenant admin; sharing is for the model's author or a tenant admin.
+- A version is *deployed* while one of its leases (``model_deployments``) has not expired; deleting it or
+  its model is refused with 409 ``model_deployed``.
+- A declared signature is validated (400 ``invalid_signature``). Without one the signature is inferred by
+  ``python -m dlcloud.serving.inspect`` in a subprocess with a timeout, so ML libraries never enter the API
+  process; when inference fails the version is stored without a signature, the register still succeeds.
+- A register that fails leaves no rows and no artifact files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import anyio
+from sqlalchemy import or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import (
+    InvalidArgument,
+    InvalidSignature,
+    ModelDeployed,
+    ModelNotFound,
+    ModelVersionNotFound,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    UnknownFormat,
+)
+from dlcloud.schemas.models import (
+    FORMATS,
+    LABEL_RE,
+    UPLOAD_ID_RE,
+    DeploymentLease,
+    FromJob,
+    Model,
+    ModelDeployment,
+    ModelDetail,
+    ModelLabel,
+    ModelRegister,
+    ModelShare,
+    ModelUpload,
+    ModelVersion,
+    check_label,
+)
+from dlcloud.services.auth import Caller
+from dlcloud.services.code import check_content_length, receive_upload
+from dlcloud.services.jobs import job_dir
+from dlcloud.services.platform import Platform
+from dlcloud.storage.archives import ArchiveLimits, validate_tar
+from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz, remove_tree
+from dlcloud.store import models_registry as store
+from dlcloud.store import tenants as tenant_store
+from dlcloud.store.ids import new_id
+from dlcloud.store.models import (
+    JobRow,
+    ModelDeploymentRow,
+    ModelLabelRow,
+    ModelRow,
+    ModelShareRow,
+    ModelVersionRow,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+INSPECT_MODULE = "dlcloud.serving.inspect"
+DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+
+
+def artifact_store(platform: Platform) -> ArtifactStore:
+    s = platform.settings
+    return ArtifactStore(s.models_dir, ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members))
+
+
+def _shown(name: str, owner: str | None, caller: Caller) -> str:
+    return name if owner is None or owner == caller.tenant else f"{owner}/{name}"
+
+
+# -- validation ------------------------------------------------------------------------------------------
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UnknownFormat(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def check_signature(data: Any) -> dict[str, Any]:
+    """A declared signature, validated and normalised (datatypes upper case, shapes as lists)."""
+    from dlcloud.serving.types import Signature, TensorSpec
+
+    if not isinstance(data, dict):
+        raise InvalidSignature("signature must be an object with 'inputs' and 'outputs' lists")
+    unknown = sorted(set(data) - {"inputs", "outputs"})
+    if unknown:
+        raise InvalidSignature(f"signature has unknown field(s) {', '.join(unknown)}; allowed: inputs, outputs")
+    for side in ("inputs", "outputs"):
+        items = data.get(side, [])
+        if not isinstance(items, list):
+            raise InvalidSignature(f"signature.{side} must be a list of {{name, datatype, shape}} objects")
+        seen: set[str] = set()
+        for i, spec in enumerate(items):
+            where = f"signature.{side}[{i}]"
+            if not isinstance(spec, dict):
+                raise InvalidSignature(f"{where} must be an object with name, datatype and shape")
+            extra = sorted(set(spec) - {"name", "datatype", "shape"})
+            if extra:
+                allowed = "name, datatype, shape"
+                raise InvalidSignature(f"{where} has unknown field(s) {', '.join(extra)}; allowed: {allowed}")
+            name = spec.get("name")
+            if not isinstance(name, str) or not name or len(name) > 256:
+                raise InvalidSignature(f"{where}.name must be a string of 1-256 characters")
+            if name in seen:
+                raise InvalidSignature(f"{where}: {side} name {name!r} appears twice")
+            seen.add(name)
+            if not isinstance(spec.get("datatype"), str):
+                raise InvalidSignature(f"{where} ({name}): datatype must be a string such as FP32, INT64 or BYTES")
+            shape = spec.get("shape", [])
+            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+                raise InvalidSignature(f"{where} ({name}): shape must be a list of integers (-1 = any size)")
+            try:
+                TensorSpec.from_dict(spec)
+            except ValueError as exc:
+                raise InvalidSignature(f"{where} ({name}): {exc}") from None
+    if not data.get("inputs") and not data.get("outputs"):
+        raise InvalidSignature("signature declares no inputs and no outputs")
+    return Signature.from_dict(data).to_dict()
+
+
+def infer_signature(path: Path, fmt: str, timeout: float) -> dict[str, Any] | None:
+    """Ask ``python -m dlcloud.serving.inspect`` for the artifact's signature; None when it cannot tell.
+
+    The contract: it prints ``{"signature": {...} | null}`` on stdout and exits 0. Anything else (the
+    module missing, a library missing, a crash, the timeout) means "no signature", never a failed register.
+    """
+    cmd = [sys.executable, "-m", INSPECT_MODULE, "--format", fmt, str(path)]
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("signature inference for %s timed out after %.0f s", path, timeout)
+        return None
+    except OSError as exc:
+        log.warning("signature inference for %s could not start: %s", path, exc)
+        return None
+    if proc.returncode != 0:
+        log.info("signature inference for %s exited %d: %s", path, proc.returncode, proc.stderr[-2000:])
+        return None
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    data: Any = None
+    for candidate in (proc.stdout, lines[-1] if lines else ""):  # libraries may print to stdout before it
+        try:
+            data = json.loads(candidate)
+            break
+        except json.JSONDecodeError:
+            continue
+    signature = data.get("signature") if isinstance(data, dict) else None
+    if signature is None:
+        return None
+    try:
+        return check_signature(signature)
+    except InvalidSignature as exc:
+        log.warning("signature inferred for %s is unusable: %s", path, exc)
+        return None
+
+
+def _check_output_path(path: str) -> PurePosixPath:
+    if "\x00" in path or "\\" in path:
+        raise InvalidArgument("path must not contain NUL or backslash characters")
+    rel = PurePosixPath(path)
+    if rel.is_absolute():
+        raise InvalidArgument(f"path {path!r} must be relative to the job's output directory, not absolute")
+    if ".." in rel.parts:
+        raise InvalidArgument(f"path {path!r} must stay inside the job's output directory; '..' is not allowed")
+    if not rel.parts:
+        raise InvalidArgument("path must name a file or directory inside the job's output directory")
+    return rel
+
+
+# -- uploads ---------------------------------------------------------------------------------------------
+
+
+async def upload_artifact(
+    platform: Platform,
+    caller: Caller,
+    *,
+    declared_sha256: str,
+    content_length: int | None,
+    chunks: AsyncIterator[bytes],
+) -> ModelUpload:
+    """Receive a .tar.gz holding one file or directory; it waits (at most the upload TTL) for a register."""
+    settings = platform.settings
+    limit = settings.max_upload_bytes
+    check_content_length(content_length, limit)
+    artifacts = artifact_store(platform)
+    await anyio.to_thread.run_sync(artifacts.sweep, settings.model_upload_ttl_seconds)
+    dest_dir = artifacts.private_dir(artifacts.upload_dir(caller.tenant_id))
+    fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=dest_dir)
+    tmp = Path(tmp_name)
+    try:
+        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+
+        def check() -> str:
+            validate_tar(tmp, artifacts.limits)
+            return archive_top_level(tmp)
+
+        name = await anyio.to_thread.run_sync(check)
+        upload_id = new_id("mu-")
+        os.replace(tmp, artifacts.upload_path(caller.tenant_id, upload_id))
+    finally:
+        tmp.unlink(missing_ok=True)
+    expires = utcnow() + timedelta(seconds=settings.model_upload_ttl_seconds)
+    return ModelUpload(id=upload_id, sha256=declared_sha256, size=size, artifact=name, expires_at=expires)
+
+
+def _upload_file(artifacts: ArtifactStore, caller: Caller, upload_id: str) -> Path:
+    path = artifacts.upload_path(caller.tenant_id, upload_id) if UPLOAD_ID_RE.match(upload_id) else None
+    if path is None or not path.is_file():
+        raise InvalidArgument(
+            f"upload {upload_id!r} not found: it was used by a register already, expired or never existed; "
+            "upload the artifact again"
+        )
+    return path
+
+
+def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
+    artifacts = artifact_store(platform)
+    path = artifacts.upload_path(caller.tenant_id, upload_id) if UPLOAD_ID_RE.match(upload_id) else None
+    if path is None or not path.is_file():
+        raise NotFound(f"upload {upload_id!r} not found")
+    path.unlink(missing_ok=True)
+
+
+# -- resolving names ---------------------------------------------------------------------------------------
+
+
+def _readable(s: Session, caller: Caller, name: str, owner: str | None) -> tuple[ModelRow, str]:
+    """The model ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller."""
+    if owner is None or owner == caller.tenant:
+        row = store.get_model(s, caller.tenant_id, name)
+        if row is None:
+            raise ModelNotFound(f"model {name!r} not found")
+        return row, caller.tenant
+    tenant = tenant_store.get_tenant_by_name(s, owner)
+    row = store.get_model(s, tenant.id, name) if tenant is not None else None
+    if row is None or not store.is_shared(s, row.id, caller.tenant_id):
+        raise ModelNotFound(f"model '{owner}/{name}' not found")
+    return row, owner
+
+
+def _writable(s: Session, caller: Caller, name: str, owner: str | None, what: str) -> ModelRow:
+    """The caller's own model ``name``, locked: a shared model of another tenant is read-only (403)."""
+    if owner is not None and owner != caller.tenant:
+        _readable(s, caller, name, owner)  # 404 unless shared with the caller
+        raise PermissionDenied(
+            f"model '{owner}/{name}' is shared with tenant {caller.tenant!r} read-only; {what} is for tenant {owner!r}"
+        )
+    row = store.get_model(s, caller.tenant_id, name, for_update=True)
+    if row is None:
+        raise ModelNotFound(f"model {name!r} not found")
+    return row
+
+
+def _find_version(s: Session, model: ModelRow, ref: str, shown: str) -> ModelVersionRow:
+    """A version by number, by label, or ``latest``."""
+    row = None
+    if DIGITS_RE.match(ref):
+        row = store.get_version(s, model.tenant_id, model.id, int(ref))
+        missing = f"model {shown!r} has no version {ref}"
+    elif ref == "latest":
+        row = store.get_latest_version(s, model.tenant_id, model.id)
+        missing = f"model {shown!r} has no versions"
+    elif LABEL_RE.match(ref):
+        row = store.get_labelled_version(s, model.tenant_id, model.id, ref)
+        missing = f"model {shown!r} has no label {ref!r}"
+    else:
+        missing = f"{ref!r} is not a version of model {shown!r}: give a version number, a label or 'latest'"
+    if row is None:
+        raise ModelVersionNotFound(missing)
+    return row
+
+
+def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
+    if author_id != caller.user_id and not caller.is_tenant_admin:
+        raise PermissionDenied(f"only the author or a tenant admin can {what}")
+
+
+# -- read models -----------------------------------------------------------------------------------------
+
+
+def _deployment_model(row: ModelDeploymentRow, tenant: str) -> ModelDeployment:
+    return ModelDeployment(
+        name=row.name,
+        endpoint=row.endpoint,
+        tenant=tenant,
+        created_at=row.created_at,
+        last_seen=row.last_seen,
+        expires_at=row.expires_at,
+    )
+
+
+def _version_models(
+    s: Session, model: ModelRow, shown: str, owner: str, rows: list[ModelVersionRow]
+) -> list[ModelVersion]:
+    labels_by_version: dict[int, list[str]] = {}
+    for label, version in store.labels_of(s, [model.id])[model.id].items():
+        labels_by_version.setdefault(version, []).append(label)
+    deployments = store.live_deployments(s, [r.id for r in rows], utcnow())
+    users = store.user_names(s, [r.created_by for r in rows])
+    return [
+        ModelVersion(
+            model=shown,
+            owner=owner,
+            version=r.version,
+            format=r.format,
+            artifact=r.artifact_name,
+            sha256=r.sha256,
+            size_bytes=r.size_bytes,
+            signature=r.signature,
+            metrics=r.metrics or {},
+            source_job=r.source_job_name,
+            source_job_id=r.source_job_id,
+            source_path=r.source_path,
+            created_by=users.get(r.created_by, r.created_by),
+            created_at=r.created_at,
+            description=r.description,
+            labels=sorted(labels_by_version.get(r.version, [])),
+            deployments=[_deployment_model(d, t) for d, t in deployments[r.id]],
+            deployed=bool(deployments[r.id]),
+        )
+        for r in rows
+    ]
+
+
+def _models(s: Session, rows: list[tuple[ModelRow, str, bool]]) -> list[Model]:
+    """Read models for (row, owner tenant name, shared with the caller) triples."""
+    ids = [m.id for m, _, _ in rows]
+    stats = store.version_stats(s, ids)
+    labels = store.labels_of(s, ids)
+    shares = store.shares_of(s, [m.id for m, _, shared in rows if not shared])
+    users = store.user_names(s, [m.created_by for m, _, _ in rows])
+    out = []
+    for m, owner, shared in rows:
+        count, latest = stats[m.id]
+        out.append(
+            Model(
+                name=f"{owner}/{m.name}" if shared else m.name,
+                owner=owner,
+                shared=shared,
+                description=m.description,
+                created_by=users.get(m.created_by, m.created_by),
+                created_at=m.created_at,
+                latest_version=latest,
+                version_count=count,
+                labels=labels[m.id],
+                shared_with=[t for t, _ in shares.get(m.id, [])],
+            )
+        )
+    return out
+
+
+# -- register --------------------------------------------------------------------------------------------
+
+
+def _stage_from_job(
+    platform: Platform, artifacts: ArtifactStore, caller: Caller, src: FromJob
+) -> tuple[StagedArtifact, JobRow]:
+    rel = _check_output_path(src.path)
+    with platform.db.read() as s:
+        named = or_(JobRow.name == src.job, JobRow.id == src.job)
+        job = s.scalars(select(JobRow).where(JobRow.tenant_id == caller.tenant_id, named)).first()
+        if job is None:
+            raise NotFound(f"job {src.job!r} not found")
+        s.expunge(job)
+    outputs = job_dir(platform, caller.tenant_id, job.id) / "outputs"
+    if outputs.is_symlink() or not outputs.is_dir():
+        raise InvalidArgument(f"job {job.name!r} has no output directory (state {job.state}); nothing to register")
+    current = outputs
+    for part in rel.parts:  # no link anywhere on the way: a link could lead out of the outputs
+        current = current / part
+        if current.is_symlink():
+            raise InvalidArgument(
+                f"{(current.relative_to(outputs)).as_posix()!r} in the outputs of job {job.name!r} is a symbolic "
+                "link; register the file or directory itself"
+            )
+        if not current.exists():
+            raise InvalidArgument(f"no file or directory {src.path!r} in the outputs of job {job.name!r}")
+    if not os.path.realpath(current).startswith(os.path.realpath(outputs) + os.sep):
+        raise InvalidArgument(f"path {src.path!r} must stay inside the outputs of job {job.name!r}")
+    return artifacts.stage_copy(current, rel.parts[-1], src.path), job
+
+
+def _insert_version(
+    platform: Platform,
+    artifacts: ArtifactStore,
+    caller: Caller,
+    req: ModelRegister,
+    signature: dict[str, Any] | None,
+    staged: StagedArtifact,
+    job: JobRow | None,
+) -> ModelVersion:
+    for attempt in (1, 2):
+        version_dir: Path | None = None
+        try:
+            with platform.db.write() as s:
+                now = utcnow()
+                model = store.get_model(s, caller.tenant_id, req.name, for_update=True)
+                if model is None:
+                    model = ModelRow(
+                        id=new_id("m-"),
+                        tenant_id=caller.tenant_id,
+                        name=req.name,
+                        description=req.description,
+                        last_version=0,
+                        created_by=caller.user_id,
+                        created_at=now,
+                    )
+                    s.add(model)
+                    s.flush()
+                model.last_version += 1
+                target = artifacts.version_dir(caller.tenant_id, model.id, model.last_version)
+                row = ModelVersionRow(
+                    id=new_id("mv-"),
+                    model_id=model.id,
+                    tenant_id=caller.tenant_id,
+                    version=model.last_version,
+                    format=req.format,
+                    artifact_name=staged.name,
+                    artifact_path=str(target / staged.name),
+                    sha256=staged.digest.sha256,
+                    size_bytes=staged.digest.size,
+                    signature=signature,
+                    metrics=dict(req.metrics),
+                    source_job_id=job.id if job else None,
+                    source_job_name=job.name if job else None,
+                    source_path=req.from_job.path if req.from_job else None,
+                    description=req.description,
+                    created_by=caller.user_id,
+                    created_at=now,
+                )
+                s.add(row)
+                s.flush()
+                version_dir = target
+                artifacts.commit(staged, target)
+                [result] = _version_models(s, model, req.name, caller.tenant, [row])
+            return result
+        except IntegrityError:
+            # another request created the same model first (PostgreSQL): its row exists now, try once more
+            if version_dir is not None:
+                remove_tree(version_dir)
+                raise
+            if attempt == 2:
+                raise
+        except BaseException:
+            if version_dir is not None:
+                remove_tree(version_dir)
+            raise
+    raise AssertionError("unreachable")
+
+
+def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner: str | None = None) -> ModelVersion:
+    """Add a version (creating the model with its first version). Blocking: run it in a worker thread."""
+    check_format(req.format)
+    signature = check_signature(req.signature) if req.signature is not None else None
+    if owner is not None and owner != caller.tenant:
+        with platform.db.read() as s:
+            _writable(s, caller, req.name, owner, "registering versions")
+    artifacts = artifact_store(platform)
+    upload = None
+    job = None
+    if req.upload is not None:
+        upload = _upload_file(artifacts, caller, req.upload)
+        staged = artifacts.stage_archive(upload)
+    else:
+        assert req.from_job is not None  # the request model requires one source
+        staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
+    try:
+        if signature is None:
+            signature = infer_signature(staged.path, req.format, platform.settings.model_inspect_timeout_seconds)
+        version = _insert_version(platform, artifacts, caller, req, signature, staged, job)
+    except BaseException:
+        artifacts.discard(staged)
+        raise
+    if upload is not None:
+        upload.unlink(missing_ok=True)
+    return version
+
+
+# -- reads -----------------------------------------------------------------------------------------------
+
+
+def list_models(platform: Platform, caller: Caller) -> list[Model]:
+    """The tenant's models, then the models other tenants share with it (named ``OWNER/NAME``)."""
+    with platform.db.read() as s:
+        rows = [(m, caller.tenant, False) for m in store.list_models(s, caller.tenant_id)]
+        rows += [(m, owner, True) for m, owner in store.shared_models(s, caller.tenant_id)]
+        return _models(s, rows)
+
+
+def describe_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> ModelDetail:
+    with platform.db.read() as s:
+        model, owner_name = _readable(s, caller, name, owner)
+        shared = owner_name != caller.tenant
+        [base] = _models(s, [(model, owner_name, shared)])
+        versions = store.list_versions(s, model.tenant_id, model.id)
+        return ModelDetail(**base.model_dump(), versions=_version_models(s, model, base.name, owner_name, versions))
+
+
+def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[ModelVersion]:
+    with platform.db.read() as s:
+        model, owner_name = _readable(s, caller, name, owner)
+        versions = store.list_versions(s, model.tenant_id, model.id)
+        return _version_models(s, model, _shown(name, owner_name, caller), owner_name, versions)
+
+
+def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> ModelVersion:
+    """A version by number, label or ``latest``."""
+    return _get_version(platform, caller, name, ref, owner)[0]
+
+
+def _get_version(
+    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
+) -> tuple[ModelVersion, Path]:
+    with platform.db.read() as s:
+        model, owner_name = _readable(s, caller, name, owner)
+        shown = _shown(name, owner_name, caller)
+        row = _find_version(s, model, ref, shown)
+        [version] = _version_models(s, model, shown, owner_name, [row])
+        return version, Path(row.artifact_path)
+
+
+def open_artifact(
+    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
+) -> tuple[ModelVersion, Iterator[bytes]]:
+    """The version and its artifact as a .tar.gz stream (the checksum is ``version.sha256``)."""
+    version, path = _get_version(platform, caller, name, ref, owner)
+    if not os.path.lexists(path):
+        log.error("artifact of %s version %d is missing at %s", version.model, version.version, path)
+        raise Unavailable(
+            f"the artifact of version {version.version} of model {version.model!r} is missing from the server's "
+            "storage; ask an administrator"
+        )
+    return version, iter_tar_gz(path)
+
+
+# -- labels and shares -----------------------------------------------------------------------------------
+
+
+def set_label(
+    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
+) -> ModelLabel:
+    """Point ``label`` at ``version``; it leaves the version it pointed at before."""
+    try:
+        check_label(label)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "setting labels")
+        row = store.get_version(s, caller.tenant_id, model.id, version)
+        if row is None:
+            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
+        existing = store.get_label(s, model.id, label)
+        if existing is None:
+            s.add(ModelLabelRow(model_id=model.id, label=label, version_id=row.id, updated_at=utcnow()))
+        else:
+            existing.version_id = row.id
+            existing.updated_at = utcnow()
+    return ModelLabel(label=label, version=version)
+
+
+def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "removing labels")
+        existing = store.get_label(s, model.id, label)
+        if existing is None:
+            raise NotFound(f"model {name!r} has no label {label!r}")
+        s.delete(existing)
+
+
+def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
+    """Let ``tenant`` read the model (idempotent)."""
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "sharing")
+        _require_author_or_admin(caller, model.created_by, f"share model {name!r}")
+        if tenant == caller.tenant:
+            raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
+        target = tenant_store.get_tenant_by_name(s, tenant)
+        if target is None:
+            raise NotFound(f"tenant {tenant!r} not found")
+        row = store.get_share(s, model.id, target.id)
+        if row is None:
+            row = ModelShareRow(model_id=model.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow())
+            s.add(row)
+        return ModelShare(tenant=tenant, created_at=row.created_at)
+
+
+def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "unsharing")
+        _require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
+        target = tenant_store.get_tenant_by_name(s, tenant)
+        row = store.get_share(s, model.id, target.id) if target is not None else None
+        if row is None:
+            raise NotFound(f"model {name!r} is not shared with tenant {tenant!r}")
+        s.delete(row)
+
+
+# -- deletion --------------------------------------------------------------------------------------------
+
+
+def _refuse_if_deployed(s: Session, rows: list[ModelVersionRow], what: str) -> None:
+    live = store.live_deployments(s, [r.id for r in rows], utcnow())
+    held = [(r.version, d, t) for r in rows for d, t in live[r.id]]
+    if held:
+        names = ", ".join(f"v{v} by {d.name} ({t})" for v, d, t in held[:5])
+        raise ModelDeployed(
+            f"{what} is deployed ({names}); undeploy it first or let its lease expire",
+            details={
+                "deployments": [
+                    {"version": v, "name": d.name, "tenant": t, "expires_at": d.expires_at.isoformat()}
+                    for v, d, t in held
+                ]
+            },
+        )
+
+
+def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
+    """Delete the model with all its versions, labels, shares and artifacts."""
+    artifacts = artifact_store(platform)
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "deleting")
+        _require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
+        _refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
+        path = artifacts.model_dir(caller.tenant_id, model.id)
+        s.delete(model)  # versions, labels, shares and leases go with it (ON DELETE CASCADE)
+    _remove_files(path)
+
+
+def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
+    """Delete one version and its artifact; labels on it are removed, the number is not reused."""
+    artifacts = artifact_store(platform)
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "deleting versions")
+        row = store.get_version(s, caller.tenant_id, model.id, version)
+        if row is None:
+            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
+        _require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
+        _refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
+        path = artifacts.version_dir(caller.tenant_id, model.id, version)
+        s.delete(row)
+    _remove_files(path)
+
+
+def _remove_files(path: Path) -> None:
+    try:
+        remove_tree(path)
+    except OSError:  # the rows are gone; a leftover directory is only disk space
+        log.exception("could not remove model artifacts at %s", path)
+
+
+# -- deployment leases -----------------------------------------------------------------------------------
+
+
+def record_deployment(
+    platform: Platform, caller: Caller, name: str, version: int, lease: DeploymentLease, owner: str | None = None
+) -> ModelDeployment:
+    """Create or renew the lease ``lease.name`` on a version (the model server's heartbeat)."""
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "recording deployments")
+        row = store.get_version(s, caller.tenant_id, model.id, version)
+        if row is None:
+            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
+        now = utcnow()
+        expires = now + timedelta(seconds=lease.ttl_seconds)
+        store.delete_expired_deployments(s, row.id, now)
+        dep = store.get_deployment(s, row.id, lease.name)
+        if dep is None:
+            dep = ModelDeploymentRow(
+                model_version_id=row.id,
+                tenant_id=caller.tenant_id,
+                name=lease.name,
+                endpoint=lease.endpoint,
+                created_at=now,
+                last_seen=now,
+                expires_at=expires,
+            )
+            s.add(dep)
+        else:
+            dep.endpoint, dep.last_seen, dep.expires_at = lease.endpoint, now, expires
+        s.flush()
+        return _deployment_model(dep, caller.tenant)
+
+
+def release_deployment(
+    platform: Platform, caller: Caller, name: str, version: int, deployment: str, owner: str | None = None
+) -> None:
+    """End a lease (idempotent: releasing an unknown or expired lease is not an error)."""
+    with platform.db.write() as s:
+        model = _writable(s, caller, name, owner, "releasing deployments")
+        row = store.get_version(s, caller.tenant_id, model.id, version)
+        if row is None:
+            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
+        dep = store.get_deployment(s, row.id, deployment)
+        if dep is not None:
+            s.delete(dep)

@@ -1,0 +1,192 @@
+"""Model registry queries: models, versions, labels, shares and deployment leases.
+
+Every lookup of a model takes the owning ``tenant_id``; versions, labels and leases are reached through a
+model found that way (and versions are filtered by tenant as well). A model of another tenant is visible
+only through ``shared_models`` / ``is_shared``, which check the share row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from dlcloud.store.models import (
+    ModelDeploymentRow,
+    ModelLabelRow,
+    ModelRow,
+    ModelShareRow,
+    ModelVersionRow,
+    TenantRow,
+    UserRow,
+)
+
+
+def get_model(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> ModelRow | None:
+    q = select(ModelRow).where(ModelRow.tenant_id == tenant_id, ModelRow.name == name)
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
+
+
+def list_models(s: Session, tenant_id: str) -> list[ModelRow]:
+    return list(s.scalars(select(ModelRow).where(ModelRow.tenant_id == tenant_id).order_by(ModelRow.name)))
+
+
+def shared_models(s: Session, tenant_id: str) -> list[tuple[ModelRow, str]]:
+    """Other tenants' models shared with ``tenant_id``, with the owner's tenant name."""
+    q = (
+        select(ModelRow, TenantRow.name)
+        .join(ModelShareRow, ModelShareRow.model_id == ModelRow.id)
+        .join(TenantRow, TenantRow.id == ModelRow.tenant_id)
+        .where(ModelShareRow.tenant_id == tenant_id)
+        .order_by(TenantRow.name, ModelRow.name)
+    )
+    return [(m, t) for m, t in s.execute(q)]
+
+
+def is_shared(s: Session, model_id: str, tenant_id: str) -> bool:
+    q = select(ModelShareRow.model_id).where(ModelShareRow.model_id == model_id, ModelShareRow.tenant_id == tenant_id)
+    return s.scalar(q) is not None
+
+
+def get_share(s: Session, model_id: str, tenant_id: str) -> ModelShareRow | None:
+    return s.get(ModelShareRow, (model_id, tenant_id))
+
+
+def shares_of(s: Session, model_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
+    """model id -> [(tenant name, shared at)] sorted by tenant name."""
+    ids = list(model_ids)
+    out: dict[str, list[tuple[str, datetime]]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelShareRow.model_id, TenantRow.name, ModelShareRow.created_at)
+        .join(TenantRow, TenantRow.id == ModelShareRow.tenant_id)
+        .where(ModelShareRow.model_id.in_(ids))
+        .order_by(TenantRow.name)
+    )
+    for model_id, tenant, at in s.execute(q):
+        out[model_id].append((tenant, at))
+    return out
+
+
+def version_stats(s: Session, model_ids: Iterable[str]) -> dict[str, tuple[int, int | None]]:
+    """model id -> (number of versions, newest version number)."""
+    ids = list(model_ids)
+    out: dict[str, tuple[int, int | None]] = {i: (0, None) for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelVersionRow.model_id, func.count(), func.max(ModelVersionRow.version))
+        .where(ModelVersionRow.model_id.in_(ids))
+        .group_by(ModelVersionRow.model_id)
+    )
+    for model_id, count, newest in s.execute(q):
+        out[model_id] = (int(count), int(newest) if newest is not None else None)
+    return out
+
+
+def labels_of(s: Session, model_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """model id -> {label: version number}."""
+    ids = list(model_ids)
+    out: dict[str, dict[str, int]] = {i: {} for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelLabelRow.model_id, ModelLabelRow.label, ModelVersionRow.version)
+        .join(ModelVersionRow, ModelVersionRow.id == ModelLabelRow.version_id)
+        .where(ModelLabelRow.model_id.in_(ids))
+        .order_by(ModelLabelRow.label)
+    )
+    for model_id, label, version in s.execute(q):
+        out[model_id][label] = int(version)
+    return out
+
+
+def list_versions(s: Session, tenant_id: str, model_id: str) -> list[ModelVersionRow]:
+    q = (
+        select(ModelVersionRow)
+        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
+        .order_by(ModelVersionRow.version)
+    )
+    return list(s.scalars(q))
+
+
+def get_version(s: Session, tenant_id: str, model_id: str, version: int) -> ModelVersionRow | None:
+    q = select(ModelVersionRow).where(
+        ModelVersionRow.tenant_id == tenant_id,
+        ModelVersionRow.model_id == model_id,
+        ModelVersionRow.version == version,
+    )
+    return s.scalars(q).first()
+
+
+def get_latest_version(s: Session, tenant_id: str, model_id: str) -> ModelVersionRow | None:
+    q = (
+        select(ModelVersionRow)
+        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
+        .order_by(ModelVersionRow.version.desc())
+        .limit(1)
+    )
+    return s.scalars(q).first()
+
+
+def get_labelled_version(s: Session, tenant_id: str, model_id: str, label: str) -> ModelVersionRow | None:
+    q = (
+        select(ModelVersionRow)
+        .join(ModelLabelRow, ModelLabelRow.version_id == ModelVersionRow.id)
+        .where(
+            ModelVersionRow.tenant_id == tenant_id,
+            ModelLabelRow.model_id == model_id,
+            ModelLabelRow.label == label,
+        )
+    )
+    return s.scalars(q).first()
+
+
+def get_label(s: Session, model_id: str, label: str) -> ModelLabelRow | None:
+    return s.get(ModelLabelRow, (model_id, label))
+
+
+def live_deployments(
+    s: Session, version_ids: Iterable[str], now: datetime
+) -> dict[str, list[tuple[ModelDeploymentRow, str]]]:
+    """version id -> [(unexpired lease, holder's tenant name)] sorted by deployment name."""
+    ids = list(version_ids)
+    out: dict[str, list[tuple[ModelDeploymentRow, str]]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelDeploymentRow, TenantRow.name)
+        .join(TenantRow, TenantRow.id == ModelDeploymentRow.tenant_id)
+        .where(ModelDeploymentRow.model_version_id.in_(ids), ModelDeploymentRow.expires_at > now)
+        .order_by(ModelDeploymentRow.name)
+    )
+    for row, tenant in s.execute(q):
+        out[row.model_version_id].append((row, tenant))
+    return out
+
+
+def get_deployment(s: Session, version_id: str, name: str) -> ModelDeploymentRow | None:
+    q = select(ModelDeploymentRow).where(
+        ModelDeploymentRow.model_version_id == version_id, ModelDeploymentRow.name == name
+    )
+    return s.scalars(q).first()
+
+
+def delete_expired_deployments(s: Session, version_id: str, now: datetime) -> None:
+    s.execute(
+        delete(ModelDeploymentRow).where(
+            ModelDeploymentRow.model_version_id == version_id, ModelDeploymentRow.expires_at <= now
+        )
+    )
+
+
+def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
+    ids = list(set(user_ids))
+    if not ids:
+        return {}
+    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}
