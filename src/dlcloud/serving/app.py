@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from dlcloud import __version__
 from dlcloud.serving.config import ServerConfig
-from dlcloud.serving.errors import BadRequest, NotFound, PayloadTooLarge, ServingError
+from dlcloud.serving.errors import BadRequest, NotFound, PayloadTooLarge, ServingError, Unavailable
 from dlcloud.serving.metrics import ServingMetrics
 from dlcloud.serving.protocol import tfserving, v2
 from dlcloud.serving.repository import ModelRepository, ModelVersion, ServedModel, VersionState
@@ -49,6 +49,20 @@ def _version(raw: str | None) -> int | None:
     if not raw.isdigit():
         raise BadRequest(f"model version must be a positive integer, got {raw!r}")
     return int(raw)
+
+
+def _load_parameters(body: bytes) -> dict[str, Any]:
+    """The ``parameters`` of a repository load request: an empty body or ``{"parameters": {...}}``."""
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise BadRequest(f"load request body is not valid JSON: {exc}") from None
+    params = doc.get("parameters", {}) if isinstance(doc, dict) else None
+    if not isinstance(params, dict):
+        raise BadRequest('load request body must be a JSON object: {"parameters": {...}} or nothing')
+    return params
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -79,11 +93,16 @@ class ServingApp:
     def _record(self, request: Request, model: str, version: str, protocol: str, status: int, started: float) -> None:
         took = time.perf_counter() - started
         code = str(status)
-        self.metrics.requests.labels(model, version, protocol, code).inc()
+        # metric labels only take names the server knows: a client must not create series at will (a request
+        # for an unknown model or version counts under model="" / version="", the access log has the name)
+        served = self.repository.models.get(model)
+        known_model = model if served is not None else ""
+        known_version = version if served is not None and version.isdigit() and int(version) in served.versions else ""
+        self.metrics.requests.labels(known_model, known_version, protocol, code).inc()
         if status >= 400:
-            self.metrics.errors.labels(model, version, protocol, code).inc()
+            self.metrics.errors.labels(known_model, known_version, protocol, code).inc()
         else:
-            self.metrics.latency.labels(model, version).observe(took)
+            self.metrics.latency.labels(known_model, known_version).observe(took)
         if self.log_access and access_log.isEnabledFor(logging.INFO):
             client = request.client
             access_log.info(
@@ -217,22 +236,26 @@ class ServingApp:
         try:
             self._check_admin(request)
             name = request.path_params["model"]
-            body = await read_body(request, 1024 * 1024)
-            params = json.loads(body or b"{}").get("parameters", {}) if body.strip() else {}
-            if isinstance(params, dict) and ("config" in params or any(k.startswith("file:") for k in params)):
+            params = _load_parameters(await read_body(request, 1024 * 1024))
+            if "config" in params or any(k.startswith("file:") for k in params):
                 raise BadRequest("loading with an override config or files is not supported; edit the model path")
             version = _version(request.path_params.get("version"))
             if version is None:
-                await self.repository.sync_model(name)
+                failed = await self.repository.sync_model(name)
                 served = self.repository.get(name)
+                if failed:
+                    live = served.available_versions()
+                    serving = f"; serving version(s) {', '.join(map(str, live))}" if live else "; no version serves"
+                    raise Unavailable(
+                        "; ".join(f"version {mv.version} of model '{name}' failed to load: {mv.error}" for mv in failed)
+                        + serving
+                    )
                 if not served.ready():
                     raise BadRequest(f"model '{name}' has no version ready{served._why()}")
             else:
                 await self.repository.load_version(name, version)
             self.metrics.model_events.labels(name, str(version or ""), "load_request").inc()
             return Response(status_code=200)
-        except ValueError as exc:
-            return _error(BadRequest(f"load request body is not valid JSON: {exc}"))
         except ServingError as exc:
             return _error(exc)
 

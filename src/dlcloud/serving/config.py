@@ -19,7 +19,20 @@ from dlcloud.serving.types import Signature
 FORMATS = ("torchscript", "onnx", "sklearn", "xgboost", "savedmodel", "python")
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=3600)]
+_ZERO_DURATION = re.compile(r"0+(\.0*)?(ms|s|m|h|d)?")
+
+
+def _duration_or_zero(value: Any) -> Any:
+    """A duration where 0 (``0``, ``"0"``, ``"0s"``, ``"0ms"``) is allowed: it means "off" for these settings."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and _ZERO_DURATION.fullmatch(value.strip().lower()):
+        return 0.0
+    return parse_duration(value)
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)]
+SecondsOrZero = Annotated[float, BeforeValidator(_duration_or_zero), Field(ge=0, le=3600)]
 
 
 class _Strict(BaseModel):
@@ -30,7 +43,9 @@ class BatchingSpec(_Strict):
     """Dynamic batching of one model (every version gets its own queue)."""
 
     max_batch_size: int = Field(default=32, ge=0, le=65536, description="rows per batch; 0 disables batching")
-    max_queue_delay: Seconds = Field(default=0.0, description="wait this long for a batch to fill; 0 = run at once")
+    max_queue_delay: SecondsOrZero = Field(
+        default=0.0, description="wait this long for a batch to fill; 0 = run at once"
+    )
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     timeout: Seconds | None = Field(default=None, description="default time a request may wait in the queue")
@@ -153,7 +168,7 @@ class ServerConfig(_Strict):
     root_path: str = Field(default="", description="serve under this URL prefix as well, e.g. /serving")
     models: tuple[ModelSpec, ...] = ()
     pipelines: tuple[PipelineSpec, ...] = ()
-    watch_interval: Seconds = Field(default=2.0, description="rescan model directories this often; 0 = never")
+    watch_interval: SecondsOrZero = Field(default=2.0, description="rescan model directories this often; 0 = never")
     max_body_bytes: int = Field(64 * 1024**2, ge=1024)
     access_log: bool = True
     admin_token: str | None = Field(default=None, description="required as a Bearer token by the repository endpoints")

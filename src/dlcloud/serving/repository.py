@@ -123,6 +123,9 @@ class ServedModel:
     def available(self) -> list[ModelVersion]:
         return [mv for v, mv in sorted(self.versions.items()) if mv.state is VersionState.AVAILABLE]
 
+    def available_versions(self) -> list[int]:
+        return [mv.version for mv in self.available()]
+
     def default_version(self) -> ModelVersion | None:
         live = self.available()
         return live[-1] if live else None
@@ -287,13 +290,20 @@ class ModelRepository:
 
     # loading and swapping ------------------------------------------------------------------------
 
-    async def sync_model(self, name: str) -> None:
-        """Bring the loaded versions in line with the disk and the version policy."""
+    async def sync_model(self, name: str, *, enable: bool = True) -> list[ModelVersion]:
+        """Bring the loaded versions in line with the disk and the version policy.
+
+        Returns the versions this call tried to load and that FAILED (the versions serving before keep
+        serving). ``enable=False`` (the directory watcher) leaves a model that was explicitly unloaded alone,
+        also when the unload happened while the watcher was waiting for the lock.
+        """
         served = self.get(name)
         spec = served.spec
         if spec is None:
             raise BadRequest(f"'{name}' is a pipeline; it is loaded with its models")
         async with served.lock:
+            if not enable and not served.enabled:
+                return []
             served.enabled = True
             root = self.config.resolve(spec.path)
             on_disk = await asyncio.to_thread(discover_versions, root)
@@ -308,7 +318,7 @@ class ModelRepository:
                 or served.versions[v].state is VersionState.FAILED
                 or served.versions[v].path != on_disk[v]
             ]
-            await asyncio.gather(*(self._load(served, v, on_disk[v]) for v in to_load))
+            loaded = await asyncio.gather(*(self._load(served, v, on_disk[v]) for v in to_load))
             any_wanted_live = any(
                 served.versions.get(v) is not None and served.versions[v].state is VersionState.AVAILABLE
                 for v in wanted
@@ -319,6 +329,7 @@ class ModelRepository:
                 # a version leaves only when a wanted one serves, or when its files are gone
                 if any_wanted_live or v not in on_disk or mv.state is VersionState.FAILED:
                     await self._retire(served, mv, event="swap" if any_wanted_live else None)
+            return [mv for mv in loaded if mv.state is VersionState.FAILED]
 
     async def load_version(self, name: str, version: int) -> None:
         served = self.get(name)
@@ -330,10 +341,10 @@ class ModelRepository:
                 found = ", ".join(str(v) for v in sorted(on_disk)) or "none"
                 raise NotFound(f"model '{name}' has no version {version} on disk; versions found: {found}")
             served.enabled = True
-            await self._load(served, version, on_disk[version])
-            mv = served.versions[version]
+            mv = await self._load(served, version, on_disk[version])
             if mv.state is VersionState.FAILED:
-                raise Unavailable(f"version {version} of model '{name}' failed to load: {mv.error}")
+                serving = " (the version loaded before keeps serving)" if version in served.available_versions() else ""
+                raise Unavailable(f"version {version} of model '{name}' failed to load: {mv.error}{serving}")
 
     async def unload_version(self, name: str, version: int) -> None:
         served = self.get(name)
@@ -352,7 +363,12 @@ class ModelRepository:
             for mv in list(served.versions.values()):
                 await self._retire(served, mv, event="unload")
 
-    async def _load(self, served: ServedModel, version: int, path: Path) -> None:
+    async def _load(self, served: ServedModel, version: int, path: Path) -> ModelVersion:
+        """Load, warm up and publish one version; returns it (AVAILABLE or FAILED with its error).
+
+        When the version is already serving, the old one keeps serving until the new one is AVAILABLE; a
+        new one that FAILED is returned but not published (the old one stays in ``served.versions``).
+        """
         spec = served.spec
         assert spec is not None
         labels = (served.name, str(version))
@@ -365,11 +381,12 @@ class ModelRepository:
             if mv.state is VersionState.AVAILABLE:
                 self._swap_in(served, mv)
                 await self._retire(served, previous, event=None, keep_entry=True)
-            return
+            return mv
         served.put(mv)
         await self._bring_up(served, mv, spec)
         if mv.state is VersionState.AVAILABLE:
             self.metrics.model_events.labels(*labels, "load").inc()
+        return mv
 
     def _swap_in(self, served: ServedModel, mv: ModelVersion) -> None:
         served.put(mv)
@@ -473,7 +490,12 @@ class ModelRepository:
         if mv.predictor is not None:
             predictor, mv.predictor = mv.predictor, None
             if predictor.loaded:
-                await asyncio.to_thread(predictor.unload)
+                try:
+                    await asyncio.to_thread(predictor.unload)
+                except Exception:
+                    # the version is out of service either way; a failing unload hook must not stop a swap,
+                    # the directory watcher or the server's shutdown
+                    log.exception("model %s version %d: unloading it raised", mv.model, mv.version)
 
     # directory watching --------------------------------------------------------------------------
 
@@ -487,6 +509,8 @@ class ModelRepository:
                     on_disk = await asyncio.to_thread(discover_versions, self.config.resolve(served.spec.path))
                     if on_disk != self._seen.get(name):
                         log.info("model %s: versions on disk changed to %s", name, sorted(on_disk))
-                        await self.sync_model(name)
+                        await self.sync_model(name, enable=False)
                 except (OSError, ServingError) as exc:
                     log.error("model %s: watching %s failed: %s", name, served.spec.path, exc)
+                except Exception:  # one model's surprise must not end watching for every model
+                    log.exception("model %s: watching %s failed", name, served.spec.path)

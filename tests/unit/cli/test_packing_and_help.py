@@ -55,6 +55,9 @@ def test_read_commands_offer_json_output():
     readers = {
         ("jobs", "list"),
         ("jobs", "describe"),
+        ("models", "list"),
+        ("models", "describe"),
+        ("models", "versions"),
         ("tenants", "list"),
         ("users", "list"),
         ("keys", "list"),

@@ -8,7 +8,8 @@
 
 Invariants: nothing here does I/O, touches a model or imports an HTTP framework; every malformed request
 raises a ``ServingError`` subclass (400, 413, 415) whose message names the tensor and says what was expected
-and what arrived. Arrays decoded from binary data are read-only views into the request body (no copy).
+and what arrived. Arrays decoded from binary data are read-only views into the request body (no copy, unless
+unaligned).
 
 Vocabulary: *binary part* is the bytes after the JSON header of a V2 request or response; *row format* is
 TF Serving's ``instances``, *columnar format* its ``inputs``.

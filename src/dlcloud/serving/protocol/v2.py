@@ -7,7 +7,8 @@ nothing here looks at it. ``Content-Encoding: gzip | deflate`` is undone first, 
 
 Decisions a client can see:
 
-- Binary inputs become read-only NumPy views into the body (little-endian, no copy); BOOL is normalised to
+- Binary inputs become read-only NumPy views into the body (little-endian, no copy unless the tensor starts at
+  an offset its datatype cannot be read from in place: then it is copied once); BOOL is normalised to
   0/1; BF16 (binary only) is widened to FP32 and keeps the datatype name ``BF16``.
 - Unknown request and tensor ``parameters`` are ignored. Shared memory and the ``classification`` output
   parameter are refused with a 400: this server has neither.
@@ -253,6 +254,11 @@ def binary_to_array(buf: memoryview | bytes, datatype: str, shape: tuple[int, ..
             f"binary_data_size is {len(buf)}"
         )
     flat = np.frombuffer(buf, dtype=_WIRE[datatype], count=count)
+    if flat.ctypes.data % flat.dtype.alignment:
+        # the tensor starts at an unaligned offset of the body (the JSON header has any length): copy it once,
+        # since libraries copy unaligned data anyway or refuse it (XGBoost does, even for zero rows)
+        flat = flat.copy()
+        flat.flags.writeable = False
     if datatype == "BOOL":
         flat = flat != 0
     elif datatype == "BF16":
@@ -261,7 +267,8 @@ def binary_to_array(buf: memoryview | bytes, datatype: str, shape: tuple[int, ..
 
 
 def _bytes_from_binary(buf: memoryview | bytes, count: int, what: str) -> Array:
-    out = np.empty(count, dtype=object)
+    # elements are collected as they are read: memory follows the data sent, not the shape claimed
+    elements: list[bytes] = []
     view = memoryview(buf)
     end = len(view)
     pos = 0
@@ -275,11 +282,11 @@ def _bytes_from_binary(buf: memoryview | bytes, count: int, what: str) -> Array:
             raise BadRequest(
                 f"{what}: BYTES element {i} claims {length} bytes but only {end - pos} are left in its binary data"
             )
-        out[i] = bytes(view[pos : pos + length])
+        elements.append(bytes(view[pos : pos + length]))
         pos += length
     if pos != end:
         raise BadRequest(f"{what}: binary BYTES data has {end - pos} bytes left over after {count} elements")
-    return out
+    return bytes_array(elements, (count,))
 
 
 def _decode_raw(body: bytes, spec: TensorSpec | None) -> InferRequest:
