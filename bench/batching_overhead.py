@@ -216,7 +216,7 @@ async def measure(models: list[Model], config: BatchingConfig, args: argparse.Na
     print(f"\nconcurrency {args.clients}, one row per request, {args.seconds:g} s each")
     header = (
         f"{'model':<10}{'ceiling rows/s':>16}{'batcher req/s':>16}{'of ceiling':>12}{'mean batch':>12}"
-        f"{'loop us/req':>13}"
+        f"{'us/request':>13}"
     )
     print(header)
     print("-" * len(header))

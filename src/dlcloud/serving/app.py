@@ -296,6 +296,8 @@ class ServingApp:
             states = [(v, _tf_state(mv.state)) for v, mv in sorted(served.versions.items()) if version in (None, v)]
             if version is not None and not states:
                 raise NotFound(f"model '{name}' has no version {version}")
+            if not states:
+                raise NotFound(f"model '{name}' has no versions loaded{served._why()}")
             errors = {v: mv.error for v, mv in served.versions.items() if mv.error}
             return _json(tfserving.model_status(states, errors=errors))
         except ServingError as exc:

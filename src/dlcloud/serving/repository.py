@@ -83,6 +83,9 @@ class ModelVersion:
         """Validate one request against the signature and run it (batched where configured)."""
         if self.signature is not None:
             inputs = check_inputs(self.signature, inputs)
+        for name, array in inputs.items():
+            if array.ndim and array.shape[0] == 0 and self.max_batch_size > 0:
+                raise BadRequest(f"input '{name}' has no rows; send at least one row")
         assert self.runner is not None
         self.inflight += 1
         try:

@@ -683,7 +683,14 @@ def test_binary_bytes_with_a_huge_shape_is_refused_before_allocating(
     check_still_serving(client, models)
 
 
-@pytest.mark.parametrize("rows", [0, 3])
+def test_a_request_without_rows_is_a_400(client: httpclient.InferenceServerClient, models: Models) -> None:
+    x = {"input": models.xgb.example["input"][:0]}
+    with pytest.raises(InferenceServerException, match="has no rows"):
+        infer(client, "xgb_clf", x, ["predictions"])
+    check_still_serving(client, models)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
 def test_binary_inputs_at_any_offset_of_the_body(
     client: httpclient.InferenceServerClient, models: Models, rows: int
 ) -> None:
@@ -694,8 +701,7 @@ def test_binary_inputs_at_any_offset_of_the_body(
         predictions = result.as_numpy("predictions")
         assert predictions is not None
         assert predictions.shape[0] == rows
-        if rows:
-            np.testing.assert_allclose(predictions, models.xgb.reference(x)["predictions"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(predictions, models.xgb.reference(x)["predictions"], rtol=1e-5, atol=1e-6)
 
 
 def test_raw_binary_body_for_a_single_input_model(http: httpx.Client, models: Models) -> None:
