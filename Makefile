@@ -1,11 +1,13 @@
 # dlcloud — `make run` starts the platform on this machine, `make test` runs the whole suite.
 VENV ?= .venv
+# Ray Serve, for bench/serving.py only: its own venv so that Ray's pins never touch ours
+RAY_VENV ?= .venv-bench-ray
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint system-deps bench clean
+.PHONY: install run test lint system-deps bench bench-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,10 +34,22 @@ lint: install
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-bench: install
+$(RAY_VENV)/.installed:
+	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip install -q --upgrade pip
+	# the CPU build of torch first, as for our venv, so that nothing pulls CUDA packages
+	$(RAY_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(RAY_VENV)/bin/python -m pip install -q "ray[serve]==2.60.0" torch==2.13.0 numpy
+	touch $@
+
+# bench/serving.py also needs wrk (Debian/Ubuntu: apt-get install -y wrk)
+bench-deps: $(RAY_VENV)/.installed
+
+bench: install bench-deps
 	$(PY) bench/job_latency.py
 	$(PY) bench/api_throughput.py
 	$(PY) bench/scheduler.py
+	$(PY) bench/serving.py --ray-venv $(RAY_VENV)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(RAY_VENV) build dist src/*.egg-info

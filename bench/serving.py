@@ -320,21 +320,39 @@ def run_wrk(
     return json.loads(match.group(1)), cpu
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in a process group (the server and its children)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3... of /proc/PID/stat (after the command name), or None if the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_tree(root: int) -> dict[int, str]:
+    """``root`` and its descendants (Ray's raylet, workers, proxy and replica), each with its start time."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:  # field 5 of stat: the process group
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            starts[int(entry.name)] = fields[19]
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in starts:
+            tree[pid] = starts[pid]
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its live descendants."""
+    total = 0
+    for pid in process_tree(root):
+        if (fields := _stat(pid)) is not None:
             total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def measure(
@@ -346,17 +364,17 @@ def measure(
     *,
     connections: int,
     threads: int,
-    pgid: int | None = None,
+    pid: int | None = None,
     metrics_url: str | None = None,
 ) -> Result:
     print(f"  {label} ...", file=sys.stderr, flush=True)
     run_wrk(url, body, lua, connections=connections, threads=threads, seconds=args.warmup)
     batches_before = dlcloud_batches(metrics_url) if metrics_url else None
-    cpu_before = group_cpu_seconds(pgid) if pgid else 0.0
+    cpu_before = tree_cpu_seconds(pid) if pid else 0.0
     t0 = time.perf_counter()
     summary, wrk_cpu = run_wrk(url, body, lua, connections=connections, threads=threads, seconds=args.duration)
     wall = time.perf_counter() - t0
-    server_cpu = (group_cpu_seconds(pgid) - cpu_before) / wall if pgid else None
+    server_cpu = (tree_cpu_seconds(pid) - cpu_before) / wall if pid else None
     batch_rows = None
     if metrics_url and batches_before is not None:
         after = dlcloud_batches(metrics_url)
@@ -415,7 +433,7 @@ class Server(Process):
                     os.environ[k] = v
 
     @property
-    def pgid(self) -> int:
+    def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
@@ -435,7 +453,7 @@ class RayServe:
         return f"http://127.0.0.1:{self.port}{ROUTE}"
 
     @property
-    def pgid(self) -> int:
+    def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
@@ -483,6 +501,7 @@ class RayServe:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        tree = process_tree(proc.pid)  # Ray's own processes are not all in our process group
         with contextlib.suppress(OSError, ValueError):
             assert proc.stdin is not None
             proc.stdin.write("quit\n")
@@ -496,9 +515,12 @@ class RayServe:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        # anything of that cluster still in the process group (raylet, gcs, workers) goes with it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # what that cluster left running (same pid and start time as before: not a reused pid) goes too
+        for pid, started in tree.items():
+            fields = _stat(pid)
+            if fields is not None and fields[19] == started:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def ensure_ray_venv(venv: Path) -> Path:
@@ -528,17 +550,19 @@ def fmt_ms(value: float) -> str:
 
 def print_table(title: str, results: list[Result], ceiling_row: tuple[str, float] | None = None) -> None:
     print(title)
-    header = f"{'':<58}{'rows/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'srv cpu':>9}{'batch':>7}"
+    header = f"{'':<58}{'rows/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+    header += f"{'errors':>8}{'cores':>7}{'cpu/req':>9}{'batch':>7}"
     print(header)
     print("-" * len(header))
     if ceiling_row is not None:
-        print(f"{ceiling_row[0]:<58}{ceiling_row[1]:>9.0f}{'-':>9}{'-':>9}{'-':>9}{'-':>8}{'-':>9}{'-':>7}")
+        print(f"{ceiling_row[0]:<58}{ceiling_row[1]:>9.0f}{'-':>9}{'-':>9}{'-':>9}{'-':>8}{'-':>7}{'-':>9}{'-':>7}")
     for r in results:
         cpu = f"{r.server_cpu:.2f}" if r.server_cpu is not None else "-"
+        per_request = f"{r.server_cpu / r.rps * 1e6:.0f} us" if r.server_cpu is not None else "-"
         batch = f"{r.batch_rows:.1f}" if r.batch_rows is not None else "-"
         print(
             f"{r.label:<58}{r.rows_s:>9.0f}{r.rps:>9.0f}{fmt_ms(r.p50_ms):>9}{fmt_ms(r.p99_ms):>9}"
-            f"{r.errors:>8}{cpu:>9}{batch:>7}"
+            f"{r.errors:>8}{cpu:>7}{per_request:>9}{batch:>7}"
         )
 
 
@@ -597,8 +621,7 @@ def main() -> None:
 
         # -- in-process first: nothing else runs --------------------------------------------------
         print("in-process ceiling ...", file=sys.stderr, flush=True)
-        rates = ceiling(model_path, min(3.0, args.duration / 4), cores)
-        best_batch = max(rates, key=lambda b: rates[b])
+        rates = {t: ceiling(model_path, min(3.0, args.duration / 4), t) for t in sorted({1, cores})}
         single = in_process_latency(model_path, x1, min(5.0, args.duration / 2), args.torch_threads)
 
         c64: list[Result] = []
@@ -616,7 +639,7 @@ def main() -> None:
             dl.start()
             url = dl.endpoint + ROUTE
             check(url, bodies, model_path, "dlcloud")
-            common = {"pgid": dl.pgid, "metrics_url": dl.endpoint + "/metrics"}
+            common = {"pid": dl.pid, "metrics_url": dl.endpoint + "/metrics"}
             print(f"dlcloud at concurrency {args.connections} ...", file=sys.stderr)
             conc = {"connections": args.connections, "threads": args.wrk_threads}
             c64.append(measure(f"dlcloud, {bodies['json1'].label}", url, bodies["json1"], lua, args, **conc, **common))
@@ -637,16 +660,11 @@ def main() -> None:
         echo = Server(root, "echo", [sys.executable, "-c", ECHO_SERVER, "{port}"], "/", {})
         try:
             echo.start()
-            floor = measure(
-                "HTTP floor: bare uvicorn app, fixed answer",
-                echo.endpoint + ROUTE,
-                bodies["json1"],
-                lua,
-                args,
-                connections=1,
-                threads=1,
-                pgid=echo.pgid,
-            )
+            label = "HTTP floor: bare uvicorn app, no model, fixed answer"
+            conc = {"connections": args.connections, "threads": args.wrk_threads}
+            floor64 = measure(label, echo.endpoint + ROUTE, bodies["json1"], lua, args, **conc, pid=echo.pid)
+            one = {"connections": 1, "threads": 1}
+            floor = measure(label, echo.endpoint + ROUTE, bodies["json1"], lua, args, **one, pid=echo.pid)
         finally:
             echo.stop()
 
@@ -664,9 +682,7 @@ def main() -> None:
                         check(ray.url, {"json1": bodies["json1"]}, model_path, "Ray Serve")
                     label = f"Ray Serve, {bodies['json1'].label}, wait {wait:g} s"
                     conc = {"connections": args.connections, "threads": args.wrk_threads}
-                    ray_results.append(
-                        (wait, measure(label, ray.url, bodies["json1"], lua, args, **conc, pgid=ray.pgid))
-                    )
+                    ray_results.append((wait, measure(label, ray.url, bodies["json1"], lua, args, **conc, pid=ray.pid)))
                 wait = min(ray_waits)
                 ray.deploy(wait, json1)
                 ray_c1 = measure(
@@ -677,13 +693,13 @@ def main() -> None:
                     args,
                     connections=1,
                     threads=1,
-                    pgid=ray.pgid,
+                    pid=ray.pid,
                 )
             finally:
                 ray.stop()
 
     load_after = load_average()
-    report(args, rates, best_batch, single, c64, extras, ray_results, c1, floor, ray_c1, load_before, load_after)
+    report(args, rates, single, c64, extras, ray_results, c1, floor64, floor, ray_c1, load_before, load_after)
 
 
 def check(url: str, bodies: dict[str, Body], model_path: Path, name: str) -> None:
@@ -704,20 +720,21 @@ def check(url: str, bodies: dict[str, Body], model_path: Path, name: str) -> Non
 
 def report(
     args: argparse.Namespace,
-    rates: dict[int, float],
-    best_batch: int,
+    rates: dict[int, dict[int, float]],
     single: list[float],
     c64: list[Result],
     extras: list[Result],
     ray_results: list[tuple[float, Result]],
     c1: list[Result],
+    floor64: Result,
     floor: Result,
     ray_c1: Result | None,
     load_before: str,
     load_after: str,
 ) -> None:
     cores = os.cpu_count() or 1
-    best_rows = rates[best_batch]
+    best_threads, best_batch = max(((t, b) for t in rates for b in rates[t]), key=lambda tb: rates[tb[0]][tb[1]])
+    best_rows = rates[best_threads][best_batch]
     dl = c64[0]
     print()
     print(f"machine: {machine()}")
@@ -736,12 +753,13 @@ def report(
             "access log off, HTTP proxy actor"
         )
     print(
-        f"load: wrk, closed loop, {args.duration:g} s per line after {args.warmup:g} s of warm-up; "
-        f"'srv cpu': cores the server's processes used, 'batch': dlcloud's mean rows per model call"
+        f"load: wrk, closed loop, {args.duration:g} s per line after {args.warmup:g} s of warm-up; 'cores' and "
+        "'cpu/req': CPU the server's processes used (all of Ray's), 'batch': dlcloud's mean rows per model call"
     )
     print()
-    per_batch = ", ".join(f"{b}: {r:,.0f}" for b, r in rates.items())
-    print(f"in-process rows/s by batch size ({cores} torch threads): {per_batch}")
+    for threads, by_batch in rates.items():
+        per_batch = ", ".join(f"{b}: {r:,.0f}" for b, r in by_batch.items())
+        print(f"in-process rows/s by batch size, {threads} torch thread(s): {per_batch}")
     print()
     ray_best = max((r for _, r in ray_results), key=lambda r: r.rps, default=None)
     rows64 = [dl] + [r for _, r in ray_results]
@@ -749,8 +767,9 @@ def report(
         f"concurrency {args.connections} (wrk -t {args.wrk_threads} -c {args.connections}), 1 row of "
         f"{IN_FEATURES} FP32 per request",
         rows64,
-        (f"in-process ceiling (batches of {best_batch} rows)", best_rows),
+        (f"in-process ceiling ({best_batch} rows/batch, {best_threads} torch threads)", best_rows),
     )
+    print_table("reference: what loopback HTTP alone allows (same load, same body)", [floor64])
     if extras:
         print_table("extra lines, same load (not part of the comparison)", extras)
     print()
@@ -786,7 +805,7 @@ def report(
         f"{verdict(added <= TARGET_ADDED_MS)}); of which loopback HTTP + uvicorn alone (the floor): "
         f"{floor.p50_ms:.3f} ms, dlcloud's own: {added - floor.p50_ms:.3f} ms"
     )
-    bad = [r for r in [*c64, *extras, *c1, floor, *(r for _, r in ray_results)] if r.errors]
+    bad = [r for r in [*c64, *extras, *c1, floor64, floor, *(r for _, r in ray_results)] if r.errors]
     if bad:
         print("WARNING: errors (non-2xx, timeouts, socket errors) in: " + ", ".join(r.label for r in bad))
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dlcloud.serving.errors import BadRequest, ServingError
+from dlcloud.serving.protocol import _json
 from dlcloud.serving.protocol._tensors import (
     Array,
     bytes_array,
@@ -91,7 +92,7 @@ def decode_predict(body: bytes, signature: Signature) -> tuple[dict[str, Array],
             values that do not fit the signature's datatypes or shapes.
     """
     try:
-        doc = json.loads(body)
+        doc = _json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):

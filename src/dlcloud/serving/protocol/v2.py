@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from dlcloud.serving.errors import BadRequest, PayloadTooLarge, ServingError
+from dlcloud.serving.protocol import _json
 from dlcloud.serving.protocol._tensors import (
     Array,
     bytes_array,
@@ -144,7 +145,7 @@ def decode_infer_request(
             return _decode_raw(body, single_input)
 
     try:
-        doc = json.loads(body if header_length == len(body) else body[:header_length])
+        doc = _json.loads(body if header_length == len(body) else body[:header_length])
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"request JSON is invalid: {exc}") from None
     if not isinstance(doc, dict):
