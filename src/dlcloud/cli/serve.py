@@ -12,9 +12,17 @@ from dlcloud.cli.output import err_console
 
 
 def serve(
+    ctx: typer.Context,
     model: list[str] = typer.Option(
         [], "--model", "-m", help="NAME=PATH[:FORMAT]; repeat for several models. PATH may hold numbered versions."
     ),
+    registry: list[str] = typer.Option(
+        [], "--registry", "-r", help="Serve a registry model: NAME, OWNER/NAME or NAME@LABEL; repeat for several."
+    ),
+    cache_dir: Path = typer.Option(
+        Path("~/.cache/dlcloud/models"), "--cache-dir", help="Where registry versions are downloaded."
+    ),
+    registry_interval: float = typer.Option(10.0, "--registry-interval", help="Seconds between registry checks."),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON file with models and pipelines."),
     host: str | None = typer.Option(None, "--host", help="Address to listen on [default: 127.0.0.1]."),
     port: int | None = typer.Option(None, "--port", help="Port to listen on [default: 8000]."),
@@ -50,6 +58,12 @@ def serve(
       dlcloud serve -m ranker=./models/ranker:onnx --max-batch-size 64 --max-queue-delay 2ms
 
       dlcloud serve --config serving.yaml
+
+      dlcloud serve --registry fraud@production --registry team-a/ranker --port 8000
+
+    With --registry the server follows the registry (credentials from 'dlcloud configure'): the versions it
+    names (all of them, or the one behind the label) are downloaded, checksum-verified and swapped in as the
+    registry changes; the served versions are marked deployed, so they cannot be deleted meanwhile.
     """
     from dlcloud.serving.config import ConfigError, build_config
 
@@ -72,9 +86,18 @@ def serve(
         "admin_token": admin_token,
         "access_log": access_log,
     }
+    mirrors = _registry_mirrors(ctx, registry, cache_dir, host or "127.0.0.1", port or 8000)
+    extra = [
+        {"name": m.local_name, "path": str(m.root), "format": m.first_format(), "versions": "all"} for m in mirrors
+    ]
     try:
         cfg = build_config(
-            config_file=config, model_flags=model, overrides=overrides, batching=batching, versions=versions
+            config_file=config,
+            model_flags=model,
+            overrides=overrides,
+            batching=batching,
+            versions=versions,
+            extra_models=extra,
         )
     except ConfigError as exc:
         err_console.print(f"[red]error (invalid_config):[/red] {exc}")
@@ -105,4 +128,53 @@ def serve(
         names = ", ".join(m.name for m in cfg.models) + "".join(f", {p.name} (pipeline)" for p in cfg.pipelines)
         err_console.print(f"serving {names} at [bold]http://{cfg.host}:{bound}[/bold] (V2: /v2, TF Serving: /v1)")
 
-    run(cfg, log_level=log_level, on_started=started)
+    follower = None
+    if mirrors:
+        from dlcloud.client.mirror import MirrorThread
+
+        follower = MirrorThread(mirrors, registry_interval)
+        follower.start()
+    try:
+        run(cfg, log_level=log_level, on_started=started)
+    finally:
+        if follower is not None:
+            follower.stop()
+
+
+def _registry_mirrors(ctx: typer.Context, refs: list[str], cache_dir: Path, host: str, port: int) -> list:
+    """Download what each --registry reference names, before the server starts (with a progress line)."""
+    if not refs:
+        return []
+    import socket
+
+    from dlcloud.cli.common import client
+    from dlcloud.client.mirror import RegistryMirror, parse_registry_ref
+    from dlcloud.errors import DlcloudError
+
+    api = client(ctx)
+    mirrors = []
+    for value in refs:
+        try:
+            ref, label = parse_registry_ref(value)
+        except ValueError as exc:
+            err_console.print(f"[red]error (invalid_config):[/red] {exc}")
+            raise typer.Exit(2) from None
+        root = cache_dir.expanduser().resolve() / ref.replace("/", "__")
+        mirror = RegistryMirror(
+            api,
+            ref,
+            label,
+            root,
+            deployment=f"{socket.gethostname()}-{port}",
+            endpoint=f"http://{host}:{port}",
+        )
+        with err_console.status(f"fetching {value} from the registry..."):
+            try:
+                mirror.sync()
+            except DlcloudError as exc:
+                err_console.print(f"[red]error ({exc.code}):[/red] {value}: {exc.message}")
+                raise typer.Exit(1) from None
+        versions = ", ".join(str(v) for v in sorted(mirror.on_disk())) or "none"
+        err_console.print(f"{value}: version(s) {versions} in {root}")
+        mirrors.append(mirror)
+    return mirrors

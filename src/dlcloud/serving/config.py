@@ -222,6 +222,7 @@ def build_config(
     overrides: dict[str, Any] | None = None,
     batching: dict[str, Any] | None = None,
     versions: str | None = None,
+    extra_models: list[dict[str, Any]] | None = None,
 ) -> ServerConfig:
     """Merge a config file, ``--model`` flags and CLI overrides into one validated ServerConfig."""
     data: dict[str, Any] = {}
@@ -243,6 +244,8 @@ def build_config(
         if versions:
             spec["versions"] = versions
         models.append(spec)
+    for extra in extra_models or []:
+        models.append({**extra, "batching": batching} if batching else extra)
     data["models"] = models
     data.setdefault("base_dir", str(base_dir))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -1,0 +1,145 @@
+"""Keep a local model directory in step with the registry, for ``dlcloud serve --registry``.
+
+The directory has the layout the model server watches: ``<root>/<version>/`` per version. The mirror
+downloads the versions the registry wants served (every version, or the one behind a label), verifies
+their checksums (``Models.download``), and moves each into place with one rename, so the server never
+sees half a version. A version the registry no longer wants is removed only once a wanted one is on disk
+(the server then swaps without a gap). While a version is on disk the mirror renews its deployment lease,
+so the registry refuses to delete it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlcloud.client.base import Client
+from dlcloud.errors import DlcloudError
+
+log = logging.getLogger("dlcloud.serving.registry")
+
+
+def parse_registry_ref(value: str) -> tuple[str, str | None]:
+    """``NAME``, ``OWNER/NAME``, ``NAME@LABEL`` -> (model reference, label or None)."""
+    ref, _, label = value.partition("@")
+    if not ref or (value.endswith("@") and not label):
+        raise ValueError(f"--registry {value!r} must look like NAME, OWNER/NAME or NAME@LABEL")
+    return ref, label or None
+
+
+@dataclass
+class RegistryMirror:
+    client: Client
+    ref: str  # NAME or OWNER/NAME
+    label: str | None
+    root: Path
+    deployment: str
+    endpoint: str
+    ttl_seconds: float = 60.0
+    leases_refused: set[int] = field(default_factory=set)
+
+    @property
+    def local_name(self) -> str:
+        return self.ref.rpartition("/")[2]
+
+    def on_disk(self) -> dict[int, Path]:
+        if not self.root.is_dir():
+            return {}
+        return {int(p.name): p for p in self.root.iterdir() if p.name.isdigit() and p.is_dir()}
+
+    def wanted(self) -> dict[int, dict[str, Any]]:
+        if self.label is not None:
+            meta = self.client.models.version(self.ref, self.label)
+            return {int(meta["version"]): meta}
+        return {int(m["version"]): m for m in self.client.models.versions(self.ref)}
+
+    def first_format(self) -> str | None:
+        wanted = self.wanted()
+        return wanted[max(wanted)]["format"] if wanted else None
+
+    def sync(self) -> bool:
+        """One pass; True when the directory changed."""
+        wanted = self.wanted()
+        present = self.on_disk()
+        changed = False
+        for version, meta in sorted(wanted.items()):
+            if version not in present:
+                self._fetch(version, meta)
+                changed = True
+        present = self.on_disk()
+        if any(v in present for v in wanted):
+            for version, path in present.items():
+                if version not in wanted:
+                    log.info("registry model %s: version %d is no longer wanted; removing it", self.ref, version)
+                    shutil.rmtree(path, ignore_errors=True)
+                    changed = True
+        for version in self.on_disk():
+            self._renew(version)
+        return changed
+
+    def _fetch(self, version: int, meta: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".staging-{version}-", dir=self.root))
+        try:
+            artifact = self.client.models.download(self.ref, version, staging)
+            if artifact.is_dir():
+                target_dir = artifact  # a SavedModel or predictor directory becomes the version directory
+            else:
+                target_dir = staging
+            if meta.get("signature") and not (target_dir / "signature.json").exists():
+                (target_dir / "signature.json").write_text(json.dumps(meta["signature"]))
+            target_dir.rename(self.root / str(version))
+            log.info("registry model %s: version %d downloaded (sha256 %s)", self.ref, version, meta["sha256"][:12])
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _renew(self, version: int) -> None:
+        if version in self.leases_refused:
+            return
+        try:
+            self.client.models.heartbeat_deployment(
+                self.ref, version, self.deployment, self.endpoint, ttl_seconds=self.ttl_seconds
+            )
+        except DlcloudError as exc:
+            # e.g. a model shared read-only with us: we may serve it but not mark it deployed
+            self.leases_refused.add(version)
+            log.warning("registry model %s: cannot mark version %d deployed: %s", self.ref, version, exc)
+
+    def release(self) -> None:
+        for version in self.on_disk():
+            if version in self.leases_refused:
+                continue
+            try:
+                self.client.models.release_deployment(self.ref, version, self.deployment)
+            except DlcloudError as exc:
+                log.warning("registry model %s: releasing version %d failed: %s", self.ref, version, exc)
+
+
+class MirrorThread(threading.Thread):
+    """Syncs every mirror each ``interval`` seconds until stopped; a registry outage keeps what is on disk."""
+
+    def __init__(self, mirrors: list[RegistryMirror], interval: float) -> None:
+        super().__init__(name="dlcloud-registry-mirror", daemon=True)
+        self.mirrors = mirrors
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for mirror in self.mirrors:
+                try:
+                    mirror.sync()
+                except (DlcloudError, OSError) as exc:
+                    log.warning("registry model %s: sync failed, serving what is on disk: %s", mirror.ref, exc)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=30)
+        for mirror in self.mirrors:
+            mirror.release()
