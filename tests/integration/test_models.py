@@ -12,6 +12,7 @@ import os
 import stat
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +267,20 @@ def test_version_numbers_are_never_reused(world, tmp_path):
     assert (err.code, err.http_status) == ("model_version_not_found", 404)
     assert "has no version 3" in err.message
     assert not _artifact_path(world.env, "nums", 2).parent.with_name("3").exists()
+
+
+def test_concurrent_registrations_get_distinct_versions(world, tmp_path):
+    """The first versions of a new model, registered at once: one model, versions 1..N, no file lost."""
+    f = _file(tmp_path, "model.onnx")
+    clients = [world.alice, world.amy, world.anna] * 2
+    with ThreadPoolExecutor(len(clients)) as pool:
+        versions = list(pool.map(lambda c: _register(c, "race", f)["version"], clients))
+    assert sorted(versions) == list(range(1, len(clients) + 1))
+    assert [m["name"] for m in world.alice.models.list()] == ["race"]
+    listed = world.alice.models.versions("race")
+    assert [v["version"] for v in listed] == sorted(versions)
+    for v in listed:
+        assert verify(_artifact_path(world.env, "race", v["version"]), v["sha256"])
 
 
 def test_inferred_signature_of_a_scikit_learn_model(world, tmp_path):

@@ -10,6 +10,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Receive, Scope, Send
 
 from dlcloud import __version__
 from dlcloud.serving.config import ServerConfig
@@ -368,6 +370,48 @@ class ServingApp:
         ]
 
 
+# the paths of the two V2 infer routes below (Starlette's {model} and {version} match [^/]+)
+_V2_INFER = re.compile(r"/v2/models/([^/]+)/(?:versions/([^/]+)/)?infer")
+
+
+class _ServingStarlette(Starlette):
+    """Starlette, with a shortcut for V2 infer requests, the hot path: they go straight to their handler.
+
+    The router would try the routes one by one and wrap the handler in four layers of middleware and exception
+    handling, which ``ServingApp.infer`` does not need (it answers every error itself); skipping them saves
+    about a tenth of the server's time per request. The request the handler sees is the one the router would
+    have made: same path params, same scope. Everything else (and every infer request under a ``root_path``
+    that Starlette would route differently) goes through Starlette as usual.
+    """
+
+    def __init__(self, *args: Any, infer: Handler, prefix: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._infer = infer
+        # Mount(prefix) takes every path under prefix/ (and a prefix with {params} would take more: no shortcut)
+        self._prefix = prefix + "/" if prefix else ""
+        self._shortcut = "{" not in prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and self._shortcut and not scope.get("root_path"):
+            path = scope["path"]
+            mounted = bool(self._prefix) and path.startswith(self._prefix)
+            if mounted:
+                path = path[len(self._prefix) - 1 :]
+            match = _V2_INFER.fullmatch(path)
+            if match is not None:
+                model, version = match.groups()
+                if mounted:  # as Mount sets them for its routes
+                    scope["app_root_path"] = ""
+                    scope["root_path"] = self._prefix[:-1]
+                scope["app"] = self
+                scope["endpoint"] = self._infer
+                scope["path_params"] = {"model": model} if version is None else {"model": model, "version": version}
+                response = await self._infer(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def _tf_state(state: VersionState) -> str:
     return {
         VersionState.LOADING: "LOADING",
@@ -400,6 +444,12 @@ def create_serving_app(config: ServerConfig) -> Starlette:
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return _json({"error": f"{request.method} is not allowed on {request.url.path}"}, 405)
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: method_not_allowed})
+    app = _ServingStarlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: method_not_allowed},
+        infer=serving.infer,
+        prefix=prefix,
+    )
     app.state.serving = serving
     return app

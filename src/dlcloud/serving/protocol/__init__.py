@@ -5,7 +5,7 @@
 - ``tfserving.py``  TensorFlow Serving REST v1: ``:predict`` in row and columnar form, ``:classify`` /
                     ``:regress``, model status and metadata, URL parsing.
 - ``_tensors.py``   JSON <-> NumPy conversions both share.
-- ``_json.py``      reading JSON bodies: ``orjson`` where it gives what ``json`` would, else ``json``.
+- ``_json.py``      reading JSON bodies: ``msgspec`` (fast), with ``json`` for what it refuses.
 
 Invariants: nothing here does I/O, touches a model or imports an HTTP framework; every malformed request
 raises a ``ServingError`` subclass (400, 413, 415) whose message names the tensor and says what was expected
