@@ -78,6 +78,7 @@ class RegistryMirror:
                 if version not in wanted:
                     log.info("registry model %s: version %d is no longer wanted; removing it", self.ref, version)
                     shutil.rmtree(path, ignore_errors=True)
+                    self._release(version)  # the server drains it from memory; the registry may delete it
                     changed = True
         for version in self.on_disk():
             self._renew(version)
@@ -111,14 +112,18 @@ class RegistryMirror:
             self.leases_refused.add(version)
             log.warning("registry model %s: cannot mark version %d deployed: %s", self.ref, version, exc)
 
+    def _release(self, version: int) -> None:
+        if version in self.leases_refused:
+            return
+        try:
+            self.client.models.release_deployment(self.ref, version, self.deployment)
+        except DlcloudError as exc:
+            log.warning("registry model %s: releasing version %d failed: %s", self.ref, version, exc)
+
     def release(self) -> None:
+        """End the leases of every version on disk (the server is stopping)."""
         for version in self.on_disk():
-            if version in self.leases_refused:
-                continue
-            try:
-                self.client.models.release_deployment(self.ref, version, self.deployment)
-            except DlcloudError as exc:
-                log.warning("registry model %s: releasing version %d failed: %s", self.ref, version, exc)
+            self._release(version)
 
 
 class MirrorThread(threading.Thread):
