@@ -7,6 +7,8 @@ except under CI=true, where they fail: a CI run never silently drops a tier.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import threading
@@ -20,6 +22,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 from starlette.testclient import TestClient
 
+from dlcloud import signing
 from dlcloud.api.app import create_app
 from dlcloud.client import Client, Credentials
 from dlcloud.executors.base import Executor
@@ -119,6 +122,17 @@ class Env:
         self.admin.users.create(user, tenant=tenant, role=role)
         key = self.admin.keys.create(user=user, tenant=tenant)
         return self.client(Credentials("http://testserver", key["access_key"], key["secret_key"]))
+
+    def signed(self, creds: Credentials, method: str, path: str, body: object = None, query: str = ""):
+        """A request signed with ``creds`` (``body`` sent as JSON) through the test client; the raw response."""
+        content = b"" if body is None else json.dumps(body).encode()
+        headers = signing.sign_request(
+            creds.access_key, creds.secret_key, method, path, query, hashlib.sha256(content).hexdigest()
+        ).headers
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+        url = path + (f"?{query}" if query else "")
+        return self.http.request(method, url, content=content or None, headers=headers)
 
 
 def make_settings(tmp_path: Path, db_url: str, **overrides: object) -> Settings:

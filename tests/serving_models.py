@@ -39,6 +39,16 @@ def _rows(n: int, width: int, seed: int, dtype: Any = np.float32) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, width)).astype(dtype)
 
 
+def _classification(n_features: int, n_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """200 rows of ``make_classification`` data (4 informative features): the sklearn and xgboost models' data."""
+    from sklearn.datasets import make_classification
+
+    x, y = make_classification(
+        n_samples=200, n_features=n_features, n_informative=4, n_classes=n_classes, random_state=seed
+    )
+    return x, y
+
+
 def _torch_mlp(in_features: int, hidden: int, out: int, seed: int) -> Any:
     import torch
 
@@ -130,14 +140,11 @@ def make_sklearn_classifier(
 ) -> BuiltModel:
     """``directory/model<suffix>``: a LogisticRegression or RandomForest on ``make_classification`` data."""
     import joblib
-    from sklearn.datasets import make_classification
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
 
     directory.mkdir(parents=True, exist_ok=True)
-    x, y = make_classification(
-        n_samples=200, n_features=n_features, n_informative=4, n_classes=n_classes, random_state=seed
-    )
+    x, y = _classification(n_features, n_classes, seed)
     estimator: Any
     if kind == "logistic":
         estimator = LogisticRegression(max_iter=1000)
@@ -166,12 +173,9 @@ def make_xgboost_model(
 ) -> BuiltModel:
     """``directory/model<suffix>``: a small booster trained with ``objective`` (JSON or UBJSON)."""
     import xgboost as xgb
-    from sklearn.datasets import make_classification
 
     directory.mkdir(parents=True, exist_ok=True)
-    x, y = make_classification(
-        n_samples=200, n_features=n_features, n_informative=4, n_classes=n_classes, random_state=seed
-    )
+    x, y = _classification(n_features, n_classes, seed)
     params: dict[str, Any] = {"objective": objective, "max_depth": 3, "seed": seed}
     if objective.startswith("multi:"):
         params["num_class"] = n_classes

@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.conftest import wait_for
 
 DLCLOUD = str(Path(sys.executable).parent / "dlcloud")
 
@@ -102,6 +105,59 @@ class Server:
 
     def cli_json(self, *args: str) -> object:
         return json.loads(self.cli(*args, "-o", "json").stdout)
+
+
+@dataclass
+class Serve:
+    """A running ``dlcloud serve``; its stdout and stderr go to ``log``."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"dlcloud serve exited with {self.proc.returncode}:\n{self.output()[-5000:]}")
+        try:
+            return httpx.get(f"{self.url}/v2/health/ready", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+@contextmanager
+def dlcloud_serve(args: list[str], env: dict[str, str], log: Path) -> Iterator[Serve]:
+    """``dlcloud serve *args --port <free port>``, yielded once ``/v2/health/ready`` answers 200 (up to 120 s).
+
+    The test stops it as it likes (SIGTERM, say); whatever still runs when the block ends is killed.
+    """
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [DLCLOUD, "serve", *args, "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    serve = Serve(proc, port, log)
+    try:
+        wait_for(serve.ready, timeout=120, interval=0.1, what="dlcloud serve to be ready")
+        yield serve
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture

@@ -5,29 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tests.conftest import wait_for
-from tests.e2e.conftest import DLCLOUD, free_port
+from tests.e2e.conftest import dlcloud_serve
 from tests.serving_models import BuiltModel, make_python_predictor, make_sklearn_classifier
 
 pytestmark = pytest.mark.e2e
-
-
-def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
-    if proc.poll() is not None:
-        pytest.fail(f"dlcloud serve exited with {proc.returncode}:\n{log.read_text(errors='replace')[-5000:]}")
-    try:
-        return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _infer(client: httpclient.InferenceServerClient, model: str, built: BuiltModel) -> None:
@@ -45,29 +33,12 @@ def _infer(client: httpclient.InferenceServerClient, model: str, built: BuiltMod
 def test_dlcloud_serve_answers_tritonclient_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     doubler = make_python_predictor(tmp_path / "models" / "doubler")
     classifier = make_sklearn_classifier(tmp_path / "models" / "clf")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")} | {"COLUMNS": "200"}
-    command = [
-        DLCLOUD,
-        "serve",
-        "-m",
-        f"doubler={doubler.path}",
-        "-m",
-        f"clf={classifier.path}:sklearn",
-        "--port",
-        str(port),
-        "--watch-interval",
-        "0",
-        "--max-queue-delay",
-        "0",
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(lambda: _ready(url, proc, log), timeout=120, interval=0.1, what="dlcloud serve to be ready")
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=60, network_timeout=60)
+    args = ["-m", f"doubler={doubler.path}", "-m", f"clf={classifier.path}:sklearn"]
+    args += ["--watch-interval", "0", "--max-queue-delay", "0"]
+    with dlcloud_serve(args, env, log) as serve:
+        client = httpclient.InferenceServerClient(serve.hostport, connection_timeout=60, network_timeout=60)
         try:
             assert client.is_server_live() is True
             assert client.is_model_ready("doubler") is True
@@ -77,15 +48,11 @@ def test_dlcloud_serve_answers_tritonclient_and_exits_0_on_sigterm(tmp_path: Pat
         finally:
             client.close()
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(timeout=60) == 0
 
-    output = log.read_text(errors="replace")
-    assert f"serving doubler, clf at http://127.0.0.1:{port}" in output
+    output = serve.output()
+    assert f"serving doubler, clf at {serve.url}" in output
     access = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert [(a["path"], a["status"]) for a in access] == [
         ("/v2/models/doubler/infer", 200),

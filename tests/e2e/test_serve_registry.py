@@ -4,7 +4,6 @@ served versions cannot be deleted, and a stopped server releases them."""
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import wait_for
-from tests.e2e.conftest import DLCLOUD, Server, free_port
+from tests.e2e.conftest import Server, dlcloud_serve
 from tests.serving_models import make_sklearn_classifier
 
 pytestmark = pytest.mark.e2e
@@ -27,15 +26,6 @@ def _infer(url: str, x: np.ndarray) -> tuple[str, np.ndarray]:
     return doc["model_version"], np.asarray(probabilities["data"]).reshape(probabilities["shape"])
 
 
-def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
-    if proc.poll() is not None:
-        pytest.fail(f"dlcloud serve exited with {proc.returncode}:\n{log.read_text(errors='replace')[-5000:]}")
-    try:
-        return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 def test_serve_follows_a_registry_label(server: Server, tmp_path: Path) -> None:
     v1 = make_sklearn_classifier(tmp_path / "v1", seed=1)
     v2 = make_sklearn_classifier(tmp_path / "v2", seed=2)
@@ -43,27 +33,10 @@ def test_serve_follows_a_registry_label(server: Server, tmp_path: Path) -> None:
     server.cli("models", "register", "clf", "--file", str(v2.path))
     server.cli("models", "label", "clf", "production", "1")
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    command = [
-        DLCLOUD,
-        "serve",
-        "--registry",
-        "clf@production",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--registry-interval",
-        "0.3",
-        "--watch-interval",
-        "0.2",
-        "--port",
-        str(port),
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=server.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(lambda: _ready(url, proc, log), timeout=120, interval=0.1, what="dlcloud serve to be ready")
+    args = ["--registry", "clf@production", "--cache-dir", str(tmp_path / "cache")]
+    args += ["--registry-interval", "0.3", "--watch-interval", "0.2"]
+    with dlcloud_serve(args, server.env, tmp_path / "serve.log") as serve:
+        url = serve.url
         x = v1.example["input"]
         version, got = _infer(url, x)
         assert version == "1"
@@ -85,12 +58,8 @@ def test_serve_follows_a_registry_label(server: Server, tmp_path: Path) -> None:
             what="version 1 to be unloaded",
         )
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(timeout=60) == 0, serve.output()[-3000:]
     # the stopped server released its leases: both versions can be deleted now
     server.cli("models", "delete", "clf", "--version", "2", "--yes")
     server.cli("models", "delete", "clf", "--version", "1", "--yes")

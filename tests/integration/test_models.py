@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import os
 import stat
 import tarfile
@@ -107,14 +106,7 @@ def _artifact_path(env: Env, model: str, version: int) -> Path:
 
 
 def _raw(env: Env, client: Client, method: str, path: str, body: object = None, query: str = ""):
-    creds = client.transport.creds
-    content = b"" if body is None else json.dumps(body).encode()
-    headers = signing.sign_request(
-        creds.access_key, creds.secret_key, method, path, query, hashlib.sha256(content).hexdigest()
-    ).headers
-    if body is not None:
-        headers = {**headers, "Content-Type": "application/json"}
-    return env.http.request(method, path + (f"?{query}" if query else ""), content=content or None, headers=headers)
+    return env.signed(client.transport.creds, method, path, body, query)
 
 
 def _raw_upload(env: Env, client: Client, data: bytes):

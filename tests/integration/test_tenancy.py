@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 
-from dlcloud import signing
 from dlcloud.client import Client, Credentials
 from dlcloud.errors import DlcloudError
 
@@ -16,16 +14,6 @@ API = "/api/v1"
 
 def _creds(key: dict) -> Credentials:
     return Credentials("http://testserver", key["access_key"], key["secret_key"])
-
-
-def _call(env, creds: Credentials, method: str, path: str, body: dict | None = None, query: str = ""):
-    content = b"" if body is None else json.dumps(body).encode()
-    headers = signing.sign_request(
-        creds.access_key, creds.secret_key, method, path, query, hashlib.sha256(content).hexdigest()
-    ).headers
-    if body is not None:
-        headers = {**headers, "Content-Type": "application/json"}
-    return env.http.request(method, path + (f"?{query}" if query else ""), content=content or None, headers=headers)
 
 
 def _who(client: Client) -> str:
@@ -170,7 +158,7 @@ def test_cannot_disable_or_delete_the_signing_key(env, subtests):
 
 
 def _audit_by_request(env) -> dict[str, dict]:
-    resp = _call(env, env.admin_creds, "GET", f"{API}/audit", query="all=true&limit=10000")
+    resp = env.signed(env.admin_creds, "GET", f"{API}/audit", query="all=true&limit=10000")
     assert resp.status_code == 200, resp.text
     return {e["request_id"]: e for e in resp.json()}
 
@@ -181,7 +169,7 @@ def test_every_mutating_call_is_audited(env):
 
     def do(creds, method, path, body=None, *, action, resource, status):
         """Make a call and remember what its audit event must say; ``resource`` may read the response."""
-        resp = _call(env, creds, method, path, body)
+        resp = env.signed(creds, method, path, body)
         assert resp.status_code == status, resp.text
         if callable(resource):
             resource = resource(resp)
@@ -261,7 +249,7 @@ def test_every_mutating_call_is_audited(env):
     assert by_action[("jobs.submit", "j1")]["access_key"] == kim.access_key
 
     # reads are not audited
-    read = _call(env, admin, "GET", f"{API}/tenants")
+    read = env.signed(admin, "GET", f"{API}/tenants")
     assert read.headers["x-request-id"] not in _audit_by_request(env)
 
     secrets_ = [env.admin_creds.secret_key, kim_key["secret_key"], spare["secret_key"]]
@@ -274,9 +262,9 @@ def test_authentication_failures_are_audited(env):
     member = env.new_tenant_user("team", "kim")
     creds = member.transport.creds
     bad = Credentials("http://testserver", creds.access_key, "not-the-secret")
-    bad_sig = _call(env, bad, "GET", f"{API}/whoami")
+    bad_sig = env.signed(bad, "GET", f"{API}/whoami")
     assert bad_sig.status_code == 401
-    unknown = _call(env, Credentials("http://testserver", "AKUNKNOWN00000000000", "x"), "POST", f"{API}/jobs", {})
+    unknown = env.signed(Credentials("http://testserver", "AKUNKNOWN00000000000", "x"), "POST", f"{API}/jobs", {})
     assert unknown.status_code == 401
     unsigned = env.http.post(f"{API}/users", json={"name": "eve"})
     assert unsigned.status_code == 401

@@ -14,6 +14,7 @@ import pytest
 
 from dlcloud.serving.app import create_serving_app
 from dlcloud.serving.config import ServerConfig
+from tests.conftest import wait_for
 
 START_TIMEOUT = 120.0  # model loading on a loaded 2-core machine (torch, xgboost, sklearn imports)
 
@@ -36,13 +37,21 @@ class RunningServer:
         return f"{self.host}:{self.port}"
 
 
+def answers_200(url: str) -> bool:
+    """Whether ``GET url`` answers 200 (False while the server does not accept connections)."""
+    try:
+        return httpx.get(url, timeout=10).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 @contextmanager
 def run_serving_server(config: ServerConfig, *, wait_ready: bool = True) -> Iterator[RunningServer]:
     """Run ``create_serving_app(config)`` under uvicorn in a thread on a free port, then stop it cleanly.
 
-    Models load in the app's lifespan, before uvicorn reports ``started``; with ``wait_ready`` the fixture
-    also polls ``/v2/health/ready`` until it answers 200 (a server with a broken model never does: pass False
-    and check what it answers).
+    Models load in the app's lifespan, before uvicorn reports ``started``; the fixture then polls
+    ``/v2/health/ready`` until it answers 200, or with ``wait_ready=False`` only ``/v2/health/live`` (a server
+    with a broken model is never ready: the test checks what it answers).
     """
     import uvicorn
 
@@ -57,6 +66,7 @@ def run_serving_server(config: ServerConfig, *, wait_ready: bool = True) -> Iter
         lifespan="on",
         loop="uvloop",
         http="httptools",
+        ws="none",
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(uv_config)  # installs no signal handlers outside the main thread
@@ -78,16 +88,12 @@ def run_serving_server(config: ServerConfig, *, wait_ready: bool = True) -> Iter
             time.sleep(0.02)
         port = next(s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ()))
         running = RunningServer("127.0.0.1", port, app)
-        if wait_ready:
-            while True:
-                try:
-                    if httpx.get(f"{running.url}/v2/health/ready", timeout=10).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail("the model server did not become ready (GET /v2/health/ready != 200)")
-                time.sleep(0.05)
+        health = "/v2/health/ready" if wait_ready else "/v2/health/live"
+        wait_for(
+            lambda: answers_200(running.url + health),
+            timeout=max(deadline - time.monotonic(), 1.0),
+            what=f"the model server to answer GET {health} with 200",
+        )
         yield running
     finally:
         server.should_exit = True

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import textwrap
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,13 +30,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dlcloud.serving.app import create_serving_app
 from dlcloud.serving.config import ServerConfig
+from tests.integration.serving.conftest import run_serving_server
 from tests.serving_models import make_sklearn_classifier, make_torchscript_mlp, make_xgboost_model
 
 Arrays = dict[str, np.ndarray]
 
-START_TIMEOUT = 120.0  # model loading on a loaded 2-core machine
 WAIT = 60.0  # the longest any polled condition may take
 WIDTH = 4  # Probe's input width
 
@@ -170,78 +168,14 @@ def rows(seed: int, n: int = 1) -> np.ndarray:
 # --- the server -------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Served:
-    url: str
-    hostport: str
+def probe_model(name: str, path: Path, **options: Any) -> dict[str, Any]:
+    """A ``models`` entry that serves the Probe predictor(s) under ``path``."""
+    return {"name": name, "path": str(path), "format": "python", **options}
 
 
 def server_config(tmp_path: Path, **data: Any) -> ServerConfig:
     data.setdefault("watch_interval", 0)
     return ServerConfig.model_validate({"access_log": False, "base_dir": str(tmp_path), **data})
-
-
-@contextlib.contextmanager
-def running(config: ServerConfig, *, wait_ready: bool = True) -> Iterator[Served]:
-    """``create_serving_app(config)`` under uvicorn in a thread on a free port; stopped when the block ends."""
-    import uvicorn
-
-    app = create_serving_app(config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            loop="uvloop",
-            http="httptools",
-            ws="none",
-            timeout_graceful_shutdown=10,
-        )
-    )
-    failure: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            server.run()
-        except BaseException as exc:  # reported to the test instead of as an unraisable thread exception
-            failure.append(exc)
-
-    thread = threading.Thread(target=serve, name="serving-lifecycle-test", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                pytest.fail(f"the model server did not start: {failure[0] if failure else 'timed out'}")
-            time.sleep(0.02)
-        port = next(s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ()))
-        served = Served(f"http://127.0.0.1:{port}", f"127.0.0.1:{port}")
-        probe = "/v2/health/ready" if wait_ready else "/v2/health/live"
-        wait_for(lambda: httpx.get(served.url + probe, timeout=10).status_code == 200, what=f"GET {probe} == 200")
-        yield served
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(timeout=30)
-    assert not thread.is_alive(), "the model server did not stop"
-    if failure:
-        raise failure[0]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = WAIT, what: str = "a condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 async def until(condition: Callable[[], Awaitable[Any] | Any], timeout: float = WAIT, what: str = "a condition") -> Any:
@@ -301,6 +235,31 @@ def batches_larger_than_one(url: str, model: str) -> float:
     return count - le_1
 
 
+def queue_depth(url: str, model: str) -> float:
+    return metric(url, "dlcloud_serving_queue_depth", model=model)
+
+
+def infer_task(client: httpx.AsyncClient, model: str, seed: int) -> asyncio.Task[httpx.Response]:
+    """``rows(seed)`` sent to ``model``'s V2 infer endpoint, in a task."""
+    return asyncio.create_task(client.post(f"/v2/models/{model}/infer", json=v2_body(rows(seed))))
+
+
+async def hold(client: httpx.AsyncClient, model: str, log: Path, seed: int = 1) -> asyncio.Task[httpx.Response]:
+    """With the gate closed: send ``rows(seed)`` to ``model`` and wait until it is inside ``predict`` (and blocks)."""
+    before = len(read_log(log))
+    task = infer_task(client, model, seed)
+    await until(lambda: len(read_log(log)) > before, what=f"a request to enter the predict of model {model}")
+    return task
+
+
+async def assert_probe_answers(tasks: list[asyncio.Task[httpx.Response]], seeds: list[int], offset: float) -> None:
+    """Each task answered 200 with Probe's result for ``rows(seed)``."""
+    for seed, task in zip(seeds, tasks, strict=True):
+        response = await task
+        assert response.status_code == 200, response.text
+        np.testing.assert_array_equal(v2_outputs(response.json())["y"], probe_reference(rows(seed), offset)["y"])
+
+
 def index(url: str, token: str | None = None) -> list[dict[str, str]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.post(url + "/v2/repository/index", headers=headers, timeout=30)
@@ -343,14 +302,7 @@ async def test_64_concurrent_clients_are_batched_and_each_gets_its_own_rows(
     model_dir = write_probe(tmp_path / "probe", 0.5, gate=gate.path, log=tmp_path / "calls.log")
     config = server_config(
         tmp_path,
-        models=[
-            {
-                "name": "probe",
-                "path": str(model_dir),
-                "format": "python",
-                "batching": {"max_batch_size": 32, "max_queue_delay": delay},
-            }
-        ],
+        models=[probe_model("probe", model_dir, batching={"max_batch_size": 32, "max_queue_delay": delay})],
     )
 
     def make_input(c: int, j: int) -> np.ndarray:
@@ -358,11 +310,11 @@ async def test_64_concurrent_clients_are_batched_and_each_gets_its_own_rows(
         x[:, 0] = c * 100 + j  # distinct first values: a swapped row would show
         return x
 
-    with running(config) as server:
+    with run_serving_server(config) as server:
         gate.close()  # the first batch blocks inside predict; the other clients' requests queue behind it
         clients = asyncio.create_task(run_clients(server.url, "probe", make_input, "x"))
         await until(
-            lambda: clients.done() or metric(server.url, "dlcloud_serving_queue_depth", model="probe") >= 32,
+            lambda: clients.done() or queue_depth(server.url, "probe") >= 32,
             what="32 requests queued behind the held batch",
         )
         gate.open()
@@ -397,7 +349,7 @@ async def test_64_concurrent_clients_on_torchscript_match_the_module_row_by_row(
             }
         ],
     )
-    with running(config) as server:
+    with run_serving_server(config) as server:
         results = await run_clients(
             server.url, "mlp", lambda c, j: rows(7000 * c + j, n=1 + (c + j) % 2)[:, :1].repeat(16, axis=1), "input"
         )
@@ -413,35 +365,20 @@ async def test_64_concurrent_clients_on_torchscript_match_the_module_row_by_row(
 async def test_full_queue_answers_429_with_retry_after_and_recovers(tmp_path: Path, gate: Gate) -> None:
     log = tmp_path / "calls.log"
     model_dir = write_probe(tmp_path / "probe", 1.0, gate=gate.path, log=log)
-    config = server_config(
-        tmp_path,
-        models=[{"name": "probe", "path": str(model_dir), "format": "python", "batching": {"max_queue_size": 2}}],
-    )
-    with running(config) as server:
-        warmed = len(read_log(log))
+    config = server_config(tmp_path, models=[probe_model("probe", model_dir, batching={"max_queue_size": 2})])
+    with run_serving_server(config) as server:
         gate.close()
         async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as client:
-
-            def infer(seed: int) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post("/v2/models/probe/infer", json=v2_body(rows(seed))))
-
-            held = infer(1)
-            await until(lambda: len(read_log(log)) > warmed, what="the first request to enter predict")
-            queued = [infer(2), infer(3)]
-            await until(
-                lambda: metric(server.url, "dlcloud_serving_queue_depth", model="probe") == 2,
-                what="two requests queued",
-            )
+            held = await hold(client, "probe", log)
+            queued = [infer_task(client, "probe", 2), infer_task(client, "probe", 3)]
+            await until(lambda: queue_depth(server.url, "probe") == 2, what="two requests queued")
             refused = await client.post("/v2/models/probe/infer", json=v2_body(rows(4)))
             assert refused.status_code == 429
             assert int(refused.headers["Retry-After"]) >= 1
             assert "queue of model probe/1 is full" in refused.json()["error"]
 
             gate.open()
-            for seed, task in zip((1, 2, 3), [held, *queued], strict=True):
-                response = await task
-                assert response.status_code == 200, response.text
-                np.testing.assert_array_equal(v2_outputs(response.json())["y"], probe_reference(rows(seed), 1.0)["y"])
+            await assert_probe_answers([held, *queued], [1, 2, 3], 1.0)
             recovered = await client.post("/v2/models/probe/infer", json=v2_body(rows(5)))
             assert recovered.status_code == 200, recovered.text
         assert metric(server.url, "dlcloud_serving_request_errors_total", model="probe", code="429") == 1
@@ -450,16 +387,12 @@ async def test_full_queue_answers_429_with_retry_after_and_recovers(tmp_path: Pa
 async def test_request_that_waits_longer_than_the_timeout_gets_504(tmp_path: Path, gate: Gate) -> None:
     log = tmp_path / "calls.log"
     model_dir = write_probe(tmp_path / "probe", 1.0, gate=gate.path, log=log)
-    config = server_config(
-        tmp_path,
-        models=[{"name": "probe", "path": str(model_dir), "format": "python", "batching": {"timeout": "300ms"}}],
-    )
-    with running(config) as server:
+    config = server_config(tmp_path, models=[probe_model("probe", model_dir, batching={"timeout": "300ms"})])
+    with run_serving_server(config) as server:
         warmed = len(read_log(log))
         gate.close()
         async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as client:
-            held = asyncio.create_task(client.post("/v2/models/probe/infer", json=v2_body(rows(1))))
-            await until(lambda: len(read_log(log)) > warmed, what="the first request to enter predict")
+            held = await hold(client, "probe", log)
             late = await client.post("/v2/models/probe/infer", json=v2_body(rows(2)))
             assert late.status_code == 504
             assert late.json()["error"] == "request waited more than 0.3 s in the queue of model probe/1"
@@ -557,12 +490,8 @@ def v1_is_gone(url: str) -> bool:
 async def test_new_version_is_swapped_in_under_load_without_a_failed_request(tmp_path: Path) -> None:
     models = tmp_path / "m"
     write_probe(models / "1", 1.0, delay=0.005)  # batches take a while: requests are always queued
-    config = server_config(
-        tmp_path,
-        watch_interval=0.2,
-        models=[{"name": "m", "path": str(models), "format": "python", "versions": "latest"}],
-    )
-    with running(config) as server:
+    config = server_config(tmp_path, watch_interval=0.2, models=[probe_model("m", models, versions="latest")])
+    with run_serving_server(config) as server:
         async with Load(server.url, "m").running() as load:
             await load.more(100)
             publish_version(models, 2, lambda d: write_probe(d, 2.0))
@@ -589,8 +518,8 @@ async def test_new_version_is_swapped_in_under_load_without_a_failed_request(tmp
 async def test_explicit_load_swaps_in_a_new_version_under_load(tmp_path: Path) -> None:
     models = tmp_path / "m"
     write_probe(models / "1", 1.0, delay=0.005)
-    config = server_config(tmp_path, models=[{"name": "m", "path": str(models), "format": "python"}])
-    with running(config) as server:
+    config = server_config(tmp_path, models=[probe_model("m", models)])
+    with run_serving_server(config) as server:
         async with Load(server.url, "m").running() as load:
             await load.more(100)
             publish_version(models, 2, lambda d: write_probe(d, 2.0))
@@ -608,8 +537,8 @@ async def test_explicit_load_swaps_in_a_new_version_under_load(tmp_path: Path) -
 async def test_explicit_load_of_a_broken_version_reports_it_and_keeps_serving(tmp_path: Path) -> None:
     models = tmp_path / "m"
     write_probe(models / "1", 1.0)
-    config = server_config(tmp_path, models=[{"name": "m", "path": str(models), "format": "python"}])
-    with running(config) as server:
+    config = server_config(tmp_path, models=[probe_model("m", models)])
+    with run_serving_server(config) as server:
         async with Load(server.url, "m").running() as load:
             await load.more(50)
             publish_version(models, 2, lambda d: write_probe(d, 2.0).joinpath("probe.json").write_text("{"))
@@ -635,10 +564,8 @@ async def test_watching_goes_on_when_unloading_an_old_version_fails(tmp_path: Pa
     """A predictor whose ``unload()`` raises is still taken out of service, and the watcher keeps working."""
     models = tmp_path / "m"
     write_probe(models / "1", 1.0, fail_unload=True)
-    config = server_config(
-        tmp_path, watch_interval=0.2, models=[{"name": "m", "path": str(models), "format": "python"}]
-    )
-    with running(config) as server:
+    config = server_config(tmp_path, watch_interval=0.2, models=[probe_model("m", models)])
+    with run_serving_server(config) as server:
         async with Load(server.url, "m", clients=4).running() as load:
             await load.more(20)
             publish_version(models, 2, lambda d: write_probe(d, 2.0, fail_unload=True))
@@ -666,11 +593,9 @@ def test_version_policy_decides_which_versions_serve(
     models = tmp_path / "m"
     for v in (1, 2, 3):
         write_probe(models / str(v), float(v))
-    config = server_config(
-        tmp_path, models=[{"name": "m", "path": str(models), "format": "python", "versions": policy}]
-    )
+    config = server_config(tmp_path, models=[probe_model("m", models, versions=policy)])
     x = rows(11, n=2)
-    with running(config) as server:
+    with run_serving_server(config) as server:
         client = triton.InferenceServerClient(server.hostport)
         try:
             inp = triton.InferInput("x", list(x.shape), "FP32")
@@ -699,19 +624,10 @@ def test_labels_route_tf_serving_requests(tmp_path: Path) -> None:
     for v in (1, 2, 3):
         write_probe(models / str(v), float(v))
     config = server_config(
-        tmp_path,
-        models=[
-            {
-                "name": "m",
-                "path": str(models),
-                "format": "python",
-                "versions": "latest:2",
-                "labels": {"stable": 2, "canary": 3},
-            }
-        ],
+        tmp_path, models=[probe_model("m", models, versions="latest:2", labels={"stable": 2, "canary": 3})]
     )
     x = rows(12, n=3)
-    with running(config) as server:
+    with run_serving_server(config) as server:
 
         def predict(path: str) -> httpx.Response:
             return httpx.post(server.url + path, json={"inputs": {"x": x.tolist()}}, timeout=30)
@@ -744,11 +660,9 @@ def warmup_requests(*firsts: float) -> list[dict[str, Any]]:
 async def test_warmup_requests_run_before_a_new_version_takes_traffic(tmp_path: Path) -> None:
     models = tmp_path / "m"
     write_probe(models / "1", 1.0)
-    config = server_config(
-        tmp_path, watch_interval=0.2, models=[{"name": "m", "path": str(models), "format": "python"}]
-    )
+    config = server_config(tmp_path, watch_interval=0.2, models=[probe_model("m", models)])
     log2 = tmp_path / "v2.log"
-    with running(config) as server:
+    with run_serving_server(config) as server:
         async with Load(server.url, "m", clients=4).running() as load:
             await load.more(20)
             # requests hit the server all the time, so the first one routed to version 2 follows at once
@@ -765,14 +679,8 @@ def test_a_failing_warmup_marks_the_version_failed(tmp_path: Path) -> None:
     good, bad = tmp_path / "good", tmp_path / "bad"
     write_probe(good / "1", 1.0, log=tmp_path / "good.log", warmup=warmup_requests(5, 6))
     write_probe(bad / "1", 1.0, log=tmp_path / "bad.log", poison=-7.0, warmup=warmup_requests(1, -7, 2))
-    config = server_config(
-        tmp_path,
-        models=[
-            {"name": "good", "path": str(good), "format": "python"},
-            {"name": "bad", "path": str(bad), "format": "python"},
-        ],
-    )
-    with running(config, wait_ready=False) as server:
+    config = server_config(tmp_path, models=[probe_model("good", good), probe_model("bad", bad)])
+    with run_serving_server(config, wait_ready=False) as server:
         assert httpx.get(server.url + "/v2/health/ready", timeout=10).status_code == 503
         reason = index_rows(server.url, "bad")["1"]
         assert reason["state"] == "FAILED"
@@ -843,7 +751,7 @@ def test_pipelines_preprocess_fan_out_and_combine(tmp_path: Path) -> None:
     p_fused = (p_clf + booster.extra.predict(xgb.DMatrix(prepared.astype(np.float32))).astype(np.float64)) / 2
     expected_fusion = {"probabilities": p_fused.astype(np.float32), "label": p_fused.argmax(axis=1)}
 
-    with running(config) as server:
+    with run_serving_server(config) as server:
         client = triton.InferenceServerClient(server.hostport)
         try:
             inp = triton.InferInput("features", list(x.shape), "FP64")
@@ -875,26 +783,18 @@ async def test_pipeline_and_direct_requests_share_the_model_batch_queue(tmp_path
     write_probe(tmp_path / "b", 2.0, gate=gate.path, log=b_log)
     config = server_config(
         tmp_path,
-        models=[
-            {"name": "a", "path": str(tmp_path / "a"), "format": "python"},
-            {"name": "b", "path": str(tmp_path / "b"), "format": "python"},
-        ],
+        models=[probe_model("a", tmp_path / "a"), probe_model("b", tmp_path / "b")],
         pipelines=[{"name": "both", "steps": ["a", "b"]}],  # combine: concat
     )
-    with running(config) as server:
+    with run_serving_server(config) as server:
         warmed = len(read_log(a_log))
         gate.close()
         async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as client:
-            held = asyncio.create_task(client.post("/v2/models/a/infer", json=v2_body(rows(1))))
-            await until(lambda: len(read_log(a_log)) > warmed, what="a request to hold model a")
+            held = await hold(client, "a", a_log)
             piped = asyncio.create_task(client.post("/v2/models/both/infer", json=v2_body(rows(2, n=2))))
-            await until(
-                lambda: metric(server.url, "dlcloud_serving_queue_depth", model="a") == 1, what="the pipeline step"
-            )
-            direct = asyncio.create_task(client.post("/v2/models/a/infer", json=v2_body(rows(3))))
-            await until(
-                lambda: metric(server.url, "dlcloud_serving_queue_depth", model="a") == 2, what="the direct request"
-            )
+            await until(lambda: queue_depth(server.url, "a") == 1, what="the pipeline step")
+            direct = infer_task(client, "a", 3)
+            await until(lambda: queue_depth(server.url, "a") == 2, what="the direct request")
             gate.open()
             responses = [await held, await piped, await direct]
         assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
@@ -911,10 +811,8 @@ async def test_pipeline_and_direct_requests_share_the_model_batch_queue(tmp_path
 
 def test_repository_endpoints_need_the_admin_token_inference_does_not(tmp_path: Path) -> None:
     write_probe(tmp_path / "m", 1.0)
-    config = server_config(
-        tmp_path, admin_token="s3cret", models=[{"name": "m", "path": str(tmp_path / "m"), "format": "python"}]
-    )
-    with running(config) as server:
+    config = server_config(tmp_path, admin_token="s3cret", models=[probe_model("m", tmp_path / "m")])
+    with run_serving_server(config) as server:
         endpoints = [
             ("POST", "/v2/repository/index"),
             ("GET", "/v2/repository/index"),
@@ -944,21 +842,13 @@ def test_repository_endpoints_need_the_admin_token_inference_does_not(tmp_path: 
 async def test_unload_lets_inflight_requests_finish_and_refuses_new_ones(tmp_path: Path, gate: Gate) -> None:
     log = tmp_path / "calls.log"
     write_probe(tmp_path / "m", 1.0, gate=gate.path, log=log)
-    config = server_config(tmp_path, models=[{"name": "m", "path": str(tmp_path / "m"), "format": "python"}])
-    with running(config) as server:
-        warmed = len(read_log(log))
+    config = server_config(tmp_path, models=[probe_model("m", tmp_path / "m")])
+    with run_serving_server(config) as server:
         gate.close()
         async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as client:
-
-            def infer(seed: int) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post("/v2/models/m/infer", json=v2_body(rows(seed))))
-
-            held = infer(1)
-            await until(lambda: len(read_log(log)) > warmed, what="the first request to enter predict")
-            queued = [infer(2), infer(3)]
-            await until(
-                lambda: metric(server.url, "dlcloud_serving_queue_depth", model="m") == 2, what="two queued requests"
-            )
+            held = await hold(client, "m", log)
+            queued = [infer_task(client, "m", 2), infer_task(client, "m", 3)]
+            await until(lambda: queue_depth(server.url, "m") == 2, what="two queued requests")
             unload = asyncio.create_task(client.post("/v2/repository/models/m/unload"))
             await until(
                 lambda: httpx.get(server.url + "/v2/models/m/ready", timeout=10).status_code == 503,
@@ -971,10 +861,7 @@ async def test_unload_lets_inflight_requests_finish_and_refuses_new_ones(tmp_pat
             assert index_rows(server.url, "m")["1"]["state"] == "UNLOADING"
 
             gate.open()
-            for seed, task in zip((1, 2, 3), [held, *queued], strict=True):
-                response = await task
-                assert response.status_code == 200, response.text
-                np.testing.assert_array_equal(v2_outputs(response.json())["y"], probe_reference(rows(seed), 1.0)["y"])
+            await assert_probe_answers([held, *queued], [1, 2, 3], 1.0)
             assert (await unload).status_code == 200
 
             after = await client.post("/v2/models/m/infer", json=v2_body(rows(5)))

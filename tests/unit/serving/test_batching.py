@@ -105,18 +105,28 @@ async def occupy(batcher: DynamicBatcher, model: Model) -> asyncio.Task[Arrays]:
     return task
 
 
+async def enqueue(batcher: DynamicBatcher, requests: list[Arrays]) -> list[asyncio.Task[Arrays]]:
+    """Submit each request in a task of its own; return once all of them wait in the queue."""
+    tasks = [asyncio.create_task(batcher.submit(inputs)) for inputs in requests]
+    await wait_until(lambda: batcher.queue_depth == len(requests), what=f"{len(requests)} queued requests")
+    return tasks
+
+
+async def assert_results(tasks: list[asyncio.Task[Arrays]], inputs: list[np.ndarray]) -> None:
+    """Each task answers ``compute`` of its own request's ``x``."""
+    for x, result in zip(inputs, await asyncio.wait_for(asyncio.gather(*tasks), 30), strict=True):
+        assert_outputs(result, x)
+
+
 async def test_concurrent_submitters_get_their_own_rows(make: Factory) -> None:
     model = Model(hold=1)
     batcher = await make(model)
     held = await occupy(batcher, model)
     inputs = [rows_of(i, n=1 + i % 3) for i in range(63)]
-    tasks = [asyncio.create_task(batcher.submit({"x": x})) for x in inputs]
-    await wait_until(lambda: batcher.queue_depth == 63, what="63 queued requests")
+    tasks = await enqueue(batcher, [{"x": x} for x in inputs])
     assert batcher.inflight == 64
     model.release.set()
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    for x, result in zip(inputs, results, strict=True):
-        assert_outputs(result, x)
+    await assert_results(tasks, inputs)
     assert_outputs(await held, np.full((1, 4), HELD, np.float32))
     assert max(model.rows[1:]) > 3, "requests were not batched together"
     assert max(model.rows) <= 32
@@ -129,9 +139,7 @@ async def test_gathered_requests_share_batches_without_a_held_batch(make: Factor
     model = Model()
     batcher = await make(model, max_batch_size=16)
     inputs = [rows_of(100 + i) for i in range(48)]
-    results = await asyncio.wait_for(asyncio.gather(*(batcher.submit({"x": x}) for x in inputs)), 30)
-    for x, result in zip(inputs, results, strict=True):
-        assert_outputs(result, x)
+    await assert_results([asyncio.create_task(batcher.submit({"x": x})) for x in inputs], inputs)
     assert max(model.rows) <= 16
     assert len(model.batches) < 48
 
@@ -141,11 +149,9 @@ async def test_max_batch_size_is_respected(make: Factory) -> None:
     batcher = await make(model, max_batch_size=8)
     held = await occupy(batcher, model)
     inputs = [rows_of(200 + i, n=1 + i % 3) for i in range(40)]
-    tasks = [asyncio.create_task(batcher.submit({"x": x})) for x in inputs]
-    await wait_until(lambda: batcher.queue_depth == 40)
+    tasks = await enqueue(batcher, [{"x": x} for x in inputs])
     model.release.set()
-    for x, result in zip(inputs, await asyncio.wait_for(asyncio.gather(*tasks), 30), strict=True):
-        assert_outputs(result, x)
+    await assert_results(tasks, inputs)
     await held
     assert all(rows <= 8 for rows in model.rows), model.rows
     assert max(model.rows[1:]) > 3
@@ -160,8 +166,7 @@ async def test_preferred_size_flushes_without_waiting_for_the_delay(make: Factor
         await asyncio.sleep(0)
     assert model.batches == [], "3 rows are not a preferred size: the batch must wait"
     tasks.append(asyncio.create_task(batcher.submit({"x": inputs[3]})))
-    for x, result in zip(inputs, await asyncio.wait_for(asyncio.gather(*tasks), 30), strict=True):
-        assert_outputs(result, x)
+    await assert_results(tasks, inputs)
     assert model.rows == [4]
 
 
@@ -204,11 +209,9 @@ async def test_incompatible_requests_run_in_separate_batches(make: Factory) -> N
         "e": {"x": rows_of(704), "w": np.zeros((1, 2), np.int64)},  # other input names
         "f": {"x": rows_of(705)},  # compatible with a and c
     }
-    tasks = {key: asyncio.create_task(batcher.submit(inputs)) for key, inputs in requests.items()}
-    await wait_until(lambda: batcher.queue_depth == len(requests))
+    tasks = await enqueue(batcher, list(requests.values()))
     model.release.set()
-    for key, task in tasks.items():
-        assert_outputs(await asyncio.wait_for(task, 30), requests[key]["x"])
+    await assert_results(tasks, [inputs["x"] for inputs in requests.values()])
     await held
     seen = [(len(b["x"]), b["x"].shape[1], b["x"].dtype, sorted(b)) for b in model.batches[1:]]
     assert seen == [
@@ -227,11 +230,9 @@ async def test_oversize_request_runs_alone(make: Factory) -> None:
     batcher = await make(model, max_batch_size=4)
     held = await occupy(batcher, model)
     inputs = [rows_of(800, n=2), rows_of(801, n=6), rows_of(802, n=1)]
-    tasks = [asyncio.create_task(batcher.submit({"x": x})) for x in inputs]
-    await wait_until(lambda: batcher.queue_depth == 3)
+    tasks = await enqueue(batcher, [{"x": x} for x in inputs])
     model.release.set()
-    for x, result in zip(inputs, await asyncio.wait_for(asyncio.gather(*tasks), 30), strict=True):
-        assert_outputs(result, x)
+    await assert_results(tasks, inputs)
     await held
     assert model.rows[1:] == [2, 6, 1]
 
@@ -240,8 +241,7 @@ async def test_full_queue_raises_overloaded_with_retry_after(make: Factory) -> N
     model = Model(hold=1)
     batcher = await make(model, max_queue_size=2)
     held = await occupy(batcher, model)
-    queued = [asyncio.create_task(batcher.submit({"x": rows_of(900 + i)})) for i in range(2)]
-    await wait_until(lambda: batcher.queue_depth == 2)
+    queued = await enqueue(batcher, [{"x": rows_of(900 + i)} for i in range(2)])
     with pytest.raises(Overloaded, match=r"queue of model m is full \(2 requests waiting, at most 2\)") as info:
         await batcher.submit({"x": rows_of(902)})
     assert info.value.status == 429
@@ -280,9 +280,7 @@ async def test_failing_batch_fails_only_its_requests(make: Factory) -> None:
     batches: list[tuple[int, float]] = []
     batcher = await make(model, on_batch=lambda rows, seconds: batches.append((rows, seconds)))
     held = await occupy(batcher, model)
-    bad = asyncio.create_task(batcher.submit({"x": np.full((2, 4), -1.0, np.float32)}))
-    unlucky = asyncio.create_task(batcher.submit({"x": rows_of(1100)}))
-    await wait_until(lambda: batcher.queue_depth == 2)
+    bad, unlucky = await enqueue(batcher, [{"x": np.full((2, 4), -1.0, np.float32)}, {"x": rows_of(1100)}])
     model.release.set()
     assert_outputs(await asyncio.wait_for(held, 30), np.full((1, 4), HELD, np.float32))
     for task in (bad, unlucky):
@@ -306,12 +304,7 @@ async def test_bad_request_in_a_batch_fails_only_that_request(make: Factory) -> 
     batcher = await make(model)
     held = await occupy(batcher, model)
     good1, good2 = rows_of(1200, n=2), rows_of(1201)
-    tasks = [
-        asyncio.create_task(batcher.submit({"x": good1})),
-        asyncio.create_task(batcher.submit({"x": np.full((1, 4), -3.0, np.float32)})),
-        asyncio.create_task(batcher.submit({"x": good2})),
-    ]
-    await wait_until(lambda: batcher.queue_depth == 3)
+    tasks = await enqueue(batcher, [{"x": good1}, {"x": np.full((1, 4), -3.0, np.float32)}, {"x": good2}])
     model.release.set()
     await held
     assert_outputs(await asyncio.wait_for(tasks[0], 30), good1)
@@ -330,8 +323,7 @@ async def test_wrong_output_rows_fail_the_batch(make: Factory) -> None:
     model2 = Model(hold=1, fn=lambda inputs: {"y": inputs["x"][:-1]} if len(inputs["x"]) > 1 else compute(inputs))
     batcher2 = await make(model2, name="n")
     held = await occupy(batcher2, model2)
-    tasks = [asyncio.create_task(batcher2.submit({"x": rows_of(1301 + i)})) for i in range(2)]
-    await wait_until(lambda: batcher2.queue_depth == 2)
+    tasks = await enqueue(batcher2, [{"x": rows_of(1301 + i)} for i in range(2)])
     model2.release.set()
     await held
     for task in tasks:
@@ -343,8 +335,7 @@ async def test_cancelled_caller_is_dropped_from_the_queue(make: Factory) -> None
     model = Model(hold=1)
     batcher = await make(model)
     held = await occupy(batcher, model)
-    gone = asyncio.create_task(batcher.submit({"x": np.full((1, 4), -5.0, np.float32)}))
-    await wait_until(lambda: batcher.queue_depth == 1)
+    (gone,) = await enqueue(batcher, [{"x": np.full((1, 4), -5.0, np.float32)}])
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
@@ -362,8 +353,7 @@ async def test_stop_with_drain_completes_queued_work(make: Factory) -> None:
     batcher = await make(model)
     held = await occupy(batcher, model)
     inputs = [rows_of(1500 + i) for i in range(3)]
-    tasks = [asyncio.create_task(batcher.submit({"x": x})) for x in inputs]
-    await wait_until(lambda: batcher.queue_depth == 3)
+    tasks = await enqueue(batcher, [{"x": x} for x in inputs])
     stopping = asyncio.create_task(batcher.stop(drain=True))
     await wait_until(lambda: batcher.state == "stopping")
     with pytest.raises(Unavailable, match="model m is stopping") as info:
@@ -372,8 +362,7 @@ async def test_stop_with_drain_completes_queued_work(make: Factory) -> None:
     model.release.set()
     await asyncio.wait_for(stopping, 30)
     assert batcher.state == "stopped"
-    for x, task in zip(inputs, tasks, strict=True):
-        assert_outputs(await task, x)
+    await assert_results(tasks, inputs)
     await held
     with pytest.raises(Unavailable, match="model m is stopped"):
         await batcher.submit({"x": rows_of(1511)})
@@ -384,8 +373,7 @@ async def test_stop_without_drain_fails_queued_requests(make: Factory) -> None:
     model = Model(hold=1)
     batcher = await make(model)
     held = await occupy(batcher, model)
-    tasks = [asyncio.create_task(batcher.submit({"x": np.full((1, 4), -9.0, np.float32)})) for _ in range(2)]
-    await wait_until(lambda: batcher.queue_depth == 2)
+    tasks = await enqueue(batcher, [{"x": np.full((1, 4), -9.0, np.float32)} for _ in range(2)])
     stopping = asyncio.create_task(batcher.stop(drain=False))
     for task in tasks:
         with pytest.raises(Unavailable, match="model m stopped before the request ran"):
@@ -429,8 +417,7 @@ async def test_batching_disabled_runs_each_request_as_given(make: Factory) -> No
     first = asyncio.create_task(batcher.submit({"x": np.zeros((2, 3))}))
     await wait_until(lambda: len(seen) == 1)
     requests = [{"x": np.ones((1, 3))}, {"x": np.ones((1, 3))}, {"x": np.array(5.0)}, {"x": np.ones((4, 2, 2))}]
-    tasks = [asyncio.create_task(batcher.submit(inputs)) for inputs in requests]
-    await wait_until(lambda: batcher.queue_depth == 4)
+    tasks = await enqueue(batcher, requests)
     release.set()
     results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     await first
@@ -450,8 +437,7 @@ async def test_request_without_a_common_batch_dim_runs_alone(make: Factory) -> N
     batcher = await make(model)
     held = await occupy(batcher, model)
     odd = {"x": rows_of(1800, n=3), "w": np.zeros((2, 1))}
-    tasks = [asyncio.create_task(batcher.submit(inputs)) for inputs in (odd, dict(odd))]
-    await wait_until(lambda: batcher.queue_depth == 2)
+    tasks = await enqueue(batcher, [odd, dict(odd)])
     model.release.set()
     await held
     for task in tasks:
@@ -473,8 +459,7 @@ async def test_bytes_inputs_batch(make: Factory) -> None:
     await wait_until(model.entered.is_set)
     texts = [[[b"a"]], [[b"hello"], [b"world!"]], [[b""]], [[b"\x00\xff bytes"], [b"z"]]]
     requests = [{"x": rows_of(1900 + i, n=len(t)), "text": np.array(t, dtype=object)} for i, t in enumerate(texts)]
-    tasks = [asyncio.create_task(batcher.submit(inputs)) for inputs in requests]
-    await wait_until(lambda: batcher.queue_depth == len(requests))
+    tasks = await enqueue(batcher, requests)
     model.release.set()
     await held
     for text, task in zip(texts, tasks, strict=True):
