@@ -37,6 +37,9 @@ def run(config: ServerConfig, *, log_level: str = "info", on_started: Callable[[
         # of the libraries, which took 10-300 ms a time and came every ~1500 requests under load.
         gc.collect()
         gc.freeze()
+        # A young-generation collection scans what the requests in flight hold, whatever its threshold, so the
+        # default (every 700 allocations: every few requests) costs ~3 us per request; 10x fewer, 10x less.
+        gc.set_threshold(10_000, 10, 10)
         if on_started is not None:
             ports = [s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ())]
             on_started(ports[0] if ports else config.port)
