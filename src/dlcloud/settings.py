@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     memory_capacity_bytes: Annotated[int, Field(gt=0)] | None = None  # None = physical memory
     host_name: str | None = None  # recorded on attempts; None = socket.gethostname()
 
+    # Runtime environments (venvs built by the control plane)
+    env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once
+    env_build_timeout_seconds: Annotated[float, Field(gt=0, le=24 * 3600)] = 3600.0  # one build, pip included
+
     log_level: str = "info"
 
     @property
@@ -87,3 +91,7 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def envs_dir(self) -> Path:
+        return self.data_dir / "envs"

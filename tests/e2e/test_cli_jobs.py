@@ -4,13 +4,14 @@ script, follow its logs, failures, restarts, cancel, timeout and a control-plane
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import DLCLOUD, Server
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -182,3 +183,56 @@ def test_server_kill9_while_job_runs_then_restart_completes_it_once(server: Serv
     assert [e["to_state"] for e in job["events"]].count("SUCCEEDED") == 1
     out = server.cli("jobs", "logs", "survivor").stdout.split()
     assert out.count("started") == 1 and out.count("finished") == 1
+
+
+def test_pre_and_post_commands_have_their_own_log_sections(server: Server):
+    spec = server.root / "phases.yaml"
+    spec.write_text(
+        textwrap.dedent(
+            """
+            name: phases
+            pre_command: echo fetching data
+            command: echo training; exit 3
+            post_command: |
+              echo "uploading after exit $DLCLOUD_EXIT_CODE"
+              echo upload-warning >&2
+            post_timeout: 1m
+            """
+        )
+    )
+    res = server.cli("jobs", "submit", "-f", str(spec), "--follow", check=False)
+    assert res.returncode != 0 and "FAILED" in res.stderr
+    assert res.stdout.splitlines() == ["[pre] fetching data", "training", "[post] uploading after exit 3"]
+    assert "[post] upload-warning" in res.stderr.splitlines()
+    assert _state(server, "phases")["exit_code"] == 3  # the command's, not post's
+
+    post = server.cli("jobs", "logs", "phases", "--section", "post")
+    assert post.stdout.splitlines() == ["uploading after exit 3"]
+    assert "upload-warning" in post.stderr.splitlines()
+    assert "[dlcloud] post_command exited with code 0" in post.stderr and "training" not in post.stderr
+    assert server.cli("jobs", "logs", "phases", "--section", "main").stdout.splitlines() == ["training"]
+    assert server.cli("jobs", "logs", "phases", "--section", "pre").stdout.splitlines() == ["fetching data"]
+    bad = server.cli("jobs", "logs", "phases", "--section", "during", check=False)
+    assert bad.returncode != 0 and "during" in bad.stderr
+
+    # --follow goes on from the command into post_command, which a cancel does not skip
+    follow_spec = server.root / "follow.yaml"
+    follow_spec.write_text(
+        'name: follow\ncommand: echo waiting; exec sleep 120\npost_command: echo "post saw $DLCLOUD_EXIT_CODE"\n'
+    )
+    server.cli("jobs", "submit", "-f", str(follow_spec))
+    followed = server.root / "follow.out"
+    with followed.open("w") as out:
+        follower = subprocess.Popen(
+            [DLCLOUD, "jobs", "logs", "follow", "--follow"], env=server.env, stdout=out, stderr=subprocess.DEVNULL
+        )
+    try:
+        wait_for(lambda: "waiting" in followed.read_text(), timeout=60, interval=0.2, what="the follower")
+        server.cli("jobs", "cancel", "follow")
+        assert follower.wait(timeout=60) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert followed.read_text().splitlines() == ["waiting", "[post] post saw 143"]
+    assert _state(server, "follow")["state"] == "CANCELLED"

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
-from dlcloud.api import accounting, code, jobs, models, tenants
+from dlcloud.api import accounting, code, environments, jobs, models, tenants
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.errors import DlcloudError
 from dlcloud.services.auth import AuthError, BatchVerifier
@@ -98,7 +98,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    for module in (jobs, tenants, accounting, code, models):
+    for module in (jobs, tenants, accounting, code, models, environments):
         app.include_router(module.router, prefix=API_PREFIX)
     app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
     return app

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
-from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState
+from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection
 from dlcloud.services import jobs as svc
 from dlcloud.services.auth import Caller
 from dlcloud.services.logs import open_log_stream
@@ -56,8 +56,9 @@ async def job_logs(
     name: str,
     follow: bool = Query(False),
     tail: int | None = Query(None, ge=0, le=1_000_000),
+    section: LogSection = Query(LogSection.ALL, description="only the lines of the pre, main or post phase"),
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> StreamingResponse:
-    lines = await open_log_stream(p, c, name, follow=follow, tail=tail)
+    lines = await open_log_stream(p, c, name, follow=follow, tail=tail, section=section)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

@@ -9,12 +9,14 @@ from typing import Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
+from dlcloud.schemas.jobs import LogSection
 
 app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -89,10 +91,13 @@ def upload_code(c: Client, code: str, base: Path) -> str:
     return str(result["id"])
 
 
-def _print_log_line(line: Any, timestamps: bool) -> None:
+def _print_log_line(line: Any, timestamps: bool, show_section: bool = True) -> None:
+    """stdout lines to stdout, stderr and system lines to stderr; pre/post lines marked [pre] / [post]."""
     prefix = f"{line.time} " if timestamps and line.time else ""
+    if show_section and line.section != "main":
+        prefix += f"[{line.section}] "
     if line.stream == "system":
-        err_console.print(f"{prefix}[dim]\\[dlcloud] {line.text}[/dim]", markup=True)
+        err_console.print(f"{escape(prefix)}[dim]\\[dlcloud] {escape(line.text)}[/dim]", markup=True)
     elif line.stream == "stderr":
         sys.stderr.write(prefix + line.text + "\n")
         sys.stderr.flush()
@@ -131,6 +136,9 @@ def submit(
     timeout: str | None = typer.Option(None, "--timeout", help="Wall-clock limit, e.g. 30m or 2h."),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts after a failure."),
     backoff: float | None = typer.Option(None, "--backoff", help="Seconds between restarts."),
+    environment: str | None = typer.Option(
+        None, "--environment", help="Runtime environment: a built-in or one of 'dlcloud envs list'."
+    ),
     follow: bool = typer.Option(False, "--follow", help="Stream the logs until the job ends."),
     output: Output = OutputOption,
 ) -> None:
@@ -143,6 +151,8 @@ def submit(
       dlcloud jobs submit --name mnist --code ./trainer --command "python train.py --epochs 3" --gpus 1
 
       dlcloud jobs submit --name pkg --code dist/trainer-0.1-py3-none-any.whl --module trainer.task --args --lr=0.1
+
+      dlcloud jobs submit --name bert --code . --command "python finetune.py" --environment nlp
     """
     spec: dict[str, Any] = {}
     base = Path.cwd()
@@ -156,6 +166,7 @@ def submit(
         "module": module,
         "priority": priority,
         "timeout": timeout,
+        "environment": environment,
     }
     for key, value in overrides.items():
         if value is not None:
@@ -254,6 +265,7 @@ def describe(
         ("Reason", job["reason"]),
         ("Command", job["command"]),
         ("Code", job["code"]),
+        ("Environment", job["environment"] + (f" ({job['environment_hash'][:12]})" if job["environment_hash"] else "")),
         ("Resources", f"{job['gpus']} GPU, {job['cpus']:g} CPU, {format_memory(job['memory'])}"),
         ("Priority", job["priority"]),
         ("Attempt", f"{job['attempt']} (restarts {job['restarts']})"),
@@ -298,25 +310,36 @@ def logs(
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep streaming until the job ends."),
     tail: int | None = typer.Option(None, "--tail", help="Only the last N lines (then follow, with -f)."),
     timestamps: bool = typer.Option(False, "--timestamps", help="Prefix each line with its UTC time."),
+    section: LogSection = typer.Option(
+        LogSection.ALL,
+        "--section",
+        help="Only the lines of pre_command (pre), the command (main) or post_command (post).",
+        case_sensitive=False,
+    ),
 ) -> None:
     """Print a job's logs (stdout, stderr and dlcloud's own lines), across all attempts.
+
+    Lines of pre_command and post_command are marked [pre] and [post] unless --section picks one phase.
 
     Examples:
 
       dlcloud jobs logs mnist --follow
 
       dlcloud jobs logs mnist --tail 100 --timestamps
+
+      dlcloud jobs logs mnist --section post
     """
     c = client(ctx)
-    for line in c.jobs.logs(name, follow=follow, tail=tail):
-        _print_log_line(line, timestamps)
+    for line in c.jobs.logs(name, follow=follow, tail=tail, section=section.value):
+        _print_log_line(line, timestamps, show_section=section == LogSection.ALL)
 
 
 @app.command("cancel")
 def cancel(
     ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id."), output: Output = OutputOption
 ) -> None:
-    """Cancel a job: queued jobs end at once; running ones get SIGTERM, then SIGKILL after the grace period.
+    """Cancel a job: queued jobs end at once; running ones get SIGTERM, then SIGKILL after the grace period,
+    then their post_command runs.
 
     Example:
 

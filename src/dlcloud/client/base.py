@@ -152,11 +152,12 @@ class Transport:
 class Client:
     """Entry point of the SDK.
 
-    Sub-APIs: ``jobs``, ``models``, ``tenants``, ``users``, ``keys``, ``code``, ``accounting``.
+    Sub-APIs: ``jobs``, ``environments``, ``models``, ``tenants``, ``users``, ``keys``, ``code``, ``accounting``.
     """
 
     def __init__(self, creds: Credentials, *, timeout: float = 60.0, http_client: httpx.Client | None = None):
         from dlcloud.client.accounting import AccountingAPI
+        from dlcloud.client.environments import EnvironmentsAPI
         from dlcloud.client.jobs import CodeAPI, JobsAPI
         from dlcloud.client.models import ModelsAPI
         from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
@@ -164,6 +165,7 @@ class Client:
         self.transport = Transport(creds, timeout=timeout, client=http_client)
         self.jobs = JobsAPI(self.transport)
         self.code = CodeAPI(self.transport)
+        self.environments = EnvironmentsAPI(self.transport)
         self.models = ModelsAPI(self.transport)
         self.tenants = TenantsAPI(self.transport)
         self.users = UsersAPI(self.transport)

@@ -9,18 +9,27 @@ from typing import Any
 
 from dlcloud.client.base import API, Transport
 
+STREAMS = ("stdout", "stderr", "system")
+SECTIONS = ("pre", "main", "post")
+
 
 @dataclass(frozen=True)
 class LogLine:
+    """One job log line. ``section`` is the phase that wrote it: pre (pre_command), main, post (post_command)."""
+
     time: str
     stream: str  # stdout | stderr | system
     text: str
+    section: str = "main"  # pre | main | post
 
     @classmethod
     def parse(cls, raw: str) -> LogLine:
+        """Parse ``<time> <stream> <text>``; the stream is ``stdout`` for main, ``post:stdout`` for post."""
         parts = raw.split(" ", 2)
-        if len(parts) >= 2 and parts[1] in ("stdout", "stderr", "system"):
-            return cls(parts[0], parts[1], parts[2] if len(parts) > 2 else "")
+        if len(parts) >= 2:
+            section, _, stream = parts[1].rpartition(":")
+            if stream in STREAMS and section in ("", *SECTIONS):
+                return cls(parts[0], stream, parts[2] if len(parts) > 2 else "", section or "main")
         return cls("", "stdout", raw)
 
 
@@ -66,8 +75,20 @@ class JobsAPI:
     def delete(self, name: str) -> None:
         self._t.request("DELETE", f"{API}/jobs/{name}")
 
-    def logs(self, name: str, *, follow: bool = False, tail: int | None = None) -> Iterator[LogLine]:
-        params = {"follow": follow or None, "tail": tail}
+    def logs(
+        self, name: str, *, follow: bool = False, tail: int | None = None, section: str = "all"
+    ) -> Iterator[LogLine]:
+        """The job's log lines across its attempts, oldest first.
+
+        Args:
+            follow: keep streaming until the job reaches a final state.
+            tail: only the last ``tail`` lines (of the section), then follow.
+            section: ``all``, or only the lines of ``pre`` (pre_command), ``main`` or ``post`` (post_command).
+
+        Raises:
+            NotFound: no such job in your tenant.
+        """
+        params = {"follow": follow or None, "tail": tail, "section": None if section == "all" else section}
         for raw in self._t.stream_lines(f"{API}/jobs/{name}/logs", params=params, timeout=None if follow else 60):
             if raw:
                 yield LogLine.parse(raw)

@@ -25,15 +25,21 @@ class Workload:
     tenant_id: str
     attempt: int
     attempt_dir: Path  # created by the executor; holds code/, logs and the launcher's records
-    command: str  # run with /bin/sh -c in the code directory
+    command: str  # the main command, run with /bin/sh -c in the code directory
     env: dict[str, str] = field(default_factory=dict)  # added to a minimal base environment
     code_archive: Path | None = None  # a validated .tar.gz unpacked into <attempt_dir>/code
     package: Path | None = None  # a wheel or sdist installed into <attempt_dir>/packages (PYTHONPATH)
+    venv: Path | None = None  # a runtime environment to run in (activated: bin/ first on PATH, VIRTUAL_ENV)
     gpus: tuple[int, ...] = ()  # exclusive GPU indices -> CUDA_VISIBLE_DEVICES
     cpus: float = 1.0
     memory_bytes: int = 0  # 0 = no limit
     timeout_seconds: float | None = None  # enforced by the launcher, survives control-plane restarts
     grace_seconds: float = 10.0  # SIGTERM -> SIGKILL on stop and timeout
+    # Phases around the main command, each run like it (same env, directory, limits). pre failing skips main;
+    # post runs after main whatever happened to it (also after a stop or timeout), within post_timeout_seconds.
+    pre_command: str | None = None
+    post_command: str | None = None
+    post_timeout_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class AttemptReport:
     message: str = ""  # e.g. why it is lost, launcher errors (unpack failure, ...)
     pid: int | None = None
     launched: bool = True  # False: the attempt was recorded but its workload never reached the executor
+    post_exit_code: int | None = None  # the post command's exit code; None when none ran
+    post_timed_out: bool = False  # the post command was ended by its post_timeout
 
 
 class Executor(abc.ABC):

@@ -18,6 +18,7 @@ class QueuedJob:
     memory: int
     gpu_type: str | None = None
     not_before: datetime | None = None
+    held_by: str | None = None  # decided above the planner: why it cannot start yet (e.g. its environment)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ def plan(
     no_limits = Limits()
     result = Plan()
     for job in queue:
+        if job.held_by is not None:
+            result.wait_reasons[job.id] = job.held_by
+            continue
         if job.not_before is not None and job.not_before > now:
             result.wait_reasons[job.id] = f"restart backoff until {job.not_before.isoformat(timespec='seconds')}"
             continue

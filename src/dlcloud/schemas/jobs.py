@@ -16,6 +16,8 @@ EnvKey = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_]
 EnvValue = Annotated[str, Field(max_length=32_768)]
 RESERVED_ENV_PREFIXES = ("DLCLOUD_",)
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES"}
+DEFAULT_POST_TIMEOUT_SECONDS = 300.0
+MAX_POST_TIMEOUT_SECONDS = 3600.0
 
 
 class JobState(StrEnum):
@@ -87,6 +89,14 @@ class JobSpec(Request):
     priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
     pre_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     post_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
+    post_timeout: DurationSeconds | None = None  # None: DEFAULT_POST_TIMEOUT_SECONDS
+
+    @field_validator("post_timeout")
+    @classmethod
+    def _post_timeout_bounded(cls, v: float | None) -> float | None:
+        if v is not None and v > MAX_POST_TIMEOUT_SECONDS:
+            raise ValueError(f"post_timeout must be at most 1h, got {v:g} s")
+        return v
 
     @field_validator("env")
     @classmethod
@@ -105,6 +115,8 @@ class JobSpec(Request):
             raise ValueError("give exactly one of 'command' (a shell command) or 'module' (a Python module to run)")
         if self.args and not self.module:
             raise ValueError("'args' goes with 'module'; put arguments into 'command' instead")
+        if self.post_timeout is not None and not self.post_command:
+            raise ValueError("'post_timeout' goes with 'post_command'; add a post_command or leave post_timeout out")
         total = sum(self.replicas.values()) if self.replicas else 1
         if total != 1:
             raise ValueError(
@@ -118,6 +130,15 @@ class JobSpec(Request):
         if self.command:
             return self.command
         return shlex.join(["python", "-m", str(self.module), *self.args])
+
+
+class LogSection(StrEnum):
+    """Which phases' lines a log read returns: each output.log line belongs to one phase's section."""
+
+    ALL = "all"
+    PRE = "pre"
+    MAIN = "main"
+    POST = "post"
 
 
 class JobEvent(Response):
@@ -159,10 +180,12 @@ class Job(Response):
     finished_at: datetime | None
     code: str | None
     command: str
+    environment: str  # "default": the server's own Python environment
 
 
 class JobDetail(Job):
     spec: dict[str, Any]
+    environment_hash: str | None  # the build of the environment the job runs in (None for default)
     queue_position: int | None
     wait_reason: str | None
     events: list[JobEvent]

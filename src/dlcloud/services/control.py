@@ -25,27 +25,25 @@ from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
-from dlcloud.schemas.jobs import JobState
+from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS, JobState
 from dlcloud.services import job_states
+from dlcloud.services.env_builds import EnvironmentBuilder
 from dlcloud.services.jobs import QUEUE_STATES, job_dir
 from dlcloud.services.platform import Platform
-from dlcloud.store.models import AttemptRow, CodeRow, JobRow, TenantRow, utcnow
+from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
 
 
-def compose_command(spec: dict, main: str) -> str:
-    """The shell script of one attempt: pre_command, the main command, post_command."""
-    pre, post = spec.get("pre_command"), spec.get("post_command")
-    script = main
-    if pre:
-        script = f"(\n{pre}\n) && (\n{script}\n)"
-    if post:
-        script = (
-            f"(\n{script}\n)\nDLCLOUD_EXIT_CODE=$?\nexport DLCLOUD_EXIT_CODE\n(\n{post}\n)\nexit $DLCLOUD_EXIT_CODE"
-        )
-    return script
+def post_note(report: AttemptReport) -> str:
+    """What a failed post_command adds to the reason of the attempt's final event ('' when it succeeded or
+    none ran): post never changes the attempt's outcome, but its failure must not go unnoticed."""
+    if report.post_timed_out:
+        return f"; post_command timed out (exit code {report.post_exit_code})"
+    if report.post_exit_code:
+        return f"; post_command failed with exit code {report.post_exit_code}"
+    return ""
 
 
 QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
@@ -62,7 +60,29 @@ def _behind(row: Row) -> ColumnElement[bool]:
     )
 
 
-def _read_queue(conn: Connection, seen: list[Row]) -> Iterator[QueuedJob]:
+class _EnvironmentHolds:
+    """Queued jobs whose environment is not READY: held while it builds, failed when its build failed.
+    The builds are read once per pass, and only when a job in the queue runs in a built environment."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.failed: dict[str, str] = {}  # job id -> the reason it fails
+        self._builds: dict[str, tuple[str, str | None]] | None = None
+
+    def reason(self, r: Row) -> str | None:
+        if r.environment_hash is None:
+            return None
+        if self._builds is None:
+            q = select(EnvironmentBuildRow.spec_hash, EnvironmentBuildRow.state, EnvironmentBuildRow.error)
+            self._builds = {h: (st, e) for h, st, e in self.conn.execute(q.where(EnvironmentBuildRow.state != "READY"))}
+        state, error = self._builds.get(r.environment_hash, ("READY", None))
+        if state == "FAILED":
+            self.failed[r.id] = f"environment {r.environment!r} failed to build: {error}"
+            return f"environment {r.environment!r} failed to build"
+        return None if state == "READY" else f"environment {r.environment!r} is building"
+
+
+def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> Iterator[QueuedJob]:
     """The queue in QUEUE_ORDER, read lazily in growing chunks: a pass that stops at the first job that
     must wait reads one small chunk, not the whole queue. Rows handed out are appended to ``seen``."""
     size = 512
@@ -79,13 +99,15 @@ def _read_queue(conn: Connection, seen: list[Row]) -> Iterator[QueuedJob]:
             JobRow.wait_reason,
             JobRow.priority,
             JobRow.created_at,
+            JobRow.environment,
+            JobRow.environment_hash,
         ).where(JobRow.state.in_(QUEUE_STATES))
         if after is not None:
             q = q.where(_behind(after))
         rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
         for r in rows:
             seen.append(r)
-            yield QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before)
+            yield QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before, holds.reason(r))
         if len(rows) < size:
             return
         after = rows[-1]
@@ -99,6 +121,7 @@ class ControlLoop:
         self._stopping: set[int] = set()  # attempt ids already sent a stop
         self._relaunched: set[int] = set()
         self._wake = threading.Event()
+        self.builds = EnvironmentBuilder(platform)  # builds environments while this loop runs
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -106,18 +129,22 @@ class ControlLoop:
 
     def run(self, stop: threading.Event) -> None:
         interval = self.p.settings.supervisor_interval_seconds
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
-                log.exception("control loop tick failed")
-            self._wake.wait(interval)
-            self._wake.clear()
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
+                    log.exception("control loop tick failed")
+                self._wake.wait(interval)
+                self._wake.clear()
+        finally:
+            self.builds.shutdown()  # running builds stop; the next leader builds them again
 
     def tick(self) -> None:
         self.executor.reap()
         self.supervise()
         self.schedule()
+        self.builds.dispatch()
 
     # -- scheduling --------------------------------------------------------------------------------
     def schedule(self) -> int:
@@ -131,7 +158,8 @@ class ControlLoop:
                 s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEDULE_LOCK_ID})
             conn = s.connection()
             seen: list[Row] = []  # queue rows the planner looked at, in order
-            queue = _read_queue(conn, seen)
+            holds = _EnvironmentHolds(conn)
+            queue = _read_queue(conn, seen, holds)
             first = next(queue, None)
             if first is None:
                 return 0
@@ -163,7 +191,7 @@ class ControlLoop:
             changed = [
                 {"id": r.id, "wait_reason": reasons.get(r.id)}
                 for r in seen
-                if r.wait_reason != reasons.get(r.id) and r.id not in placed
+                if r.wait_reason != reasons.get(r.id) and r.id not in placed and r.id not in holds.failed
             ]
             if changed:
                 s.execute(update(JobRow), changed)
@@ -184,6 +212,10 @@ class ControlLoop:
                 if job is None or job.state not in QUEUE_STATES:
                     continue  # cancelled since the queue was read (PostgreSQL); its resources stay free
                 workloads.append(self._place(s, job, gpus, now, attempts, events))
+            if holds.failed:  # their environment failed to build: they can never start
+                for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
+                    if job.state in QUEUE_STATES:
+                        job_states.transition(s, job, JobState.FAILED, holds.failed[job.id], at=now, events=events)
             if attempts:
                 s.execute(insert(AttemptRow), attempts)
             job_states.add_events(s, events)
@@ -259,6 +291,7 @@ class ControlLoop:
                 "DLCLOUD_ATTEMPT": str(job.attempt),
                 "DLCLOUD_CHECKPOINT_DIR": str(jd / "checkpoints"),
                 "DLCLOUD_OUTPUT_DIR": str(jd / "outputs"),
+                "DLCLOUD_ENVIRONMENT": job.environment or "default",
             }
         )
         timeout = None
@@ -270,10 +303,14 @@ class ControlLoop:
             tenant_id=job.tenant_id,
             attempt=job.attempt,
             attempt_dir=attempt_dir,
-            command=compose_command(job.spec, job.command),
+            command=job.command,
+            pre_command=job.spec.get("pre_command"),
+            post_command=job.spec.get("post_command"),
+            post_timeout_seconds=float(job.spec.get("post_timeout") or DEFAULT_POST_TIMEOUT_SECONDS),
             env=env,
             code_archive=code_archive,
             package=package,
+            venv=self.p.settings.envs_dir / job.environment_hash if job.environment_hash else None,
             gpus=gpus,
             cpus=job.cpus,
             memory_bytes=job.memory,
@@ -336,19 +373,21 @@ class ControlLoop:
             if state == JobState.STARTING:
                 job_states.transition(s, job, JobState.RUNNING, f"attempt {job.attempt} ran", at=report.started_at)
             detail = f" ({report.message})" if report.message else ""
+            post = post_note(report)
             if job.cancel_requested or report.stopped:
                 attempt.outcome = "cancelled"
-                job_states.transition(s, job, JobState.CANCELLED, f"cancelled; exit code {code}", at=now)
+                job_states.transition(s, job, JobState.CANCELLED, f"cancelled; exit code {code}{post}", at=now)
             elif report.timed_out:
                 attempt.outcome = "timed_out"
                 limit = f"{job.timeout_seconds:g} s" if job.timeout_seconds else "its limit"
-                job_states.transition(s, job, JobState.TIMED_OUT, f"ran longer than the timeout of {limit}", at=now)
+                why = f"ran longer than the timeout of {limit}{post}"
+                job_states.transition(s, job, JobState.TIMED_OUT, why, at=now)
             elif code == 0:
                 attempt.outcome = "succeeded"
-                job_states.transition(s, job, JobState.SUCCEEDED, "exit code 0", at=now)
+                job_states.transition(s, job, JobState.SUCCEEDED, f"exit code 0{post}", at=now)
             else:
                 attempt.outcome = "failed"
-                self._failed(s, job, f"attempt {job.attempt} failed with exit code {code}{detail}", now)
+                self._failed(s, job, f"attempt {job.attempt} failed with exit code {code}{detail}{post}", now)
         self._stopping.discard(attempt_id)
         self.wake()
 

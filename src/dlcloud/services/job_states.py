@@ -3,6 +3,7 @@
     QUEUED ──> STARTING ──> RUNNING ──> SUCCEEDED | FAILED | CANCELLED | TIMED_OUT
        │          │  └──────────┴──> RESTARTING ──> STARTING (a new attempt, after the backoff)
        └──────────┴──> CANCELLED      (RESTARTING ──> CANCELLED)
+       └──> FAILED                    (RESTARTING ──> FAILED): its environment failed to build
 
 A transition not in ``ALLOWED`` is a programming error (InvalidState). Each change is recorded as a
 JobEvent with a human-readable reason.
@@ -22,10 +23,10 @@ from dlcloud.store.models import JobEventRow, JobRow, utcnow
 
 S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
-    S.QUEUED: frozenset({S.STARTING, S.CANCELLED}),
+    S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
     S.STARTING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING}),
-    S.RESTARTING: frozenset({S.STARTING, S.CANCELLED}),
+    S.RESTARTING: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

@@ -25,7 +25,7 @@ from dlcloud.schemas.jobs import (
     JobSpec,
     JobState,
 )
-from dlcloud.services import job_states
+from dlcloud.services import environments, job_states
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.store import tenants as tenant_store
@@ -33,7 +33,6 @@ from dlcloud.store.ids import new_id
 from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
-ENVIRONMENTS = ("default",)
 
 
 def job_dir(platform: Platform, tenant_id: str, job_id: str) -> Path:
@@ -65,6 +64,7 @@ def _job_fields(row: Any, tenant: str, user: str) -> dict[str, Any]:
         finished_at=row.finished_at,
         code=row.code_id,
         command=row.command,
+        environment=row.environment or "default",
     )
 
 
@@ -101,13 +101,12 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
 
 
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
-    if spec.environment is not None and spec.environment not in ENVIRONMENTS:
-        raise InvalidSpec(f"environment {spec.environment!r} does not exist; available: {', '.join(ENVIRONMENTS)}")
     with platform.db.write() as s:
         tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
         if tenant is None:
             raise NotFound("your tenant no longer exists")
         _check_fits(platform, tenant, spec)
+        environment, environment_hash = environments.resolve_for_job(s, caller, spec.environment)
         if spec.code is not None:
             code = s.get(CodeRow, spec.code)
             if code is None or code.tenant_id != caller.tenant_id:
@@ -154,6 +153,8 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
             attempt=0,
             restarts=0,
             cancel_requested=False,
+            environment=environment,
+            environment_hash=environment_hash,
             created_at=utcnow(),
         )
         s.add(row)
@@ -279,6 +280,7 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
     return JobDetail(
         **_job_fields(row, caller.tenant, row.user_name or row.user_id),
         spec=row.spec,
+        environment_hash=row.environment_hash,
         queue_position=position,
         wait_reason=wait,
         events=[JobEvent(**e._asdict()) for e in events],

@@ -1,20 +1,22 @@
 """Job logs: read and follow the attempts' log files without holding a database connection.
 
-Each attempt writes ``output.log`` lines ``<ISO time> <stream> <text>``. Following polls the files
-and checks the job's state with short read transactions; the connection goes back to the pool
-between checks, so many followers cost no database connections.
+Each attempt writes ``output.log`` lines ``<ISO time> <stream> <text>``; ``stream`` is ``stdout``,
+``stderr`` or ``system`` in the main section and carries its phase otherwise (``pre:stdout``,
+``post:system``): a read may ask for one section. Following polls the files and checks the job's state
+with short read transactions; the connection goes back to the pool between checks, so many followers
+cost no database connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
 
-from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
+from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
 from dlcloud.services.jobs import _get_row
 from dlcloud.services.platform import Platform
@@ -37,24 +39,47 @@ def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool,
         return row.id, JobState(row.state) in TERMINAL_STATES, [(n, Path(d) / "output.log") for n, d in attempts]
 
 
-def _tail_lines(paths: list[tuple[int, Path]], n: int) -> list[str]:
+def line_section(line: str) -> LogSection:
+    """The section of an output.log line: the phase its stream names (``post:stdout``), else main."""
+    parts = line.split(" ", 2)
+    if len(parts) >= 2:
+        phase, sep, _ = parts[1].partition(":")
+        if sep and phase in (LogSection.PRE, LogSection.POST):
+            return LogSection(phase)
+    return LogSection.MAIN
+
+
+def _keeper(section: LogSection) -> Callable[[str], bool]:
+    if section == LogSection.ALL:
+        return lambda line: True
+    return lambda line: line_section(line) == section
+
+
+def _tail_lines(paths: list[tuple[int, Path]], n: int, keep: Callable[[str], bool]) -> list[str]:
     out: deque[str] = deque(maxlen=n)
     for _, path in paths:
         try:
             with path.open("r", encoding="utf-8", errors="replace") as f:
                 for line in f:
-                    out.append(line if line.endswith("\n") else line + "\n")
+                    if keep(line):
+                        out.append(line if line.endswith("\n") else line + "\n")
         except FileNotFoundError:
             continue
     return list(out)
 
 
 async def open_log_stream(
-    platform: Platform, caller: Caller, name: str, *, follow: bool, tail: int | None
+    platform: Platform,
+    caller: Caller,
+    name: str,
+    *,
+    follow: bool,
+    tail: int | None,
+    section: LogSection = LogSection.ALL,
 ) -> AsyncIterator[str]:
-    """Validate access now (raises NotFound), then return an iterator of log lines."""
+    """Validate access now (raises NotFound), then return an iterator of log lines (of ``section``)."""
     job_id, done, attempts = await anyio.to_thread.run_sync(_snapshot, platform, caller, name)
-    return _stream(platform, caller, job_id, done, attempts, follow=follow, tail=tail)
+    return _stream(platform, caller, job_id, done, attempts, follow=follow, tail=tail, keep=_keeper(section))
 
 
 async def _stream(
@@ -66,11 +91,12 @@ async def _stream(
     *,
     follow: bool,
     tail: int | None,
+    keep: Callable[[str], bool],
 ) -> AsyncIterator[str]:
     offsets: dict[int, int] = {}
     pending: dict[int, str] = {}
     if tail is not None:
-        for line in _tail_lines(attempts, tail):
+        for line in _tail_lines(attempts, tail, keep):
             yield line
         for number, path in attempts:
             try:
@@ -94,7 +120,7 @@ async def _stream(
             parts = text.split("\n")
             if parts[-1]:
                 pending[number] = parts[-1]
-            lines.extend(p + "\n" for p in parts[:-1])
+            lines.extend(p + "\n" for p in parts[:-1] if keep(p))
         return lines
 
     loop = asyncio.get_running_loop()
@@ -108,7 +134,8 @@ async def _stream(
             for line in read_new():
                 yield line
             for number in list(pending):
-                yield pending.pop(number) + "\n"
+                if keep(last := pending.pop(number)):
+                    yield last + "\n"
             break
         await asyncio.sleep(POLL_SECONDS)
         if loop.time() - last_check >= STATE_CHECK_SECONDS:
@@ -117,4 +144,5 @@ async def _stream(
             known = {n for n, _ in attempts}
             attempts = attempts + [a for a in fresh if a[0] not in known]
     for number in list(pending):
-        yield pending.pop(number) + "\n"
+        if keep(last := pending.pop(number)):
+            yield last + "\n"

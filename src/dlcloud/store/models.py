@@ -134,6 +134,8 @@ class JobRow(Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    environment: Mapped[str | None] = mapped_column(String(63))  # None: the server's own (``default``)
+    environment_hash: Mapped[str | None] = mapped_column(String(64))  # its build; None for ``default``
     not_before: Mapped[datetime | None] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -264,3 +266,33 @@ class ModelDeploymentRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class EnvironmentRow(Base):
+    """A user environment: a name in a tenant for a spec; its venv is the build of ``spec_hash``."""
+
+    __tablename__ = "environments"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the create request, as given
+    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
+    created_by: Mapped[str] = mapped_column(String(32))  # user id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class EnvironmentBuildRow(Base):
+    """One materialised environment (a venv under ``<data_dir>/envs/<spec_hash>``), shared by every
+    environment of any tenant with the same spec, and by the built-ins."""
+
+    __tablename__ = "environment_builds"
+    spec_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # BUILDING | READY | FAILED
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the builder needs (executors.local.venvs.BuildSpec)
+    error: Mapped[str | None] = mapped_column(Text)
+    builds: Mapped[int] = mapped_column(Integer, default=0)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

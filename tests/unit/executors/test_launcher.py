@@ -20,7 +20,7 @@ from typing import Any
 
 from dlcloud.executors.local import launcher
 
-LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z) (stdout|stderr|system) (.*)$")
+LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z) ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -76,7 +76,7 @@ def finish(attempt_dir: Path, proc: subprocess.Popen[bytes], timeout: float = 15
 
 
 def lines(attempt_dir: Path, stream: str | None = None) -> list[str]:
-    """output.log as texts, checking every line's format; only ``stream``'s lines when given."""
+    """output.log as texts, checking every line's format; only ``stream``'s lines (post:stdout, ...) when given."""
     out = []
     for raw in (attempt_dir / "output.log").read_text().splitlines():
         m = LINE.match(raw)
@@ -288,7 +288,8 @@ def test_environment_is_exactly_the_workload_env_plus_launcher_variables(tmp_pat
     assert seen["PYTHONUNBUFFERED"] == "1"
     assert seen["OMP_NUM_THREADS"] == "7"  # the user's setting wins
     assert seen["MKL_NUM_THREADS"] == seen["OPENBLAS_NUM_THREADS"] == "2"
-    added = {"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
+    assert seen["DLCLOUD_PHASE"] == "main"
+    added = {"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "DLCLOUD_PHASE"}
     set_by_shell = {"PWD", "SHLVL", "_", "OLDPWD"}
     assert set(seen) - set_by_shell == set(env) | added
 

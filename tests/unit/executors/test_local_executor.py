@@ -20,10 +20,11 @@ import pytest
 
 from dlcloud.errors import InvalidState
 from dlcloud.executors import AttemptReport, Workload, get_executor_class
+from dlcloud.executors.local import executor as executor_mod
 from dlcloud.executors.local import launcher
-from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.executors.local.executor import LocalExecutor, stop_deadline
 
-LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z (stdout|stderr|system) (.*)$")
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -131,6 +132,47 @@ def test_stop_delivers_sigterm(executor: LocalExecutor, tmp_path: Path) -> None:
     report = wait_state(executor, attempt_dir, "exited")
     assert report.stopped and report.exit_code == 7 and report.message == "stopped"
     assert "got TERM" in output(attempt_dir, "stdout")
+
+
+def test_stop_ends_the_command_then_runs_post(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "a"
+    post = 'echo "post $DLCLOUD_EXIT_CODE $DLCLOUD_PHASE"; exit 4'
+    executor.start(workload(attempt_dir, "echo ready; exec sleep 30", pre_command="echo pre", post_command=post))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    executor.stop(attempt_dir)
+    report = wait_state(executor, attempt_dir, "exited")
+    assert report.stopped and report.exit_code == -signal.SIGTERM
+    assert report.post_exit_code == 4 and not report.post_timed_out
+    assert output(attempt_dir, "pre:stdout") == ["pre"]
+    assert output(attempt_dir, "post:stdout") == ["post 143 post"]
+    assert json.loads((attempt_dir / "workload.json").read_text())["post_command"] == post
+
+
+def test_stop_deadline_leaves_room_for_the_grace_period_and_post() -> None:
+    phase = 10 + launcher.PIPE_DRAIN_SECONDS + 1
+    plain = stop_deadline({"grace_seconds": 10})
+    assert plain == phase + executor_mod.STOP_MARGIN_SECONDS
+    assert stop_deadline({"grace_seconds": 10, "post_command": "x", "post_timeout_seconds": 60}) == plain + 60 + phase
+    assert stop_deadline({"grace_seconds": 10, "post_command": "x"}) == plain + 300 + phase
+
+
+def test_a_launcher_stuck_after_a_stop_is_killed_with_its_command(
+    monkeypatch: pytest.MonkeyPatch, executor: LocalExecutor, tmp_path: Path
+) -> None:
+    # the fallback of the stop protocol: past grace + post_timeout + margin the executor SIGKILLs itself
+    monkeypatch.setattr(executor_mod, "STOP_MARGIN_SECONDS", 0.0)
+    monkeypatch.setattr(launcher, "PIPE_DRAIN_SECONDS", 0.0)  # only this process's arithmetic
+    attempt_dir = tmp_path / "a"
+    fields: dict[str, Any] = {"grace_seconds": 0.1, "post_command": "true", "post_timeout_seconds": 0.1}
+    executor.start(workload(attempt_dir, "echo ready; exec sleep 30", **fields))
+    wait_for(lambda: logged(attempt_dir, "stdout ready"))
+    launcher_pid = json.loads((attempt_dir / "launcher.json").read_text())["pid"]
+    pgid = json.loads((attempt_dir / "child.json").read_text())["pgid"]
+    os.kill(launcher_pid, signal.SIGSTOP)  # a launcher that no longer acts on anything
+    executor.stop(attempt_dir)
+    report = wait_state(executor, attempt_dir, "lost")
+    assert "gone" in report.message
+    wait_for(lambda: not group_alive(pgid))
 
 
 def test_stop_kills_command_ignoring_sigterm_after_grace(executor: LocalExecutor, tmp_path: Path) -> None:

@@ -177,3 +177,11 @@ def test_backoff_over_is_placed() -> None:
     p = plan(queue, [], {}, inventory(), NOW)
     assert placed(p) == ["restarting", "old"]
     assert p.wait_reasons == {}
+
+
+def test_held_job_waits_with_its_reason_and_blocks_nobody() -> None:
+    queue = [job("held", gpus=4, held_by="environment 'nlp' is building"), job("next", gpus=4)]
+    p = plan(queue, [], {}, inventory(gpus=4), NOW)
+    assert placed(p) == ["next"]
+    assert p.wait_reasons == {"held": "environment 'nlp' is building"}
+    assert p.blocked_by is None

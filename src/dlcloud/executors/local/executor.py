@@ -9,6 +9,9 @@ Invariants:
 - The command sees ``base env + workload.env`` and nothing else of the server's environment: variables
   such as DLCLOUD_SECRET_KEY never reach it, nor the launcher (whose /proc/<pid>/environ the job could read).
 - Attempt directories are private (0700) and their records 0600: workload.json holds the job's env.
+- Stop protocol: ``stop`` sends SIGTERM to the launcher, which stops the running phase (SIGTERM, SIGKILL
+  after the grace period) and then runs the post phase, bounded by its post timeout. Only if the launcher
+  is still there well after that (``stop_deadline``) does the executor SIGKILL it and its phase's group.
 
 Files in an attempt directory: see ``launcher.py``.
 """
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 LAUNCHER_PATH = Path(launcher_mod.__file__).resolve()
 LAUNCHER_LOG = "launcher.log"
 PENDING_SECONDS = 30.0  # how long an attempt without launcher.json may be "pending" before it is "lost"
+STOP_MARGIN_SECONDS = 30.0  # slack on top of what a stopping launcher may legitimately need
 BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -123,6 +127,18 @@ def _make_private_dirs(path: Path) -> None:
         os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
 
 
+def stop_deadline(workload: dict[str, Any]) -> float:
+    """Seconds after a stop by which a healthy launcher has ended: the running phase's grace period and
+    pipe drain, then the post phase's (post timeout, grace period, pipe drain), plus a margin."""
+    grace = float(workload.get("grace_seconds") or 0.0)
+    phase = grace + launcher_mod.PIPE_DRAIN_SECONDS + 1.0
+    post = 0.0
+    if workload.get("post_command"):
+        post_timeout = workload.get("post_timeout_seconds")
+        post = (launcher_mod.DEFAULT_POST_TIMEOUT_SECONDS if post_timeout is None else float(post_timeout)) + phase
+    return phase + post + STOP_MARGIN_SECONDS
+
+
 class LocalExecutor(Executor):
     """Runs workloads as processes on this host (decision 2 of ARCHITECTURE.md: jobs outlive the control plane).
 
@@ -151,8 +167,24 @@ class LocalExecutor(Executor):
     # ---- start
 
     def build_env(self, workload: Workload) -> dict[str, str]:
-        """The complete environment of the command, before the launcher adds CUDA_VISIBLE_DEVICES & co."""
-        return {**self.base_env, **{str(k): str(v) for k, v in workload.env.items()}}
+        """The complete environment of the command, before the launcher adds CUDA_VISIBLE_DEVICES & co.
+
+        With a ``venv`` the environment is activated as ``bin/activate`` would: its ``bin`` first on PATH and
+        VIRTUAL_ENV set, so ``python`` and ``pip`` in the command are the venv's.
+        """
+        env = {**self.base_env, **{str(k): str(v) for k, v in workload.env.items()}}
+        if workload.venv is not None:
+            venv = os.path.abspath(workload.venv)
+            env["PATH"] = os.path.join(venv, "bin") + os.pathsep + (env.get("PATH") or DEFAULT_PATH)
+            env["VIRTUAL_ENV"] = venv
+            env.pop("PYTHONHOME", None)
+        return env
+
+    def python_for(self, workload: Workload) -> str:
+        """The interpreter of the workload: its venv's, else the executor's (pip installs ``package`` with it)."""
+        if workload.venv is not None:
+            return os.path.join(os.path.abspath(workload.venv), "bin", "python")
+        return self.python
 
     def _start(self, workload: Workload) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
@@ -165,8 +197,9 @@ class LocalExecutor(Executor):
             env=self.build_env(workload),
             code_archive=str(workload.code_archive) if workload.code_archive else None,
             package=str(workload.package) if workload.package else None,
+            venv=str(workload.venv) if workload.venv else None,
             gpus=list(workload.gpus),
-            python=self.python,
+            python=self.python_for(workload),
         )
         launcher_mod.write_json_atomic(str(attempt_dir / launcher_mod.WORKLOAD_FILE), record)
         log_fd = os.open(attempt_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -262,6 +295,8 @@ class LocalExecutor(Executor):
             stopped=bool(record.get("stopped")),
             message=str(record.get("message") or ""),
             pid=launch.get("pid") if launch else None,
+            post_exit_code=post_code if isinstance(post_code := record.get("post_exit_code"), int) else None,
+            post_timed_out=bool(record.get("post_timed_out")),
         )
 
     def _lost(self, attempt_dir: Path, message: str, launch: dict[str, Any] | None = None) -> AttemptReport:
@@ -290,14 +325,31 @@ class LocalExecutor(Executor):
         launch = _read_json(attempt_dir / launcher_mod.LAUNCHER_FILE)
         if launch is None:
             return
-        pid = launch.get("pid")
-        if isinstance(pid, int) and _is_alive(pid, launch.get("proc_start_ticks")):
+        pid, ticks = launch.get("pid"), launch.get("proc_start_ticks")
+        if isinstance(pid, int) and _is_alive(pid, ticks):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)  # the launcher signals the group and escalates after the grace
+                os.kill(pid, signal.SIGTERM)  # the launcher stops the phase, escalates after the grace, runs post
+            workload = _read_json(attempt_dir / launcher_mod.WORKLOAD_FILE) or {}
+            timer = threading.Timer(stop_deadline(workload), self._kill_stuck_launcher, (attempt_dir, pid, ticks))
+            timer.daemon = True
+            timer.start()
             return
         if (attempt_dir / launcher_mod.EXIT_FILE).exists():
             return
         self._stop_orphaned_group(attempt_dir)
+
+    def _kill_stuck_launcher(self, attempt_dir: Path, pid: int, ticks: Any) -> None:
+        """The fallback of the stop protocol: a launcher still running long after a stop is SIGKILLed with
+        the group of its current phase (the attempt is then reported lost, and ends CANCELLED)."""
+        if (attempt_dir / launcher_mod.EXIT_FILE).exists() or not _is_alive(pid, ticks):
+            return
+        log.warning("launcher %d of %s still runs long after a stop: killing it", pid, attempt_dir)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        child = _read_json(attempt_dir / launcher_mod.CHILD_FILE) or {}
+        pgid = child.get("pgid")
+        if isinstance(pgid, int) and _group_members(pgid, child.get("sid"), child.get("proc_start_ticks")):
+            launcher_mod.signal_group(pgid, signal.SIGKILL)
 
     def _stop_orphaned_group(self, attempt_dir: Path) -> None:
         """The launcher died: SIGTERM the command's group ourselves, SIGKILL it after the grace period."""

@@ -1,44 +1,64 @@
-"""The detached launcher of one local attempt: runs the command, logs it, records how it ended.
+"""The detached launcher of one local attempt: runs its phases, logs them, records how it ended.
 
 Run as ``<python> -I -S launcher.py <attempt_dir>`` by ``LocalExecutor`` in a new session. It uses the
 standard library only (it must never import dlcloud or a third-party package) so it starts fast and
 keeps working whatever happens to the control plane that started it.
 
+An attempt runs up to three **phases** after preparing its code directory, each as its own
+``/bin/sh -c`` child in its own process group, with the same environment, working directory and limits:
+``pre`` (``pre_command``), ``main`` (``command``) and ``post`` (``post_command``). ``pre`` failing (or being
+stopped / timed out) skips ``main``. ``post`` runs whenever a phase was started, after success, failure,
+stop and timeout alike, with ``DLCLOUD_EXIT_CODE`` = the exit status of ``main`` (of ``pre`` when ``main``
+was skipped; 128+N for a process killed by signal N, as the shell reports it). Every phase sees
+``DLCLOUD_PHASE`` = its name.
+
 Everything it knows goes to files in the attempt directory, each written atomically (tmp + rename):
 
 ``workload.json`` (input, written by the executor)
-    job_id, tenant_id, attempt, attempt_dir, command, env (the COMPLETE environment of the command),
-    code_archive, package, gpus, cpus, memory_bytes, timeout_seconds, grace_seconds, python.
+    job_id, tenant_id, attempt, attempt_dir, command, pre_command, post_command, post_timeout_seconds,
+    env (the COMPLETE environment of the phases), code_archive, package, gpus, cpus, memory_bytes,
+    timeout_seconds, grace_seconds, python.
 ``launcher.json``
     {"pid", "proc_start_ticks", "started_at", "limits": "cgroup2" | "rlimit", "cgroup": path | null}.
     Written once, right after the signal handlers are installed and before any preparation.
 ``child.json``
-    {"pid", "pgid", "sid", "proc_start_ticks", "role": "prepare" | "command"}, rewritten for each process
-    the launcher starts (pip while preparing, then the command). ``sid`` is the launcher's session.
+    {"pid", "pgid", "sid", "proc_start_ticks", "role": "prepare" | "pre" | "command" | "post"}, rewritten
+    for each process the launcher starts (pip while preparing, then each phase; ``command`` is ``main``).
+    ``sid`` is the launcher's session.
 ``exit.json``
-    {"exit_code", "finished_at", "timed_out", "stopped", "message"}. Written last, after every process of
-    the attempt is gone: its presence means the attempt is over.
+    {"exit_code", "finished_at", "timed_out", "stopped", "message", "post_exit_code", "post_timed_out"}.
+    Written last, after every process of the attempt is gone: its presence means the attempt is over.
+    ``post_exit_code`` is null when no post phase ran.
 ``output.log``
-    One line per output line: ``<UTC time, microseconds, Z> <stdout|stderr|system> <text>``.
+    One line per output line: ``<UTC time, microseconds, Z> <stream> <text>``. ``stream`` is ``stdout``,
+    ``stderr`` or ``system`` for the main phase and the launcher itself, and the same prefixed with the
+    phase (``pre:stdout``, ``post:system``, ...) for the pre and post phases: the log's *sections*.
 
-Exit codes in exit.json: the command's return code, negative when a signal killed it (-15 SIGTERM, -9
-SIGKILL). ``LAUNCH_FAILED`` (125, as ``docker run`` uses it) means the command did not run to its end
-because the launcher could not prepare or start it (bad archive, pip failure, spawn error, launcher
-crash), or the attempt was stopped / timed out while still preparing; ``message`` then says why. A
-command's own return code comes with an empty message unless it was stopped or timed out.
+Exit codes in exit.json: the main command's return code, negative when a signal killed it (-15 SIGTERM,
+-9 SIGKILL); ``pre``'s when ``pre`` failed and ``main`` was skipped. ``post`` never changes it: its result
+is ``post_exit_code``. ``LAUNCH_FAILED`` (125, as ``docker run`` uses it) means the command did not run to
+its end because the launcher could not prepare or start it (bad archive, pip failure, spawn error,
+launcher crash), or the attempt was stopped / timed out before ``main`` started; ``message`` then says
+why. A command's own return code comes with an empty message unless it was stopped or timed out.
 
-Invariants:
-- The command runs in its own process group (pgid = its pid) inside the launcher's session. Stop and
-  timeout signal the whole group: SIGTERM, then SIGKILL after ``grace_seconds``.
-- When the command's leader exits, the rest of its group is SIGKILLed (after at most
-  ``PIPE_DRAIN_SECONDS`` waiting for its pipes to close) while the leader is still an unreaped zombie,
-  so the pgid cannot have been reused: no orphans are left and no stranger is signalled.
-- ``timeout_seconds`` counts from the launcher's start, preparation included.
-- SIGTERM to the launcher means "stop the attempt"; SIGINT and SIGHUP are ignored (the control plane's
-  terminal may go away). Handlers, not SIG_IGN, so the command starts with default dispositions.
+The stop protocol (see docs/local-executor.md):
+- SIGTERM to the launcher means "stop the attempt": the launcher sends SIGTERM to the group of the
+  running preparation / pre / main process, SIGKILL after ``grace_seconds``, skips what is left of
+  pre and main, then runs ``post``. A stop while ``post`` runs does not interrupt it (post is the
+  clean-up a stop must not skip); ``post`` is bounded by ``post_timeout_seconds`` (then SIGTERM, and
+  SIGKILL after ``grace_seconds``) and is the only phase the job's ``timeout_seconds`` does not cover.
+- SIGINT and SIGHUP are ignored (the control plane's terminal may go away). Handlers, not SIG_IGN, so the
+  phases start with default dispositions.
 - A stop requested before launcher.json exists is seen through the ``stop-requested`` marker file,
   which the launcher checks after writing launcher.json (the executor writes the marker, then reads
   launcher.json: one of the two always sees the other).
+
+Invariants:
+- Each phase runs in its own process group (pgid = its pid) inside the launcher's session.
+- When a phase's leader exits, the rest of its group is SIGKILLed (after at most ``PIPE_DRAIN_SECONDS``
+  waiting for its pipes to close) while the leader is still an unreaped zombie, so the pgid cannot have
+  been reused: no orphans are left and no stranger is signalled.
+- ``timeout_seconds`` counts from the launcher's start, preparation and pre included.
 """
 
 from __future__ import annotations
@@ -72,6 +92,19 @@ PIPE_DRAIN_SECONDS = 2.0  # after the command exits, how long its pipes may stay
 MAX_LINE_BYTES = 64 * 1024  # longer lines are split so one runaway line cannot exhaust memory
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 CPU_PERIOD_US = 100_000
+DEFAULT_POST_TIMEOUT_SECONDS = 300.0
+PHASE_ROLES = {"pre": "pre", "main": "command", "post": "post"}  # phase -> child.json role
+PHASE_LABELS = {"pre": "pre_command", "main": "command", "post": "post_command"}
+
+
+def stream_name(phase: str, stream: str) -> str:
+    """The log stream of a phase's line: ``stdout`` for main (and the launcher), ``post:stdout`` for post."""
+    return stream if phase in ("main", "prepare") else f"{phase}:{stream}"
+
+
+def shell_status(returncode: int) -> int:
+    """A Popen return code as a shell's ``$?``: -N (killed by signal N) becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def utc_now_iso() -> str:
@@ -259,6 +292,12 @@ class Launcher:
         self.deadline: float | None = None
         self.cgroup: str | None = None
         self.live_pgid: int | None = None  # the group of a started, not yet reaped child
+        self.post_timeout = DEFAULT_POST_TIMEOUT_SECONDS
+        self.post_deadline: float | None = None
+        self.post_timed_out = False
+        self.post_exit_code: int | None = None  # None: no post phase ran
+        self.term_signals = 0  # SIGTERMs received
+        self.terms_noted = 0  # SIGTERMs acted on or logged
         self.started_monotonic = time.monotonic()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -272,6 +311,7 @@ class Launcher:
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, frame: object) -> None:
             self.term_requested = True
+            self.term_signals += 1
 
         def ignore(signum: int, frame: object) -> None:
             pass
@@ -293,9 +333,10 @@ class Launcher:
         line = f"{utc_now_iso()} {stream} {text}\n".encode("utf-8", "replace")
         self.log.write(line)
 
-    def system(self, text: str) -> None:
+    def system(self, text: str, phase: str = "main") -> None:
+        """dlcloud's own line(s), in the log section of ``phase``."""
         for line in text.splitlines() or [""]:  # one log record per line keeps the format parseable
-            self.write_line("system", line)
+            self.write_line(stream_name(phase, "system"), line)
 
     # ---- the whole run
 
@@ -305,6 +346,9 @@ class Launcher:
         with open(self.path(WORKLOAD_FILE), encoding="utf-8") as f:
             workload: dict[str, Any] = json.load(f)
         self.grace = max(0.0, float(workload.get("grace_seconds", 10.0)))
+        post_timeout = workload.get("post_timeout_seconds")
+        if post_timeout is not None:
+            self.post_timeout = max(0.0, float(post_timeout))
         timeout = workload.get("timeout_seconds")
         if timeout is not None:
             self.deadline = self.started_monotonic + float(timeout)
@@ -353,24 +397,102 @@ class Launcher:
             self.system(f"preparation failed: {exc}")
             self.finish(LAUNCH_FAILED, f"preparation failed: {exc}")
             return
+        if self.stop_or_timeout_before_main():
+            self.finish(LAUNCH_FAILED, self.before_main_message())
+            return
+
+        # From here on a phase has run (or tried to): post_command always follows.
+        timeout = workload.get("timeout_seconds")
+        pre, post = workload.get("pre_command"), workload.get("post_command")
+        code, message = self.run_pre_and_main(str(workload["command"]), pre, timeout, code_dir, env, preexec)
+        if post:
+            self.run_post(str(post), code, code_dir, env, preexec)
+        self.finish(code, message)
+
+    def stop_or_timeout_before_main(self) -> bool:
+        """Whether a stop or the timeout came before the main command could start (and log it)."""
         if self.term_requested or self.stopped:
             self.stopped = True
             self.system("stop requested before the command started")
-            self.finish(LAUNCH_FAILED, "stopped before the command started")
-            return
+            return True
         if self.timed_out or (self.deadline is not None and time.monotonic() >= self.deadline):
             self.timed_out = True
             self.system("timed out before the command started")
-            self.finish(LAUNCH_FAILED, "timed out before the command started")
-            return
+            return True
+        return False
 
-        command = str(workload["command"])
-        self.system(f"starting: {command}")
+    def before_main_message(self) -> str:
+        return "stopped before the command started" if self.stopped else "timed out before the command started"
+
+    def run_pre_and_main(
+        self,
+        command: str,
+        pre: str | None,
+        timeout: Any,
+        code_dir: str,
+        env: dict[str, str],
+        preexec: Callable[[], None] | None,
+    ) -> tuple[int, str]:
+        """Run pre_command (if any), then, unless it failed or a stop or the timeout came, the command.
+
+        Returns the attempt's exit code and exit.json's message.
+        """
+        if pre:
+            code, error = self.run_phase("pre", str(pre), code_dir, env, preexec)
+            if error is not None:
+                self.system("command skipped: pre_command could not be started")
+                return code, f"{error}; the command did not run"
+            why = "stopped" if self.stopped else f"timed out after {timeout} s" if self.timed_out else ""
+            self.system(f"pre_command exited with code {code}" + (f" ({why})" if why else ""), "pre")
+            if why:
+                self.system(f"command skipped: pre_command was {'stopped' if self.stopped else 'timed out'}")
+                return code, f"{why} while pre_command ran; the command did not run"
+            if code != 0:
+                self.system(f"command skipped: pre_command exited with code {code}")
+                return code, f"pre_command exited with code {code}; the command did not run"
+            if self.stop_or_timeout_before_main():
+                return LAUNCH_FAILED, self.before_main_message()
+        code, error = self.run_phase("main", command, code_dir, env, preexec)
+        if error is not None:
+            return code, error
+        message = f"timed out after {timeout} s" if self.timed_out else "stopped" if self.stopped else ""
+        self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
+        return code, message
+
+    def run_post(
+        self, post: str, code: int, code_dir: str, env: dict[str, str], preexec: Callable[[], None] | None
+    ) -> None:
+        """Run post_command with DLCLOUD_EXIT_CODE; its result goes to exit.json apart from the exit code."""
+        status = shell_status(code)
+        self.post_deadline = time.monotonic() + self.post_timeout
+        post_env = {**env, "DLCLOUD_EXIT_CODE": str(status)}
+        post_code, error = self.run_phase("post", post, code_dir, post_env, preexec, f" (DLCLOUD_EXIT_CODE={status})")
+        self.post_exit_code = post_code
+        if error is not None:
+            return
+        notes = [f"timed out after {self.post_timeout:g} s"] if self.post_timed_out else []
+        if post_code != 0:
+            notes.append(f"ignored: the attempt keeps exit code {code}")
+        self.system(f"post_command exited with code {post_code}" + (f" ({'; '.join(notes)})" if notes else ""), "post")
+
+    def run_phase(
+        self,
+        phase: str,
+        command: str,
+        code_dir: str,
+        env: dict[str, str],
+        preexec: Callable[[], None] | None,
+        note: str = "",
+    ) -> tuple[int, str | None]:
+        """Start one phase in its own process group and supervise it: (return code, None), or
+        (LAUNCH_FAILED, why) when it could not be started."""
+        label = "" if phase == "main" else f" {PHASE_LABELS[phase]}"
+        self.system(f"starting{label}{note}: {command}", phase)
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", command],
                 cwd=code_dir,
-                env=env,
+                env={**env, "DLCLOUD_PHASE": phase},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -379,18 +501,11 @@ class Launcher:
                 preexec_fn=preexec,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            self.system(f"could not start the command: {exc}")
-            self.finish(LAUNCH_FAILED, f"could not start the command: {exc}")
-            return
-        self.record_child(proc.pid, "command")
-        code = self.supervise(proc, None)
-        message = ""
-        if self.timed_out:
-            message = f"timed out after {workload.get('timeout_seconds')} s"
-        elif self.stopped:
-            message = "stopped"
-        self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
-        self.finish(code, message)
+            error = f"could not start the {PHASE_LABELS[phase]}: {exc}"
+            self.system(error, phase)
+            return LAUNCH_FAILED, error
+        self.record_child(proc.pid, PHASE_ROLES[phase])
+        return self.supervise(proc, phase), None
 
     def finish(self, exit_code: int, message: str) -> None:
         if self.cgroup is not None:
@@ -404,6 +519,8 @@ class Launcher:
                 "timed_out": self.timed_out,
                 "stopped": self.stopped,
                 "message": message,
+                "post_exit_code": self.post_exit_code,
+                "post_timed_out": self.post_timed_out,
             },
         )
 
@@ -451,7 +568,7 @@ class Launcher:
             except OSError as exc:
                 raise PrepareError(f"could not run pip: {exc}") from exc
             self.record_child(proc.pid, "prepare")
-            code = self.supervise(proc, "pip: ")
+            code = self.supervise(proc, "prepare")
             if self.stopped or self.timed_out:
                 return code_dir  # the caller reports stop / timeout
             if code != 0:
@@ -462,13 +579,22 @@ class Launcher:
 
     # ---- running a process
 
-    def supervise(self, proc: subprocess.Popen[bytes], system_prefix: str | None) -> int:
-        """Pump the process's pipes into output.log until it exits; enforce stop and timeout.
+    def supervise(self, proc: subprocess.Popen[bytes], phase: str) -> int:
+        """Pump the process's pipes into output.log until it exits; enforce stop requests and time limits.
 
-        With ``system_prefix`` the output is logged as ``system`` lines with that prefix (pip), else as
-        ``stdout`` / ``stderr``. Returns the return code (negative: killed by that signal). When it
-        returns, every process of the group is gone or SIGKILLed and the leader is reaped.
+        ``phase`` is ``prepare`` (pip: its output is logged as ``system`` lines prefixed ``pip: ``), or
+        ``pre`` / ``main`` / ``post`` (logged as that phase's stdout / stderr). A stop and the job's timeout
+        end every phase but ``post``, which only its own ``post_timeout`` ends. Returns the return code
+        (negative: killed by that signal). When it returns, every process of the group is gone or
+        SIGKILLed and the leader is reaped.
         """
+        is_post = phase == "post"
+        deadline = self.post_deadline if is_post else self.deadline
+
+        def limit_pending() -> bool:
+            """Whether this phase's time limit is still to be enforced."""
+            return not self.post_timed_out if is_post else not (self.timed_out or self.stopped)
+
         sel = selectors.DefaultSelector()
         files: dict[int, tuple[Any, str, bytearray]] = {}
         for f, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
@@ -480,10 +606,10 @@ class Launcher:
 
         def emit(stream: str, data: bytes) -> None:
             text = data.decode("utf-8", "replace").removesuffix("\r")
-            if system_prefix is None:
-                self.write_line(stream, text)
+            if phase == "prepare":
+                self.system("pip: " + text)
             else:
-                self.system(system_prefix + text)
+                self.write_line(stream_name(phase, stream), text)
 
         def pump(fd: int) -> None:
             f, stream, buf = files[fd]
@@ -529,20 +655,31 @@ class Launcher:
         try:
             while True:
                 now = time.monotonic()
-                if self.term_requested and not self.stopped:
+                if self.term_requested and not self.stopped and not is_post:
                     self.stopped = True
-                    self.system(f"stop requested: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s")
+                    self.system(f"stop requested: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
                     signal_group(pgid, signal.SIGTERM)
                     kill_at = now + self.grace if kill_at is None else kill_at
-                if self.deadline is not None and now >= self.deadline and not (self.timed_out or self.stopped):
-                    self.timed_out = True
-                    self.system(f"timeout: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s")
+                if is_post and self.term_signals > self.terms_noted:
+                    # post is the clean-up a stop must not skip: it runs on, bounded by post_timeout
+                    self.system(f"stop requested: post_command may finish (at most {self.post_timeout:g} s)", phase)
+                self.terms_noted = self.term_signals
+                if deadline is not None and now >= deadline and limit_pending():
+                    if is_post:
+                        self.post_timed_out = True
+                        what = f"post_command still running after its post_timeout of {self.post_timeout:g} s"
+                    else:
+                        self.timed_out = True
+                        what = "timeout"
+                    self.system(f"{what}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
                     signal_group(pgid, signal.SIGTERM)
                     kill_at = now + self.grace
                 if kill_at is not None and now >= kill_at:
                     kill_at = None
                     if exited_at is None:
-                        self.system(f"still running {self.grace:g} s after SIGTERM: SIGKILL to process group {pgid}")
+                        self.system(
+                            f"still running {self.grace:g} s after SIGTERM: SIGKILL to process group {pgid}", phase
+                        )
                         signal_group(pgid, signal.SIGKILL)
                 if exited_at is None and has_exited(proc.pid):
                     exited_at = now
@@ -553,13 +690,15 @@ class Launcher:
                     waits.append(exited_at + PIPE_DRAIN_SECONDS - now)
                 if kill_at is not None:
                     waits.append(kill_at - now)
-                if self.deadline is not None and not (self.timed_out or self.stopped):
-                    waits.append(self.deadline - now)
+                if deadline is not None and limit_pending():
+                    waits.append(deadline - now)
                 select(min(waits))
             # The leader is a zombie we have not reaped, so its pid (= pgid) cannot be reused yet:
             # killing the group now only hits what the command left behind.
             if files:
-                self.system(f"output pipes still open {PIPE_DRAIN_SECONDS:g} s after exit: killing process group")
+                self.system(
+                    f"output pipes still open {PIPE_DRAIN_SECONDS:g} s after exit: killing process group", phase
+                )
             signal_group(pgid, signal.SIGKILL)
             end = time.monotonic() + 0.5
             while files and time.monotonic() < end:

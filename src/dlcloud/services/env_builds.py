@@ -1,0 +1,169 @@
+"""Environment builds: the content-addressed venvs behind environments, and the builder that makes them.
+
+This module owns the ``environment_builds`` table; every build state change goes through it::
+
+    (no row) ──request_build──> BUILDING ──builder──> READY
+                                  ^    └───builder──> FAILED ──request_build (a retry)──┘
+
+Invariants:
+- One row per spec hash (``executors.local.venvs.BuildSpec.spec_hash``), shared by every environment of
+  any tenant with that spec and by the built-ins: a spec is built once, however many ask for it at once.
+- Builds run in the leader control-plane process only: each tick of the control loop calls
+  ``EnvironmentBuilder.dispatch``, which hands the BUILDING rows this process is not building yet to a
+  thread pool. A control plane that stops or crashes mid-build leaves the row BUILDING; the next leader
+  builds it again from scratch.
+- The venv itself is made by ``venvs.materialise`` under a per-hash file lock, so two builders of one hash
+  (threads or processes) never write the same directory; the second finds it finished.
+- A build is removed (row, venv and log) only when no environment refers to it, no unfinished job runs in
+  it and it is not a built-in's; its directory only while no builder holds its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from dlcloud.executors.local import venvs
+from dlcloud.executors.local.venvs import BuildSpec
+from dlcloud.schemas.environments import EnvironmentState
+from dlcloud.services.platform import Platform
+from dlcloud.store import environments as store
+from dlcloud.store.models import EnvironmentBuildRow, utcnow
+
+log = logging.getLogger(__name__)
+BUILDING, READY, FAILED = EnvironmentState.BUILDING.value, EnvironmentState.READY.value, EnvironmentState.FAILED.value
+
+
+def request_build(s: Session, spec: BuildSpec, spec_hash: str) -> EnvironmentBuildRow:
+    """The build of ``spec``, locked: created BUILDING when new, sent back to BUILDING when it FAILED."""
+    row = store.get_build(s, spec_hash, for_update=True)
+    if row is None:
+        row = EnvironmentBuildRow(
+            spec_hash=spec_hash, state=BUILDING, spec=spec.to_json(), error=None, builds=0, created_at=utcnow()
+        )
+        try:
+            with s.begin_nested():
+                s.add(row)
+        except IntegrityError:  # created by a concurrent request (PostgreSQL): use that one
+            found = store.get_build(s, spec_hash, for_update=True)
+            if found is None:
+                raise
+            row = found
+    elif row.state == FAILED:
+        row.state, row.error, row.finished_at = BUILDING, None, None
+        row.spec = spec.to_json()  # the same spec; wheels may have been uploaded again under new paths
+    return row
+
+
+def forget_if_unused(s: Session, spec_hash: str, keep: set[str]) -> bool:
+    """Delete the build row when nothing needs it any more; True if the caller should remove its files."""
+    if spec_hash in keep:
+        return False
+    build = store.get_build(s, spec_hash, for_update=True)
+    if build is None or build.state == BUILDING:
+        return False
+    if store.environments_with_hash(s, spec_hash) or store.unfinished_jobs_with_hash(s, spec_hash):
+        return False
+    s.delete(build)
+    return True
+
+
+def remove_files(platform: Platform, spec_hash: str) -> None:
+    """Remove a forgotten build's venv and log, unless someone wants the hash again meanwhile."""
+    envs_dir = platform.settings.envs_dir
+    with venvs.build_lock(envs_dir, spec_hash, blocking=False) as held:
+        if not held:
+            return  # a builder holds it: the hash was asked for again
+        with platform.db.read() as s:
+            if store.get_build(s, spec_hash) is not None:
+                return
+        try:
+            venvs.remove_tree(venvs.venv_dir(envs_dir, spec_hash))
+            venvs.log_path(envs_dir, spec_hash).unlink(missing_ok=True)
+        except OSError:  # the rows are gone; a leftover directory is only disk space
+            log.exception("could not remove the environment build %s", spec_hash)
+
+
+class EnvironmentBuilder:
+    """Builds the BUILDING builds in a thread pool of ``env_build_workers`` threads.
+
+    ``dispatch`` is cheap (one query) and is called by the control loop on every tick; ``shutdown`` kills
+    the running builds' processes and leaves their rows BUILDING for the next leader.
+    """
+
+    def __init__(self, platform: Platform):
+        self.p = platform
+        settings = platform.settings
+        self._pool = ThreadPoolExecutor(max_workers=settings.env_build_workers, thread_name_prefix="dlcloud-env")
+        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds)
+        self._lock = threading.Lock()
+        self._inflight: set[str] = set()
+        self._closed = False
+
+    def dispatch(self) -> int:
+        """Start building the BUILDING builds not being built here yet; returns how many were started."""
+        with self.p.db.read() as s:
+            hashes = store.building_hashes(s)
+        started = 0
+        with self._lock:
+            if self._closed:
+                return 0
+            for spec_hash in hashes:
+                if spec_hash not in self._inflight:
+                    self._inflight.add(spec_hash)
+                    self._pool.submit(self._run, spec_hash)
+                    started += 1
+        return started
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._runner.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, spec_hash: str) -> None:
+        try:
+            self.build(spec_hash)
+        except Exception:  # a database error: the row stays BUILDING and the next dispatch tries again
+            log.exception("building environment %s failed unexpectedly", spec_hash)
+        finally:
+            with self._lock:
+                self._inflight.discard(spec_hash)
+            self.p.wake()  # jobs waiting for this environment may start now
+
+    def build(self, spec_hash: str) -> None:
+        """Build one BUILDING build in this thread and record READY or FAILED."""
+        with self.p.db.write() as s:
+            row = store.get_build(s, spec_hash, for_update=True)
+            if row is None or row.state != BUILDING:
+                return
+            spec = BuildSpec.from_json(row.spec)
+            row.started_at = utcnow()
+        log.info("building environment %s (Python %s, inherit %s)", spec_hash[:12], spec.python, spec.inherit)
+        try:
+            result = venvs.materialise(spec, spec_hash, self.p.settings.envs_dir, self._runner)
+        except venvs.BuildCancelled:
+            log.info("build of environment %s interrupted by shutdown", spec_hash[:12])
+            return
+        except venvs.BuildError as exc:
+            self._finish(spec_hash, FAILED, error=str(exc), built=True)
+        except OSError as exc:
+            self._finish(spec_hash, FAILED, error=f"could not build the environment: {exc}", built=True)
+        else:
+            self._finish(spec_hash, READY, size=result.size_bytes, built=result.built)
+
+    def _finish(
+        self, spec_hash: str, state: str, *, error: str | None = None, size: int | None = None, built: bool
+    ) -> None:
+        with self.p.db.write() as s:
+            row = store.get_build(s, spec_hash, for_update=True)
+            if row is None or row.state != BUILDING:
+                return
+            row.state, row.error, row.size_bytes, row.finished_at = state, error, size, utcnow()
+            if built:
+                row.builds += 1
+        log.info("environment %s is %s%s", spec_hash[:12], state, f": {error}" if error else "")

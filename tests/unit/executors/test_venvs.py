@@ -1,0 +1,132 @@
+"""Building venvs: spec hashing, one build per hash under concurrency, inheritance, readable failures and
+interrupted builds. No package index is used: requirements come from wheels made in the test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dlcloud.executors.local import venvs
+from dlcloud.executors.local.venvs import BuildError, BuildSpec, Runner
+from tests.wheels import make_wheel
+
+
+def inherit_spec(**kw: object) -> BuildSpec:
+    fields: dict = dict(python=venvs.python_version(), interpreter=sys.executable, inherit=True, no_index=True)
+    fields.update(venvs.base_spec_fields())
+    fields.update(kw)
+    return BuildSpec(**fields)
+
+
+def test_hash_covers_the_spec_but_not_order_or_where_wheels_are_stored() -> None:
+    a = inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),))
+    b = inherit_spec(requirements=("a==2", "b==1"), wheels=(("f" * 64, "/y/two.whl"),))
+    assert a.spec_hash() == b.spec_hash()
+    assert len(a.spec_hash()) == 64
+    for other in (
+        inherit_spec(requirements=("a==2",)),
+        inherit_spec(requirements=("b==1", "a==2"), wheels=(("e" * 64, "/x/one.whl"),)),
+        inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),), no_index=False),
+        inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),), base_packages="changed"),
+    ):
+        assert other.spec_hash() != a.spec_hash()
+    assert BuildSpec.from_json(a.to_json()) == a
+
+
+def test_interpreters_are_found_only_where_they_run(tmp_path: Path) -> None:
+    assert venvs.find_interpreter(venvs.python_version()) == os.path.abspath(sys.executable)
+    assert venvs.python_version() in venvs.available_versions()
+    shim = tmp_path / "python3.29"  # on PATH, but not a working interpreter (like a pyenv shim)
+    shim.write_text("#!/bin/sh\necho 'python3.29: command not found' >&2; exit 127\n")
+    shim.chmod(0o755)
+    assert venvs.find_interpreter("3.29", search_path=str(tmp_path)) is None
+    assert "3.29" not in venvs.available_versions(search_path=str(tmp_path))
+    assert venvs.find_interpreter("3.28", search_path=str(tmp_path)) is None
+
+
+def test_base_distributions_are_read_from_site_packages() -> None:
+    dists = venvs.base_distributions()
+    assert "pytest" in dists and "dlcloud" in dists
+    assert venvs.base_digest(dists) == venvs.base_digest(dict(dists))
+
+
+def test_concurrent_builds_of_one_hash_build_once_and_inherit_the_base(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "wheels")
+    spec = inherit_spec(wheels=(("a" * 64, str(wheel)),))
+    spec_hash = spec.spec_hash()
+    envs_dir = tmp_path / "envs"
+    results: list[venvs.BuildResult] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(venvs.materialise(spec, spec_hash, envs_dir, Runner())))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(r.built for r in results) == [False, False, True]
+    assert all(r.size_bytes > 0 for r in results)
+    log = venvs.log_path(envs_dir, spec_hash).read_text()
+    assert log.count("build started") == 1 and "build finished" in log
+    venv = venvs.venv_dir(envs_dir, spec_hash)
+    python = venv / "bin" / "python"
+    out = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sys, tinypkg, pytest; print(sys.prefix); print(tinypkg.__file__); print(pytest.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[0] == str(venv)
+    assert out[1].startswith(str(venv))  # installed into the venv
+    assert not out[2].startswith(str(venv))  # inherited from the base, not installed again
+    for path in (venv, venv / "bin", venv / "pyvenv.cfg"):
+        assert path.stat().st_mode & 0o222 == 0, path  # read-only once built
+    assert (venv / venvs.READY_MARKER).exists()
+    pip = subprocess.run([str(venv / "bin" / "pip"), "--version"], capture_output=True, text=True, check=True)
+    assert "pip" in pip.stdout
+    venvs.remove_tree(venv)
+    assert not venv.exists()
+
+
+def test_broken_requirement_fails_readably_and_leaves_no_venv(tmp_path: Path) -> None:
+    spec = inherit_spec(requirements=("nonexistent-pkg-dlcloud==9.9",))
+    spec_hash = spec.spec_hash()
+    with pytest.raises(BuildError, match="No matching distribution found for nonexistent-pkg-dlcloud==9.9") as exc:
+        venvs.materialise(spec, spec_hash, tmp_path, Runner())
+    assert str(exc.value).startswith("pip install failed (exit code 1):\n")
+    assert not venvs.venv_dir(tmp_path, spec_hash).exists()
+    assert "build failed: pip install failed" in venvs.log_path(tmp_path, spec_hash).read_text()
+
+
+def test_an_interrupted_build_is_built_again(tmp_path: Path) -> None:
+    spec = inherit_spec()
+    spec_hash = spec.spec_hash()
+    leftover = venvs.venv_dir(tmp_path, spec_hash)
+    (leftover / "bin").mkdir(parents=True)
+    (leftover / "bin" / "half-written").write_text("x")
+    result = venvs.materialise(spec, spec_hash, tmp_path, Runner())
+    assert result.built and venvs.is_ready(tmp_path, spec_hash)
+    assert not (leftover / "bin" / "half-written").exists()
+    assert "removing the unfinished venv" in venvs.log_path(tmp_path, spec_hash).read_text()
+
+
+def test_build_environment_keeps_pip_settings_and_drops_secrets() -> None:
+    env = venvs.build_env_vars(
+        {
+            "PATH": "/bin",
+            "PIP_INDEX_URL": "https://mirror/simple",
+            "DLCLOUD_SECRET_KEY": "s",
+            "AWS_SECRET_ACCESS_KEY": "k",
+        }
+    )
+    assert env["PIP_INDEX_URL"] == "https://mirror/simple" and env["PATH"] == "/bin"
+    assert "DLCLOUD_SECRET_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
