@@ -49,6 +49,7 @@ bench: install bench-deps
 	$(PY) bench/job_latency.py
 	$(PY) bench/api_throughput.py
 	$(PY) bench/scheduler.py
+	$(PY) bench/ddp_overhead.py
 	$(PY) bench/serving.py --ray-venv $(RAY_VENV)
 
 clean:

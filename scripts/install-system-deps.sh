@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# System packages the test suite needs. As root on Debian/Ubuntu it installs what is missing;
-# otherwise it only checks and says what to install.
+# System packages the test suite needs: PostgreSQL (the postgres tier) and Open MPI (MPI jobs, mpi4py).
+# As root on Debian/Ubuntu it installs what is missing; otherwise it only checks and says what to install.
+# Each part is skipped quickly when already present, so running it again is cheap.
 set -euo pipefail
 
-need_pg=0
-if ! (command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432); then
-  need_pg=1
-fi
-
-if [ "$need_pg" = 0 ]; then
-  echo "system deps: PostgreSQL answers on 127.0.0.1:5432"
-  exit 0
-fi
-
+can_install=0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "system deps: installing PostgreSQL"
+  can_install=1
+fi
+apt_updated=0
+missing=0
+
+apt_install() {
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends postgresql postgresql-client
+  if [ "$apt_updated" = 0 ]; then
+    apt-get update -q
+    apt_updated=1
+  fi
+  apt-get install -y -q --no-install-recommends "$@"
+}
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+  echo "system deps: PostgreSQL answers on 127.0.0.1:5432"
+elif [ "$can_install" = 1 ]; then
+  echo "system deps: installing PostgreSQL"
+  apt_install postgresql postgresql-client
   ver=$(ls /etc/postgresql | sort -V | tail -1)
   conf=/etc/postgresql/$ver/main/pg_hba.conf
   if ! grep -q "dlcloud-tests" "$conf"; then
@@ -30,5 +38,21 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 else
   echo "system deps: PostgreSQL is not reachable on 127.0.0.1:5432." >&2
   echo "  Install it (Debian: apt-get install postgresql) or set DLCLOUD_TEST_POSTGRES_URL." >&2
-  if [ "${CI:-}" = "true" ]; then exit 1; fi
+  missing=1
 fi
+
+# -- Open MPI (mpirun for MPI jobs; mpi4py loads its libmpi) -------------------------------------------
+if command -v mpirun >/dev/null && mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+  echo "system deps: $(mpirun --version 2>/dev/null | head -1)"
+elif [ "$can_install" = 1 ]; then
+  echo "system deps: installing Open MPI"
+  apt_install openmpi-bin libopenmpi-dev
+  mpirun --version | head -1
+else
+  echo "system deps: Open MPI's mpirun is missing." >&2
+  echo "  Install it (Debian: apt-get install openmpi-bin libopenmpi-dev)." >&2
+  missing=1
+fi
+
+if [ "$missing" = 1 ] && [ "${CI:-}" = "true" ]; then exit 1; fi
+exit 0

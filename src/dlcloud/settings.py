@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     cpu_capacity: Annotated[float, Field(gt=0)] | None = None  # None = os.cpu_count()
     memory_capacity_bytes: Annotated[int, Field(gt=0)] | None = None  # None = physical memory
     host_name: str | None = None  # recorded on attempts; None = socket.gethostname()
+    # ports handed to distributed jobs (MASTER_PORT, TF_CONFIG, JAX coordinator), one set per attempt
+    job_port_range_start: Annotated[int, Field(ge=1024, le=65535)] = 29500
+    job_port_range_end: Annotated[int, Field(ge=1024, le=65535)] = 30499
 
     # Runtime environments (venvs built by the control plane)
     env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once

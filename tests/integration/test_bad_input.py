@@ -83,7 +83,7 @@ BAD_SPECS: dict[str, dict] = {
         "command-and-module": ({"module": "trainer.task"}, 422, "validation_error", "give exactly one of 'command'"),
         "neither-command-nor-module": ({"command": _DROP}, 422, "validation_error", "give exactly one of 'command'"),
         "args-without-module": ({"args": ["--x"]}, 422, "validation_error", "'args' goes with 'module'"),
-        "replicas-multi": ({"replicas": {"worker": 2}}, 422, "validation_error", "single-replica jobs"),
+        "replicas-unknown-group": ({"replicas": {"ps": 2}}, 422, "validation_error", "framework none has no replica"),
         "framework-unknown": ({"framework": "caffe"}, 422, "validation_error", "framework"),
         "environment-unknown": ({"environment": "nope"}, 400, "invalid_spec", "environment 'nope' does not exist"),
         "code-unknown": ({"code": "c-doesnotexist"}, 400, "invalid_spec", "code 'c-doesnotexist' not found"),

@@ -57,8 +57,11 @@ async def job_logs(
     follow: bool = Query(False),
     tail: int | None = Query(None, ge=0, le=1_000_000),
     section: LogSection = Query(LogSection.ALL, description="only the lines of the pre, main or post phase"),
+    replica: str | None = Query(
+        None, max_length=64, pattern=r"^[a-z]+-[0-9]+(\.[0-9]+)?$", description="only this replica's lines (worker-1)"
+    ),
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> StreamingResponse:
-    lines = await open_log_stream(p, c, name, follow=follow, tail=tail, section=section)
+    lines = await open_log_stream(p, c, name, follow=follow, tail=tail, section=section, replica=replica)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

@@ -94,6 +94,8 @@ def upload_code(c: Client, code: str, base: Path) -> str:
 def _print_log_line(line: Any, timestamps: bool, show_section: bool = True) -> None:
     """stdout lines to stdout, stderr and system lines to stderr; pre/post lines marked [pre] / [post]."""
     prefix = f"{line.time} " if timestamps and line.time else ""
+    if getattr(line, "replica", ""):
+        prefix += f"[{line.replica}] "
     if show_section and line.section != "main":
         prefix += f"[{line.section}] "
     if line.stream == "system":
@@ -294,6 +296,23 @@ def describe(
             ],
             title="Attempts",
         )
+        replicas = [{**r, "attempt": a["number"]} for a in job["attempts"] for r in a.get("replicas") or []]
+        if replicas:
+            console.print()
+            render(
+                replicas,
+                Output.table,
+                [
+                    ("ATTEMPT", "attempt"),
+                    ("REPLICA", "name"),
+                    ("STATE", "state"),
+                    ("HOST", "host"),
+                    ("PORTS", lambda r: ",".join(map(str, r["ports"])) or "-"),
+                    ("GPUS", lambda r: ",".join(map(str, r["gpus"])) or "-"),
+                    ("EXIT", "exit_code"),
+                ],
+                title="Replicas",
+            )
     console.print()
     render(
         job["events"],
@@ -316,10 +335,18 @@ def logs(
         help="Only the lines of pre_command (pre), the command (main) or post_command (post).",
         case_sensitive=False,
     ),
+    replica: str | None = typer.Option(
+        None, "--replica", help="Only this replica of a distributed job (worker-1, chief-0, launcher-0)."
+    ),
+    all_replicas: bool = typer.Option(
+        False, "--all", help="All replicas interleaved by time, each line marked [worker-1] (the default)."
+    ),
 ) -> None:
     """Print a job's logs (stdout, stderr and dlcloud's own lines), across all attempts.
 
     Lines of pre_command and post_command are marked [pre] and [post] unless --section picks one phase.
+    A distributed job's replicas are interleaved by time, each line marked with its replica ([worker-1]),
+    unless --replica picks one.
 
     Examples:
 
@@ -328,9 +355,13 @@ def logs(
       dlcloud jobs logs mnist --tail 100 --timestamps
 
       dlcloud jobs logs mnist --section post
+
+      dlcloud jobs logs mnist-ddp --replica worker-1
     """
+    if replica and all_replicas:
+        raise typer.BadParameter("give --replica or --all, not both")
     c = client(ctx)
-    for line in c.jobs.logs(name, follow=follow, tail=tail, section=section.value):
+    for line in c.jobs.logs(name, follow=follow, tail=tail, section=section.value, replica=replica):
         _print_log_line(line, timestamps, show_section=section == LogSection.ALL)
 
 

@@ -21,15 +21,18 @@ class LogLine:
     stream: str  # stdout | stderr | system
     text: str
     section: str = "main"  # pre | main | post
+    replica: str = ""  # the replica that wrote it (worker-1) when several replicas' lines are read together
 
     @classmethod
     def parse(cls, raw: str) -> LogLine:
-        """Parse ``<time> <stream> <text>``; the stream is ``stdout`` for main, ``post:stdout`` for post."""
+        """Parse ``<time> <stream> <text>``; the stream is ``stdout`` for main, ``post:stdout`` for post, and
+        ``worker-1/stdout`` for a replica's line among several replicas'."""
         parts = raw.split(" ", 2)
         if len(parts) >= 2:
-            section, _, stream = parts[1].rpartition(":")
+            replica, _, rest = parts[1].rpartition("/")
+            section, _, stream = rest.rpartition(":")
             if stream in STREAMS and section in ("", *SECTIONS):
-                return cls(parts[0], stream, parts[2] if len(parts) > 2 else "", section or "main")
+                return cls(parts[0], stream, parts[2] if len(parts) > 2 else "", section or "main", replica)
         return cls("", "stdout", raw)
 
 
@@ -76,7 +79,13 @@ class JobsAPI:
         self._t.request("DELETE", f"{API}/jobs/{name}")
 
     def logs(
-        self, name: str, *, follow: bool = False, tail: int | None = None, section: str = "all"
+        self,
+        name: str,
+        *,
+        follow: bool = False,
+        tail: int | None = None,
+        section: str = "all",
+        replica: str | None = None,
     ) -> Iterator[LogLine]:
         """The job's log lines across its attempts, oldest first.
 
@@ -84,11 +93,18 @@ class JobsAPI:
             follow: keep streaming until the job reaches a final state.
             tail: only the last ``tail`` lines (of the section), then follow.
             section: ``all``, or only the lines of ``pre`` (pre_command), ``main`` or ``post`` (post_command).
+            replica: only the lines of this replica of a distributed job (``worker-1``); default: all
+                replicas, interleaved by time, each line's ``replica`` set.
 
         Raises:
             NotFound: no such job in your tenant.
         """
-        params = {"follow": follow or None, "tail": tail, "section": None if section == "all" else section}
+        params = {
+            "follow": follow or None,
+            "tail": tail,
+            "section": None if section == "all" else section,
+            "replica": replica,
+        }
         for raw in self._t.stream_lines(f"{API}/jobs/{name}/logs", params=params, timeout=None if follow else 60):
             if raw:
                 yield LogLine.parse(raw)

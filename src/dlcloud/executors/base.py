@@ -1,6 +1,9 @@
 """The Executor ABC and the value types that cross it.
 
-A Workload is one attempt of one job. The executor starts it, and afterwards ``poll`` reports its
+A Workload is one attempt of one job: one process, or a gang of replicas (``Workload.replicas``) that the
+executor starts together and reports on one by one (``AttemptReport.replicas``). Which replica's exit
+decides what stays above the executor (``services/gangs.py``); the executor only materialises and reports.
+The executor starts it, and afterwards ``poll`` reports its
 state from what the executor recorded (for the local executor: files on disk written by a detached
 launcher), so the control plane can crash and restart without losing or re-running anything.
 """
@@ -15,6 +18,23 @@ from pathlib import Path
 from typing import Literal
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One process of a gang, fully decided above the executor (``services/recipes.py``)."""
+
+    name: str  # <role>-<index> (pytorch with procs_per_worker > 1: <role>-<index>.<local rank>)
+    role: str
+    index: int
+    env: dict[str, str] = field(default_factory=dict)  # added over Workload.env
+    command: str | None = None  # None: Workload.command
+    gpus: tuple[int, ...] = ()
+    cpus: float = 1.0
+    memory_bytes: int = 0
+    ports: tuple[int, ...] = ()
+    decides: bool = True  # its exit 0 is needed for success (False: runs until the gang is stopped, e.g. TF ps)
+    files: tuple[tuple[str, str], ...] = ()  # (name, text) written into its directory first (an MPI hostfile)
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,29 @@ class Workload:
     pre_command: str | None = None
     post_command: str | None = None
     post_timeout_seconds: float = 300.0
+    # a gang: each replica runs the phases in its own directory <attempt_dir>/replicas/<name>/ with its own
+    # env, GPUs and limits; gpus / cpus / memory_bytes above are then the gang's totals. Empty: one process.
+    replicas: tuple[Replica, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What the executor knows about one replica of a gang attempt."""
+
+    name: str
+    role: str
+    index: int
+    decides: bool
+    state: Literal["pending", "running", "exited", "lost"]
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    timed_out: bool = False
+    stopped: bool = False
+    message: str = ""
+    last_lines: tuple[str, ...] = ()  # the last lines of its log, for replicas that exited non-zero
+    post_exit_code: int | None = None
+    post_timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +100,26 @@ class AttemptReport:
     launched: bool = True  # False: the attempt was recorded but its workload never reached the executor
     post_exit_code: int | None = None  # the post command's exit code; None when none ran
     post_timed_out: bool = False  # the post command was ended by its post_timeout
+    replicas: tuple[ReplicaReport, ...] = ()  # a gang's replicas; the fields above then summarise them
+
+
+def replica_sort_key(name: str) -> tuple[str, int, int]:
+    """worker-2 before worker-10; worker-1.0 before worker-1.1."""
+    role, _, rest = name.rpartition("-")
+    index, _, local = rest.partition(".")
+    return (role, int(index) if index.isdigit() else 0, int(local) if local.isdigit() else 0)
+
+
+REPLICAS_DIR = "replicas"
+
+
+def replica_log_files(attempt_dir: Path) -> dict[str, Path]:
+    """An attempt's output.log files by replica name ("" for a single-process attempt)."""
+    replicas = attempt_dir / REPLICAS_DIR
+    if replicas.is_dir():
+        names = sorted((d.name for d in replicas.iterdir() if d.is_dir()), key=replica_sort_key)
+        return {n: replicas / n / "output.log" for n in names}
+    return {"": attempt_dir / "output.log"}
 
 
 class Executor(abc.ABC):
@@ -85,8 +148,8 @@ class Executor(abc.ABC):
         """Collect finished child processes (called regularly by the supervisor)."""
 
     def log_files(self, attempt_dir: Path) -> list[Path]:
-        """The attempt's log files in reading order."""
-        return [attempt_dir / "output.log"]
+        """The attempt's log files in reading order (a gang: one per replica, see ``replica_log_files``)."""
+        return list(replica_log_files(attempt_dir).values())
 
     @abc.abstractmethod
     def _start(self, workload: Workload) -> None: ...

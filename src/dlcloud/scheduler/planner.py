@@ -10,6 +10,16 @@ from dlcloud.scheduler.inventory import Inventory
 
 
 @dataclass(frozen=True)
+class GroupDemand:
+    """A replica group of a gang: ``count`` replicas of ``gpus`` GPUs each (of ``gpu_type`` when set)."""
+
+    role: str
+    count: int
+    gpus: int
+    gpu_type: str | None = None
+
+
+@dataclass(frozen=True)
 class QueuedJob:
     id: str
     tenant_id: str
@@ -19,6 +29,8 @@ class QueuedJob:
     gpu_type: str | None = None
     not_before: datetime | None = None
     held_by: str | None = None  # decided above the planner: why it cannot start yet (e.g. its environment)
+    # a gang: its replica groups (gpus / cpus / memory above are then the gang's totals); empty: one process
+    groups: tuple[GroupDemand, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,7 @@ class Held:
 
 @dataclass
 class Plan:
+    # (job id, GPUs): a gang's GPUs are in replica order, each replica's ``gpus`` in a row
     placements: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     wait_reasons: dict[str, str] = field(default_factory=dict)
     blocked_by: str | None = None  # the job at the head of the line that did not fit
@@ -64,6 +77,31 @@ def _quota_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
     if lim.memory is not None and use.memory + job.memory > lim.memory:
         return f"tenant quota: needs {job.memory} bytes of memory, {use.memory} of {lim.memory} in use"
     return None
+
+
+def _gang_gpus(job: QueuedJob, free_gpus: list) -> tuple[tuple[int, ...] | None, str | None]:
+    """All the GPUs of a gang, replica after replica, or (None, why not): all or nothing."""
+    available = list(free_gpus)
+    chosen: list[int] = []
+    for g in job.groups:
+        need = g.gpus * g.count
+        if not need:
+            continue
+        want = (g.gpu_type or job.gpu_type or "").lower()
+        pool = [x for x in available if want in x.name.lower()] if want else available
+        if len(pool) < need:
+            kind = f" {g.gpu_type or job.gpu_type}" if want else ""
+            return None, f"needs {need}{kind} GPU(s) for {g.count} {g.role}(s), {len(pool)} free"
+        taken = pool[:need]
+        for r in range(g.count):
+            chosen.extend(sorted(x.index for x in taken[r * g.gpus : (r + 1) * g.gpus]))
+        taken_set = {x.index for x in taken}
+        available = [x for x in available if x.index not in taken_set]
+    return tuple(chosen), None
+
+
+def _count(job: QueuedJob) -> str:
+    return " + ".join(f"{g.count} {g.role}(s)" for g in job.groups)
 
 
 def plan(
@@ -101,6 +139,28 @@ def plan(
         reason = _quota_reason(job, limits.get(job.tenant_id, no_limits), use)
         if reason:
             result.wait_reasons[job.id] = reason
+            continue
+        if job.groups:
+            gang, why = _gang_gpus(job, free_gpus)
+            short = [why] if why else []
+            if job.cpus > free_cpus + 1e-9:
+                short.append(f"needs {job.cpus:g} CPU(s) for {_count(job)}, {max(free_cpus, 0):g} free")
+            if job.memory > free_mem:
+                short.append(f"needs {job.memory} bytes of memory for {_count(job)}, {max(free_mem, 0)} free")
+            if short or gang is None:
+                result.wait_reasons[job.id] = "waiting for capacity: " + "; ".join(short)
+                result.blocked_by = job.id
+                break
+            if gang:
+                gang_set = set(gang)
+                free_gpus = [g for g in free_gpus if g.index not in gang_set]
+            free_cpus -= job.cpus
+            free_mem -= job.memory
+            use.gpus += job.gpus
+            use.cpus += job.cpus
+            use.memory += job.memory
+            use.running_jobs += 1
+            result.placements.append((job.id, gang))
             continue
         if not job.gpus:
             candidates = []

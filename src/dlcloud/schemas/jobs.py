@@ -63,9 +63,45 @@ class Resources(Request):
         return self
 
 
+ExitCode = Annotated[int, Field(ge=-64, le=255)]
+
+
 class RestartPolicy(Request):
+    """``max_restarts`` new attempts of the whole gang after a failure, ``backoff_seconds`` apart.
+
+    ``restart_on_exit_codes``: only these exit codes of the failing replica restart (empty: any).
+    ``never_restart_on_exit_codes``: these exit codes never restart (checked first)."""
+
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 0
     backoff_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
+    restart_on_exit_codes: Annotated[list[ExitCode], Field(max_length=64)] = []
+    never_restart_on_exit_codes: Annotated[list[ExitCode], Field(max_length=64)] = []
+
+    def restarts_on(self, code: int | None) -> bool:
+        """Whether a failure with exit ``code`` may restart (the restart budget aside)."""
+        if code is not None and code in self.never_restart_on_exit_codes:
+            return False
+        return not self.restart_on_exit_codes or code in self.restart_on_exit_codes
+
+
+class TfConfigStyle(StrEnum):
+    ENV = "env"  # TF_CONFIG (TF2 strategies)
+    FLAGS = "flags"  # --ps_hosts --worker_hosts --job_name --task_index appended to the command (TF1)
+
+
+class MpiLaunch(StrEnum):
+    MPIRUN = "mpirun"  # the launcher replica runs mpirun ... <command>
+    MANUAL = "manual"  # the launcher replica runs <command>; it calls mpirun with $DLCLOUD_MPI_HOSTFILE itself
+
+
+# Replica groups each framework knows, the first being the one a job without ``replicas`` gets.
+FRAMEWORK_GROUPS: dict[str, tuple[str, ...]] = {
+    "none": ("worker",),
+    "pytorch": ("worker",),
+    "jax": ("worker",),
+    "tensorflow": ("worker", "chief", "ps", "evaluator"),
+    "mpi": ("launcher", "worker"),
+}
 
 
 class JobSpec(Request):
@@ -83,6 +119,13 @@ class JobSpec(Request):
     replicas: Annotated[
         dict[Annotated[str, Field(max_length=32)], Annotated[int, Field(ge=1, le=1024)]], Field(max_length=8)
     ] = {}
+    # per replica group, replacing ``resources`` for that group's replicas
+    replica_resources: Annotated[dict[Annotated[str, Field(max_length=32)], Resources], Field(max_length=8)] = {}
+    procs_per_worker: Annotated[int, Field(ge=1, le=64)] = 1  # pytorch: processes per worker (nproc_per_node)
+    slots_per_worker: Annotated[int, Field(ge=1, le=1024)] = 1  # mpi: ranks per worker
+    tf_config_style: TfConfigStyle = TfConfigStyle.ENV
+    mpi_launch: MpiLaunch = MpiLaunch.MPIRUN
+    grace_period: DurationSeconds | None = None  # SIGTERM -> SIGKILL on cancel and stop; None: the server's default
     env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256)] = {}
     restart: RestartPolicy = RestartPolicy()
     timeout: DurationSeconds | None = None
@@ -117,13 +160,57 @@ class JobSpec(Request):
             raise ValueError("'args' goes with 'module'; put arguments into 'command' instead")
         if self.post_timeout is not None and not self.post_command:
             raise ValueError("'post_timeout' goes with 'post_command'; add a post_command or leave post_timeout out")
-        total = sum(self.replicas.values()) if self.replicas else 1
-        if total != 1:
-            raise ValueError(
-                f"this platform version runs single-replica jobs; replicas {self.replicas} asks for {total} "
-                "(use replicas: {worker: 1} or leave it out)"
-            )
+        self._check_replica_groups()
         return self
+
+    def _check_replica_groups(self) -> None:
+        fw = self.framework.value
+        allowed = FRAMEWORK_GROUPS[fw]
+        unknown = sorted(set(self.replicas) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"framework {fw} has no replica group {', '.join(unknown)}; its groups are: {', '.join(allowed)}"
+            )
+        unknown = sorted(set(self.replica_resources) - set(self.groups()))
+        if unknown:
+            raise ValueError(f"replica_resources names group(s) {', '.join(unknown)} that replicas does not ask for")
+        groups = self.groups()
+        if fw == "tensorflow":
+            for one in ("chief", "evaluator"):
+                if groups.get(one, 0) > 1:
+                    raise ValueError(f"tensorflow runs at most 1 {one}, got {groups[one]}")
+            if not groups.get("chief") and not groups.get("worker"):
+                raise ValueError("tensorflow needs a chief or a worker")
+        if fw == "mpi" and (groups.get("launcher") != 1 or not groups.get("worker")):
+            raise ValueError("mpi needs replicas {launcher: 1, worker: N}")
+        if self.procs_per_worker > 1 and fw != "pytorch":
+            raise ValueError("procs_per_worker goes with framework pytorch")
+        if self.slots_per_worker > 1 and fw != "mpi":
+            raise ValueError("slots_per_worker goes with framework mpi")
+
+    def groups(self) -> dict[str, int]:
+        """The replica groups, in the framework's order (a job without ``replicas``: one replica)."""
+        allowed = FRAMEWORK_GROUPS[self.framework.value]
+        if not self.replicas:
+            return {"launcher": 1, "worker": 1} if self.framework == Framework.MPI else {allowed[0]: 1}
+        return {g: self.replicas[g] for g in allowed if g in self.replicas}
+
+    def group_resources(self, group: str) -> Resources:
+        return self.replica_resources.get(group, self.resources)
+
+    def process_count(self) -> int:
+        """How many processes an attempt runs (each worker runs ``procs_per_worker``)."""
+        return sum(n * (self.procs_per_worker if g == "worker" else 1) for g, n in self.groups().items())
+
+    def total_resources(self) -> tuple[int, float, int]:
+        """(GPUs, CPUs, memory) of the whole gang: what quotas and the scheduler count."""
+        gpus, cpus, memory = 0, 0.0, 0
+        for g, n in self.groups().items():
+            r = self.group_resources(g)
+            gpus += r.gpus * n
+            cpus += r.cpu * n
+            memory += r.memory * n
+        return gpus, cpus, memory
 
     def shell_command(self) -> str:
         """The main command as one shell string."""
@@ -149,6 +236,21 @@ class JobEvent(Response):
     attempt: int
 
 
+class JobReplica(Response):
+    """One replica of one attempt."""
+
+    name: str  # <role>-<index>, e.g. worker-1
+    role: str
+    index: int
+    host: str
+    gpus: list[int]
+    cpus: float
+    memory: int
+    ports: list[int]
+    state: str  # running | succeeded | failed | stopped | lost
+    exit_code: int | None
+
+
 class JobAttempt(Response):
     number: int
     host: str
@@ -159,6 +261,8 @@ class JobAttempt(Response):
     finished_at: datetime | None
     exit_code: int | None
     outcome: str | None
+    ports: list[int] = []
+    replicas: list[JobReplica] = []
 
 
 class Job(Response):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -23,17 +24,19 @@ from pathlib import Path
 from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from dlcloud.executors.base import AttemptReport, Executor, Workload
-from dlcloud.scheduler.planner import Held, Limits, QueuedJob, plan
+from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
+from dlcloud.scheduler.planner import GroupDemand, Held, Limits, QueuedJob, plan
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS, JobState
-from dlcloud.services import job_states
+from dlcloud.services import gangs, job_states, recipes
 from dlcloud.services.env_builds import EnvironmentBuilder
 from dlcloud.services.jobs import QUEUE_STATES, job_dir
 from dlcloud.services.platform import Platform
-from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, TenantRow, utcnow
+from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
+from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
+LOCAL_ADDRESS = "localhost"  # how the replicas of a gang on this host reach each other
 
 
 def post_note(report: AttemptReport) -> str:
@@ -101,13 +104,20 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
             JobRow.created_at,
             JobRow.environment,
             JobRow.environment_hash,
+            JobRow.replica_groups,
         ).where(JobRow.state.in_(QUEUE_STATES))
         if after is not None:
             q = q.where(_behind(after))
         rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
         for r in rows:
             seen.append(r)
-            yield QueuedJob(r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before, holds.reason(r))
+            groups = tuple(
+                GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
+                for g in r.replica_groups or ()
+            )
+            yield QueuedJob(
+                r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before, holds.reason(r), groups
+            )
         if len(rows) < size:
             return
         after = rows[-1]
@@ -207,17 +217,30 @@ class ControlLoop:
             jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
             attempts: list[dict] = []
             events: list[dict] = []
+            replicas: list[dict] = []
+            settings = self.p.settings
+            ports = PortAllocator(s, settings.job_port_range_start, settings.job_port_range_end)
             for job_id, gpus in result.placements:
                 job = jobs.get(job_id)
                 if job is None or job.state not in QUEUE_STATES:
                     continue  # cancelled since the queue was read (PostgreSQL); its resources stay free
-                workloads.append(self._place(s, job, gpus, now, attempts, events))
+                needed = recipes.ports_needed(job.spec, job.replica_groups)
+                got = ports.allocate(job.id, job.attempt + 1, needed, now)
+                if got is None:
+                    job.wait_reason = (
+                        f"waiting for {needed} free port(s) in {settings.job_port_range_start}-"
+                        f"{settings.job_port_range_end}"
+                    )
+                    continue
+                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got))
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
                     if job.state in QUEUE_STATES:
                         job_states.transition(s, job, JobState.FAILED, holds.failed[job.id], at=now, events=events)
             if attempts:
                 s.execute(insert(AttemptRow), attempts)
+            if replicas:
+                s.execute(insert(ReplicaRow), replicas)
             job_states.add_events(s, events)
         for w in workloads:
             self._start(w)
@@ -243,11 +266,32 @@ class ControlLoop:
         now: datetime,
         attempts: list[dict],
         events: list[dict],
+        replicas: list[dict],
+        ports: list[int],
     ) -> Workload:
-        """Record attempt ``job.attempt + 1``: the attempt and event rows go to ``attempts`` / ``events``
-        for one bulk insert each."""
+        """Record attempt ``job.attempt + 1``: the attempt, replica and event rows go to ``attempts`` /
+        ``replicas`` / ``events`` for one bulk insert each."""
         job.attempt += 1
         attempt_dir = job_dir(self.p, job.tenant_id, job.id) / f"attempt-{job.attempt}"
+        workload = self._workload(s, job, gpus, attempt_dir, ports)
+        for r in workload.replicas:
+            replicas.append(
+                {
+                    "job_id": job.id,
+                    "tenant_id": job.tenant_id,
+                    "attempt": job.attempt,
+                    "name": r.name,
+                    "role": r.role,
+                    "index": r.index,
+                    "host": self.p.inventory.host,
+                    "gpus": list(r.gpus),
+                    "cpus": r.cpus,
+                    "memory": r.memory_bytes,
+                    "ports": list(r.ports),
+                    "state": "running",
+                    "exit_code": None,
+                }
+            )
         attempts.append(
             {
                 "job_id": job.id,
@@ -260,9 +304,12 @@ class ControlLoop:
                 "memory": job.memory,
                 "attempt_dir": str(attempt_dir),
                 "started_at": now,
+                "ports": list(ports) or None,
             }
         )
         where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
+        if workload.replicas:
+            where = f" as a gang of {len(workload.replicas)} replica(s){where}"
         job_states.transition(
             s,
             job,
@@ -271,9 +318,9 @@ class ControlLoop:
             at=now,
             events=events,
         )
-        return self._workload(s, job, gpus, attempt_dir)
+        return workload
 
-    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path) -> Workload:
+    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path, ports: list[int]) -> Workload:
         jd = job_dir(self.p, job.tenant_id, job.id)
         code_archive = package = None
         if job.code_id:
@@ -294,6 +341,29 @@ class ControlLoop:
                 "DLCLOUD_ENVIRONMENT": job.environment or "default",
             }
         )
+        per_slot: list[tuple[int, ...]] = [gpus]
+        if job.replica_groups:
+            per_slot, rest = [], list(gpus)
+            for slot in recipes.slots(job.replica_groups):
+                per_slot.append(tuple(rest[: slot.gpus]))
+                rest = rest[slot.gpus :]
+        launch = None
+        if job.replica_groups or (job.spec.get("framework") or "none") != "none":
+            launch = recipes.build(
+                job.spec,
+                job.replica_groups,
+                command=job.command,
+                job_id=job.id,
+                attempt=job.attempt,
+                max_restarts=job.max_restarts,
+                host=LOCAL_ADDRESS,
+                ports=ports,
+                gpus=per_slot,
+                attempt_dir=attempt_dir,
+                as_root=os.geteuid() == 0,
+            )
+            env.update(launch.env)
+        grace = job.spec.get("grace_period")
         timeout = None
         if job.timeout_seconds is not None:
             elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
@@ -315,7 +385,8 @@ class ControlLoop:
             cpus=job.cpus,
             memory_bytes=job.memory,
             timeout_seconds=timeout,
-            grace_seconds=self.p.settings.stop_grace_seconds,
+            grace_seconds=float(grace) if grace is not None else self.p.settings.stop_grace_seconds,
+            replicas=launch.replicas if launch else (),
         )
 
     def _start(self, w: Workload) -> None:
@@ -342,12 +413,61 @@ class ControlLoop:
             if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
                 self._stopping.add(attempt_id)
                 self.executor.stop(path)
+            if report.replicas:
+                report = self._gang(job_id, attempt_id, path, report)
             if report.state == "running" and state == JobState.STARTING.value:
                 self._mark_running(job_id, attempt_id, report)
             elif report.state == "exited":
                 self._finish(job_id, attempt_id, report)
             elif report.state == "lost":
                 self._lost(job_id, attempt_id, report)
+
+    def _gang(self, job_id: str, attempt_id: int, path: Path, report: AttemptReport) -> AttemptReport:
+        """Whole-gang semantics (``gangs``): once one replica failed, or the deciding ones are done, stop the
+        rest; once all ended, the attempt's report is the gang's summary."""
+        verdict = gangs.verdict(report.replicas)
+        if verdict.over and attempt_id not in self._stopping and report.state in ("pending", "running"):
+            self._stopping.add(attempt_id)
+            if verdict.culprit is not None:
+                why = gangs.failure_message(verdict.culprit) + ": stopping the other replicas"
+            elif verdict.timed_out:
+                why = "a replica timed out: stopping the gang"
+            else:
+                why = "the deciding replica(s) succeeded: stopping the rest of the gang"
+            log.info("job %s: %s", job_id, why)
+            self._note(job_id, why)
+            self.executor.stop(path)
+        if report.state == "exited":
+            return gangs.summarize(report)
+        return report
+
+    def _note(self, job_id: str, reason: str) -> None:
+        """Show what the gang is doing in the job's reason (no state change)."""
+        with self.p.db.write() as s:
+            job = s.get(JobRow, job_id)
+            if job is not None and not job.cancel_requested:
+                job.reason = reason
+
+    def _record_replicas(self, s: Session, job: JobRow, report: AttemptReport, lost: bool = False) -> None:
+        """The end of each replica of the attempt that just ended, on its record."""
+        if not job.replica_groups:
+            return
+        by_name: dict[str, ReplicaReport] = {r.name: r for r in report.replicas}
+        rows = s.scalars(select(ReplicaRow).where(ReplicaRow.job_id == job.id, ReplicaRow.attempt == job.attempt))
+        for row in rows:
+            r = by_name.get(row.name)
+            if r is None:
+                row.state = "lost" if lost else row.state
+                continue
+            row.exit_code = r.exit_code
+            if r.state == "lost":
+                row.state = "lost"
+            elif r.stopped or r.timed_out:
+                row.state = "stopped"
+            elif r.state == "exited":
+                row.state = "succeeded" if r.exit_code == 0 else "failed"
+            else:
+                row.state = "lost"
 
     def _mark_running(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         with self.p.db.write() as s:
@@ -369,6 +489,8 @@ class ControlLoop:
             attempt.finished_at = now
             attempt.exit_code = code
             job.exit_code = code
+            release_ports(s, job.id, attempt.number)
+            self._record_replicas(s, job, report)
             state = JobState(job.state)
             if state == JobState.STARTING:
                 job_states.transition(s, job, JobState.RUNNING, f"attempt {job.attempt} ran", at=report.started_at)
@@ -387,11 +509,22 @@ class ControlLoop:
                 job_states.transition(s, job, JobState.SUCCEEDED, f"exit code 0{post}", at=now)
             else:
                 attempt.outcome = "failed"
-                self._failed(s, job, f"attempt {job.attempt} failed with exit code {code}{detail}{post}", now)
+                if report.replicas:  # the message names the failing replica, its code and last lines
+                    why = f"attempt {job.attempt} failed: {report.message}{post}"
+                else:
+                    why = f"attempt {job.attempt} failed with exit code {code}{detail}{post}"
+                self._failed(s, job, why, now, code)
         self._stopping.discard(attempt_id)
         self.wake()
 
-    def _failed(self, s, job: JobRow, why: str, now) -> None:
+    def _failed(self, s, job: JobRow, why: str, now, code: int | None = None) -> None:
+        policy = job.spec.get("restart") or {}
+        never = policy.get("never_restart_on_exit_codes") or []
+        only = policy.get("restart_on_exit_codes") or []
+        if code is not None and (code in never or (only and code not in only)):
+            listed = "never_restart_on_exit_codes" if code in never else "not in restart_on_exit_codes"
+            job_states.transition(s, job, JobState.FAILED, f"{why} (exit code {code}: {listed}, no restart)", at=now)
+            return
         if job.restarts < job.max_restarts:
             job.restarts += 1
             job.not_before = now + timedelta(seconds=job.backoff_seconds)
@@ -414,7 +547,8 @@ class ControlLoop:
                 attempt = s.get(AttemptRow, attempt_id)
                 if job is None or attempt is None or attempt.finished_at is not None:
                     return
-                w = self._workload(s, job, tuple(attempt.gpus), Path(attempt.attempt_dir))
+                ports = attempt_ports(s, job.id, attempt.number)
+                w = self._workload(s, job, tuple(attempt.gpus), Path(attempt.attempt_dir), ports)
             self._relaunched.add(attempt_id)
             log.warning("job %s attempt %d was recorded but never launched; launching it now", job_id, w.attempt)
             self._start(w)
@@ -432,6 +566,8 @@ class ControlLoop:
                 return
             attempt.finished_at = now
             attempt.outcome = "lost"
+            release_ports(s, job.id, attempt.number)
+            self._record_replicas(s, job, report, lost=True)
             if job.cancel_requested:
                 job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
             else:

@@ -22,15 +22,16 @@ from dlcloud.schemas.jobs import (
     JobAttempt,
     JobDetail,
     JobEvent,
+    JobReplica,
     JobSpec,
     JobState,
 )
-from dlcloud.services import environments, job_states
+from dlcloud.services import environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -69,31 +70,37 @@ def _job_fields(row: Any, tenant: str, user: str) -> dict[str, Any]:
 
 
 def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
-    """Refuse a job that could never start, instead of letting it wait forever."""
-    r = spec.resources
+    """Refuse a job that could never start, instead of letting it wait forever. A gang is counted whole."""
     inv = platform.inventory
-    matching = inv.gpus_matching(r.gpu_type)
-    if r.gpu_type and r.gpus and not matching:
-        names = sorted({g.name for g in inv.gpus}) or ["none"]
-        raise InvalidSpec(f"no GPU of type {r.gpu_type!r} exists; GPU types here: {', '.join(names)}")
-    if r.gpus > len(matching):
-        raise InvalidSpec(f"resources.gpus is {r.gpus} but this platform has {len(matching)} matching GPU(s)")
-    if r.cpu > inv.cpus:
-        raise InvalidSpec(f"resources.cpu is {r.cpu:g} but this platform has {inv.cpus:g} CPU(s)")
-    if r.memory > inv.memory:
+    groups = spec.groups()
+    gang = spec.process_count() > 1
+    for group, count in groups.items():
+        r = spec.group_resources(group)
+        matching = inv.gpus_matching(r.gpu_type)
+        if r.gpu_type and r.gpus and not matching:
+            names = sorted({g.name for g in inv.gpus}) or ["none"]
+            raise InvalidSpec(f"no GPU of type {r.gpu_type!r} exists; GPU types here: {', '.join(names)}")
+        if r.gpus * count > len(matching):
+            what = f"{count} {group}(s) x {r.gpus} GPU(s)" if gang else f"resources.gpus is {r.gpus}"
+            raise InvalidSpec(f"{what} but this platform has {len(matching)} matching GPU(s)")
+    gpus, cpus, memory = spec.total_resources()
+    prefix = "the gang's total " if gang else "resources."
+    if cpus > inv.cpus:
+        raise InvalidSpec(f"{prefix}cpu is {cpus:g} but this platform has {inv.cpus:g} CPU(s)")
+    if memory > inv.memory:
         raise InvalidSpec(
-            f"resources.memory is {format_memory(r.memory)} but this platform has {format_memory(inv.memory)}"
+            f"{prefix}memory is {format_memory(memory)} but this platform has {format_memory(inv.memory)}"
         )
     q = tenant
     checks: list[tuple[str, float, float | None, Callable[[Any], str]]] = [
-        ("gpus", r.gpus, q.quota_gpus, str),
-        ("cpu", r.cpu, q.quota_cpus, lambda v: f"{v:g}"),
-        ("memory", r.memory, q.quota_memory, format_memory),
+        ("gpus", gpus, q.quota_gpus, str),
+        ("cpu", cpus, q.quota_cpus, lambda v: f"{v:g}"),
+        ("memory", memory, q.quota_memory, format_memory),
     ]
     for what, want, limit, fmt in checks:
         if limit is not None and want > limit:
             raise QuotaExceeded(
-                f"resources.{what} is {fmt(want)} but tenant {tenant.name!r} may use at most {fmt(limit)}",
+                f"{prefix}{what} is {fmt(want)} but tenant {tenant.name!r} may use at most {fmt(limit)}",
                 details={"resource": what, "limit": limit, "requested": want},
             )
     if q.quota_max_running_jobs == 0:
@@ -132,6 +139,13 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
                     f"{tenant.quota_max_queued_jobs}; wait for some to start or cancel some",
                     details={"resource": "max_queued_jobs", "limit": tenant.quota_max_queued_jobs},
                 )
+        gpus, cpus, memory = spec.total_resources()
+        groups = spec.groups()
+        replica_groups = None
+        if spec.process_count() > 1:
+            replica_groups = recipes.replica_groups(
+                spec.model_dump(mode="json"), groups, {g: spec.group_resources(g) for g in groups}
+            )
         row = JobRow(
             id=new_id("j-"),
             tenant_id=tenant.id,
@@ -143,10 +157,11 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
             state=JobState.QUEUED.value,
             reason="submitted",
             priority=spec.priority,
-            gpus=spec.resources.gpus,
-            cpus=spec.resources.cpu,
-            memory=spec.resources.memory,
+            gpus=gpus,
+            cpus=cpus,
+            memory=memory,
             gpu_type=spec.resources.gpu_type,
+            replica_groups=replica_groups,
             timeout_seconds=spec.timeout,
             max_restarts=spec.restart.max_restarts,
             backoff_seconds=spec.restart.backoff_seconds,
@@ -204,7 +219,7 @@ def get_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
 
 
 _jobs, _users = JobRow.__table__, UserRow.__table__
-_events, _attempts = JobEventRow.__table__, AttemptRow.__table__
+_events, _attempts, _replicas = JobEventRow.__table__, AttemptRow.__table__, ReplicaRow.__table__
 # describe is the most frequent call (CLIs and dashboards poll it): its statements are built once, so
 # executing them skips query construction (a constant statement's cache key is memoised), and they run
 # on a Core connection without ORM loading.
@@ -230,9 +245,27 @@ _DESCRIBE_ATTEMPTS = (
         _attempts.c.finished_at,
         _attempts.c.exit_code,
         _attempts.c.outcome,
+        _attempts.c.ports,
     )
     .where(_attempts.c.job_id == bindparam("job_id"))
     .order_by(_attempts.c.number)
+)
+_DESCRIBE_REPLICAS = (
+    select(
+        _replicas.c.attempt,
+        _replicas.c.name,
+        _replicas.c.role,
+        _replicas.c.index,
+        _replicas.c.host,
+        _replicas.c.gpus,
+        _replicas.c.cpus,
+        _replicas.c.memory,
+        _replicas.c.ports,
+        _replicas.c.state,
+        _replicas.c.exit_code,
+    )
+    .where(_replicas.c.job_id == bindparam("job_id"))
+    .order_by(_replicas.c.attempt, _replicas.c.id)
 )
 _JOBS_AHEAD = (
     select(func.count())
@@ -267,6 +300,11 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         events = conn.execute(_DESCRIBE_EVENTS, {"job_id": row.id}).all()
         # no attempt yet (the counter grows with every attempt row): spare queued jobs the query
         attempts = conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": row.id}).all() if row.attempt else []
+        replicas: dict[int, list[JobReplica]] = {}
+        if row.attempt and row.replica_groups:
+            for r in conn.execute(_DESCRIBE_REPLICAS, {"job_id": row.id}):
+                fields = r._asdict()
+                replicas.setdefault(fields.pop("attempt"), []).append(JobReplica(**fields))
         position = None
         wait = None
         if row.state in QUEUE_STATES:
@@ -284,7 +322,9 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         queue_position=position,
         wait_reason=wait,
         events=[JobEvent(**e._asdict()) for e in events],
-        attempts=[JobAttempt(**a._asdict()) for a in attempts],
+        attempts=[
+            JobAttempt(**{**a._asdict(), "ports": a.ports or []}, replicas=replicas.get(a.number, [])) for a in attempts
+        ],
     )
 
 

@@ -140,6 +140,8 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # a gang: [{"role", "count", "gpus", "cpus", "memory", "gpu_type"}] per replica process; None: one process
+    replica_groups: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
 
 class AttemptRow(Base):
@@ -164,6 +166,38 @@ class AttemptRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     exit_code: Mapped[int | None] = mapped_column(Integer)
     outcome: Mapped[str | None] = mapped_column(String(16))
+    ports: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)  # from the managed range
+
+
+class ReplicaRow(Base):
+    """One replica (process) of one gang attempt: where it ran, what it held, how it ended."""
+
+    __tablename__ = "job_replicas"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)  # no foreign key: usage record, like attempts
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(32))
+    index: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+    gpus: Mapped[list[int]] = mapped_column(JSON)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory: Mapped[int] = mapped_column(BigInteger)
+    ports: Mapped[list[int]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+
+class PortRow(Base):
+    """A port of the managed range held by a live attempt (the primary key: no port is handed out twice)."""
+
+    __tablename__ = "job_ports"
+    port: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    allocated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class JobEventRow(Base):

@@ -14,6 +14,12 @@ Invariants:
   is still there well after that (``stop_deadline``) does the executor SIGKILL it and its phase's group.
 
 Files in an attempt directory: see ``launcher.py``.
+
+Gangs (``Workload.replicas``): ``gang.json`` (the replicas: name, role, index, decides) is written first,
+then each replica gets its own directory ``replicas/<name>/`` holding exactly what a single-process
+attempt's directory holds, and its own detached launcher (its env, GPUs, limits and command). ``poll``
+reports every replica and summarises their states (exited once all exited); ``stop`` runs the stop protocol
+on every replica's launcher. So each replica is re-adopted after a control-plane restart like any attempt.
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dlcloud.errors import InvalidState
-from dlcloud.executors.base import AttemptReport, Executor, Workload
+from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.executors.local import launcher as launcher_mod
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,8 @@ PENDING_SECONDS = 30.0  # how long an attempt without launcher.json may be "pend
 STOP_MARGIN_SECONDS = 30.0  # slack on top of what a stopping launcher may legitimately need
 BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+GANG_FILE = "gang.json"
+LAST_LINES = 5
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -139,6 +147,50 @@ def stop_deadline(workload: dict[str, Any]) -> float:
     return phase + post + STOP_MARGIN_SECONDS
 
 
+def last_lines(log: Path, n: int = LAST_LINES) -> tuple[str, ...]:
+    """The last ``n`` lines the command wrote (stdout / stderr of any phase) to an output.log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ()
+    out = []
+    for line in lines:
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1].rpartition(":")[2] in ("stdout", "stderr"):
+            out.append(parts[2][:500])
+    return tuple(out[-n:])
+
+
+def summarize_replicas(reports: tuple[ReplicaReport, ...]) -> AttemptReport:
+    """The state of a gang from its replicas': exited once all exited; lost when one is lost and none runs
+    any more (a lost one while others run: still running, the control plane stops the rest)."""
+    states = {r.state for r in reports}
+    started = [r.started_at for r in reports if r.started_at is not None]
+    finished = [r.finished_at for r in reports if r.finished_at is not None]
+    if states <= {"exited"}:
+        state = "exited"
+    elif "running" in states:
+        state = "running"
+    elif "pending" in states:
+        state = "pending"
+    else:
+        state = "lost"
+    lost = [r for r in reports if r.state == "lost"]
+    message = f"{lost[0].name} was lost: {lost[0].message}" if state == "lost" and lost else ""
+    launched = not (state == "lost" and all("never started" in r.message for r in lost) and len(lost) == len(reports))
+    return AttemptReport(
+        state=state,  # type: ignore[arg-type]
+        started_at=min(started) if started else None,
+        finished_at=max(finished) if state == "exited" and finished else None,
+        message=message,
+        launched=launched,
+        replicas=reports,
+    )
+
+
 class LocalExecutor(Executor):
     """Runs workloads as processes on this host (decision 2 of ARCHITECTURE.md: jobs outlive the control plane).
 
@@ -187,6 +239,42 @@ class LocalExecutor(Executor):
         return self.python
 
     def _start(self, workload: Workload) -> None:
+        if workload.replicas:
+            self._start_gang(workload)
+        else:
+            self._start_one(workload)
+
+    def _start_gang(self, workload: Workload) -> None:
+        attempt_dir = Path(os.path.abspath(workload.attempt_dir))
+        used = (attempt_dir / launcher_mod.WORKLOAD_FILE).exists() or any(
+            (attempt_dir / REPLICAS_DIR / r.name / launcher_mod.WORKLOAD_FILE).exists() for r in workload.replicas
+        )
+        if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
+            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
+        _make_private_dirs(attempt_dir / REPLICAS_DIR)
+        members = [{"name": r.name, "role": r.role, "index": r.index, "decides": r.decides} for r in workload.replicas]
+        launcher_mod.write_json_atomic(str(attempt_dir / GANG_FILE), {"replicas": members})
+        for r in workload.replicas:
+            rdir = attempt_dir / REPLICAS_DIR / r.name
+            _make_private_dirs(rdir)
+            for name, text in r.files:
+                fd = os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+            env = {**workload.env, **r.env}
+            one = replace(
+                workload,
+                attempt_dir=rdir,
+                command=r.command or workload.command,
+                env=env,
+                gpus=r.gpus,
+                cpus=r.cpus,
+                memory_bytes=r.memory_bytes,
+                replicas=(),
+            )
+            self._start_one(one)
+
+    def _start_one(self, workload: Workload) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
             raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
@@ -235,7 +323,44 @@ class LocalExecutor(Executor):
 
     # ---- poll
 
+    def _gang_members(self, attempt_dir: Path) -> list[dict[str, Any]] | None:
+        gang = _read_json(attempt_dir / GANG_FILE)
+        if gang is None:
+            return None
+        return [m for m in gang.get("replicas") or [] if isinstance(m, dict)]
+
     def _poll(self, attempt_dir: Path) -> AttemptReport:
+        attempt_dir = Path(os.path.abspath(attempt_dir))
+        members = self._gang_members(attempt_dir)
+        if members is None:
+            return self._poll_one(attempt_dir)
+        reports = []
+        for m in members:
+            name = str(m.get("name"))
+            rdir = attempt_dir / REPLICAS_DIR / name
+            one = self._poll_one(rdir)
+            failed = one.state == "lost" or (one.state == "exited" and one.exit_code != 0 and not one.stopped)
+            reports.append(
+                ReplicaReport(
+                    name=name,
+                    role=str(m.get("role")),
+                    index=int(m.get("index") or 0),
+                    decides=bool(m.get("decides", True)),
+                    state=one.state,
+                    exit_code=one.exit_code,
+                    started_at=one.started_at,
+                    finished_at=one.finished_at,
+                    timed_out=one.timed_out,
+                    stopped=one.stopped,
+                    message=one.message,
+                    last_lines=last_lines(rdir / launcher_mod.OUTPUT_LOG) if failed else (),
+                    post_exit_code=one.post_exit_code,
+                    post_timed_out=one.post_timed_out,
+                )
+            )
+        return summarize_replicas(tuple(reports))
+
+    def _poll_one(self, attempt_dir: Path) -> AttemptReport:
         attempt_dir = Path(os.path.abspath(attempt_dir))
         exit_record = _read_json(attempt_dir / launcher_mod.EXIT_FILE)
         launch = self._launch_record(attempt_dir)
@@ -315,6 +440,15 @@ class LocalExecutor(Executor):
     # ---- stop
 
     def _stop(self, attempt_dir: Path) -> None:
+        attempt_dir = Path(os.path.abspath(attempt_dir))
+        members = self._gang_members(attempt_dir)
+        if members is None:
+            self._stop_one(attempt_dir)
+            return
+        for m in members:
+            self._stop_one(attempt_dir / REPLICAS_DIR / str(m.get("name")))
+
+    def _stop_one(self, attempt_dir: Path) -> None:
         attempt_dir = Path(os.path.abspath(attempt_dir))
         if (attempt_dir / launcher_mod.EXIT_FILE).exists() or not attempt_dir.is_dir():
             return

@@ -1,0 +1,70 @@
+"""The managed port range of distributed jobs (settings ``job_port_range_start`` .. ``job_port_range_end``).
+
+Invariants: a port is held by at most one live attempt (``job_ports.port`` is the primary key); ports are
+allocated in the scheduling transaction that places the attempt (so two concurrent passes cannot hand out
+the same port: passes are serialised) and released in the transaction that ends it. A port some other
+process on the host is bound to at placement time is skipped.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from dlcloud.store.models import PortRow
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing on this host is bound to ``port`` (TCP, all interfaces)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+class PortAllocator:
+    """Hands out ports for the attempts placed in one scheduling pass (reads the held ports once)."""
+
+    def __init__(self, s: Session, low: int, high: int, *, is_free: Callable[[int], bool] = port_is_free) -> None:
+        self.s = s
+        self.low, self.high = low, high
+        self.is_free = is_free
+        self._held: set[int] | None = None
+
+    def allocate(self, job_id: str, attempt: int, count: int, now: datetime) -> list[int] | None:
+        """``count`` ports for attempt ``attempt`` of ``job_id``, recorded in the session; None when the range
+        has not that many free."""
+        if count <= 0:
+            return []
+        if self._held is None:
+            self._held = set(self.s.scalars(select(PortRow.port)))
+        found: list[int] = []
+        for port in range(self.low, self.high + 1):
+            if port in self._held:
+                continue
+            if self.is_free(port):
+                found.append(port)
+                if len(found) == count:
+                    break
+        if len(found) < count:
+            return None
+        self._held.update(found)
+        self.s.execute(
+            insert(PortRow), [{"port": p, "job_id": job_id, "attempt": attempt, "allocated_at": now} for p in found]
+        )
+        return found
+
+
+def release_ports(s: Session, job_id: str, attempt: int) -> None:
+    """Give back the ports of an attempt that ended."""
+    s.execute(delete(PortRow).where(PortRow.job_id == job_id, PortRow.attempt == attempt))
+
+
+def attempt_ports(s: Session, job_id: str, attempt: int) -> list[int]:
+    return sorted(s.scalars(select(PortRow.port).where(PortRow.job_id == job_id, PortRow.attempt == attempt)))
