@@ -50,7 +50,7 @@ def create_tenant(db: Database, caller: Caller, req: TenantCreate) -> Tenant:
     with db.write() as s:
         if store.get_tenant_by_name(s, req.name):
             raise AlreadyExists(f"tenant {req.name!r} already exists")
-        row = TenantRow(id=new_id("t-"), name=req.name, created_at=utcnow())
+        row = TenantRow(id=new_id("t-"), name=req.name, created_at=utcnow(), sandbox_slot=store.next_sandbox_slot(s))
         _apply_quota(row, req.quota)
         s.add(row)
         s.flush()
@@ -234,7 +234,9 @@ def bootstrap(db: Database, box: SecretBox, tenant_name: str, admin_name: str) -
             return Bootstrap(False, None, None)
         tenant = store.get_tenant_by_name(s, tenant_name)
         if tenant is None:
-            tenant = TenantRow(id=new_id("t-"), name=tenant_name, created_at=utcnow())
+            tenant = TenantRow(
+                id=new_id("t-"), name=tenant_name, created_at=utcnow(), sandbox_slot=store.next_sandbox_slot(s)
+            )
             s.add(tenant)
             s.flush()
         user = UserRow(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from dlcloud.store.models import AccessKeyRow, TenantRow, UserRow
@@ -94,3 +94,9 @@ def list_keys(s: Session, tenant_id: str | None, user_id: str | None) -> list[tu
     if user_id is not None:
         q = q.where(AccessKeyRow.user_id == user_id)
     return [(k, u, t) for k, u, t in s.execute(q.order_by(AccessKeyRow.created_at))]
+
+
+def next_sandbox_slot(s: Session) -> int:
+    """One more than any tenant's sandbox slot. Tenants are never deleted, so a slot is never reused (a
+    tenant deletion must keep its slot taken, or files left by the old tenant's uid pass to the new one)."""
+    return (s.scalar(select(func.max(TenantRow.sandbox_slot))) or 0) + 1
