@@ -25,6 +25,7 @@ HTTP_STATUS: dict[str, int] = {
     "clock_skew": 401,
     "replayed_nonce": 401,
     "permission_denied": 403,
+    "isolation_unavailable": 403,
     "not_found": 404,
     "model_not_found": 404,
     "model_version_not_found": 404,

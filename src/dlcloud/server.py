@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -63,6 +64,19 @@ def public_endpoint(settings: Settings, port: int | None = None) -> str:
     return f"http://{host}:{port if port is not None else settings.port}"
 
 
+def _local_executor(settings: Settings) -> Executor:
+    from dlcloud.executors.local.executor import LocalExecutor
+    from dlcloud.executors.local.sandbox import probe
+
+    sandbox = probe(
+        enabled=settings.sandbox != "off",
+        uid_start=settings.sandbox_uid_start,
+        uid_count=settings.sandbox_uid_count,
+        pythons=[sys.executable],
+    )
+    return LocalExecutor(sandbox=sandbox)
+
+
 def build_server(settings: Settings, executor: Executor | None = None) -> Server:
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -81,14 +95,30 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     )
     inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     if executor is None:
-        from dlcloud.executors.local.executor import LocalExecutor
-
-        executor = LocalExecutor()
+        executor = _local_executor(settings)
+    isolated, isolation = executor.isolation()
+    log.info("isolation of user code: %s", isolation)
+    if not isolated:
+        log.warning(
+            "user code runs WITHOUT a sandbox: %s",
+            "every tenant's jobs may run (--allow-unsandboxed-tenants): they can read each other's data and the "
+            "server's secrets"
+            if settings.allow_unsandboxed_tenants
+            else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs and build environments",
+        )
     holder: dict[str, ControlLoop] = {}
-    platform = Platform(settings=settings, db=db, box=box, inventory=inventory, wake=lambda: holder["c"].wake())
-    control = ControlLoop(platform, executor)
-    holder["c"] = control
+    platform = Platform(
+        settings=settings,
+        db=db,
+        box=box,
+        inventory=inventory,
+        wake=lambda: holder["c"].wake(),
+        isolated=isolated,
+        isolation=isolation,
+    )
     leadership = Leadership(db, data_dir)
+    control = ControlLoop(platform, executor, leadership)
+    holder["c"] = control
     stop_event = threading.Event()
     server = Server(settings, platform, control, leadership, FastAPI(), bootstrap_file, stop_event)
 
@@ -125,14 +155,23 @@ def _lifespan(server: Server, state: dict[str, bool]):
 
 
 def _leader_loop(server: Server, state: dict[str, bool]) -> None:
+    """Follow until this process wins the election, lead until it loses it (``ControlLoop.run`` returns on
+    ``LeadershipLost``), then release everything and follow again; until ``stop_event``."""
     stop = server.stop_event
     while not stop.is_set():
-        if server.leadership.try_acquire():
-            state["leader"] = True
-            log.info("this process leads the scheduler")
+        try:
+            leads = server.leadership.try_acquire()
+        except Exception:  # the database is unreachable: stay a follower and try again
+            log.exception("could not take part in the scheduler election")
+            leads = False
+        if leads:
+            state["leader"], state["follower"] = True, False
             server.control.run(stop)
-            return
+            state["leader"], state["follower"] = False, True
+            server.leadership.release()
+            continue  # compete again at once: a lost lock session may be this process's own blip
         state["follower"] = True
+        server.control.executor.reap()  # launchers this process started while it led
         stop.wait(2.0)
 
 

@@ -7,7 +7,7 @@ Nothing here imports other dlcloud modules.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     # Runtime environments (venvs built by the control plane)
     env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once
     env_build_timeout_seconds: Annotated[float, Field(gt=0, le=24 * 3600)] = 3600.0  # one build, pip included
+
+    # Sandboxing of user code (docs/isolation.md): "auto" uses bubblewrap where it works; "off" never does.
+    # Without a working sandbox only the bootstrap tenant's jobs run, unless allow_unsandboxed_tenants.
+    sandbox: Literal["auto", "off"] = "auto"
+    allow_unsandboxed_tenants: bool = False
+    # as root, a tenant's jobs run as uid sandbox_uid_start + its slot (slot 0: environment builds)
+    sandbox_uid_start: Annotated[int, Field(ge=1000, le=2**31 - 2**20)] = 200_000
+    sandbox_uid_count: Annotated[int, Field(ge=2, le=2**20)] = 100_000
 
     log_level: str = "info"
 

@@ -60,6 +60,18 @@ def up(
     ),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning or error [default: info]."),
     no_profile: bool = typer.Option(False, "--no-profile", help="Do not write the 'local' CLI profile."),
+    sandbox: str | None = typer.Option(
+        None,
+        "--sandbox",
+        help="auto: run user code in a bubblewrap sandbox where it works; off: never (then one tenant only) "
+        "[default: auto].",
+    ),
+    allow_unsandboxed_tenants: bool = typer.Option(
+        False,
+        "--allow-unsandboxed-tenants",
+        help="INSECURE: without a sandbox, still run every tenant's jobs; they can then read each other's data "
+        "and the server's secrets (docs/isolation.md).",
+    ),
 ) -> None:
     """Start the platform on this machine: API, scheduler and local executor in one process.
 
@@ -72,6 +84,8 @@ def up(
       dlcloud up
 
       dlcloud up --port 9000 --data-dir /srv/dlcloud --database-url postgresql://postgres@127.0.0.1/dlcloud
+
+      dlcloud up --sandbox off      # no bubblewrap here: only the 'default' tenant runs jobs
     """
     import logging
 
@@ -79,7 +93,11 @@ def up(
     from dlcloud.settings import Settings
 
     # flags win over DLCLOUD_* variables, which win over the defaults
-    flags = {"host": host, "port": port, "database_url": database_url, "log_level": log_level}
+    if sandbox not in (None, "auto", "off"):
+        raise typer.BadParameter(f"must be auto or off, got {sandbox!r}", param_hint="--sandbox")
+    flags = {"host": host, "port": port, "database_url": database_url, "log_level": log_level, "sandbox": sandbox}
+    if allow_unsandboxed_tenants:
+        flags["allow_unsandboxed_tenants"] = True
     overrides: dict = {k: v for k, v in flags.items() if v is not None}
     if data_dir is not None:
         overrides["data_dir"] = data_dir.expanduser().resolve()
@@ -100,6 +118,16 @@ def up(
             )
             err_console.print(f"CLI profile 'local' written to {path}")
         err_console.print(f"dlcloud is starting at [bold]{endpoint}[/bold]")
+        platform = server.platform
+        if platform.isolated:
+            err_console.print(f"isolation: {platform.isolation}")
+        else:
+            who = (
+                "EVERY tenant's jobs run unsandboxed (--allow-unsandboxed-tenants)"
+                if settings.allow_unsandboxed_tenants
+                else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs"
+            )
+            err_console.print(f"[bold red]isolation: {platform.isolation}[/bold red] — {who}; see docs/isolation.md")
         err_console.print(f"admin key: {server.bootstrap_file}")
 
     serve(settings, on_ready=on_ready)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -63,6 +64,11 @@ class Workload:
     # a gang: each replica runs the phases in its own directory <attempt_dir>/replicas/<name>/ with its own
     # env, GPUs and limits; gpus / cpus / memory_bytes above are then the gang's totals. Empty: one process.
     replicas: tuple[Replica, ...] = ()
+    # directories the job writes that outlive the attempt (checkpoints, outputs): created by the executor,
+    # the only ones besides its own work directory that a sandboxed job may write
+    data_dirs: tuple[Path, ...] = ()
+    # the tenant's sandbox number (TenantRow.sandbox_slot): the executor derives the Unix uid from it
+    sandbox_slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,15 @@ class Executor(abc.ABC):
     def stop(self, attempt_dir: Path) -> None:
         log.info("stopping attempt %s", attempt_dir)
         self._stop(attempt_dir)
+
+    def isolation(self) -> tuple[bool, str]:
+        """Whether user code this executor runs is sandboxed, and how, in words for the start-up banner."""
+        return True, f"the {self.name} executor runs no user code on this host"
+
+    @property
+    def jobs_run_as_root(self) -> bool:
+        """Whether job processes run as root (then e.g. mpirun needs --allow-run-as-root)."""
+        return os.geteuid() == 0
 
     def reap(self) -> None:  # noqa: B027 - optional hook, most executors have nothing to reap
         """Collect finished child processes (called regularly by the supervisor)."""

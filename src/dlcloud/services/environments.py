@@ -37,6 +37,7 @@ from dlcloud.executors.local.venvs import BuildSpec
 from dlcloud.schemas.environments import Environment, EnvironmentCreate, EnvironmentDetail, EnvironmentState
 from dlcloud.services import env_builds
 from dlcloud.services.auth import Caller
+from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import environments as store
 from dlcloud.store.ids import new_id
@@ -233,6 +234,7 @@ def _wheels(s: Session, caller: Caller, ids: list[str]) -> tuple[list[tuple[str,
 
 def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreate) -> Environment:
     """Record the environment and ask for its build; returns at once (READY when the spec was built before)."""
+    require_isolation(platform, caller, "building environments")
     if req.name in BUILTINS:
         raise InvalidArgument(
             f"{req.name!r} is a built-in environment; choose another name (built-ins: {', '.join(BUILTINS)})"

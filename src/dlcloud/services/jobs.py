@@ -28,6 +28,7 @@ from dlcloud.schemas.jobs import (
 )
 from dlcloud.services import environments, job_states, recipes
 from dlcloud.services.auth import Caller
+from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
@@ -108,6 +109,7 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
 
 
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
+    require_isolation(platform, caller, "running jobs")
     with platform.db.write() as s:
         tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
         if tenant is None:

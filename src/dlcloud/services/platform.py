@@ -22,3 +22,7 @@ class Platform:
     box: SecretBox
     inventory: Inventory
     wake: Callable[[], None] = field(default=_no_wake)  # nudges the control loop after a change
+    # whether user code runs sandboxed (the executor's isolation, told at start); when it does not, only the
+    # bootstrap tenant may run code unless settings.allow_unsandboxed_tenants (``require_isolation``)
+    isolated: bool = True
+    isolation: str = ""  # the executor's own words for it, for the start-up banner and docs

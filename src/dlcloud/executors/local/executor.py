@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from typing import Any
 from dlcloud.errors import InvalidState
 from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local.sandbox import Sandbox, View, give_to, probe
 
 log = logging.getLogger(__name__)
 
@@ -199,13 +201,17 @@ class LocalExecutor(Executor):
             Default: this process's interpreter.
         base_env: the variables every command starts from, replacing the default (PATH, HOME, LANG, LC_ALL,
             TZ, TMPDIR, USER taken from this process where set). DLCLOUD_* variables are dropped from it.
+        sandbox: how user code is sandboxed (``sandbox.probe``); default: probe this host, sandbox if it can.
     """
 
     name = "local"
 
-    def __init__(self, python: str | None = None, base_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, base_env: dict[str, str] | None = None, sandbox: Sandbox | None = None
+    ) -> None:
         # abspath, not realpath: a venv's bin/python is a symlink whose directory matters.
         self.python = os.path.abspath(python or sys.executable)
+        self.sandbox = sandbox if sandbox is not None else probe(pythons=[self.python])
         if base_env is None:
             base_env = {k: os.environ[k] for k in BASE_ENV_VARS if k in os.environ}
         env = {k: v for k, v in base_env.items() if not k.startswith("DLCLOUD_")}
@@ -225,6 +231,10 @@ class LocalExecutor(Executor):
         VIRTUAL_ENV set, so ``python`` and ``pip`` in the command are the venv's.
         """
         env = {**self.base_env, **{str(k): str(v) for k, v in workload.env.items()}}
+        if self.sandbox.enabled:  # the host's home and temp directories are not in the sandbox's view
+            env.update(HOME="/tmp", TMPDIR="/tmp")
+            if self.sandbox.per_tenant_uids:
+                env["USER"] = env["LOGNAME"] = f"dlcloud-{workload.sandbox_slot}"
         if workload.venv is not None:
             venv = os.path.abspath(workload.venv)
             env["PATH"] = os.path.join(venv, "bin") + os.pathsep + (env.get("PATH") or DEFAULT_PATH)
@@ -238,7 +248,21 @@ class LocalExecutor(Executor):
             return os.path.join(os.path.abspath(workload.venv), "bin", "python")
         return self.python
 
+    def isolation(self) -> tuple[bool, str]:
+        return self.sandbox.enabled, self.sandbox.describe()
+
+    @property
+    def jobs_run_as_root(self) -> bool:
+        return os.geteuid() == 0 and not self.sandbox.per_tenant_uids
+
+    def _uid(self, workload: Workload) -> int | None:
+        return self.sandbox.uid_for(workload.sandbox_slot) if self.sandbox.enabled else None
+
     def _start(self, workload: Workload) -> None:
+        uid = self._uid(workload)
+        for d in workload.data_dirs:
+            _make_private_dirs(Path(d))
+            give_to(Path(d), uid)
         if workload.replicas:
             self._start_gang(workload)
         else:
@@ -252,8 +276,11 @@ class LocalExecutor(Executor):
         if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
             raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
         _make_private_dirs(attempt_dir / REPLICAS_DIR)
+        shm = self._gang_shm(workload, attempt_dir)
         members = [{"name": r.name, "role": r.role, "index": r.index, "decides": r.decides} for r in workload.replicas]
-        launcher_mod.write_json_atomic(str(attempt_dir / GANG_FILE), {"replicas": members})
+        launcher_mod.write_json_atomic(
+            str(attempt_dir / GANG_FILE), {"replicas": members, "shm": str(shm) if shm is not None else None}
+        )
         for r in workload.replicas:
             rdir = attempt_dir / REPLICAS_DIR / r.name
             _make_private_dirs(rdir)
@@ -261,6 +288,7 @@ class LocalExecutor(Executor):
                 fd = os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
+                give_to(rdir / name, self._uid(workload))  # read-only in the replica's sandbox
             env = {**workload.env, **r.env}
             one = replace(
                 workload,
@@ -272,13 +300,25 @@ class LocalExecutor(Executor):
                 memory_bytes=r.memory_bytes,
                 replicas=(),
             )
-            self._start_one(one)
+            self._start_one(one, shm=shm, files=tuple(rdir / name for name, _ in r.files))
 
-    def _start_one(self, workload: Workload) -> None:
+    def _gang_shm(self, workload: Workload, attempt_dir: Path) -> Path | None:
+        """A /dev/shm shared by the replicas of one gang attempt, and by nobody else (NCCL, gloo and
+        DataLoader workers use it): a directory on the host's /dev/shm, removed when the attempt ends."""
+        if not self.sandbox.enabled or not os.path.isdir("/dev/shm"):
+            return None
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in workload.job_id)[:64]
+        shm = Path("/dev/shm") / f"dlcloud-{safe}-{workload.attempt}-{os.urandom(4).hex()}"
+        shm.mkdir(mode=0o700)
+        give_to(shm, self._uid(workload))
+        return shm
+
+    def _start_one(self, workload: Workload, shm: Path | None = None, files: tuple[Path, ...] = ()) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
             raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
         _make_private_dirs(attempt_dir)
+        sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
         record = asdict(workload)
         record.update(
             attempt_dir=str(attempt_dir),
@@ -288,6 +328,8 @@ class LocalExecutor(Executor):
             venv=str(workload.venv) if workload.venv else None,
             gpus=list(workload.gpus),
             python=self.python_for(workload),
+            data_dirs=[str(d) for d in workload.data_dirs],
+            sandbox=sandbox,
         )
         launcher_mod.write_json_atomic(str(attempt_dir / launcher_mod.WORKLOAD_FILE), record)
         log_fd = os.open(attempt_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -321,6 +363,33 @@ class LocalExecutor(Executor):
         with self._lock:
             self._launchers[attempt_dir] = proc
 
+    def _sandbox_record(
+        self, workload: Workload, attempt_dir: Path, shm: Path | None, files: tuple[Path, ...]
+    ) -> dict[str, Any] | None:
+        """workload.json's ``sandbox``: the argv prefix of every process the launcher starts for the job, and
+        the uid that must own the directories the launcher fills (code, packages) — or None (no sandbox).
+
+        The attempt directory itself (the launcher's records) is never in the view: only its code/,
+        packages/ and tmp/ below it, which the executor creates here, owned by the job's uid."""
+        if not self.sandbox.enabled:
+            return None
+        uid = self._uid(workload)
+        work = [attempt_dir / launcher_mod.CODE_DIR, attempt_dir / launcher_mod.PACKAGES_DIR]
+        tmp = attempt_dir / launcher_mod.TMP_DIR
+        for d in (*work, tmp):
+            d.mkdir(mode=0o700, exist_ok=True)
+            give_to(d, uid)
+        readonly = [*files, *([Path(workload.venv)] if workload.venv is not None else [])]
+        view = View(
+            writable=(*work, *workload.data_dirs),
+            readonly=tuple(readonly),
+            tmp=tmp,
+            shm=shm,
+            gpus=workload.gpus,
+            cwd=attempt_dir / launcher_mod.CODE_DIR,
+        )
+        return {"argv": self.sandbox.wrap(view, uid), "uid": uid}
+
     # ---- poll
 
     def _gang_members(self, attempt_dir: Path) -> list[dict[str, Any]] | None:
@@ -328,6 +397,13 @@ class LocalExecutor(Executor):
         if gang is None:
             return None
         return [m for m in gang.get("replicas") or [] if isinstance(m, dict)]
+
+    def _remove_gang_shm(self, attempt_dir: Path) -> None:
+        """The gang's shared /dev/shm goes once every replica ended (their sandboxes, and so every process
+        that could still use it, are gone)."""
+        shm = (_read_json(attempt_dir / GANG_FILE) or {}).get("shm")
+        if isinstance(shm, str) and shm.startswith("/dev/shm/dlcloud-") and os.path.isdir(shm):
+            shutil.rmtree(shm, ignore_errors=True)
 
     def _poll(self, attempt_dir: Path) -> AttemptReport:
         attempt_dir = Path(os.path.abspath(attempt_dir))
@@ -358,7 +434,10 @@ class LocalExecutor(Executor):
                     post_timed_out=one.post_timed_out,
                 )
             )
-        return summarize_replicas(tuple(reports))
+        summary = summarize_replicas(tuple(reports))
+        if summary.state in ("exited", "lost"):
+            self._remove_gang_shm(attempt_dir)
+        return summary
 
     def _poll_one(self, attempt_dir: Path) -> AttemptReport:
         attempt_dir = Path(os.path.abspath(attempt_dir))

@@ -86,6 +86,7 @@ OUTPUT_LOG = "output.log"
 STOP_REQUEST_FILE = "stop-requested"
 CODE_DIR = "code"
 PACKAGES_DIR = "packages"
+TMP_DIR = "tmp"
 
 LAUNCH_FAILED = 125
 PIPE_DRAIN_SECONDS = 2.0  # after the command exits, how long its pipes may stay open before the group is killed
@@ -292,6 +293,10 @@ class Launcher:
         self.deadline: float | None = None
         self.cgroup: str | None = None
         self.live_pgid: int | None = None  # the group of a started, not yet reaped child
+        # workload.json's "sandbox": every process for the job starts under this argv prefix (bwrap), and
+        # what the launcher unpacks for it becomes the sandbox uid's; empty / None when unsandboxed
+        self.sandbox_argv: list[str] = []
+        self.sandbox_uid: int | None = None
         self.post_timeout = DEFAULT_POST_TIMEOUT_SECONDS
         self.post_deadline: float | None = None
         self.post_timed_out = False
@@ -346,6 +351,10 @@ class Launcher:
         with open(self.path(WORKLOAD_FILE), encoding="utf-8") as f:
             workload: dict[str, Any] = json.load(f)
         self.grace = max(0.0, float(workload.get("grace_seconds", 10.0)))
+        sandbox = workload.get("sandbox") or {}
+        self.sandbox_argv = [str(a) for a in sandbox.get("argv") or ()]
+        uid = sandbox.get("uid")
+        self.sandbox_uid = uid if isinstance(uid, int) else None
         post_timeout = workload.get("post_timeout_seconds")
         if post_timeout is not None:
             self.post_timeout = max(0.0, float(post_timeout))
@@ -490,7 +499,7 @@ class Launcher:
         self.system(f"starting{label}{note}: {command}", phase)
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
+                [*self.sandbox_argv, "/bin/sh", "-c", command],
                 cwd=code_dir,
                 env={**env, "DLCLOUD_PHASE": phase},
                 stdin=subprocess.DEVNULL,
@@ -505,7 +514,21 @@ class Launcher:
             self.system(error, phase)
             return LAUNCH_FAILED, error
         self.record_child(proc.pid, PHASE_ROLES[phase])
-        return self.supervise(proc, phase), None
+        return self.sandbox_status(self.supervise(proc, phase)), None
+
+    def sandbox_status(self, code: int) -> int:
+        """bwrap reports a command killed by signal N as 128+N: give it back as -N, as for an unsandboxed one."""
+        if self.sandbox_argv and 128 < code <= 128 + 64:
+            return 128 - code
+        return code
+
+    def terminate(self, pgid: int) -> None:
+        """SIGTERM to a phase's process group — in a sandbox, to every member but bwrap itself (the group's
+        leader), whose death would SIGKILL the sandbox before the command could end gracefully."""
+        if self.sandbox_argv:
+            signal_group_except(pgid, signal.SIGTERM, pgid)
+        else:
+            signal_group(pgid, signal.SIGTERM)
 
     def finish(self, exit_code: int, message: str) -> None:
         if self.cgroup is not None:
@@ -547,12 +570,24 @@ class Launcher:
         if archive:
             self.system(f"unpacking {os.path.basename(archive)} into {CODE_DIR}/")
             extract_archive(str(archive), code_dir)
+        if self.sandbox_uid is not None:
+            chown_tree(code_dir, self.sandbox_uid)
         package = workload.get("package")
         if package:
             packages = self.path(PACKAGES_DIR)
             python = str(workload.get("python") or sys.executable)
             self.system(f"installing {os.path.basename(package)} into {PACKAGES_DIR}/")
-            argv = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+            # building an sdist runs its setup code: pip runs in the job's sandbox like the phases
+            argv = [
+                *self.sandbox_argv,
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+            ]
             argv += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
             try:
                 proc = subprocess.Popen(
@@ -658,7 +693,7 @@ class Launcher:
                 if self.term_requested and not self.stopped and not is_post:
                     self.stopped = True
                     self.system(f"stop requested: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
-                    signal_group(pgid, signal.SIGTERM)
+                    self.terminate(pgid)
                     kill_at = now + self.grace if kill_at is None else kill_at
                 if is_post and self.term_signals > self.terms_noted:
                     # post is the clean-up a stop must not skip: it runs on, bounded by post_timeout
@@ -672,7 +707,7 @@ class Launcher:
                         self.timed_out = True
                         what = "timeout"
                     self.system(f"{what}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
-                    signal_group(pgid, signal.SIGTERM)
+                    self.terminate(pgid)
                     kill_at = now + self.grace
                 if kill_at is not None and now >= kill_at:
                     kill_at = None
@@ -717,6 +752,29 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def signal_group_except(pgid: int, sig: int, spared: int) -> None:
+    """Signal each process of group ``pgid`` but ``spared``. The group cannot be reused while its leader
+    (``spared``, unreaped) exists, so every pid found belongs to it."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == spared:
+            continue
+        try:
+            stat = read_proc_stat(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+        if stat is not None and stat[1] == pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), sig)
+
+
+def chown_tree(path: str, uid: int) -> None:
+    """Give ``path`` and everything below it to ``uid`` (links themselves, never what they point to)."""
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
 def has_exited(pid: int) -> bool:
     """Whether our child has exited, WITHOUT reaping it (WNOWAIT keeps its pid, and so its pgid, reserved)."""
     try:
@@ -731,9 +789,37 @@ def extract_archive(archive: str, dest: str) -> None:
 
     try:
         with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(dest, filter="data")
+            if hasattr(tarfile, "data_filter"):  # 3.11.4+ (and 3.8.17+, 3.9.17+, 3.10.12+)
+                tar.extractall(dest, filter="data")
+            else:
+                tar.extractall(dest, members=_safe_members(tar, dest))
     except (OSError, tarfile.TarError) as exc:
         raise PrepareError(f"cannot unpack code archive {os.path.basename(archive)}: {exc}") from exc
+
+
+def _safe_members(tar: Any, dest: str) -> Any:
+    """What the "data" filter allows, for Pythons before 3.11.4: regular files and directories inside
+    ``dest``, links pointing inside it, no devices or FIFOs; modes without set-id bits, group/other write."""
+    root = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        return path == root or path.startswith(root + os.sep)
+
+    for member in tar:
+        name = member.name.lstrip("/")
+        target = os.path.realpath(os.path.join(root, name))
+        if os.path.isabs(member.name) or not inside(target):
+            raise PrepareError(f"archive member {member.name!r} would land outside the code directory")
+        if member.issym() or member.islnk():
+            base = root if member.islnk() else os.path.dirname(target)
+            if os.path.isabs(member.linkname) or not inside(os.path.realpath(os.path.join(base, member.linkname))):
+                raise PrepareError(f"archive link {member.name!r} points outside the code directory")
+        elif not (member.isfile() or member.isdir()):
+            raise PrepareError(f"archive member {member.name!r} is not a regular file, directory or link")
+        member.mode = (member.mode or 0o644) & 0o755
+        member.uid = member.gid = 0
+        member.uname = member.gname = ""
+        yield member
 
 
 def main(argv: list[str]) -> int:

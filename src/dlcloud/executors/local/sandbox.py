@@ -1,0 +1,244 @@
+"""Sandboxes for user code on this host, built with bubblewrap (``bwrap``).
+
+Every process that runs user-supplied code or build steps (job phases, the pip install of a job's
+package, environment builds, model inspection) starts under the argv prefix that ``Sandbox.wrap`` returns.
+
+What a sandboxed process gets (see docs/isolation.md for what this does and does not isolate):
+- its own mount namespace: a read-only root made of the system directories (``/usr``, ``/etc``, the
+  ``/bin``-style links), the Python installations it needs and ``/sys``, all read-only; writable are only
+  the directories named in its ``View`` (its code/work directory, checkpoints, outputs) and a private
+  ``/tmp``. The data directory, the server key, the database, the bootstrap key and every other job's
+  files are not in its view: nothing above the bound directories is mounted;
+- its own PID, IPC and user namespaces (``/proc`` shows only its own processes; no nested user
+  namespaces) and a private ``/dev`` with only the standard nodes and the GPUs it was given;
+- as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), set with ``setpriv`` before
+  bwrap runs, so even an escape lands on a user that owns nothing of the platform's;
+- the host's network (loopback included: the replicas of a gang rendezvous over it).
+
+Invariants:
+- ``wrap`` never mounts a path that is not a system directory, a Python installation, or named in the
+  View; callers pass host paths and the process sees them at the same paths (environment variables
+  such as DLCLOUD_CHECKPOINT_DIR keep their values).
+- Signals: the outer bwrap process leads the caller's process group. A SIGTERM to the group kills bwrap,
+  which SIGKILLs the sandbox (``--die-with-parent``): graceful stops must signal the group's other
+  members (``launcher.signal_group_except``). SIGKILL to the group ends the whole sandbox, including
+  processes that left the group.
+- bwrap reports a process killed by signal N as exit status 128+N.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# read-only system directories; the ones that are symlinks (merged /usr) are recreated as links
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+GPU_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+BUILD_SLOT = 0  # environment builds are shared by tenants: they run as the first uid of the range
+
+
+@dataclass(frozen=True)
+class View:
+    """What one sandboxed process may see besides the system: host paths, mounted at the same paths."""
+
+    writable: tuple[Path, ...] = ()
+    readonly: tuple[Path, ...] = ()
+    tmp: Path | None = None  # mounted at /tmp (private when None: an empty directory on the sandbox's root)
+    shm: Path | None = None  # mounted at /dev/shm (a gang's replicas share one); None: private
+    gpus: tuple[int, ...] = ()
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How this host sandboxes user code, decided once at start (``probe``).
+
+    ``enabled`` False means processes run as the control plane's own user, without namespaces: the
+    reason says why, and ``dlcloud up`` then runs only one tenant's jobs unless told otherwise.
+    """
+
+    enabled: bool
+    reason: str = ""
+    bwrap: str = "bwrap"
+    setpriv: str | None = None  # set when running as root: per-tenant uids
+    uid_start: int = 200_000
+    uid_count: int = 100_000
+    python_paths: tuple[Path, ...] = ()  # Python installations every sandbox sees read-only
+    disable_userns: bool = True
+    extra: tuple[str, ...] = field(default=())
+
+    @property
+    def per_tenant_uids(self) -> bool:
+        return self.enabled and self.setpriv is not None
+
+    def describe(self) -> str:
+        """One line for the start-up banner and ``/readyz``-style reports."""
+        if not self.enabled:
+            return f"no sandbox ({self.reason})"
+        who = (
+            f"per-tenant uids {self.uid_start}-{self.uid_start + self.uid_count - 1}"
+            if self.per_tenant_uids
+            else "the control plane's uid (not root)"
+        )
+        return f"bubblewrap sandbox: mount, PID, IPC and user namespaces; jobs run as {who}"
+
+    def uid_for(self, slot: int | None) -> int | None:
+        """The uid (= gid) of a tenant's sandboxes, or None when the sandbox keeps the control plane's."""
+        if not self.per_tenant_uids:
+            return None
+        slot = BUILD_SLOT if slot is None else slot
+        if not 0 <= slot < self.uid_count:
+            raise ValueError(f"tenant slot {slot} is outside the sandbox uid range of {self.uid_count} uids")
+        return self.uid_start + slot
+
+    def wrap(self, view: View, uid: int | None) -> list[str]:
+        """The argv prefix that runs a command in a sandbox with ``view`` (append the command to it)."""
+        argv: list[str] = []
+        if uid is not None:
+            assert self.setpriv is not None
+            argv += [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        argv += [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try"]
+        argv += ["--die-with-parent", "--proc", "/proc", "--dev", "/dev"]
+        if self.disable_userns:
+            argv.append("--disable-userns")
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                argv += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                argv += ["--ro-bind", d, d]
+        if os.path.isdir("/sys"):
+            argv += ["--ro-bind", "/sys", "/sys"]
+        bound: list[str] = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        for p in _outermost((*self.python_paths, *view.readonly), bound):
+            argv += ["--ro-bind", p, p]
+            bound.append(p)
+        for p in view.writable:
+            argv += ["--bind", str(p), str(p)]
+        argv += ["--bind", str(view.tmp), "/tmp"] if view.tmp is not None else ["--dir", "/tmp"]
+        if view.shm is not None:
+            argv += ["--bind", str(view.shm), "/dev/shm"]
+        for dev in (*(f"/dev/nvidia{g}" for g in view.gpus), *GPU_CONTROL_DEVICES) if view.gpus else ():
+            if os.path.exists(dev):
+                argv += ["--dev-bind", dev, dev]
+        argv += ["--remount-ro", "/"]
+        if view.cwd is not None:
+            argv += ["--chdir", str(view.cwd)]
+        argv += [*self.extra, "--"]
+        return argv
+
+
+def _outermost(paths: Iterable[Path | str], bound: Sequence[str]) -> list[str]:
+    """Absolute real paths, without those already inside a bound directory or inside another one."""
+    out: list[str] = []
+    for p in sorted({os.path.realpath(p) for p in paths if os.path.exists(p)}):
+        if any(p == b or p.startswith(b.rstrip("/") + "/") for b in (*bound, *out)):
+            continue
+        out.append(p)
+    return out
+
+
+def python_installations(pythons: Iterable[str]) -> tuple[Path, ...]:
+    """The directories a sandbox needs to run these interpreters and import dlcloud: each one's prefix and
+    base prefix (a venv's ``home``), and the directory dlcloud itself is imported from (an editable
+    install lives outside site-packages)."""
+    dirs: set[Path] = {Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[3]}
+    for python in pythons:
+        prefix = Path(os.path.abspath(python)).parent.parent
+        dirs.add(prefix)
+        dirs.update(venv_homes(prefix))
+    return tuple(sorted(dirs))
+
+
+def venv_homes(venv: Path) -> list[Path]:
+    """The installation a venv was made from (``home`` in pyvenv.cfg: its bin directory) — bind its parent."""
+    try:
+        text = (venv / "pyvenv.cfg").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            out.append(Path(os.path.realpath(value.strip())).parent)
+    return out
+
+
+def probe(
+    enabled: bool = True,
+    uid_start: int = 200_000,
+    uid_count: int = 100_000,
+    pythons: Iterable[str] = (),
+) -> Sandbox:
+    """Find out whether sandboxes work here: bwrap present, user namespaces allowed (one real ``true`` run
+    in a sandbox, as the uid jobs would get). The result says why not when they do not."""
+    if not enabled:
+        return Sandbox(False, "turned off (--sandbox off)")
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Sandbox(False, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
+    setpriv = None
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return Sandbox(False, "running as root but setpriv (util-linux) is missing, so jobs cannot drop to a uid")
+    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout
+    sandbox = Sandbox(
+        True,
+        bwrap=bwrap,
+        setpriv=setpriv,
+        uid_start=uid_start,
+        uid_count=uid_count,
+        python_paths=python_installations(pythons),
+        disable_userns="--disable-userns" in help_text,
+    )
+    argv = sandbox.wrap(View(), sandbox.uid_for(BUILD_SLOT)) + ["/bin/sh", "-c", "exit 0"]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=False, env={"PATH": "/usr/bin:/bin"}
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Sandbox(False, f"bubblewrap could not start a sandbox: {exc}")
+    if proc.returncode != 0:
+        why = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        return Sandbox(False, f"bubblewrap could not start a sandbox (user namespaces disallowed?): {why[0]}")
+    return sandbox
+
+
+def give_to(path: Path, uid: int | None, recursive: bool = False) -> None:
+    """Make ``path`` (and, recursively, what is below it) owned by ``uid``; links themselves, never followed."""
+    if uid is None:
+        return
+    os.chown(path, uid, uid, follow_symlinks=False)
+    if not recursive:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def seal_for_readers(path: Path) -> None:
+    """Make a built tree owned by root and read-only to everyone else: directories 0755, files 0644 (0755
+    when executable by the owner); links untouched. Used for environments after their build."""
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                os.chown(p, 0, 0)
+                os.chmod(p, 0o755)
+        for name in files:
+            p = os.path.join(root, name)
+            if os.path.islink(p):
+                os.chown(p, 0, 0, follow_symlinks=False)
+                continue
+            os.chown(p, 0, 0)
+            os.chmod(p, 0o755 if os.stat(p).st_mode & 0o100 else 0o644)
+    os.chown(path, 0, 0)
+    os.chmod(path, 0o755)
