@@ -34,6 +34,7 @@ class Server:
     port: int
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. DLCLOUD_DATABASE_URL
 
     @property
     def endpoint(self) -> str:
@@ -49,7 +50,7 @@ class Server:
         e["XDG_CONFIG_HOME"] = str(self.root / "config")
         e["HOME"] = str(self.root / "home")
         e["COLUMNS"] = "200"
-        return e
+        return {**e, **self.extra_env}
 
     def start(self) -> None:
         (self.root / "home").mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,16 @@ It runs in the leader control-plane process only (``leader.py``). Each tick:
 Recording the attempt before starting it means a crash in between leaves an attempt that never
 launched; the supervisor sees it as lost-before-launch and starts it then, so nothing is lost and
 nothing runs twice. Attempts hold their resources until ``finished_at`` is set.
+
+Fencing: with a ``Leadership`` every pass starts with ``verify`` and every write transaction with ``fence``
+(``_write``); ``LeadershipLost`` from either ends ``run``, so a deposed leader writes nothing more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -30,6 +33,7 @@ from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS, JobState
 from dlcloud.services import gangs, job_states, recipes
 from dlcloud.services.env_builds import EnvironmentBuilder
 from dlcloud.services.jobs import QUEUE_STATES, job_dir
+from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
 from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
@@ -125,24 +129,31 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
 
 
 class ControlLoop:
-    def __init__(self, platform: Platform, executor: Executor):
+    def __init__(self, platform: Platform, executor: Executor, leadership: Leadership | None = None):
         self.p = platform
         self.executor = executor
+        self.leadership = leadership  # None: unfenced (tests that drive the loop without an election)
         self._stopping: set[int] = set()  # attempt ids already sent a stop
         self._relaunched: set[int] = set()
         self._wake = threading.Event()
-        self.builds = EnvironmentBuilder(platform)  # builds environments while this loop runs
+        self.builds = EnvironmentBuilder(platform, leadership)  # builds environments while this loop runs
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
         self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
+        """Run passes until ``stop`` is set or this process stops leading."""
         interval = self.p.settings.supervisor_interval_seconds
+        if self.builds.closed:  # shut down at the end of a former term of leadership
+            self.builds = EnvironmentBuilder(self.p, self.leadership)
         try:
             while not stop.is_set():
                 try:
                     self.tick()
+                except LeadershipLost as exc:
+                    log.warning("stopped leading the scheduler: %s", exc)
+                    return
                 except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
                     log.exception("control loop tick failed")
                 self._wake.wait(interval)
@@ -151,17 +162,30 @@ class ControlLoop:
             self.builds.shutdown()  # running builds stop; the next leader builds them again
 
     def tick(self) -> None:
+        if self.leadership is not None:
+            self.leadership.verify()
         self.executor.reap()
         self.supervise()
         self.schedule()
         self.builds.dispatch()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A write transaction of the loop: fenced, so it is refused (``LeadershipLost``) once another
+        process leads."""
+        if self.leadership is None:
+            with self.p.db.write() as s:
+                yield s
+        else:
+            with self.leadership.write() as s:
+                yield s
 
     # -- scheduling --------------------------------------------------------------------------------
     def schedule(self) -> int:
         """One scheduling pass; returns the number of attempts started."""
         now = utcnow()
         workloads: list[Workload] = []
-        with self.p.db.write() as s:
+        with self._write() as s:
             if not self.p.db.is_sqlite:
                 # passes must not interleave (two would place the same job); SQLite's BEGIN IMMEDIATE
                 # already serialises them, PostgreSQL needs this transaction-scoped lock
@@ -253,6 +277,8 @@ class ControlLoop:
         for lo in range(0, len(job_ids), 500):
             q = select(JobRow).where(JobRow.id.in_(job_ids[lo : lo + 500])).with_for_update()
             jobs.update((j.id, j) for j in s.scalars(q))
+        tenant_ids = sorted({j.tenant_id for j in jobs.values()})
+        s.scalars(select(TenantRow).where(TenantRow.id.in_(tenant_ids))).all()  # their sandbox slots
         code_ids = sorted({j.code_id for j in jobs.values() if j.code_id})
         for lo in range(0, len(code_ids), 500):
             s.scalars(select(CodeRow).where(CodeRow.id.in_(code_ids[lo : lo + 500]))).all()
@@ -360,7 +386,7 @@ class ControlLoop:
                 ports=ports,
                 gpus=per_slot,
                 attempt_dir=attempt_dir,
-                as_root=os.geteuid() == 0,
+                as_root=self.executor.jobs_run_as_root,
             )
             env.update(launch.env)
         grace = job.spec.get("grace_period")
@@ -386,14 +412,13 @@ class ControlLoop:
             memory_bytes=job.memory,
             timeout_seconds=timeout,
             grace_seconds=float(grace) if grace is not None else self.p.settings.stop_grace_seconds,
+            log_max_bytes=self.p.settings.job_log_max_bytes,
             replicas=launch.replicas if launch else (),
+            data_dirs=(jd / "checkpoints", jd / "outputs"),
+            sandbox_slot=tenant.sandbox_slot if (tenant := s.get(TenantRow, job.tenant_id)) is not None else None,
         )
 
     def _start(self, w: Workload) -> None:
-        jd = w.attempt_dir.parent
-        jd.mkdir(parents=True, exist_ok=True)  # the parent first: each mkdir below is then one system call
-        for d in ("checkpoints", "outputs"):
-            (jd / d).mkdir(exist_ok=True, mode=0o700)
         try:
             self.executor.start(w)
         except OSError:
@@ -443,7 +468,7 @@ class ControlLoop:
 
     def _note(self, job_id: str, reason: str) -> None:
         """Show what the gang is doing in the job's reason (no state change)."""
-        with self.p.db.write() as s:
+        with self._write() as s:
             job = s.get(JobRow, job_id)
             if job is not None and not job.cancel_requested:
                 job.reason = reason
@@ -470,7 +495,7 @@ class ControlLoop:
                 row.state = "lost"
 
     def _mark_running(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
-        with self.p.db.write() as s:
+        with self._write() as s:
             job = s.get(JobRow, job_id)
             if job is None or job.state != JobState.STARTING.value:
                 return
@@ -480,7 +505,7 @@ class ControlLoop:
 
     def _finish(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         now = report.finished_at or utcnow()
-        with self.p.db.write() as s:
+        with self._write() as s:
             attempt = s.get(AttemptRow, attempt_id)
             job = s.get(JobRow, job_id)
             if attempt is None or job is None or attempt.finished_at is not None:
@@ -541,8 +566,8 @@ class ControlLoop:
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         if not report.launched and attempt_id not in self._relaunched:
-            # recorded but never launched (crash between commit and start): launch it now
-            with self.p.db.read() as s:
+            # recorded but never launched (crash between commit and start): launch it now, if still leading
+            with self._write() as s:
                 job = s.get(JobRow, job_id)
                 attempt = s.get(AttemptRow, attempt_id)
                 if job is None or attempt is None or attempt.finished_at is not None:
@@ -559,7 +584,7 @@ class ControlLoop:
             attempt_dir = Path(attempt_row.attempt_dir) if attempt_row else None
         if attempt_dir is not None and report.launched:
             self.executor.stop(attempt_dir)  # whatever the dead launcher left running must not hold on
-        with self.p.db.write() as s:
+        with self._write() as s:
             attempt = s.get(AttemptRow, attempt_id)
             job = s.get(JobRow, job_id)
             if attempt is None or job is None or attempt.finished_at is not None:

@@ -23,6 +23,7 @@ from dlcloud.executors import AttemptReport, Workload, get_executor_class
 from dlcloud.executors.local import executor as executor_mod
 from dlcloud.executors.local import launcher
 from dlcloud.executors.local.executor import LocalExecutor, stop_deadline
+from dlcloud.executors.local.sandbox import Sandbox
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
 
@@ -39,9 +40,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-@pytest.fixture
-def executor() -> Iterator[LocalExecutor]:
-    ex = LocalExecutor()
+@pytest.fixture(params=["sandboxed", "bare"])
+def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
+    """Both ways of running: in bubblewrap sandboxes, and bare (``dlcloud up --sandbox off``)."""
+    ex = LocalExecutor(sandbox=Sandbox(False, "off in this test")) if request.param == "bare" else LocalExecutor()
+    if request.param == "sandboxed":
+        assert ex.sandbox.enabled, ex.sandbox.reason
     yield ex
     ex.reap()
 
@@ -259,6 +263,9 @@ def test_stop_kills_command_whose_launcher_died(executor: LocalExecutor, tmp_pat
     os.kill(json.loads((attempt_dir / "launcher.json").read_text())["pid"], signal.SIGKILL)
     wait_state(executor, attempt_dir, "lost")
     pgid = json.loads((attempt_dir / "child.json").read_text())["pgid"]
+    if executor.sandbox.enabled:  # a sandbox dies with its launcher (bwrap --die-with-parent)
+        wait_for(lambda: not group_alive(pgid))
+        return
     assert group_alive(pgid)
     LocalExecutor().stop(attempt_dir)  # SIGTERM is ignored: SIGKILL follows after the grace period
     wait_for(lambda: not group_alive(pgid))

@@ -7,12 +7,13 @@ What a sandboxed process gets (see docs/isolation.md for what this does and does
 - its own mount namespace: a read-only root made of the system directories (``/usr``, ``/etc``, the
   ``/bin``-style links), the Python installations it needs and ``/sys``, all read-only; writable are only
   the directories named in its ``View`` (its code/work directory, checkpoints, outputs) and a private
-  ``/tmp``. The data directory, the server key, the database, the bootstrap key and every other job's
+  ``/tmp`` (the View's, or a tmpfs). The data directory, the server key, the database, the bootstrap key and every other job's
   files are not in its view: nothing above the bound directories is mounted;
 - its own PID, IPC and user namespaces (``/proc`` shows only its own processes; no nested user
   namespaces) and a private ``/dev`` with only the standard nodes and the GPUs it was given;
-- as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), set with ``setpriv`` before
-  bwrap runs, so even an escape lands on a user that owns nothing of the platform's;
+- as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), with no capabilities and
+  no-new-privileges, set by ``setpriv`` inside the sandbox, so even an escape lands on a user that owns
+  nothing of the platform's;
 - the host's network (loopback included: the replicas of a gang rendezvous over it).
 
 Invariants:
@@ -83,12 +84,13 @@ class Sandbox:
         """One line for the start-up banner and ``/readyz``-style reports."""
         if not self.enabled:
             return f"no sandbox ({self.reason})"
-        who = (
-            f"per-tenant uids {self.uid_start}-{self.uid_start + self.uid_count - 1}"
-            if self.per_tenant_uids
-            else "the control plane's uid (not root)"
-        )
-        return f"bubblewrap sandbox: mount, PID, IPC and user namespaces; jobs run as {who}"
+        if self.per_tenant_uids:
+            last = self.uid_start + self.uid_count - 1
+            return (
+                "bubblewrap sandbox: mount, PID and IPC namespaces; jobs run as per-tenant uids "
+                f"{self.uid_start}-{last} without capabilities"
+            )
+        return "bubblewrap sandbox: mount, PID, IPC and user namespaces; jobs run as the control plane's uid"
 
     def uid_for(self, slot: int | None) -> int | None:
         """The uid (= gid) of a tenant's sandboxes, or None when the sandbox keeps the control plane's."""
@@ -100,29 +102,45 @@ class Sandbox:
         return self.uid_start + slot
 
     def wrap(self, view: View, uid: int | None) -> list[str]:
-        """The argv prefix that runs a command in a sandbox with ``view`` (append the command to it)."""
-        argv: list[str] = []
-        if uid is not None:
-            assert self.setpriv is not None
-            argv += [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        argv += [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try"]
-        argv += ["--die-with-parent", "--proc", "/proc", "--dev", "/dev"]
-        if self.disable_userns:
-            argv.append("--disable-userns")
+        """The argv prefix that runs a command in a sandbox with ``view`` (append the command to it).
+
+        Unprivileged control plane: bwrap makes a user namespace (``--disable-userns`` forbids more).
+        Root: bwrap runs privileged (so it can bind paths the tenant's uid could not reach, like a Python
+        under /root) without a user namespace, and ``setpriv`` inside drops to ``uid`` with no capabilities,
+        no-new-privileges (set-uid binaries gain nothing) before the command starts.
+        """
+        argv = [self.bwrap]
+        if uid is None:
+            argv += ["--unshare-user", *(["--disable-userns"] if self.disable_userns else [])]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try", "--die-with-parent"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        bound: list[str] = []
         for d in SYSTEM_DIRS:
             if os.path.islink(d):
                 argv += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 argv += ["--ro-bind", d, d]
+                bound.append(d)
         if os.path.isdir("/sys"):
             argv += ["--ro-bind", "/sys", "/sys"]
-        bound: list[str] = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-        for p in _outermost((*self.python_paths, *view.readonly), bound):
+            bound.append("/sys")
+        # /tmp first: binds below /tmp (a data directory there) then land on top of it, not under it
+        argv += ["--bind", str(view.tmp), "/tmp"] if view.tmp is not None else ["--perms", "1777", "--tmpfs", "/tmp"]
+        readonly = _outermost((*self.python_paths, *view.readonly), bound)
+        writable = [os.path.realpath(p) for p in view.writable]
+        made: set[str] = {"/", "/tmp", *bound}
+        for p in (*readonly, *writable):
+            # the parents bwrap creates would copy the host's modes (/root is 0700): make them 0755, empty
+            for parent in reversed(Path(p).parents):
+                q = str(parent)
+                if q in made or any(q.startswith(b.rstrip("/") + "/") for b in bound):
+                    continue
+                argv += ["--perms", "0755", "--dir", q]
+                made.add(q)
+        for p in readonly:
             argv += ["--ro-bind", p, p]
-            bound.append(p)
-        for p in view.writable:
-            argv += ["--bind", str(p), str(p)]
-        argv += ["--bind", str(view.tmp), "/tmp"] if view.tmp is not None else ["--dir", "/tmp"]
+        for p in writable:
+            argv += ["--bind", p, p]
         if view.shm is not None:
             argv += ["--bind", str(view.shm), "/dev/shm"]
         for dev in (*(f"/dev/nvidia{g}" for g in view.gpus), *GPU_CONTROL_DEVICES) if view.gpus else ():
@@ -132,6 +150,10 @@ class Sandbox:
         if view.cwd is not None:
             argv += ["--chdir", str(view.cwd)]
         argv += [*self.extra, "--"]
+        if uid is not None:
+            assert self.setpriv is not None
+            argv += [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+            argv += ["--bounding-set=-all", "--no-new-privs", "--"]
         return argv
 
 
@@ -177,8 +199,9 @@ def probe(
     uid_count: int = 100_000,
     pythons: Iterable[str] = (),
 ) -> Sandbox:
-    """Find out whether sandboxes work here: bwrap present, user namespaces allowed (one real ``true`` run
-    in a sandbox, as the uid jobs would get). The result says why not when they do not."""
+    """Find out whether sandboxes work here: bwrap present, namespaces allowed, the interpreter reachable
+    (one real run of the first of ``pythons`` in a sandbox, as the uid jobs would get). The result says
+    why not when they do not."""
     if not enabled:
         return Sandbox(False, "turned off (--sandbox off)")
     bwrap = shutil.which("bwrap")
@@ -199,7 +222,9 @@ def probe(
         python_paths=python_installations(pythons),
         disable_userns="--disable-userns" in help_text,
     )
-    argv = sandbox.wrap(View(), sandbox.uid_for(BUILD_SLOT)) + ["/bin/sh", "-c", "exit 0"]
+    pythons = list(pythons)
+    check = [pythons[0], "-I", "-c", "pass"] if pythons else ["/bin/sh", "-c", "exit 0"]
+    argv = sandbox.wrap(View(), sandbox.uid_for(BUILD_SLOT)) + check
     try:
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=30, check=False, env={"PATH": "/usr/bin:/bin"}

@@ -1,0 +1,94 @@
+"""Security fixtures: a real ``dlcloud up`` (SQLite or PostgreSQL) with two tenants, an attacker and a victim,
+each with a member's key and a CLI profile, and a server environment full of secrets a job must never see."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from tests.conftest import IN_CI, PG_ADMIN_URL, _sa_url
+from tests.e2e.conftest import Server, free_port
+
+DB_PASSWORD = "db-pass-" + secrets.token_hex(8)  # PostgreSQL trusts loopback here: any password is accepted
+PIP_SECRET = "pip-secret-" + secrets.token_hex(8)
+
+
+@dataclass
+class Platform:
+    server: Server
+    backend: str
+
+    def as_(self, profile: str, *args: str, check: bool = True):
+        return self.server.cli("--profile", profile, *args, check=check)
+
+
+def _fresh_postgres_database() -> tuple[str, str]:
+    """(admin SQLAlchemy URL, name) of a new empty database; the server migrates it itself."""
+    admin_url = _sa_url(PG_ADMIN_URL)
+    try:
+        engine = create_engine(admin_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # any driver failure means no server
+        if IN_CI:
+            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is required in CI but unreachable: {exc}")
+        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL}: {exc}")
+    name = f"dlcloud_sec_{os.getpid()}_{secrets.token_hex(3)}"
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return admin_url, name
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    engine = create_engine(admin_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+def add_member(server: Server, tenant: str, user: str, **quota: str) -> None:
+    """A tenant with a member and a CLI profile named after the user."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in quota.items()]
+    server.cli("--profile", "local", "tenants", "create", tenant, *flags)
+    server.cli("--profile", "local", "users", "create", user, "--tenant", tenant, "--role", "member")
+    key = server.cli_json("--profile", "local", "keys", "create", "--user", user, "--tenant", tenant)
+    assert isinstance(key, dict)
+    server.cli(
+        "configure",
+        "--profile",
+        user,
+        "--endpoint",
+        server.endpoint,
+        "--access-key",
+        key["access_key"],
+        "--secret-key",
+        key["secret_key"],
+        "--no-check",
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def platform(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Platform]:
+    extra_env = {"PIP_INDEX_URL": f"https://user:{PIP_SECRET}@127.0.0.1:9/simple"}
+    pg: tuple[str, str] | None = None
+    if request.param == "postgres":
+        pg = _fresh_postgres_database()
+        extra_env["DLCLOUD_DATABASE_URL"] = f"postgresql://postgres:{DB_PASSWORD}@127.0.0.1:5432/{pg[1]}"
+    server = Server(tmp_path, free_port(), extra_env=extra_env)
+    server.start()
+    try:
+        add_member(server, "victim", "vera", cpus="4", max_running_jobs="2")
+        add_member(server, "attacker", "mallory", cpus="2", max_running_jobs="1")
+        yield Platform(server, request.param)
+    finally:
+        server.stop()
+        if pg is not None:
+            _drop_database(*pg)
