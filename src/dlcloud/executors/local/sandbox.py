@@ -7,10 +7,10 @@ What a sandboxed process gets (see docs/isolation.md for what this does and does
 - its own mount namespace: a read-only root made of the system directories (``/usr``, ``/etc``, the
   ``/bin``-style links), the Python installations it needs and ``/sys``, all read-only; writable are only
   the directories named in its ``View`` (its code/work directory, checkpoints, outputs) and a private
-  ``/tmp`` (the View's, or a tmpfs). The data directory, the server key, the database, the bootstrap key and every other job's
-  files are not in its view: nothing above the bound directories is mounted;
-- its own PID, IPC and user namespaces (``/proc`` shows only its own processes; no nested user
-  namespaces) and a private ``/dev`` with only the standard nodes and the GPUs it was given;
+  ``/tmp`` (the View's, or a tmpfs). The data directory, the server key, the database, the bootstrap key
+  and every other job's files are not in its view: nothing above the bound directories is mounted;
+- its own PID and IPC namespaces (``/proc`` shows only its own processes) and a private ``/dev`` with only
+  the standard nodes and the GPUs it was given; unprivileged, also its own user namespace (no nested ones);
 - as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), with no capabilities and
   no-new-privileges, set by ``setpriv`` inside the sandbox, so even an escape lands on a user that owns
   nothing of the platform's;
