@@ -51,6 +51,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
+# a job command that waits until the test calls ``release``: jobs run sandboxed and see none of the test's
+# files, so the signal is a file in the job's outputs directory, the one place both see
+WAIT_FOR_GO = 'while [ ! -e "$DLCLOUD_OUTPUT_DIR/go" ]; do sleep 0.05; done'
+
+
+def release(data_dir: Path, job_id: str) -> None:
+    """Let a job waiting in ``WAIT_FOR_GO`` go on."""
+    (outputs,) = (data_dir / "runs").glob(f"*/{job_id}/outputs")
+    (outputs / "go").touch()
+
+
 def _sa_url(url: str) -> str:
     return url.replace("postgresql://", "postgresql+psycopg://", 1) if url.startswith("postgresql://") else url
 

@@ -26,7 +26,7 @@ import pytest
 from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.executors.local.executor import LocalExecutor
-from tests.conftest import Env, build_env, make_settings, wait_for
+from tests.conftest import WAIT_FOR_GO, Env, build_env, make_settings, release, wait_for
 
 pytestmark = pytest.mark.distributed
 
@@ -260,8 +260,7 @@ def test_gang_that_does_not_fit_waits_whole_and_starts_when_capacity_frees(tmp_p
     with _platform(tmp_path, db_url, cpu_capacity=3) as env:
         c = env.admin
         code = _upload_scripts(c)
-        go = tmp_path / "go"
-        holder = f"while [ ! -e {go} ]; do sleep 0.05; done; python ddp_train.py --epochs 1"
+        holder = f"{WAIT_FOR_GO}; python ddp_train.py --epochs 1"
         c.jobs.submit(_ddp_spec("holder", code, holder))
         wait_for(lambda: c.jobs.get("holder")["state"] == "RUNNING", timeout=60, what="holder running")
         c.jobs.submit(_ddp_spec("waiter", code, "python ddp_train.py --epochs 1"))
@@ -278,7 +277,7 @@ def test_gang_that_does_not_fit_waits_whole_and_starts_when_capacity_frees(tmp_p
             assert job["state"] == "QUEUED" and job["attempts"] == [], job
             time.sleep(0.1)
 
-        go.touch()
+        release(env.settings.data_dir, c.jobs.get("holder")["id"])
         _succeeded(c, "holder")
         waiter = _succeeded(c, "waiter")
         holder_end = datetime.fromisoformat(c.jobs.get("holder")["finished_at"])

@@ -18,7 +18,7 @@ from dlcloud.executors.local import venvs
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.services.control import ControlLoop
 from dlcloud.store.models import EnvironmentBuildRow, EnvironmentRow
-from tests.conftest import Env, assert_api_error, wait_for
+from tests.conftest import WAIT_FOR_GO, Env, assert_api_error, release, wait_for
 from tests.wheels import make_wheel
 
 API = "/api/v1"
@@ -99,15 +99,12 @@ def test_built_once_reused_across_tenants_and_jobs_run_in_the_venv(running_env: 
     assert _rows(env) == (2, 1)
 
     # delete is refused while an unfinished job uses the environment
-    marker = tmp_path / "go"
-    alice.jobs.submit(
-        {"name": "holder", "command": f"while [ ! -e {marker} ]; do sleep 0.05; done", "environment": "tiny"}
-    )
+    alice.jobs.submit({"name": "holder", "command": WAIT_FOR_GO, "environment": "tiny"})
     assert alice.environments.get("tiny")["jobs"] == ["holder"]
     with pytest.raises(DlcloudError, match="environment 'tiny' is used by unfinished job\\(s\\) holder") as exc:
         alice.environments.delete("tiny")
     assert exc.value.code == "invalid_state"
-    marker.touch()
+    release(env.settings.data_dir, alice.jobs.get("holder")["id"])
     assert _wait_end(alice, "holder")["state"] == "SUCCEEDED"
 
     # the venv stays while another tenant's environment shares it, and goes with the last one

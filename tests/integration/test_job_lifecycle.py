@@ -10,7 +10,7 @@ import pytest
 from dlcloud.errors import InvalidState
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services.control import ControlLoop
-from tests.conftest import wait_for
+from tests.conftest import WAIT_FOR_GO, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 
@@ -129,15 +129,12 @@ def test_control_plane_restart_readopts_running_attempt(tmp_path, db_url):
     t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
     t.start()
     c = env.admin
-    marker = tmp_path / "go"
-    c.jobs.submit(
-        {"name": "survivor", "command": f"echo begin; while [ ! -e {marker} ]; do sleep 0.05; done; echo end"}
-    )
+    c.jobs.submit({"name": "survivor", "command": f"echo begin; {WAIT_FOR_GO}; echo end"})
     _wait_state(c, "survivor", "RUNNING")
     stop.set()
     env.control.wake()
     t.join(timeout=10)
-    marker.touch()  # the job finishes while no control plane watches it
+    release(env.settings.data_dir, c.jobs.get("survivor")["id"])  # it finishes while no control plane watches
     wait_for(lambda: (tmp_path / "data").exists(), what="data dir")
     fresh = ControlLoop(env.platform, LocalExecutor())
     wait_for(lambda: (fresh.tick(), c.jobs.get("survivor")["state"] in TERMINAL)[1], what="adoption")

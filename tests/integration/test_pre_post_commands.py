@@ -11,7 +11,7 @@ import pytest
 
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services.control import ControlLoop
-from tests.conftest import assert_api_error, wait_for
+from tests.conftest import WAIT_FOR_GO, assert_api_error, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 # post leaves the exit status it saw in the job's output directory
@@ -117,8 +117,7 @@ def test_restarted_control_plane_readopts_a_launcher_running_post(tmp_path, db_u
     t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
     t.start()
     c = env.admin
-    release = tmp_path / "release"
-    post = f'echo post-ready; while [ ! -e {release} ]; do sleep 0.05; done; echo "$DLCLOUD_EXIT_CODE" > '
+    post = f'echo post-ready; {WAIT_FOR_GO}; echo "$DLCLOUD_EXIT_CODE" > '
     post += '"$DLCLOUD_OUTPUT_DIR/post-marker"'
     c.jobs.submit({"name": "adopt", "command": "echo started; exec sleep 60", "post_command": post})
     wait_for(lambda: "started" in _texts(c, "adopt"), what="the command to start")
@@ -137,7 +136,7 @@ def test_restarted_control_plane_readopts_a_launcher_running_post(tmp_path, db_u
     )
     fresh.tick()
     assert c.jobs.get("adopt")["state"] == "RUNNING"  # post still runs
-    release.touch()
+    release(env.settings.data_dir, c.jobs.get("adopt")["id"])
     wait_for(lambda: (fresh.tick(), c.jobs.get("adopt")["state"] in TERMINAL)[1], what="the job to end")
     job = c.jobs.get("adopt")
     assert job["state"] == "CANCELLED" and len(job["attempts"]) == 1

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class Workload:
     # a gang: each replica runs the phases in its own directory <attempt_dir>/replicas/<name>/ with its own
     # env, GPUs and limits; gpus / cpus / memory_bytes above are then the gang's totals. Empty: one process.
     replicas: tuple[Replica, ...] = ()
+    log_max_bytes: int = 256 * 1024 * 1024  # the cap of the log (of each replica's): its end is kept
     # directories the job writes that outlive the attempt (checkpoints, outputs): created by the executor,
     # the only ones besides its own work directory that a sandboxed job may write
     data_dirs: tuple[Path, ...] = ()
@@ -119,13 +120,26 @@ def replica_sort_key(name: str) -> tuple[str, int, int]:
 REPLICAS_DIR = "replicas"
 
 
+# A job log is capped (Workload.log_max_bytes) by keeping its end: past half the cap, output.log becomes
+# output.log.1 (the older half is dropped) and the new output.log starts with a ``system`` line
+# ``log truncated: N earlier bytes dropped (cap C)``. The local launcher writes this (Launcher.rotate_log).
+ROTATED_LOG_SUFFIX = ".1"
+LOG_TRUNCATED = "log truncated: "  # the text of a system line marking lines left out
+
+
 def replica_log_files(attempt_dir: Path) -> dict[str, Path]:
-    """An attempt's output.log files by replica name ("" for a single-process attempt)."""
+    """An attempt's output.log files by replica name ("" for a single-process attempt); each may have an
+    older half beside it (``log_segments``)."""
     replicas = attempt_dir / REPLICAS_DIR
     if replicas.is_dir():
         names = sorted((d.name for d in replicas.iterdir() if d.is_dir()), key=replica_sort_key)
         return {n: replicas / n / "output.log" for n in names}
     return {"": attempt_dir / "output.log"}
+
+
+def log_segments(log: Path) -> list[Path]:
+    """The files of one log, oldest first: output.log.1 (once the log reached half its cap), output.log."""
+    return [log.with_name(log.name + ROTATED_LOG_SUFFIX), log]
 
 
 class Executor(abc.ABC):
@@ -153,6 +167,10 @@ class Executor(abc.ABC):
     def isolation(self) -> tuple[bool, str]:
         """Whether user code this executor runs is sandboxed, and how, in words for the start-up banner."""
         return True, f"the {self.name} executor runs no user code on this host"
+
+    def build_sandbox(self) -> Any:
+        """How environment builds on this host are sandboxed (``venvs.BuildSandbox``), or None."""
+        return None
 
     @property
     def jobs_run_as_root(self) -> bool:

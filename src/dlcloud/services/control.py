@@ -136,7 +136,8 @@ class ControlLoop:
         self._stopping: set[int] = set()  # attempt ids already sent a stop
         self._relaunched: set[int] = set()
         self._wake = threading.Event()
-        self.builds = EnvironmentBuilder(platform, leadership)  # builds environments while this loop runs
+        # builds environments while this loop runs
+        self.builds = EnvironmentBuilder(platform, leadership, executor.build_sandbox())
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -146,7 +147,7 @@ class ControlLoop:
         """Run passes until ``stop`` is set or this process stops leading."""
         interval = self.p.settings.supervisor_interval_seconds
         if self.builds.closed:  # shut down at the end of a former term of leadership
-            self.builds = EnvironmentBuilder(self.p, self.leadership)
+            self.builds = EnvironmentBuilder(self.p, self.leadership, self.executor.build_sandbox())
         try:
             while not stop.is_set():
                 try:

@@ -11,7 +11,8 @@ Invariants:
 - Builds run in the leader control-plane process only: each tick of the control loop calls
   ``EnvironmentBuilder.dispatch``, which hands the BUILDING rows this process is not building yet to a
   thread pool. A control plane that stops or crashes mid-build leaves the row BUILDING; the next leader
-  builds it again from scratch.
+  builds it again from scratch. Its writes are fenced by the leader's epoch (``leader.py``): a builder
+  whose process was deposed records nothing, and the next leader builds the row again.
 - The venv itself is made by ``venvs.materialise`` under a per-hash file lock, so two builders of one hash
   (threads or processes) never write the same directory; the second finds it finished.
 - A build is removed (row, venv and log) only when no environment refers to it, no unfinished job runs in
@@ -20,8 +21,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +33,7 @@ from sqlalchemy.orm import Session
 from dlcloud.executors.local import venvs
 from dlcloud.executors.local.venvs import BuildSpec
 from dlcloud.schemas.environments import EnvironmentState
+from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.store import environments as store
 from dlcloud.store.models import EnvironmentBuildRow, utcnow
@@ -95,11 +99,15 @@ class EnvironmentBuilder:
     the running builds' processes and leaves their rows BUILDING for the next leader.
     """
 
-    def __init__(self, platform: Platform):
+    def __init__(
+        self, platform: Platform, leadership: Leadership | None = None, sandbox: venvs.BuildSandbox | None = None
+    ):
         self.p = platform
+        self.leadership = leadership  # fences the builder's writes; None: unfenced
         settings = platform.settings
         self._pool = ThreadPoolExecutor(max_workers=settings.env_build_workers, thread_name_prefix="dlcloud-env")
-        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds)
+        # builds run user code (sdists' setup code): sandboxed like jobs where the executor can
+        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds, sandbox=sandbox)
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._closed = False
@@ -119,6 +127,10 @@ class EnvironmentBuilder:
                     started += 1
         return started
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
@@ -128,6 +140,8 @@ class EnvironmentBuilder:
     def _run(self, spec_hash: str) -> None:
         try:
             self.build(spec_hash)
+        except LeadershipLost as exc:  # the control loop stops leading too; the next leader builds it
+            log.warning("build of environment %s not recorded: %s", spec_hash[:12], exc)
         except Exception:  # a database error: the row stays BUILDING and the next dispatch tries again
             log.exception("building environment %s failed unexpectedly", spec_hash)
         finally:
@@ -135,9 +149,18 @@ class EnvironmentBuilder:
                 self._inflight.discard(spec_hash)
             self.p.wake()  # jobs waiting for this environment may start now
 
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        if self.leadership is None:
+            with self.p.db.write() as s:
+                yield s
+        else:
+            with self.leadership.write() as s:
+                yield s
+
     def build(self, spec_hash: str) -> None:
         """Build one BUILDING build in this thread and record READY or FAILED."""
-        with self.p.db.write() as s:
+        with self._write() as s:
             row = store.get_build(s, spec_hash, for_update=True)
             if row is None or row.state != BUILDING:
                 return
@@ -159,7 +182,7 @@ class EnvironmentBuilder:
     def _finish(
         self, spec_hash: str, state: str, *, error: str | None = None, size: int | None = None, built: bool
     ) -> None:
-        with self.p.db.write() as s:
+        with self._write() as s:
             row = store.get_build(s, spec_hash, for_update=True)
             if row is None or row.state != BUILDING:
                 return

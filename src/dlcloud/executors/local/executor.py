@@ -34,15 +34,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dlcloud.errors import InvalidState
-from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload
+from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload, log_segments
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local.sandbox import Sandbox, View, give_to, probe
+from dlcloud.executors.local.sandbox import (
+    BUILD_SLOT,
+    Sandbox,
+    View,
+    give_to,
+    probe,
+    python_installations,
+    seal_for_readers,
+)
+from dlcloud.executors.local.venvs import BuildSandbox
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +161,17 @@ def stop_deadline(workload: dict[str, Any]) -> float:
 
 def last_lines(log: Path, n: int = LAST_LINES) -> tuple[str, ...]:
     """The last ``n`` lines the command wrote (stdout / stderr of any phase) to an output.log."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ()
+    lines: list[str] = []
+    for segment in reversed(log_segments(log)):  # output.log, then its older half if it has one
+        try:
+            with open(segment, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                lines = f.read().decode("utf-8", "replace").splitlines() + lines
+        except OSError:
+            continue
+        if len(lines) > n:
+            break
     out = []
     for line in lines:
         parts = line.split(" ", 2)
@@ -250,6 +264,33 @@ class LocalExecutor(Executor):
 
     def isolation(self) -> tuple[bool, str]:
         return self.sandbox.enabled, self.sandbox.describe()
+
+    def build_sandbox(self) -> BuildSandbox | None:
+        """How environment builds are sandboxed here (None: not at all). Builds are shared by tenants, so
+        as root they run as the range's first uid (``BUILD_SLOT``) and the finished venv is handed to root,
+        read-only to everyone else."""
+        if not self.sandbox.enabled:
+            return None
+        sandbox = self.sandbox
+        uid = sandbox.uid_for(BUILD_SLOT)
+
+        def prefix(target: Path, reads: Sequence[str]) -> list[str]:
+            tmp = target.parent / f".tmp-{target.name}"
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            give_to(tmp, uid)
+            give_to(target, uid, recursive=True)
+            for path in reads[1:]:  # uploaded wheels (0600): readable where bound; their 0700 parents stay closed
+                if uid is not None and os.path.isfile(path):
+                    os.chmod(path, 0o644)
+            view = View(writable=(target,), readonly=python_installations(reads[:1]) + tuple(map(Path, reads[1:])))
+            return sandbox.wrap(replace(view, tmp=tmp, cwd=target), uid)
+
+        def seal(target: Path) -> None:
+            shutil.rmtree(target.parent / f".tmp-{target.name}", ignore_errors=True)
+            if uid is not None:
+                seal_for_readers(target)
+
+        return BuildSandbox(prefix, seal)
 
     @property
     def jobs_run_as_root(self) -> bool:

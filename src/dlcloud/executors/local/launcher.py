@@ -327,16 +327,92 @@ class Launcher:
         signal.signal(signal.SIGHUP, ignore)
         signal.signal(signal.SIGCHLD, ignore)  # only to wake select() when a child exits
 
+    # The log's size cap (see rotate_log). The reader's side of this format: executors/base.py.
+    DEFAULT_LOG_MAX_BYTES = 256 * 1024 * 1024  # when workload.json has no log_max_bytes
+    MIN_LOG_MAX_BYTES = 16 * 1024
+    LOG_MARKER_RESERVE = 256  # bytes of a half kept for its truncation marker line
+    ROTATED_LOG_SUFFIX = ".1"
+    LOG_TRUNCATED = "log truncated: "
+
     def open_log(self) -> None:
+        """Open output.log for appending, capped at workload.json's ``log_max_bytes``."""
+        try:
+            with open(self.path(WORKLOAD_FILE), encoding="utf-8") as f:
+                cap = int(json.load(f).get("log_max_bytes") or self.DEFAULT_LOG_MAX_BYTES)
+        except (OSError, ValueError, TypeError, AttributeError):
+            cap = self.DEFAULT_LOG_MAX_BYTES
+        self.log_max_bytes = max(cap, self.MIN_LOG_MAX_BYTES)
         fd = os.open(self.path(OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.log = os.fdopen(fd, "ab", buffering=0)
+        self.log_size = os.fstat(fd).st_size  # of the current output.log
+        self.log_before = 0  # bytes written to earlier output.log files (rotated away)
 
     def write_line(self, stream: str, text: str) -> None:
-        """Append one log line with a single write() (so lines never interleave)."""
+        """Append one log line with a single write() (so lines never interleave). A line longer than fits
+        in half the log's cap is written as several lines."""
         if self.log is None:
             return
-        line = f"{utc_now_iso()} {stream} {text}\n".encode("utf-8", "replace")
-        self.log.write(line)
+        now = utc_now_iso()
+        prefix = f"{now} {stream} ".encode()
+        rest = text.encode("utf-8", "replace")
+        room = max(1, self.log_max_bytes // 2 - self.LOG_MARKER_RESERVE - len(prefix) - 1)
+        while True:
+            piece, rest = self.split_utf8(rest, room)
+            line = prefix + piece + b"\n"
+            if self.log_size > 0 and self.log_size + len(line) > self.log_max_bytes // 2:
+                self.rotate_log(now)
+            self.log.write(line)
+            self.log_size += len(line)
+            if not rest:
+                return
+
+    def rotate_log(self, now: str) -> None:
+        """Keep the end of a log that would pass half its cap: output.log becomes output.log.1, replacing
+        (dropping) the older half, and a new output.log starts with the ``system`` line
+        ``log truncated: N earlier bytes dropped (cap C)``, N counting every byte written before that file.
+
+        So output.log.1 and output.log together never hold more than the cap, and the newest full half is
+        always kept. Read output.log.1 then output.log: the marker comes first (a reader skips the one at
+        the top of output.log while output.log.1 exists: its N becomes true once it is output.log.1). A
+        follower sees output.log's inode change; the rotated file is complete by then. The marker has the
+        time ``now`` of the line that made the rotation, so that times never go back in the log.
+        """
+        assert self.log is not None
+        path = self.path(OUTPUT_LOG)
+        try:
+            os.replace(path, path + self.ROTATED_LOG_SUFFIX)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            return  # keep appending to the file we have (a full disk, say): over the cap, no line lost
+        self.log.close()
+        self.log = os.fdopen(fd, "ab", buffering=0)
+        self.log_before += self.log_size
+        marker = (
+            f"{now} system {self.LOG_TRUNCATED}{self.log_before} earlier bytes dropped "
+            f"(cap {self.format_bytes(self.log_max_bytes)})\n"
+        ).encode()
+        self.log.write(marker)
+        self.log_size = len(marker)
+
+    @staticmethod
+    def split_utf8(data: bytes, size: int) -> tuple[bytes, bytes]:
+        """``data`` cut after at most ``size`` bytes, not inside a UTF-8 character where it can help."""
+        if len(data) <= size:
+            return data, b""
+        cut = size
+        while cut > size - 4 and cut > 1 and data[cut] & 0xC0 == 0x80:
+            cut -= 1
+        if data[cut] & 0xC0 == 0x80:
+            cut = size
+        return data[:cut], data[cut:]
+
+    @staticmethod
+    def format_bytes(n: int) -> str:
+        """256 MiB, 64 KiB, 1000 bytes."""
+        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if n >= size and n % size == 0:
+                return f"{n // size} {unit}"
+        return f"{n} bytes"
 
     def system(self, text: str, phase: str = "main") -> None:
         """dlcloud's own line(s), in the log section of ``phase``."""
@@ -388,7 +464,11 @@ class Launcher:
 
     def run_attempt(self, workload: dict[str, Any], cpus: float, memory_bytes: int) -> None:
         env = {str(k): str(v) for k, v in (workload.get("env") or {}).items()}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in workload.get("gpus") or ())
+        gpus = [int(g) for g in workload.get("gpus") or ()]
+        env["DLCLOUD_GPUS"] = ",".join(map(str, gpus))  # host indices, for the record
+        # a sandbox holds only its GPUs' device nodes, and CUDA numbers the devices it can open from 0
+        visible = range(len(gpus)) if self.sandbox_argv else gpus
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, visible))
         env["PYTHONUNBUFFERED"] = "1"
         # Thread pools sized to the CPU share, also under cgroup2: cpu.max throttles, it does not hide CPUs.
         for var in THREAD_VARS:

@@ -38,7 +38,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -336,11 +336,24 @@ class BuildLog:
         self.line("system", text)
 
 
+@dataclass(frozen=True)
+class BuildSandbox:
+    """How a build's steps that may run user code (venv creation, pip: sdists run their setup code) are
+    sandboxed; made by ``LocalExecutor.build_sandbox``."""
+
+    # (the venv being built, paths the step must read) -> the argv prefix; only the venv (and a temporary
+    # directory beside it) is writable in the sandbox
+    prefix: Callable[[Path, Sequence[str]], list[str]]
+    # after a successful build: make the venv readable (never writable) by every tenant's jobs
+    seal: Callable[[Path], None]
+
+
 @dataclass
 class Runner:
     """Runs a build's subprocesses; ``cancel`` kills the running ones (the builder is shutting down)."""
 
     timeout: float = 3600.0
+    sandbox: BuildSandbox | None = None
     env: dict[str, str] = field(default_factory=build_env_vars)
     _procs: set[subprocess.Popen[str]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -354,8 +367,15 @@ class Runner:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
 
-    def run(self, argv: list[str], log: BuildLog, deadline: float, what: str) -> list[str]:
-        """Run ``argv``, logging its output; returns the output's lines. Raises BuildError on failure."""
+    def run(
+        self, argv: list[str], log: BuildLog, deadline: float, what: str, target: Path | None = None, reads=()
+    ) -> list[str]:
+        """Run ``argv``, logging its output; returns the output's lines. Raises BuildError on failure.
+
+        With a ``target`` (the venv being built) the step runs sandboxed, able to write only the target and
+        to read, beyond the system and the Python installations, only ``reads``."""
+        if target is not None and self.sandbox is not None:
+            argv = [*self.sandbox.prefix(target, [argv[0], *reads]), *argv]
         with self._lock:
             if self.cancelled:
                 raise BuildCancelled()
@@ -463,7 +483,8 @@ def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner) -> int:
     argv = [spec.interpreter, "-m", "venv"]
     if spec.inherit:
         argv.append("--without-pip")  # pip comes from the base environment
-    runner.run([*argv, str(target)], log, deadline, "creating the virtual environment")
+    target.mkdir(mode=0o755)  # made here, so that a sandboxed step can be given it
+    runner.run([*argv, str(target)], log, deadline, "creating the virtual environment", target)
     python = target / "bin" / "python"
     if spec.inherit:
         _inherit(spec, target, python, log)
@@ -472,6 +493,8 @@ def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner) -> int:
     with open(target / SPEC_FILE, "w", encoding="utf-8") as f:
         json.dump(spec.to_json(), f, indent=2)
     size = tree_size(target)
+    if runner.sandbox is not None:
+        runner.sandbox.seal(target)
     _make_read_only(target)
     marker = target / READY_MARKER
     marker.touch()
@@ -513,7 +536,7 @@ def _pip_install(spec: BuildSpec, target: Path, python: Path, log: BuildLog, run
             )
         argv.append(path)
     log.system("pip install " + _CREDENTIALS_RE.sub(r"\1***@", " ".join(argv[4:])))
-    runner.run(argv, log, deadline, "pip install")
+    runner.run(argv, log, deadline, "pip install", target, [path for _sha, path in spec.wheels])
 
 
 def read_tail(path: Path, lines: int) -> list[str]:
