@@ -173,7 +173,14 @@ def build_env(settings: Settings, executor: Executor | None = None) -> Env:
     declared = [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory or []]
     inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     holder: dict[str, ControlLoop] = {}
-    platform = Platform(settings, db, box, inventory, wake=lambda: holder["c"].wake() if "c" in holder else None)
+    platform = Platform(
+        settings,
+        db,
+        box,
+        inventory,
+        wake=lambda: holder["c"].wake() if "c" in holder else None,
+        sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
+    )
     control = None
     if executor is not None:
         control = ControlLoop(platform, executor)

@@ -115,6 +115,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         wake=lambda: holder["c"].wake(),
         isolated=isolated,
         isolation=isolation,
+        sandbox_prefix=executor.sandbox_prefix,
     )
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)

@@ -172,3 +172,52 @@ def test_a_job_reaches_no_secret_no_other_tenant_and_cannot_fake_its_end(platfor
     _submit(platform, "vera", "after", victim_code, "python victim.py", "--environment", "python")
     _wait_state(platform, "vera", "after", {"SUCCEEDED"}, timeout=300)
     assert "victim ready clean" in _logs(platform, "vera", "after")
+
+
+PICKLE_MAKER = textwrap.dedent(
+    """
+    import pickle, sys
+
+    class Payload:
+        def __reduce__(self):
+            code = (
+                "import os, json\\n"
+                "found = {}\\n"
+                "for p in %r:\\n"
+                "    try:\\n"
+                "        found[p] = open(p).read()[:64]\\n"
+                "    except OSError as e:\\n"
+                "        found[p] = type(e).__name__\\n"
+                "found['env'] = dict(os.environ)\\n"
+                "for out in %r:\\n"
+                "    try:\\n"
+                "        open(out, 'w').write(json.dumps(found))\\n"
+                "    except OSError:\\n"
+                "        pass\\n"
+            ) % (sys.argv[2:], [sys.argv[1]])
+            return (exec, (code,))
+
+    pickle.dump(Payload(), open("model.pkl", "wb"))
+    """
+)
+
+
+def test_a_pickled_model_runs_its_code_only_in_a_sandbox(platform: Platform, tmp_path: Path):
+    """Registering a pickle runs its code (signature inference): only in a sandbox that sees no secret and
+    can write nothing of the server's."""
+    data = platform.server.data_dir
+    leak = data / "leaked.json"
+    maker = tmp_path / "maker.py"
+    maker.write_text(PICKLE_MAKER)
+    import subprocess
+    import sys
+
+    secrets_paths = [str(data / "server.key"), str(data / "bootstrap-admin.json")]
+    subprocess.run([sys.executable, str(maker), str(leak), *secrets_paths], cwd=tmp_path, check=True)
+    res = platform.as_(
+        "mallory", "models", "register", "evil", "--file", str(tmp_path / "model.pkl"), "--format", "sklearn"
+    )
+    assert res.returncode == 0, res.stderr
+    assert not leak.exists(), leak.read_text()
+    described = json.loads(platform.as_("mallory", "models", "describe", "evil", "-o", "json").stdout)
+    assert "executes_code" in json.dumps(described)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -167,6 +168,11 @@ class Executor(abc.ABC):
     def isolation(self) -> tuple[bool, str]:
         """Whether user code this executor runs is sandboxed, and how, in words for the start-up banner."""
         return True, f"the {self.name} executor runs no user code on this host"
+
+    def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
+        """The argv prefix that runs a one-off process on user input (model inspection) sandboxed, able to
+        write only ``writable`` and to read, beyond the system, only ``readable``; None: no sandbox here."""
+        return None
 
     def build_sandbox(self) -> Any:
         """How environment builds on this host are sandboxed (``venvs.BuildSandbox``), or None."""

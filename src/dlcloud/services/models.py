@@ -2,26 +2,34 @@
 
 Rules (this module is the only writer of the registry tables):
 - Models are tenant-scoped. Another tenant's model is visible only when it is shared with the caller's
-  tenant, and then only for reading (describe, versions, download); any change to it is 403. A model that
-  is not shared with the caller is 404 ``model_not_found``, exactly like one that does not exist.
+  tenant, and then only for reading (describe, versions, download) and for holding deployment leases; any
+  change to it is 403. A model that is not shared with the caller is 404 ``model_not_found``, exactly like
+  one that does not exist.
 - Versions are numbered 1, 2, ... per model from ``models.last_version``, under the model row's lock; a
   deleted version's number is never given again. Artifacts are immutable (``storage/artifacts.py``).
 - Any member registers versions and moves labels; deleting a model or a version is for its author or a
   tenant admin; sharing is for the model's author or a tenant admin.
 - A version is *deployed* while one of its leases (``model_deployments``) has not expired; deleting it or
-  its model is refused with 409 ``model_deployed``.
+  its model is refused with 409 ``model_deployed``. Every tenant that can read a model may hold leases on
+  it; a lease is named per holding tenant and belongs to its user: only that user renews or releases it.
+  Expired leases count nowhere. Unsharing a model ends the leases of the tenant it was shared with.
 - A declared signature is validated (400 ``invalid_signature``). Without one the signature is inferred by
-  ``python -m dlcloud.serving.inspect`` in a subprocess with a timeout, so ML libraries never enter the API
-  process; when inference fails the version is stored without a signature, the register still succeeds.
+  ``python -m dlcloud.serving.inspect`` in a subprocess with a timeout (``run_inspect``: an allow-listed
+  environment, an empty working directory), so ML libraries and the artifact's own code (pickles,
+  predictors) never enter the API process; when inference fails the version is stored without a
+  signature, the register still succeeds.
+- A version's ``executes_code`` is derived from its format (``schemas.models.CODE_FORMATS``), never stored.
 - A register that fails leaves no rows and no artifact files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,11 +69,13 @@ from dlcloud.schemas.models import (
     ModelUpload,
     ModelVersion,
     check_label,
+    executes_code,
 )
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload
+from dlcloud.services.isolation import require_isolation
 from dlcloud.services.jobs import job_dir
-from dlcloud.services.platform import Platform
+from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz, remove_tree
 from dlcloud.store import models_registry as store
@@ -83,6 +93,9 @@ from dlcloud.store.models import (
 
 log = logging.getLogger(__name__)
 INSPECT_MODULE = "dlcloud.serving.inspect"
+# what the inspect process takes from the server's environment: where programs and libraries are, the locale
+INSPECT_ENV_PASSED = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+INSPECT_OUTPUT_LIMIT = 1024 * 1024
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 
 
@@ -146,28 +159,80 @@ def check_signature(data: Any) -> dict[str, Any]:
     return Signature.from_dict(data).to_dict()
 
 
-def infer_signature(path: Path, fmt: str, timeout: float) -> dict[str, Any] | None:
+def run_inspect(
+    path: Path, fmt: str, timeout: float, sandbox: SandboxPrefix | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """Run ``python -m dlcloud.serving.inspect`` on an artifact; None when it did not finish in ``timeout`` s.
+
+    Loading an artifact may run its author's code (a pickle, a predictor), so this is the one place where the
+    registry starts a process, and its argv, environment and working directory are all built here, where a
+    sandbox can wrap them. The environment is built from ``INSPECT_ENV_PASSED`` and fixed values, never copied
+    from the server's (no database URL, no ``PIP_*``, no credentials); the working directory is a new empty
+    directory, also HOME and TMPDIR, removed afterwards. The process runs in its own session and its whole
+    group is killed at the timeout. Output is read from files, at most ``INSPECT_OUTPUT_LIMIT`` bytes of each.
+    With ``sandbox`` (the platform's ``sandbox_prefix``) it runs in a sandbox that can write only its work
+    directory and read only the artifact (docs/isolation.md).
+    """
+    with tempfile.TemporaryDirectory(prefix="dlcloud-inspect-") as tmp:
+        work = Path(tmp) / "work"
+        work.mkdir(mode=0o700)
+        argv = [sys.executable, "-P", "-m", INSPECT_MODULE, "--format", fmt, str(path)]
+        env = {key: os.environ[key] for key in INSPECT_ENV_PASSED if key in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update(
+            HOME=str(work),
+            TMPDIR=str(work),
+            PYTHONNOUSERSITE="1",
+            PYTHONDONTWRITEBYTECODE="1",
+            CUDA_VISIBLE_DEVICES="",  # inspecting needs no GPU and must not take one from a job
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        cwd = work
+        if sandbox is not None:
+            prefix = sandbox([work], [path])
+            argv = [*(prefix or []), *argv]
+        stdout_path, stderr_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+                )
+            except OSError as exc:
+                log.warning("signature inference for %s could not start: %s", path, exc)
+                return subprocess.CompletedProcess(argv, -1, "", str(exc))
+            try:
+                returncode = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("signature inference for %s timed out after %.0f s", path, timeout)
+                return None
+            finally:
+                _kill_group(proc)  # also what it left running after it exited (pid numbers wrap, never this soon)
+        return subprocess.CompletedProcess(argv, returncode, _tail(stdout_path), _tail(stderr_path))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the inspect process and everything still in its process group, then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - INSPECT_OUTPUT_LIMIT))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def infer_signature(
+    path: Path, fmt: str, timeout: float, sandbox: SandboxPrefix | None = None
+) -> dict[str, Any] | None:
     """Ask ``python -m dlcloud.serving.inspect`` for the artifact's signature; None when it cannot tell.
 
     The contract: it prints ``{"signature": {...} | null}`` on stdout and exits 0. Anything else (the
     module missing, a library missing, a crash, the timeout) means "no signature", never a failed register.
     """
-    cmd = [sys.executable, "-m", INSPECT_MODULE, "--format", fmt, str(path)]
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        log.warning("signature inference for %s timed out after %.0f s", path, timeout)
-        return None
-    except OSError as exc:
-        log.warning("signature inference for %s could not start: %s", path, exc)
+    proc = run_inspect(path, fmt, timeout, sandbox)
+    if proc is None:
         return None
     if proc.returncode != 0:
         log.info("signature inference for %s exited %d: %s", path, proc.returncode, proc.stderr[-2000:])
@@ -260,15 +325,18 @@ def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
 # -- resolving names ---------------------------------------------------------------------------------------
 
 
-def _readable(s: Session, caller: Caller, name: str, owner: str | None) -> tuple[ModelRow, str]:
-    """The model ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller."""
+def _readable(s: Session, caller: Caller, name: str, owner: str | None, *, lock: bool = False) -> tuple[ModelRow, str]:
+    """The model ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller.
+
+    ``lock`` takes the model row's lock, which every deletion takes too (leases are written under it).
+    """
     if owner is None or owner == caller.tenant:
-        row = store.get_model(s, caller.tenant_id, name)
+        row = store.get_model(s, caller.tenant_id, name, for_update=lock)
         if row is None:
             raise ModelNotFound(f"model {name!r} not found")
         return row, caller.tenant
     tenant = tenant_store.get_tenant_by_name(s, owner)
-    row = store.get_model(s, tenant.id, name) if tenant is not None else None
+    row = store.get_model(s, tenant.id, name, for_update=lock) if tenant is not None else None
     if row is None or not store.is_shared(s, row.id, caller.tenant_id):
         raise ModelNotFound(f"model '{owner}/{name}' not found")
     return row, owner
@@ -314,11 +382,12 @@ def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
 # -- read models -----------------------------------------------------------------------------------------
 
 
-def _deployment_model(row: ModelDeploymentRow, tenant: str) -> ModelDeployment:
+def _deployment_model(row: ModelDeploymentRow, tenant: str, holder: str | None) -> ModelDeployment:
     return ModelDeployment(
         name=row.name,
         endpoint=row.endpoint,
         tenant=tenant,
+        holder=holder,
         created_at=row.created_at,
         last_seen=row.last_seen,
         expires_at=row.expires_at,
@@ -326,19 +395,33 @@ def _deployment_model(row: ModelDeploymentRow, tenant: str) -> ModelDeployment:
 
 
 def _version_models(
-    s: Session, model: ModelRow, shown: str, owner: str, rows: list[ModelVersionRow]
+    s: Session, model: ModelRow, shown: str, owner: str, rows: list[ModelVersionRow], viewer: Caller
 ) -> list[ModelVersion]:
+    """Read models of versions as ``viewer`` sees them: the owner sees every lease, another tenant its own."""
     labels_by_version: dict[int, list[str]] = {}
     for label, version in store.labels_of(s, [model.id])[model.id].items():
         labels_by_version.setdefault(version, []).append(label)
     deployments = store.live_deployments(s, [r.id for r in rows], utcnow())
-    users = store.user_names(s, [r.created_by for r in rows])
+    own = viewer.tenant_id == model.tenant_id
+    shown_leases = {
+        version_id: [(d, t) for d, t in leases if own or d.tenant_id == viewer.tenant_id]
+        for version_id, leases in deployments.items()
+    }
+    holders = [d.holder_id for leases in shown_leases.values() for d, _ in leases if d.tenant_id == viewer.tenant_id]
+    users = store.user_names(s, [r.created_by for r in rows] + holders)
+
+    def holder(d: ModelDeploymentRow) -> str | None:
+        if d.tenant_id != viewer.tenant_id or not d.holder_id:
+            return None
+        return users.get(d.holder_id, d.holder_id)
+
     return [
         ModelVersion(
             model=shown,
             owner=owner,
             version=r.version,
             format=r.format,
+            executes_code=executes_code(r.format),
             artifact=r.artifact_name,
             sha256=r.sha256,
             size_bytes=r.size_bytes,
@@ -351,7 +434,7 @@ def _version_models(
             created_at=r.created_at,
             description=r.description,
             labels=sorted(labels_by_version.get(r.version, [])),
-            deployments=[_deployment_model(d, t) for d, t in deployments[r.id]],
+            deployments=[_deployment_model(d, t, holder(d)) for d, t in shown_leases[r.id]],
             deployed=bool(deployments[r.id]),
         )
         for r in rows
@@ -468,7 +551,7 @@ def _insert_version(
                 s.flush()
                 version_dir = target
                 artifacts.commit(staged, target)
-                [result] = _version_models(s, model, req.name, caller.tenant, [row])
+                [result] = _version_models(s, model, req.name, caller.tenant, [row], caller)
             return result
         except IntegrityError:
             # another request created the same model first (PostgreSQL): its row exists now, try once more
@@ -501,8 +584,13 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
         assert req.from_job is not None  # the request model requires one source
         staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
     try:
+        if signature is None and executes_code(req.format) and platform.sandbox_prefix is None:
+            # inspecting it would run its author's code bare: only where that harms no other tenant
+            require_isolation(platform, caller, "inferring the signature of a model whose loading runs code")
         if signature is None:
-            signature = infer_signature(staged.path, req.format, platform.settings.model_inspect_timeout_seconds)
+            signature = infer_signature(
+                staged.path, req.format, platform.settings.model_inspect_timeout_seconds, platform.sandbox_prefix
+            )
         version = _insert_version(platform, artifacts, caller, req, signature, staged, job)
     except BaseException:
         artifacts.discard(staged)
@@ -529,14 +617,15 @@ def describe_model(platform: Platform, caller: Caller, name: str, owner: str | N
         shared = owner_name != caller.tenant
         [base] = _models(s, [(model, owner_name, shared)])
         versions = store.list_versions(s, model.tenant_id, model.id)
-        return ModelDetail(**base.model_dump(), versions=_version_models(s, model, base.name, owner_name, versions))
+        detail = _version_models(s, model, base.name, owner_name, versions, caller)
+        return ModelDetail(**base.model_dump(), versions=detail)
 
 
 def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[ModelVersion]:
     with platform.db.read() as s:
         model, owner_name = _readable(s, caller, name, owner)
         versions = store.list_versions(s, model.tenant_id, model.id)
-        return _version_models(s, model, _shown(name, owner_name, caller), owner_name, versions)
+        return _version_models(s, model, _shown(name, owner_name, caller), owner_name, versions, caller)
 
 
 def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> ModelVersion:
@@ -551,7 +640,7 @@ def _get_version(
         model, owner_name = _readable(s, caller, name, owner)
         shown = _shown(name, owner_name, caller)
         row = _find_version(s, model, ref, shown)
-        [version] = _version_models(s, model, shown, owner_name, [row])
+        [version] = _version_models(s, model, shown, owner_name, [row], caller)
         return version, Path(row.artifact_path)
 
 
@@ -629,6 +718,8 @@ def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, ow
         if row is None:
             raise NotFound(f"model {name!r} is not shared with tenant {tenant!r}")
         s.delete(row)
+        # the tenant can no longer read the model, nor renew or release its leases on it: they end now
+        store.delete_tenant_deployments(s, model.id, row.tenant_id)
 
 
 # -- deletion --------------------------------------------------------------------------------------------
@@ -687,23 +778,48 @@ def _remove_files(path: Path) -> None:
 # -- deployment leases -----------------------------------------------------------------------------------
 
 
+def _lease_version(
+    s: Session, caller: Caller, name: str, version: int, owner: str | None
+) -> tuple[ModelVersionRow, str]:
+    """The version a lease is about, with the model's shown name: any model the caller may read, locked."""
+    model, owner_name = _readable(s, caller, name, owner, lock=True)
+    shown = _shown(name, owner_name, caller)
+    row = store.get_version(s, model.tenant_id, model.id, version)
+    if row is None:
+        raise ModelVersionNotFound(f"model {shown!r} has no version {version}")
+    return row, shown
+
+
+def _check_holder(dep: ModelDeploymentRow, caller: Caller, users: dict[str, str], what: str) -> None:
+    if dep.holder_id and dep.holder_id != caller.user_id:
+        holder = users.get(dep.holder_id, dep.holder_id)
+        raise PermissionDenied(
+            f"deployment lease {dep.name!r} is held by user {holder!r}; only its holder can {what} it "
+            "(use another deployment name, or let the lease expire)"
+        )
+
+
 def record_deployment(
     platform: Platform, caller: Caller, name: str, version: int, lease: DeploymentLease, owner: str | None = None
 ) -> ModelDeployment:
-    """Create or renew the lease ``lease.name`` on a version (the model server's heartbeat)."""
+    """Create or renew the lease ``lease.name`` on a version (the model server's heartbeat).
+
+    Any tenant that can read the model may hold leases on it (the owner, and the tenants it is shared with):
+    a version served anywhere cannot be deleted. Lease names are per holding tenant, and a lease belongs to
+    the user who created it: another user's renewal is refused (403).
+    """
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "recording deployments")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
+        row, _ = _lease_version(s, caller, name, version, owner)
         now = utcnow()
         expires = now + timedelta(seconds=lease.ttl_seconds)
         store.delete_expired_deployments(s, row.id, now)
-        dep = store.get_deployment(s, row.id, lease.name)
+        dep = store.get_deployment(s, row.id, caller.tenant_id, lease.name)
         if dep is None:
             dep = ModelDeploymentRow(
                 model_version_id=row.id,
                 tenant_id=caller.tenant_id,
+                holder_id=caller.user_id,
+                holder_key=caller.access_key,
                 name=lease.name,
                 endpoint=lease.endpoint,
                 created_at=now,
@@ -712,20 +828,25 @@ def record_deployment(
             )
             s.add(dep)
         else:
+            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "renew")
+            dep.holder_id, dep.holder_key = caller.user_id, caller.access_key  # adopts a lease without a holder
             dep.endpoint, dep.last_seen, dep.expires_at = lease.endpoint, now, expires
         s.flush()
-        return _deployment_model(dep, caller.tenant)
+        return _deployment_model(dep, caller.tenant, caller.user)
 
 
 def release_deployment(
     platform: Platform, caller: Caller, name: str, version: int, deployment: str, owner: str | None = None
 ) -> None:
-    """End a lease (idempotent: releasing an unknown or expired lease is not an error)."""
+    """End the caller's tenant's lease ``deployment`` (idempotent: an unknown or expired lease is no error).
+
+    Only its holder ends a lease: another user of the tenant gets 403; another tenant's call never finds it.
+    """
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "releasing deployments")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        dep = store.get_deployment(s, row.id, deployment)
-        if dep is not None:
-            s.delete(dep)
+        row, _ = _lease_version(s, caller, name, version, owner)
+        dep = store.get_deployment(s, row.id, caller.tenant_id, deployment)
+        if dep is None:
+            return
+        if dep.expires_at > utcnow():
+            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "release")
+        s.delete(dep)

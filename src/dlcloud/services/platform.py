@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
 from dlcloud.store.db import Database
+
+# (writable paths, readable paths) -> the argv prefix of a sandboxed process, or None where there is none
+SandboxPrefix = Callable[[Sequence[Path], Sequence[Path]], list[str] | None]
 
 
 def _no_wake() -> None:
@@ -26,3 +30,6 @@ class Platform:
     # bootstrap tenant may run code unless settings.allow_unsandboxed_tenants (``require_isolation``)
     isolated: bool = True
     isolation: str = ""  # the executor's own words for it, for the start-up banner and docs
+    # (writable paths, readable paths) -> argv prefix of a sandboxed one-off process (model inspection);
+    # None: such processes run bare (allowed only where ``isolated`` is False or no executor runs code)
+    sandbox_prefix: SandboxPrefix | None = None

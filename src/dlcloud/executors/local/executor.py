@@ -147,6 +147,23 @@ def _make_private_dirs(path: Path) -> None:
         os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
 
 
+def _open_for_readers(path: Path) -> None:
+    """Let every uid read ``path`` (and below it): for what a sandbox binds read-only from the data dir."""
+    if path.is_symlink() or not path.exists():
+        return
+    if path.is_file():
+        os.chmod(path, 0o644)
+        return
+    os.chmod(path, 0o755)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), 0o644)
+
+
 def stop_deadline(workload: dict[str, Any]) -> float:
     """Seconds after a stop by which a healthy launcher has ended: the running phase's grace period and
     pipe drain, then the post phase's (post timeout, grace period, pipe drain), plus a margin."""
@@ -265,6 +282,18 @@ class LocalExecutor(Executor):
     def isolation(self) -> tuple[bool, str]:
         return self.sandbox.enabled, self.sandbox.describe()
 
+    def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
+        if not self.sandbox.enabled:
+            return None
+        uid = self.sandbox.uid_for(BUILD_SLOT)
+        for d in writable:
+            give_to(Path(d), uid, recursive=True)
+        if uid is not None:  # uploads are 0600 under 0700 directories: readable where bound, closed on the host
+            for p in readable:
+                _open_for_readers(Path(p))
+        view = View(writable=tuple(writable), readonly=tuple(readable), cwd=Path(writable[0]) if writable else None)
+        return self.sandbox.wrap(view, uid)
+
     def build_sandbox(self) -> BuildSandbox | None:
         """How environment builds are sandboxed here (None: not at all). Builds are shared by tenants, so
         as root they run as the range's first uid (``BUILD_SLOT``) and the finished venv is handed to root,
@@ -279,9 +308,9 @@ class LocalExecutor(Executor):
             tmp.mkdir(mode=0o700, exist_ok=True)
             give_to(tmp, uid)
             give_to(target, uid, recursive=True)
-            for path in reads[1:]:  # uploaded wheels (0600): readable where bound; their 0700 parents stay closed
-                if uid is not None and os.path.isfile(path):
-                    os.chmod(path, 0o644)
+            if uid is not None:  # uploaded wheels (0600): readable where bound; their 0700 parents stay closed
+                for path in reads[1:]:
+                    _open_for_readers(Path(path))
             view = View(writable=(target,), readonly=python_installations(reads[:1]) + tuple(map(Path, reads[1:])))
             return sandbox.wrap(replace(view, tmp=tmp, cwd=target), uid)
 
