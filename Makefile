@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint system-deps bench bench-deps clean
+.PHONY: install run test fuzz lint system-deps bench bench-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ system-deps:
 test: system-deps install
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 	@echo "GPU tier (pytest -m gpu) is run on a GPU machine; it was deselected here."
+
+# Schemathesis over /api/v1/openapi.json of a real `dlcloud up`, signed as the admin and as another tenant's
+# member (tests/fuzz/run.py; `make test` runs a quick version). FUZZ_ARGS="--seed 1 --max-examples 100"
+FUZZ_ARGS ?=
+fuzz: install
+	$(PY) tests/fuzz/run.py $(FUZZ_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

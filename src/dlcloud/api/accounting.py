@@ -9,19 +9,13 @@ from fastapi import APIRouter, Depends, Query
 from dlcloud.api.deps import caller, get_platform
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.audit import AuditEvent
-from dlcloud.schemas.common import Name
+from dlcloud.schemas.common import IsoTime, Name
 from dlcloud.schemas.tenants import QuotaReport, UsageReport
 from dlcloud.services import accounting as svc
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-
-
-def _aware(t: datetime | None) -> datetime | None:
-    if t is None:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 @router.get("/quota", response_model=QuotaReport, name="quota.get")
@@ -33,15 +27,15 @@ def get_quota(
 
 @router.get("/usage", response_model=UsageReport, name="usage.get")
 def get_usage(
-    since: datetime | None = Query(None, description="start of the window (default: 24 hours ago)"),
-    until: datetime | None = Query(None),
+    since: IsoTime | None = Query(None, description="start of the window (default: 24 hours ago)"),
+    until: IsoTime | None = Query(None, description="end of the window (default: now); after since"),
     tenant: Name | None = Query(None),
     all: bool = Query(False, description="every tenant (platform admin)"),
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> UsageReport:
-    start = _aware(since) or datetime.now(UTC) - timedelta(days=1)
-    end = _aware(until)
+    start = since or datetime.now(UTC) - timedelta(days=1)
+    end = until
     if end is not None and end <= start:
         raise InvalidArgument("'until' must be after 'since'")
     return svc.usage_report(p, c, start, end, tenant, all)
@@ -49,7 +43,7 @@ def get_usage(
 
 @router.get("/audit", response_model=list[AuditEvent], name="audit.list")
 def list_audit(
-    since: datetime | None = Query(None),
+    since: IsoTime | None = Query(None, description="only events at or after this time"),
     action: str | None = Query(None, max_length=64),
     user: Name | None = Query(None),
     all: bool = Query(False, description="every tenant (platform admin)"),
@@ -57,4 +51,4 @@ def list_audit(
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> list[AuditEvent]:
-    return svc.list_audit(p, c, since=_aware(since), action=action, user=user, all_tenants=all, limit=limit)
+    return svc.list_audit(p, c, since=since, action=action, user=user, all_tenants=all, limit=limit)

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
-from dlcloud.api import accounting, code, environments, jobs, models, tenants
+from dlcloud.api import accounting, code, environments, jobs, models, openapi, tenants
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.errors import DlcloudError
 from dlcloud.services.auth import AuthError, BatchVerifier
@@ -20,11 +20,20 @@ from dlcloud.services.platform import Platform
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
+_BODY_NOT_PARSED = "There was an error parsing the body"  # FastAPI's 400 when a JSON body cannot be decoded
 
 
-def _error(request: Request, status: int, code: str, message: str, details: dict | None = None) -> JSONResponse:
+def _error(
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    details: dict | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     request.state.error_code = code
-    return JSONResponse({"error": {"code": code, "message": message, "details": details or {}}}, status_code=status)
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_details(exc: RequestValidationError) -> tuple[str, dict[str, Any]]:
@@ -48,6 +57,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
     )
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
@@ -67,11 +77,23 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _BODY_NOT_PARSED:
+            # a body that is not UTF-8: the same validation_error as a body that is not JSON
+            problem = "the body is not valid JSON (UTF-8)"
+            details = {"errors": [{"field": "(body)", "problem": problem}]}
+            return _error(request, 422, "validation_error", f"invalid request: (body): {problem}", details)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_argument")
         message = str(exc.detail)
+        headers = dict(exc.headers or {})
         if exc.status_code == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
-        return _error(request, exc.status_code, code, message)
+        elif exc.status_code == 405:
+            # Starlette's 405 names only the methods of the first route that matched the path
+            allowed = openapi.allowed_methods(request.app, request.scope["path"])
+            if allowed:
+                headers["Allow"] = ", ".join(allowed)
+            message = f"{request.method} is not allowed here; allowed: {headers.get('Allow', 'none')}"
+        return _error(request, exc.status_code, code, message, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -101,4 +123,5 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     for module in (jobs, tenants, accounting, code, models, environments):
         app.include_router(module.router, prefix=API_PREFIX)
     app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
+    openapi.install(app)
     return app

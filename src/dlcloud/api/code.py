@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from dlcloud import signing
 from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.params import CodeIdPath
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services import code as svc
@@ -18,8 +21,18 @@ router = APIRouter()
 @router.post("/code", response_model=CodeUpload, status_code=status.HTTP_201_CREATED, name="code.upload")
 async def upload_code(
     request: Request,
-    kind: str = Query("archive", description="archive (a .tar.gz of a directory), wheel or sdist"),
-    filename: str = Query("code.tar.gz", max_length=200),
+    # kind and filename are checked by the service (400 invalid_argument); the schema states the same rules
+    kind: str = Query(
+        "archive",
+        description="archive (a .tar.gz of a directory), wheel or sdist",
+        json_schema_extra={"enum": list(svc.KINDS)},
+    ),
+    filename: str = Query(
+        "code.tar.gz",
+        max_length=200,
+        description="a wheel's ends in .whl, an sdist's in .tar.gz or .tgz",
+        json_schema_extra={"pattern": svc.FILENAME_RE.pattern},
+    ),
     c: Caller = Depends(streaming_caller),
     p: Platform = Depends(get_platform),
 ) -> CodeUpload:
@@ -44,5 +57,7 @@ async def upload_code(
 
 
 @router.get("/code/{code_id}", response_model=CodeUpload, name="code.get")
-def get_code(code_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> CodeUpload:
+def get_code(
+    code_id: Annotated[str, CodeIdPath], c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+) -> CodeUpload:
     return svc.get_code(p.db, c, code_id)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
+from dlcloud.api.params import JobPath
 from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection
 from dlcloud.services import jobs as svc
 from dlcloud.services.auth import Caller
@@ -13,6 +16,7 @@ from dlcloud.services.logs import open_log_stream
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
+JobName = Annotated[str, JobPath]
 
 
 @router.post("/jobs", response_model=Job, status_code=status.HTTP_201_CREATED, name="jobs.submit")
@@ -35,25 +39,25 @@ def list_jobs(
 
 
 @router.get("/jobs/{name}", response_model=JobDetail, name="jobs.describe")
-async def describe_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> JobDetail:
+async def describe_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> JobDetail:
     # async, not a plain ``def``: describe is polled hard, and FastAPI would run a sync endpoint in the
     # thread pool and then validate its result in the thread pool again
     return await run_read(p, svc.describe_job, p, c, name)
 
 
 @router.post("/jobs/{name}/cancel", response_model=Job, name="jobs.cancel")
-def cancel_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Job:
+def cancel_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Job:
     return svc.cancel_job(p, c, name)
 
 
 @router.delete("/jobs/{name}", status_code=status.HTTP_204_NO_CONTENT, name="jobs.delete")
-def delete_job(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
     svc.delete_job(p, c, name)
 
 
 @router.get("/jobs/{name}/logs", name="jobs.logs", response_class=StreamingResponse)
 async def job_logs(
-    name: str,
+    name: JobName,
     follow: bool = Query(False),
     tail: int | None = Query(None, ge=0, le=1_000_000),
     section: LogSection = Query(LogSection.ALL, description="only the lines of the pre, main or post phase"),

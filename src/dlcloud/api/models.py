@@ -6,11 +6,22 @@ write it ``OWNER/NAME``); without ``owner`` a name is the caller's tenant's.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud import signing
 from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.params import (
+    DeploymentPath,
+    LabelPath,
+    NamePath,
+    OwnerQuery,
+    TenantPath,
+    UploadIdPath,
+    VersionRefPath,
+)
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.models import (
     ARTIFACT_NAME_HEADER,
@@ -32,8 +43,13 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-Owner = Query(None, max_length=63, description="Tenant that owns a model shared with yours (default: your own).")
+Owner = OwnerQuery
 Version = Path(..., ge=1, le=999_999_999)
+ModelName = Annotated[str, NamePath]
+Label = Annotated[str, LabelPath]
+TenantName = Annotated[str, TenantPath]
+Deployment = Annotated[str, DeploymentPath]
+UploadId = Annotated[str, UploadIdPath]
 
 
 @router.post("/model-uploads", response_model=ModelUpload, status_code=status.HTTP_201_CREATED, name="models.upload")
@@ -57,7 +73,7 @@ async def upload_artifact(
 
 
 @router.delete("/model-uploads/{upload_id}", status_code=status.HTTP_204_NO_CONTENT, name="models.upload_delete")
-def delete_upload(upload_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_upload(upload_id: UploadId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
     svc.delete_upload(p, c, upload_id)
 
 
@@ -83,34 +99,36 @@ def list_models(c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 
 @router.get("/models/{name}", response_model=ModelDetail, name="models.describe")
 def describe_model(
-    name: str, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> ModelDetail:
     return svc.describe_model(p, c, name, owner)
 
 
 @router.delete("/models/{name}", status_code=status.HTTP_204_NO_CONTENT, name="models.delete")
 def delete_model(
-    name: str, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> None:
     svc.delete_model(p, c, name, owner)
 
 
 @router.get("/models/{name}/versions", response_model=list[ModelVersion], name="models.versions")
 def list_versions(
-    name: str, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> list[ModelVersion]:
     return svc.list_versions(p, c, name, owner)
 
 
-@router.get("/models/{name}/versions/{ref}", response_model=ModelVersion, name="models.version")
+# ``{version}`` in every path under /versions/: OpenAPI reads /versions/{ref} and /versions/{version} as one
+# template with two names, which is not allowed; GET takes a number, a label or 'latest', DELETE a number
+@router.get("/models/{name}/versions/{version}", response_model=ModelVersion, name="models.version")
 def get_version(
-    name: str,
-    ref: str = Path(..., description="A version number, a label or 'latest'."),
+    name: ModelName,
+    version: Annotated[str, VersionRefPath],
     owner: str | None = Owner,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelVersion:
-    return svc.get_version(p, c, name, ref, owner)
+    return svc.get_version(p, c, name, version, owner)
 
 
 @router.delete(
@@ -118,7 +136,7 @@ def get_version(
 )
 def delete_version(
     request: Request,
-    name: str,
+    name: ModelName,
     version: int = Version,
     owner: str | None = Owner,
     c: Caller = Depends(caller),
@@ -128,20 +146,20 @@ def delete_version(
     svc.delete_version(p, c, name, version, owner)
 
 
-@router.get("/models/{name}/versions/{ref}/artifact", name="models.download", response_class=StreamingResponse)
+@router.get("/models/{name}/versions/{version}/artifact", name="models.download", response_class=StreamingResponse)
 def download_artifact(
-    name: str,
-    ref: str = Path(..., description="A version number, a label or 'latest'."),
+    name: ModelName,
+    version: Annotated[str, VersionRefPath],
     owner: str | None = Owner,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> StreamingResponse:
-    version, stream = svc.open_artifact(p, c, name, ref, owner)
+    found, stream = svc.open_artifact(p, c, name, version, owner)
     headers = {
-        ARTIFACT_SHA256_HEADER: version.sha256,
-        ARTIFACT_NAME_HEADER: version.artifact,
-        VERSION_HEADER: str(version.version),
-        "Content-Disposition": f'attachment; filename="{name}-v{version.version}.tar.gz"',
+        ARTIFACT_SHA256_HEADER: found.sha256,
+        ARTIFACT_NAME_HEADER: found.artifact,
+        VERSION_HEADER: str(found.version),
+        "Content-Disposition": f'attachment; filename="{name}-v{found.version}.tar.gz"',
     }
     return StreamingResponse(stream, media_type="application/gzip", headers=headers)
 
@@ -149,8 +167,8 @@ def download_artifact(
 @router.put("/models/{name}/labels/{label}", response_model=ModelLabel, name="models.set_label")
 def set_label(
     request: Request,
-    name: str,
-    label: str,
+    name: ModelName,
+    label: Label,
     body: LabelSet,
     owner: str | None = Owner,
     c: Caller = Depends(caller),
@@ -163,8 +181,8 @@ def set_label(
 @router.delete("/models/{name}/labels/{label}", status_code=status.HTTP_204_NO_CONTENT, name="models.remove_label")
 def remove_label(
     request: Request,
-    name: str,
-    label: str,
+    name: ModelName,
+    label: Label,
     owner: str | None = Owner,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
@@ -176,8 +194,8 @@ def remove_label(
 @router.post("/models/{name}/shares/{tenant}", response_model=ModelShare, name="models.share")
 def share_model(
     request: Request,
-    name: str,
-    tenant: str,
+    name: ModelName,
+    tenant: TenantName,
     owner: str | None = Owner,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
@@ -189,8 +207,8 @@ def share_model(
 @router.delete("/models/{name}/shares/{tenant}", status_code=status.HTTP_204_NO_CONTENT, name="models.unshare")
 def unshare_model(
     request: Request,
-    name: str,
-    tenant: str,
+    name: ModelName,
+    tenant: TenantName,
     owner: str | None = Owner,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
@@ -204,7 +222,7 @@ def unshare_model(
 )
 def record_deployment(
     request: Request,
-    name: str,
+    name: ModelName,
     body: DeploymentLease,
     version: int = Version,
     owner: str | None = Owner,
@@ -225,8 +243,8 @@ def record_deployment(
 )
 def release_deployment(
     request: Request,
-    name: str,
-    deployment: str,
+    name: ModelName,
+    deployment: Deployment,
     version: int = Version,
     owner: str | None = Owner,
     c: Caller = Depends(caller),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from dlcloud.api.deps import caller, get_platform, set_audit_resource
+from dlcloud.api.params import KeyPath, TenantPath
 from dlcloud.schemas.common import Name
 from dlcloud.schemas.tenants import Tenant, TenantCreate, TenantUpdate
 from dlcloud.schemas.users import AccessKey, AccessKeyCreated, KeyCreate, User, UserCreate, Whoami
@@ -14,7 +17,8 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-KeyId = str
+KeyId = Annotated[str, KeyPath]
+TenantName = Annotated[str, TenantPath]
 
 
 @router.get("/whoami", response_model=Whoami, name="whoami")
@@ -36,13 +40,13 @@ def list_tenants(c: Caller = Depends(caller), p: Platform = Depends(get_platform
 
 
 @router.get("/tenants/{name}", response_model=Tenant, name="tenants.get")
-def get_tenant(name: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Tenant:
+def get_tenant(name: TenantName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Tenant:
     return svc.get_tenant(p.db, c, name)
 
 
 @router.patch("/tenants/{name}", response_model=Tenant, name="tenants.update")
 def update_tenant(
-    name: str, body: TenantUpdate, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: TenantName, body: TenantUpdate, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> Tenant:
     return svc.update_tenant(p.db, c, name, body)
 
@@ -82,15 +86,15 @@ def list_keys(
 
 
 @router.post("/keys/{key_id}/disable", response_model=AccessKey, name="keys.disable")
-def disable_key(key_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> AccessKey:
+def disable_key(key_id: KeyId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> AccessKey:
     return svc.set_key_enabled(p.db, c, key_id, False)
 
 
 @router.post("/keys/{key_id}/enable", response_model=AccessKey, name="keys.enable")
-def enable_key(key_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> AccessKey:
+def enable_key(key_id: KeyId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> AccessKey:
     return svc.set_key_enabled(p.db, c, key_id, True)
 
 
 @router.delete("/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT, name="keys.delete")
-def delete_key(key_id: str, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_key(key_id: KeyId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
     svc.delete_key(p.db, c, key_id)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_MEMORY_BYTES = 16 * 1024**4  # 16 TiB: anything more is a typo
@@ -36,7 +37,10 @@ def _check_name(value: str) -> str:
     return value
 
 
-Name = Annotated[str, Field(min_length=1, max_length=63), AfterValidator(_check_name)]
+# the pattern is checked by ``_check_name`` (for its message) and published in the JSON schema for clients
+Name = Annotated[
+    str, Field(min_length=1, max_length=63, json_schema_extra={"pattern": NAME_RE.pattern}), AfterValidator(_check_name)
+]
 
 
 def parse_memory(value: Any) -> int:
@@ -99,14 +103,70 @@ def format_memory(n: int | None) -> str:
     return str(n)
 
 
-MemoryBytes = Annotated[int, BeforeValidator(parse_memory)]
-DurationSeconds = Annotated[float, BeforeValidator(parse_duration)]
+def _json_number(value: Any) -> Any:
+    # pydantic's lax mode reads true as 1 and "2" as 2; JSON Schema's integer and number are neither
+    if isinstance(value, bool | str):
+        raise ValueError(f"must be a number, got {value!r}")
+    return value
+
+
+# put last in ``Annotated[int | float, Field(...), JSON_NUMBER]``: an integer / a number as JSON Schema means
+# it, 2 and 2.0 but never true or "2" (last, so that the bounds still reach the JSON schema)
+JSON_NUMBER = BeforeValidator(_json_number)
+# what a request may send (the parsers accept a little more: spaces, upper-case units); responses are numbers
+_MEMORY_JSON = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_BYTES},
+        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?)?[bB]?$", "examples": ["4Gi", "512Mi"]},
+    ]
+}
+_UNIT = r"[0-9]+(\.[0-9]+)?(ms|s|m|h|d)"
+_DURATION_JSON = {
+    "anyOf": [
+        {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_SECONDS},
+        {"type": "string", "pattern": rf"^([0-9]+(\.[0-9]+)?|({_UNIT})+)$", "examples": ["90s", "2h", "1h30m"]},
+    ]
+}
+MemoryBytes = Annotated[int, BeforeValidator(parse_memory), WithJsonSchema(_MEMORY_JSON, mode="validation")]
+DurationSeconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_JSON, mode="validation")]
+
+_ISO_DATE_RE = re.compile(r"^\s*[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _iso_time(value: Any) -> Any:
+    # pydantic reads "0" and 1795218536 as Unix times; the API takes ISO 8601 times only
+    if isinstance(value, datetime) or (isinstance(value, str) and _ISO_DATE_RE.match(value)):
+        return value
+    raise ValueError(f"must be an ISO 8601 time such as 2026-11-01T00:00:00Z, got {value!r}")
+
+
+def _utc(value: datetime) -> datetime:
+    """An aware time in UTC (a time without an offset is UTC)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59-01:00 is past year 9999 in UTC
+        raise ValueError(f"{value.isoformat()} is out of range") from None
+
+
+# an ISO 8601 time (the date alone means midnight), returned in UTC; never a number
+IsoTime = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(_utc)]
 
 
 class Request(BaseModel):
     """Base of request models: unknown fields are an error."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def exactly_one_of(**fields: str) -> ConfigDict:
+    """``model_config`` of a request model that needs exactly one of ``fields`` (name=JSON type), for the JSON
+    schema (clients validating with it); the model's own validator enforces it."""
+    one_of: list[JsonValue] = [
+        {"required": [name], "properties": {name: {"type": kind}}} for name, kind in fields.items()
+    ]
+    return ConfigDict(json_schema_extra={"oneOf": one_of})
 
 
 class Response(BaseModel):

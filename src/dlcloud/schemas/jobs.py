@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from dlcloud.schemas.common import DurationSeconds, MemoryBytes, Name, Request, Response
+from dlcloud.schemas.common import DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
 
 MAX_COMMAND = 16_384
 EnvKey = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -106,6 +106,8 @@ FRAMEWORK_GROUPS: dict[str, tuple[str, ...]] = {
 
 class JobSpec(Request):
     """What a user submits. ``code`` is an uploaded code id (the CLI uploads directories first)."""
+
+    model_config = exactly_one_of(command="string", module="string")  # checked by _command_or_module
 
     name: Name
     code: Annotated[str, Field(min_length=1, max_length=64)] | None = None

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from dlcloud.schemas.common import Name, Request, Response
+from dlcloud.schemas.common import Name, Request, Response, exactly_one_of
 
 LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 RESERVED_LABELS = frozenset({"latest"})
@@ -70,8 +70,10 @@ class ModelRegister(Request):
     ``format`` is checked by the service so an unknown name gets the ``unknown_format`` error.
     """
 
+    model_config = exactly_one_of(upload="string", from_job="object")  # checked by _one_source
+
     name: Name
-    format: Annotated[str, Field(min_length=1, max_length=32)]
+    format: Annotated[str, Field(min_length=1, max_length=32, json_schema_extra={"enum": list(FORMATS)})]
     upload: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     from_job: FromJob | None = None
     signature: dict[str, Any] | None = None

@@ -7,11 +7,12 @@ from typing import Annotated
 
 from pydantic import Field
 
-from dlcloud.schemas.common import MemoryBytes, Name, Request, Response
+from dlcloud.schemas.common import JSON_NUMBER, MemoryBytes, Name, Request, Response
 
-GpuCount = Annotated[int, Field(ge=0, le=100_000)]
-CpuCount = Annotated[float, Field(ge=0, le=1_000_000)]
-JobCount = Annotated[int, Field(ge=0, le=10_000_000)]
+# quotas are numbers: ``{"gpus": true}`` is refused, not read as 1
+GpuCount = Annotated[int, Field(ge=0, le=100_000), JSON_NUMBER]
+CpuCount = Annotated[float, Field(ge=0, le=1_000_000), JSON_NUMBER]
+JobCount = Annotated[int, Field(ge=0, le=10_000_000), JSON_NUMBER]
 
 
 class QuotaSpec(Request):
