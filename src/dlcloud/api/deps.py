@@ -24,7 +24,9 @@ async def _authenticate(request: Request, body_sha256: str | None) -> Caller:
     verifier: BatchVerifier = request.app.state.verifier
     signed = SignedRequest(
         method=request.method,
-        path=request.url.path,
+        # the percent-decoded path as received (docs/api-auth.md); not request.url.path, which parses the
+        # decoded path again as a URL and so cuts it at a decoded '?' or '#' (/jobs/a%3Fb)
+        path=request.scope.get("root_path", "") + request.scope["path"],
         query=request.url.query,
         headers={k.lower(): v for k, v in request.headers.items()},
         body_sha256=body_sha256,
