@@ -35,6 +35,7 @@ class Server:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. DLCLOUD_DATABASE_URL
+    run_as: int | None = None  # a uid (= gid) to run the server as, from root (setpriv)
 
     @property
     def endpoint(self) -> str:
@@ -55,8 +56,11 @@ class Server:
     def start(self) -> None:
         (self.root / "home").mkdir(parents=True, exist_ok=True)
         log = (self.root / "server.log").open("ab")
+        argv = [DLCLOUD, "up", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args]
+        if self.run_as is not None:
+            argv = ["setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups", "--", *argv]
         self.proc = subprocess.Popen(
-            [DLCLOUD, "up", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args],
+            argv,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
