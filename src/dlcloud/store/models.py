@@ -333,3 +333,14 @@ class EnvironmentBuildRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class LeadershipRow(Base):
+    """The scheduler leader's fencing token: one row (id 1). Each new leader takes the next epoch, and every
+    write of the control loop checks that the epoch is still its own (``services/leader.py``)."""
+
+    __tablename__ = "leadership"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(255))  # <host>:<pid> of the leader
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -126,7 +126,7 @@ def test_records_launcher_and_child(tmp_path: Path) -> None:
     record = json.loads((attempt_dir / "launcher.json").read_text())
     assert record["pid"] == proc.pid
     assert isinstance(record["proc_start_ticks"], int) and record["proc_start_ticks"] > 0
-    assert record["started_at"].endswith("Z") and record["limits"] in ("cgroup2", "rlimit")
+    assert record["started_at"].endswith("Z") and record["limits"] in ("cgroup2", "cgroup1", "rlimit")
     child = json.loads((attempt_dir / "child.json").read_text())
     assert child["pgid"] == child["pid"] != proc.pid
     assert child["sid"] == proc.pid and child["role"] == "command"
@@ -309,6 +309,10 @@ def test_memory_limit_is_applied(tmp_path: Path) -> None:
     if record["limits"] == "rlimit":  # this machine: no usable cgroup v2 controllers
         data = next(line for line in out if line.startswith("Max data size"))
         assert data.split()[3:5] == [str(limit), str(limit)]
+    elif record["limits"] == "cgroup1":  # root on a cgroup v1 host: memory and cpu controllers
+        name = os.path.basename(record["cgroup"])
+        assert any(":memory:" in line and line.endswith(name) for line in out), out
+        assert not any(os.path.exists(d) for d in record["cgroups"])  # removed at the end
     else:
         assert record["limits"] == "cgroup2"
         assert any(line.startswith("0::") and line.endswith(os.path.basename(record["cgroup"])) for line in out)

@@ -347,8 +347,19 @@ def test_memory_limit_uses_rlimit_without_cgroup2(executor: LocalExecutor, tmp_p
     record = json.loads((attempt_dir / "launcher.json").read_text())
     if record["limits"] == "rlimit":
         assert output(attempt_dir, "stdout")[0].split()[3:5] == [str(limit), str(limit)]
-    else:  # a host with usable cgroup v2: the limit is memory.max, RLIMIT_DATA stays as it was
-        assert record["limits"] == "cgroup2" and record["cgroup"]
+    else:  # a host with usable cgroups: the limit is memory.max / memory.limit_in_bytes, RLIMIT_DATA as it was
+        assert record["limits"] in ("cgroup2", "cgroup1") and record["cgroup"]
+
+
+def test_a_job_over_its_memory_limit_fails_and_cannot_raise_it(executor: LocalExecutor, tmp_path: Path) -> None:
+    limit = 128 * 1024 * 1024
+    attempt_dir = tmp_path / "a"
+    grab = "python3 -c \"b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('grabbed')\""
+    raise_it = "for f in /sys/fs/cgroup/memory/dlcloud-*/memory.limit_in_bytes; do echo -1 > $f && echo raised; done"
+    executor.start(workload(attempt_dir, f"{raise_it}; {grab}", memory_bytes=limit))
+    report = wait_state(executor, attempt_dir, "exited", timeout=60)
+    assert report.exit_code != 0, output(attempt_dir, "stdout")
+    assert "grabbed" not in output(attempt_dir, "stdout") and "raised" not in output(attempt_dir, "stdout")
 
 
 def test_launcher_that_cannot_be_spawned_is_reported_at_once(

@@ -19,7 +19,8 @@ Everything it knows goes to files in the attempt directory, each written atomica
     env (the COMPLETE environment of the phases), code_archive, package, gpus, cpus, memory_bytes,
     timeout_seconds, grace_seconds, python.
 ``launcher.json``
-    {"pid", "proc_start_ticks", "started_at", "limits": "cgroup2" | "rlimit", "cgroup": path | null}.
+    {"pid", "proc_start_ticks", "started_at", "limits": "cgroup2" | "cgroup1" | "rlimit", "cgroup": path | null,
+    "cgroups": [paths]} (cgroup v1: one directory per controller, memory and cpu).
     Written once, right after the signal handlers are installed and before any preparation.
 ``child.json``
     {"pid", "pgid", "sid", "proc_start_ticks", "role": "prepare" | "pre" | "command" | "post"}, rewritten
@@ -256,13 +257,39 @@ def remove_cgroup(path: str) -> None:
             time.sleep(0.02)
 
 
-def _child_setup(cgroup: str | None, data_limit: int) -> Callable[[], None] | None:
-    """The function run in the child between fork and exec: join the cgroup or lower RLIMIT_DATA."""
-    if cgroup is None and data_limit <= 0:
+def create_cgroups_v1(name: str, cpus: float, memory_bytes: int, root: str = "/sys/fs/cgroup") -> list[str] | None:
+    """As root on a cgroup v1 host: ``<root>/memory/<name>`` with memory.limit_in_bytes and
+    ``<root>/cpu/<name>`` with a CFS quota; None when v1 is not usable here (not root, not mounted, no
+    permission). The directories are not in any sandbox's view as writable, so a job cannot change them."""
+    dirs: list[str] = []
+    try:
+        if memory_bytes > 0:
+            mem = os.path.join(root, "memory", name)
+            os.mkdir(mem)
+            dirs.append(mem)
+            _write_file(os.path.join(mem, "memory.limit_in_bytes"), str(memory_bytes))
+            with contextlib.suppress(OSError):  # without swap accounting swap can stretch it: best effort
+                _write_file(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_bytes))
+        if cpus > 0:
+            cpu = os.path.join(root, "cpu", name)
+            os.mkdir(cpu)
+            dirs.append(cpu)
+            _write_file(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write_file(os.path.join(cpu, "cpu.cfs_quota_us"), str(max(1000, int(cpus * CPU_PERIOD_US))))
+    except OSError:
+        for d in dirs:
+            remove_cgroup(d)
+        return None
+    return dirs or None
+
+
+def _child_setup(cgroups: list[str], data_limit: int) -> Callable[[], None] | None:
+    """The function run in the child between fork and exec: join the cgroups or lower RLIMIT_DATA."""
+    if not cgroups and data_limit <= 0:
         return None
 
     def setup() -> None:
-        if cgroup is not None:
+        for cgroup in cgroups:
             _write_file(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()))
         if data_limit > 0:
             _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
@@ -291,7 +318,7 @@ class Launcher:
         self.term_requested = False
         self.grace = 10.0
         self.deadline: float | None = None
-        self.cgroup: str | None = None
+        self.cgroups: list[str] = []  # the attempt's cgroup (v2), or one per controller (v1)
         self.live_pgid: int | None = None  # the group of a started, not yet reaped child
         # workload.json's "sandbox": every process for the job starts under this argv prefix (bwrap), and
         # what the launcher unpacks for it becomes the sandbox uid's; empty / None when unsandboxed
@@ -441,8 +468,10 @@ class Launcher:
         memory_bytes = int(workload.get("memory_bytes", 0))
         safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(workload.get("job_id", "job")))[:64]
         cgroup_name = f"dlcloud-{safe_job}-{workload.get('attempt', 0)}-{os.getpid()}"
-        self.cgroup = create_cgroup(cgroup_name, cpus, memory_bytes)
-        limits = "cgroup2" if self.cgroup else "rlimit"
+        v2 = create_cgroup(cgroup_name, cpus, memory_bytes)
+        v1 = None if v2 is not None or os.geteuid() != 0 else create_cgroups_v1(cgroup_name, cpus, memory_bytes)
+        self.cgroups = [v2] if v2 is not None else v1 or []
+        limits = "cgroup2" if v2 is not None else "cgroup1" if v1 else "rlimit"
         write_json_atomic(
             self.path(LAUNCHER_FILE),
             {
@@ -450,7 +479,8 @@ class Launcher:
                 "proc_start_ticks": proc_start_ticks(os.getpid()),
                 "started_at": utc_now_iso(),
                 "limits": limits,
-                "cgroup": self.cgroup,
+                "cgroup": self.cgroups[0] if self.cgroups else None,
+                "cgroups": self.cgroups,
             },
         )
         if os.path.exists(self.path(STOP_REQUEST_FILE)):
@@ -459,8 +489,8 @@ class Launcher:
         try:
             self.run_attempt(workload, cpus, memory_bytes)
         finally:
-            if self.cgroup is not None:
-                remove_cgroup(self.cgroup)
+            for cgroup in self.cgroups:
+                remove_cgroup(cgroup)
 
     def run_attempt(self, workload: dict[str, Any], cpus: float, memory_bytes: int) -> None:
         env = {str(k): str(v) for k, v in (workload.get("env") or {}).items()}
@@ -473,7 +503,7 @@ class Launcher:
         # Thread pools sized to the CPU share, also under cgroup2: cpu.max throttles, it does not hide CPUs.
         for var in THREAD_VARS:
             env.setdefault(var, str(max(1, math.floor(cpus))))
-        preexec = _child_setup(self.cgroup, 0 if self.cgroup else memory_bytes)
+        preexec = _child_setup(self.cgroups, 0 if self.cgroups else memory_bytes)
 
         if self.term_requested:
             self.stopped = True
@@ -611,9 +641,9 @@ class Launcher:
             signal_group(pgid, signal.SIGTERM)
 
     def finish(self, exit_code: int, message: str) -> None:
-        if self.cgroup is not None:
-            remove_cgroup(self.cgroup)
-            self.cgroup = None
+        for cgroup in self.cgroups:
+            remove_cgroup(cgroup)
+        self.cgroups = []
         write_json_atomic(
             self.path(EXIT_FILE),
             {
