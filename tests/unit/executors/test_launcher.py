@@ -284,12 +284,20 @@ def test_environment_is_exactly_the_workload_env_plus_launcher_variables(tmp_pat
     assert finish(attempt_dir, proc)["exit_code"] == 0
     seen = child_env(attempt_dir)
     assert seen["FOO"] == "bar baz"
-    assert seen["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "1,3"  # unsandboxed: the host's indices
+    assert seen["DLCLOUD_GPUS"] == "1,3"
     assert seen["PYTHONUNBUFFERED"] == "1"
     assert seen["OMP_NUM_THREADS"] == "7"  # the user's setting wins
     assert seen["MKL_NUM_THREADS"] == seen["OPENBLAS_NUM_THREADS"] == "2"
     assert seen["DLCLOUD_PHASE"] == "main"
-    added = {"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "DLCLOUD_PHASE"}
+    added = {
+        "CUDA_VISIBLE_DEVICES",
+        "DLCLOUD_GPUS",
+        "PYTHONUNBUFFERED",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "DLCLOUD_PHASE",
+    }
     set_by_shell = {"PWD", "SHLVL", "_", "OLDPWD"}
     assert set(seen) - set_by_shell == set(env) | added
 
