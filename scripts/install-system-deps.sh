@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages the test suite needs: PostgreSQL (the postgres tier) and Open MPI (MPI jobs, mpi4py).
+# System packages the test suite needs: PostgreSQL (the postgres tier), Open MPI (MPI jobs, mpi4py) and
+# bubblewrap (the sandbox of user code).
 # As root on Debian/Ubuntu it installs what is missing; otherwise it only checks and says what to install.
 # Each part is skipped quickly when already present, so running it again is cheap.
 set -euo pipefail
@@ -51,6 +52,19 @@ elif [ "$can_install" = 1 ]; then
 else
   echo "system deps: Open MPI's mpirun is missing." >&2
   echo "  Install it (Debian: apt-get install openmpi-bin libopenmpi-dev)." >&2
+  missing=1
+fi
+
+# -- bubblewrap (the sandbox every job, build and model inspection runs in; docs/isolation.md) ---------
+if command -v bwrap >/dev/null; then
+  echo "system deps: $(bwrap --version)"
+elif [ "$can_install" = 1 ]; then
+  echo "system deps: installing bubblewrap"
+  apt_install bubblewrap
+  bwrap --version
+else
+  echo "system deps: bubblewrap (bwrap) is missing: jobs of tenants other than the bootstrap one are refused." >&2
+  echo "  Install it (Debian: apt-get install bubblewrap)." >&2
   missing=1
 fi
 

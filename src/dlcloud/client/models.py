@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
 from dlcloud.client.base import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
@@ -273,7 +274,7 @@ class ModelsAPI:
             unpacked = work / "unpacked"
             try:
                 with tarfile.open(archive, "r:gz") as tf:
-                    tf.extractall(unpacked, filter="data")
+                    tarsafe.extractall(tf, unpacked)
                 got = artifact_digest(unpacked / meta["artifact"]).sha256
             except (tarfile.TarError, OSError, ValueError) as exc:
                 raise InvalidArchive(
@@ -325,7 +326,14 @@ class ModelsAPI:
     def heartbeat_deployment(
         self, name: str, version: int, deployment: str, endpoint: str, ttl_seconds: float = 60.0
     ) -> dict[str, Any]:
-        """Create or renew the lease that marks ``version`` as deployed for ``ttl_seconds``."""
+        """Create or renew the lease that marks ``version`` as deployed for ``ttl_seconds``.
+
+        Works on your tenant's models and on models shared with it (``OWNER/NAME``). The lease belongs to
+        you: another user's heartbeat or release of the same name is refused with PermissionDenied.
+
+        Returns:
+            The lease: name, endpoint, tenant, holder, created_at, last_seen, expires_at.
+        """
         model, params = split_name(name)
         body = {"name": deployment, "endpoint": endpoint, "ttl_seconds": ttl_seconds}
         return self._t.request(
@@ -333,6 +341,6 @@ class ModelsAPI:
         )
 
     def release_deployment(self, name: str, version: int, deployment: str) -> None:
-        """End a lease (no error if it expired or never existed)."""
+        """End your lease (no error if it expired or never existed; PermissionDenied if another user holds it)."""
         model, params = split_name(name)
         self._t.request("DELETE", f"{API}/models/{model}/versions/{version}/deployments/{deployment}", params=params)

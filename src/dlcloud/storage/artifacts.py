@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from dlcloud import tarsafe
 from dlcloud.checksums import ArtifactDigest, artifact_digest
 from dlcloud.checksums import verify as verify_checksum
 from dlcloud.errors import DlcloudError, InvalidArchive, InvalidArgument, PayloadTooLarge
@@ -167,7 +168,7 @@ class ArtifactStore:
         staging = self._new_staging()
         try:
             with tarfile.open(archive, mode="r:*") as tf:
-                tf.extractall(staging, filter="data")
+                tarsafe.extractall(tf, staging)
             return StagedArtifact(staging, name, self._checked_digest(staging / name))
         except (tarfile.TarError, EOFError, OSError) as exc:
             remove_tree(staging)

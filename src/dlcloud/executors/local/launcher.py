@@ -909,7 +909,8 @@ def extract_archive(archive: str, dest: str) -> None:
 
 def _safe_members(tar: Any, dest: str) -> Any:
     """What the "data" filter allows, for Pythons before 3.11.4: regular files and directories inside
-    ``dest``, links pointing inside it, no devices or FIFOs; modes without set-id bits, group/other write."""
+    ``dest``, links pointing inside it, no devices or FIFOs; modes without set-id bits, group/other write.
+    The same rules as ``dlcloud.tarsafe`` (the launcher imports nothing of dlcloud; a test runs both)."""
     root = os.path.realpath(dest)
 
     def inside(path: str) -> bool:
