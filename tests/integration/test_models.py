@@ -389,7 +389,6 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
             lambda c=caller: c.models.unshare("acme/mnist", "beta"),
             lambda c=caller: c.models.delete_version("acme/mnist", 1),
             lambda c=caller: c.models.delete("acme/mnist"),
-            lambda c=caller: c.models.heartbeat_deployment("acme/mnist", 1, "svc", "http://x"),
         ):
             err = _errors(change)
             assert (err.code, err.http_status) == ("permission_denied", 403), err.message
@@ -466,6 +465,7 @@ def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path):
     _register(world.alice, "served", f)
     lease = world.alice.models.heartbeat_deployment("served", 1, "mnist-svc", "http://10.0.0.5:8500", 30)
     assert (lease["name"], lease["endpoint"], lease["tenant"]) == ("mnist-svc", "http://10.0.0.5:8500", "acme")
+    assert lease["holder"] == "alice"
     version = world.alice.models.version("served", 1)
     assert version["deployed"] is True and version["deployments"][0]["name"] == "mnist-svc"
     assert world.alice.models.version("served", 2)["deployed"] is False
@@ -497,6 +497,70 @@ def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path):
     assert world.alice.models.version("served", 1)["deployed"] is False
     world.alice.models.delete("served")
     _assert_nothing_stored(env)
+
+
+def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path):
+    env = world.env
+    carl = env.new_tenant_user("gamma", "carl")
+    f = _file(tmp_path, "model.onnx")
+    _register(world.alice, "served", f)
+    world.alice.models.share("served", "beta")
+
+    # beta serves acme/served: its lease keeps the owner from deleting the version
+    lease = world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 30)
+    assert (lease["name"], lease["tenant"], lease["holder"]) == ("edge", "beta", "bob")
+    for delete in (lambda: world.alice.models.delete_version("served", 1), lambda: world.anna.models.delete("served")):
+        err = _errors(delete)
+        assert (err.code, err.http_status) == ("model_deployed", 409)
+        assert err.details["deployments"] == [
+            {"version": 1, "name": "edge", "tenant": "beta", "expires_at": err.details["deployments"][0]["expires_at"]}
+        ]
+
+    # lease names are per tenant: acme's own "edge" is another lease
+    world.alice.models.heartbeat_deployment("served", 1, "edge", "http://10.0.0.5:8000", 30)
+    seen_by_owner = world.alice.models.version("served", 1)["deployments"]
+    assert [(d["tenant"], d["holder"]) for d in seen_by_owner] == [("acme", "alice"), ("beta", None)]
+    seen_by_beta = world.bob.models.version("acme/served", 1)
+    assert [(d["tenant"], d["endpoint"]) for d in seen_by_beta["deployments"]] == [("beta", "http://10.1.0.5:8000")]
+    assert seen_by_beta["deployed"] is True
+
+    # a lease belongs to its holder: another user of the tenant cannot renew or release it
+    for other in (
+        lambda: world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://evil:1", 30),
+        lambda: world.bella.models.release_deployment("acme/served", 1, "edge"),
+        lambda: world.amy.models.release_deployment("served", 1, "edge"),
+    ):
+        err = _errors(other)
+        assert (err.code, err.http_status) == ("permission_denied", 403)
+        assert "is held by user" in err.message and "only its holder" in err.message
+    # ... and another tenant's release never reaches it (its own "edge" does not exist: nothing to do)
+    world.alice.models.release_deployment("served", 1, "edge")
+    world.alice.models.release_deployment("served", 1, "edge")
+    [left] = world.alice.models.version("served", 1)["deployments"]
+    assert (left["tenant"], left["endpoint"]) == ("beta", "http://10.1.0.5:8000")
+    # a tenant the model is not shared with cannot lease it
+    err = _errors(lambda: carl.models.heartbeat_deployment("acme/served", 1, "edge", "http://x", 30))
+    assert (err.code, err.http_status) == ("model_not_found", 404)
+
+    # unsharing ends beta's leases, and beta can no longer lease the model
+    world.alice.models.unshare("served", "beta")
+    assert world.alice.models.version("served", 1)["deployed"] is False
+    err = _errors(lambda: world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://x", 30))
+    assert err.code == "model_not_found"
+
+    # an expired lease of beta no longer blocks anything, and its name is free again
+    world.alice.models.share("served", "beta")
+    world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 0.3)
+    assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
+    time.sleep(0.5)
+    assert world.alice.models.version("served", 1)["deployed"] is False
+    assert world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.6:8000", 0.3)["holder"] == (
+        "bella"
+    )
+    time.sleep(0.5)
+    world.alice.models.delete("served")
+    with env.platform.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(ModelDeploymentRow)) == 0
 
 
 def test_registry_changes_are_audited(world, tmp_path):

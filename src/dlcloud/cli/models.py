@@ -70,6 +70,16 @@ def _source(v: dict[str, Any]) -> str:
     return "upload"
 
 
+def _deployments(v: dict[str, Any]) -> str:
+    leases = [
+        f"{d['name']} ({d['endpoint']}, {d['tenant']}{'/' + d['holder'] if d.get('holder') else ''})"
+        for d in v["deployments"]
+    ]
+    if leases:
+        return ", ".join(leases)
+    return "yes (by another tenant)" if v["deployed"] else "no"
+
+
 def _tensors(specs: list[dict[str, Any]]) -> str:
     return ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in specs) or "-"
 
@@ -77,6 +87,7 @@ def _tensors(specs: list[dict[str, Any]]) -> str:
 VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("VERSION", "version"),
     ("FORMAT", "format"),
+    ("CODE", lambda v: "yes" if v["executes_code"] else "no"),
     ("ARTIFACT", "artifact"),
     ("SIZE", lambda v: _size(v["size_bytes"])),
     ("SHA256", lambda v: v["sha256"][:12]),
@@ -159,6 +170,11 @@ def register(
     )
     if version["signature"] is None:
         err_console.print("signature: not declared (could not be inferred; give --signature FILE to declare it)")
+    if version["executes_code"]:
+        err_console.print(
+            f"format {version['format']} runs its author's code when loaded: a tenant you share it with serves it "
+            f"only with --trust-code {version['owner']}/{version['model'].rpartition('/')[2]}"
+        )
 
 
 @app.command("list")
@@ -193,6 +209,7 @@ def _describe_version(v: dict[str, Any], output: Output) -> None:
         ("Model", v["model"]),
         ("Version", v["version"]),
         ("Format", v["format"]),
+        ("Executes code", "yes: loading it runs its author's code" if v["executes_code"] else "no"),
         ("Artifact", v["artifact"]),
         ("Size", _size(v["size_bytes"])),
         ("SHA256", v["sha256"]),
@@ -207,7 +224,7 @@ def _describe_version(v: dict[str, Any], output: Output) -> None:
         ("Description", v["description"] or "-"),
         ("Created by", v["created_by"]),
         ("Created", short_time(v["created_at"])),
-        ("Deployed", ", ".join(f"{d['name']} ({d['endpoint']})" for d in v["deployments"]) or "no"),
+        ("Deployed", _deployments(v)),
     ]
     render_fields(v, output, fields)
 

@@ -3,7 +3,10 @@
 Vocabulary: a *model* is a name in a tenant; each registration adds an immutable *version* (1, 2, ...)
 holding one *artifact* (a file or a directory tree) with its checksum, signature and metrics. A *label*
 (``staging``, ``production``, ...) points at exactly one version of a model. A *share* lets another
-tenant read a model. A *deployment lease* marks a version as served until it expires.
+tenant read a model. A *deployment lease* marks a version as served until it expires; it belongs to the
+user (and tenant) whose model server holds it. A format *executes code* when loading an artifact of it runs
+code its author wrote (a pickle, a Python predictor): such versions are flagged, and another tenant serves
+them only after trusting the owner explicitly (``dlcloud serve --trust-code OWNER/NAME``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ class ModelFormat(StrEnum):
 
 
 FORMATS: tuple[str, ...] = tuple(f.value for f in ModelFormat)
+# formats whose loading runs code the artifact's author wrote: a pickle (joblib included) or Python modules.
+# TorchScript, ONNX, XGBoost's JSON/UBJ and SavedModel graphs are data read by their runtimes.
+CODE_FORMATS: frozenset[str] = frozenset({ModelFormat.SKLEARN.value, ModelFormat.PYTHON.value})
+
+
+def executes_code(fmt: str) -> bool:
+    """Whether loading an artifact of format ``fmt`` runs code its author wrote (an unknown format counts)."""
+    return fmt in CODE_FORMATS or fmt not in FORMATS
 
 
 def check_label(value: str) -> str:
@@ -118,7 +129,8 @@ class ModelUpload(Response):
 class ModelDeployment(Response):
     name: str
     endpoint: str
-    tenant: str
+    tenant: str  # the tenant whose model server holds the lease
+    holder: str | None  # the user holding it; shown to that user's tenant only
     created_at: datetime
     last_seen: datetime
     expires_at: datetime
@@ -129,6 +141,7 @@ class ModelVersion(Response):
     owner: str
     version: int
     format: str
+    executes_code: bool  # loading it runs code its author wrote (derived from the format)
     artifact: str
     sha256: str
     size_bytes: int
@@ -141,8 +154,8 @@ class ModelVersion(Response):
     created_at: datetime
     description: str
     labels: list[str]
-    deployments: list[ModelDeployment]
-    deployed: bool
+    deployments: list[ModelDeployment]  # the owner sees every live lease; a tenant it is shared with its own
+    deployed: bool  # some lease is live: the version cannot be deleted
 
 
 class Model(Response):

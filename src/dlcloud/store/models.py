@@ -291,13 +291,22 @@ class ModelShareRow(Base):
 
 
 class ModelDeploymentRow(Base):
-    """A deployment lease: the version counts as deployed while ``expires_at`` is in the future."""
+    """A deployment lease: the version counts as deployed while ``expires_at`` is in the future.
+
+    A lease is named per holding tenant (two tenants' servers may pick the same name) and belongs to the user
+    who created it: only that user renews or releases it. ``holder_id`` is empty for leases created before
+    holders were recorded; the first renewal from the holding tenant adopts them.
+    """
 
     __tablename__ = "model_deployments"
-    __table_args__ = (UniqueConstraint("model_version_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("model_version_id", "tenant_id", "name", name="uq_model_deployments_version_tenant_name"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model_version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
     tenant_id: Mapped[str] = mapped_column(String(32))  # the tenant whose model server holds the lease
+    holder_id: Mapped[str] = mapped_column(String(32))  # the user who holds it
+    holder_key: Mapped[str] = mapped_column(String(64))  # the access key of its last heartbeat
     name: Mapped[str] = mapped_column(String(128))
     endpoint: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -154,7 +154,7 @@ def get_label(s: Session, model_id: str, label: str) -> ModelLabelRow | None:
 def live_deployments(
     s: Session, version_ids: Iterable[str], now: datetime
 ) -> dict[str, list[tuple[ModelDeploymentRow, str]]]:
-    """version id -> [(unexpired lease, holder's tenant name)] sorted by deployment name."""
+    """version id -> [(unexpired lease, holder's tenant name)] sorted by deployment name, then tenant."""
     ids = list(version_ids)
     out: dict[str, list[tuple[ModelDeploymentRow, str]]] = {i: [] for i in ids}
     if not ids:
@@ -163,18 +163,31 @@ def live_deployments(
         select(ModelDeploymentRow, TenantRow.name)
         .join(TenantRow, TenantRow.id == ModelDeploymentRow.tenant_id)
         .where(ModelDeploymentRow.model_version_id.in_(ids), ModelDeploymentRow.expires_at > now)
-        .order_by(ModelDeploymentRow.name)
+        .order_by(ModelDeploymentRow.name, TenantRow.name)
     )
     for row, tenant in s.execute(q):
         out[row.model_version_id].append((row, tenant))
     return out
 
 
-def get_deployment(s: Session, version_id: str, name: str) -> ModelDeploymentRow | None:
+def get_deployment(s: Session, version_id: str, tenant_id: str, name: str) -> ModelDeploymentRow | None:
+    """The lease ``name`` that tenant ``tenant_id`` holds on a version (lease names are per holding tenant)."""
     q = select(ModelDeploymentRow).where(
-        ModelDeploymentRow.model_version_id == version_id, ModelDeploymentRow.name == name
+        ModelDeploymentRow.model_version_id == version_id,
+        ModelDeploymentRow.tenant_id == tenant_id,
+        ModelDeploymentRow.name == name,
     )
     return s.scalars(q).first()
+
+
+def delete_tenant_deployments(s: Session, model_id: str, tenant_id: str) -> None:
+    """End every lease ``tenant_id`` holds on the versions of a model (the model is no longer shared with it)."""
+    versions = select(ModelVersionRow.id).where(ModelVersionRow.model_id == model_id)
+    s.execute(
+        delete(ModelDeploymentRow).where(
+            ModelDeploymentRow.tenant_id == tenant_id, ModelDeploymentRow.model_version_id.in_(versions)
+        )
+    )
 
 
 def delete_expired_deployments(s: Session, version_id: str, now: datetime) -> None:
