@@ -25,6 +25,7 @@ HTTP_STATUS: dict[str, int] = {
     "clock_skew": 401,
     "replayed_nonce": 401,
     "permission_denied": 403,
+    "untrusted_code": 403,
     "isolation_unavailable": 403,
     "not_found": 404,
     "model_not_found": 404,
@@ -122,6 +123,12 @@ class ModelDeployed(InvalidState):
     code = "model_deployed"
 
 
+class UntrustedCode(PermissionDenied):
+    """Serving another tenant's model whose format runs code, without trusting it (``--trust-code``)."""
+
+    code = "untrusted_code"
+
+
 class InvalidSignature(InvalidArgument):
     code = "invalid_signature"
 
@@ -147,6 +154,7 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         ModelNotFound,
         ModelVersionNotFound,
         ModelDeployed,
+        UntrustedCode,
         InvalidSignature,
         UnknownFormat,
     )

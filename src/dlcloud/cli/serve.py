@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,6 +21,11 @@ def serve(
     registry: list[str] = typer.Option(
         [], "--registry", "-r", help="Serve a registry model: NAME, OWNER/NAME or NAME@LABEL; repeat for several."
     ),
+    trust_code: list[str] = typer.Option(
+        [],
+        "--trust-code",
+        help="OWNER/NAME: trust a model another tenant shares (run its code, follow its label); repeatable.",
+    ),
     cache_dir: Path = typer.Option(
         Path("~/.cache/dlcloud/models"), "--cache-dir", help="Where registry versions are downloaded."
     ),
@@ -32,6 +39,9 @@ def serve(
         None, "--max-queue-delay", help="Wait this long for a batch to fill, e.g. 2ms [default: 0, run at once]."
     ),
     max_queue_size: int | None = typer.Option(None, "--max-queue-size", help="Queued requests before 429."),
+    max_queue_bytes: str | None = typer.Option(
+        None, "--max-queue-bytes", help="Queued input bytes per version before 429, e.g. 256Mi [default: 1Gi]."
+    ),
     request_timeout: str | None = typer.Option(None, "--request-timeout", help="Longest wait in the queue, e.g. 2s."),
     instances: int | None = typer.Option(None, "--instances", help="Batches of one model that may run at once."),
     versions: str | None = typer.Option(None, "--versions", help="Version policy: latest, latest:N, all or 1,3."),
@@ -39,7 +49,10 @@ def serve(
         None, "--watch-interval", help="Rescan model directories for new versions this often (0: never)."
     ),
     admin_token: str | None = typer.Option(
-        None, "--admin-token", envvar="DLCLOUD_SERVE_ADMIN_TOKEN", help="Bearer token for the load/unload endpoints."
+        None,
+        "--admin-token",
+        envvar="DLCLOUD_SERVE_ADMIN_TOKEN",
+        help="Bearer token (16+ characters) for the load/unload endpoints; required off 127.0.0.1.",
     ),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One JSON line per request."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
@@ -61,9 +74,19 @@ def serve(
 
       dlcloud serve --registry fraud@production --registry team-a/ranker --port 8000
 
+      dlcloud serve --registry team-a/churn@production --trust-code team-a/churn
+
+      dlcloud serve -m clf=./clf.joblib --host 0.0.0.0 --admin-token "$(openssl rand -hex 16)"
+
     With --registry the server follows the registry (credentials from 'dlcloud configure'): the versions it
     names (all of them, or the one behind the label) are downloaded, checksum-verified and swapped in as the
     registry changes; the served versions are marked deployed, so they cannot be deleted meanwhile.
+
+    A model another tenant shares (OWNER/NAME) is served as it is at start, its label moves not followed,
+    unless you trust it with --trust-code OWNER/NAME; a shared sklearn or python model (their loading runs
+    the owner's code) is refused without it.
+
+    Listening on anything but a loopback address needs --admin-token.
     """
     from dlcloud.serving.config import ConfigError, build_config
 
@@ -73,6 +96,7 @@ def serve(
             "max_batch_size": max_batch_size,
             "max_queue_delay": max_queue_delay,
             "max_queue_size": max_queue_size,
+            "max_queue_bytes": max_queue_bytes,
             "timeout": request_timeout,
             "instances": instances,
         }.items()
@@ -86,20 +110,27 @@ def serve(
         "admin_token": admin_token,
         "access_log": access_log,
     }
-    mirrors = _registry_mirrors(ctx, registry, cache_dir, host or "127.0.0.1", port or 8000)
-    extra = [
-        {"name": m.local_name, "path": str(m.root), "format": m.first_format(), "versions": "all"} for m in mirrors
-    ]
+    settings: dict[str, Any] = {
+        "config_file": config,
+        "overrides": overrides,
+        "batching": batching,
+        "versions": versions,
+    }
     try:
-        cfg = build_config(
-            config_file=config,
-            model_flags=model,
-            overrides=overrides,
-            batching=batching,
-            versions=versions,
-            extra_models=extra,
-        )
+        build_config(model_flags=model, **settings)  # refuse a bad configuration before touching the registry
     except ConfigError as exc:
+        err_console.print(f"[red]error (invalid_config):[/red] {exc}")
+        raise typer.Exit(2) from None
+    trusted = _trusted_refs(trust_code, registry)
+    mirrors = _registry_mirrors(ctx, registry, trusted, cache_dir, host or "127.0.0.1", port or 8000)
+    try:
+        extra = [
+            {"name": m.local_name, "path": str(m.root), "format": m.first_format(), "versions": "all"} for m in mirrors
+        ]
+        cfg = build_config(model_flags=model, extra_models=extra, **settings)
+    except ConfigError as exc:
+        for mirror in mirrors:
+            mirror.release()
         err_console.print(f"[red]error (invalid_config):[/red] {exc}")
         raise typer.Exit(2) from None
     if not cfg.models:
@@ -141,7 +172,36 @@ def serve(
             follower.stop()
 
 
-def _registry_mirrors(ctx: typer.Context, refs: list[str], cache_dir: Path, host: str, port: int) -> list:
+def _trusted_refs(trust_code: list[str], registry: list[str]) -> set[str]:
+    """The OWNER/NAME references of --trust-code, each of which must name a --registry model."""
+    from dlcloud.client.mirror import parse_registry_ref
+
+    served = set()
+    for value in registry:
+        with contextlib.suppress(ValueError):  # reported with the mirrors
+            served.add(parse_registry_ref(value)[0])
+    trusted = set()
+    for value in trust_code:
+        owner, sep, name = value.partition("/")
+        if not sep or not owner or not name or "/" in name or "@" in value:
+            err_console.print(
+                f"[red]error (invalid_config):[/red] --trust-code {value!r} must name a model another tenant "
+                "shares with yours as OWNER/NAME (no label: trust covers every version)"
+            )
+            raise typer.Exit(2)
+        if value not in served:
+            err_console.print(
+                f"[red]error (invalid_config):[/red] --trust-code {value} names no --registry model; served: "
+                + (", ".join(sorted(served)) or "none")
+            )
+            raise typer.Exit(2)
+        trusted.add(value)
+    return trusted
+
+
+def _registry_mirrors(
+    ctx: typer.Context, refs: list[str], trusted: set[str], cache_dir: Path, host: str, port: int
+) -> list:
     """Download what each --registry reference names, before the server starts (with a progress line)."""
     if not refs:
         return []
@@ -152,7 +212,7 @@ def _registry_mirrors(ctx: typer.Context, refs: list[str], cache_dir: Path, host
     from dlcloud.errors import DlcloudError
 
     api = client(ctx)
-    mirrors = []
+    mirrors: list[RegistryMirror] = []
     for value in refs:
         try:
             ref, label = parse_registry_ref(value)
@@ -167,14 +227,22 @@ def _registry_mirrors(ctx: typer.Context, refs: list[str], cache_dir: Path, host
             root,
             deployment=f"{socket.gethostname()}-{port}",
             endpoint=f"http://{host}:{port}",
+            trusted=ref in trusted,
         )
         with err_console.status(f"fetching {value} from the registry..."):
             try:
                 mirror.sync()
             except DlcloudError as exc:
+                for started in mirrors:  # the server will not start: end the leases taken so far
+                    started.release()
                 err_console.print(f"[red]error ({exc.code}):[/red] {value}: {exc.message}")
                 raise typer.Exit(1) from None
         versions = ", ".join(str(v) for v in sorted(mirror.on_disk())) or "none"
         err_console.print(f"{value}: version(s) {versions} in {root}")
+        if not mirror.follows:
+            err_console.print(
+                f"{value}: shared by tenant {ref.partition('/')[0]!r} and not trusted: serving these versions as "
+                f"they are; the owner's changes are not followed (--trust-code {ref} to follow them)"
+            )
         mirrors.append(mirror)
     return mirrors

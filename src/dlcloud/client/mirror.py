@@ -5,7 +5,12 @@ downloads the versions the registry wants served (every version, or the one behi
 their checksums (``Models.download``), and moves each into place with one rename, so the server never
 sees half a version. A version the registry no longer wants is removed only once a wanted one is on disk
 (the server then swaps without a gap). While a version is on disk the mirror renews its deployment lease,
-so the registry refuses to delete it.
+so the registry refuses to delete it (also on a model another tenant shares with ours).
+
+Trust: a model another tenant shares with ours is *trusted* only when the user says so (``--trust-code
+OWNER/NAME``). An untrusted shared model is served as it was at the first sync: a label the owner moves and
+versions the owner adds are not followed, and a version whose format runs code when loaded (a pickle, a
+Python predictor) is never downloaded: ``UntrustedCode``. The tenant's own models need no trust.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from dlcloud.client.base import Client
-from dlcloud.errors import DlcloudError
+from dlcloud.errors import DlcloudError, UntrustedCode
+from dlcloud.schemas.models import executes_code
 
 log = logging.getLogger("dlcloud.serving.registry")
 
@@ -42,30 +48,86 @@ class RegistryMirror:
     deployment: str
     endpoint: str
     ttl_seconds: float = 60.0
+    trusted: bool = False  # the user trusts the owner's code and changes (--trust-code OWNER/NAME)
     leases_refused: set[int] = field(default_factory=set)
+    shared: bool | None = None  # another tenant's model (learnt from the registry on the first sync)
+    pinned: dict[int, dict[str, Any]] | None = None  # what an untrusted shared model serves: the first sync's
+    _not_followed: set[int] = field(default_factory=set)
 
     @property
     def local_name(self) -> str:
         return self.ref.rpartition("/")[2]
+
+    @property
+    def follows(self) -> bool:
+        """Whether registry changes (label moves, new versions) are followed: own or trusted models only."""
+        return self._is_shared() is False or self.trusted
+
+    def _is_shared(self) -> bool:
+        if self.shared is None:
+            self.shared = bool(self.client.models.get(self.ref)["shared"])
+        return self.shared
 
     def on_disk(self) -> dict[int, Path]:
         if not self.root.is_dir():
             return {}
         return {int(p.name): p for p in self.root.iterdir() if p.name.isdigit() and p.is_dir()}
 
-    def wanted(self) -> dict[int, dict[str, Any]]:
+    def _registry_wanted(self) -> dict[int, dict[str, Any]]:
         if self.label is not None:
             meta = self.client.models.version(self.ref, self.label)
             return {int(meta["version"]): meta}
         return {int(m["version"]): m for m in self.client.models.versions(self.ref)}
+
+    def wanted(self) -> dict[int, dict[str, Any]]:
+        """The versions to serve: the registry's now, or for an untrusted shared model those of the first call."""
+        current = self._registry_wanted()
+        if self.follows:
+            return current
+        if self.pinned is None:
+            self.pinned = current
+            return current
+        ignored = set(current) - set(self.pinned)
+        if ignored and not ignored <= self._not_followed:
+            self._not_followed |= ignored
+            what = f"label {self.label!r} now points at" if self.label else "the registry now has"
+            log.warning(
+                "registry model %s: %s version(s) %s; not following: the model is shared by another tenant and "
+                "not trusted (serve it with --trust-code %s to follow the owner's changes)",
+                self.ref,
+                what,
+                ", ".join(map(str, sorted(ignored))),
+                self.ref,
+            )
+        return self.pinned
+
+    def _check_code(self, wanted: dict[int, dict[str, Any]]) -> None:
+        """Refuse versions whose loading runs code, of a shared model the user did not trust."""
+        if self.trusted or self._is_shared() is False:
+            return
+        for version, meta in sorted(wanted.items()):
+            fmt = str(meta.get("format"))
+            if meta.get("executes_code") or executes_code(fmt):
+                owner = meta.get("owner") or self.ref.partition("/")[0]
+                raise UntrustedCode(
+                    f"version {version} of {self.ref} is a {fmt!r} model: loading it runs code written by tenant "
+                    f"{owner!r}, in this server. Serve it only if you trust that tenant's code: add "
+                    f"--trust-code {self.ref} (the server then also follows the owner's label moves and new "
+                    "versions)"
+                )
 
     def first_format(self) -> str | None:
         wanted = self.wanted()
         return wanted[max(wanted)]["format"] if wanted else None
 
     def sync(self) -> bool:
-        """One pass; True when the directory changed."""
+        """One pass; True when the directory changed.
+
+        Raises:
+            UntrustedCode: a wanted version of an untrusted shared model runs code when loaded.
+        """
         wanted = self.wanted()
+        self._check_code(wanted)
         present = self.on_disk()
         changed = False
         for version, meta in sorted(wanted.items()):
@@ -108,7 +170,7 @@ class RegistryMirror:
                 self.ref, version, self.deployment, self.endpoint, ttl_seconds=self.ttl_seconds
             )
         except DlcloudError as exc:
-            # e.g. a model shared read-only with us: we may serve it but not mark it deployed
+            # e.g. a lease of that name held by another user of our tenant: serve it, but do not insist
             self.leases_refused.add(version)
             log.warning("registry model %s: cannot mark version %d deployed: %s", self.ref, version, exc)
 

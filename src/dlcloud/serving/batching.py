@@ -26,6 +26,10 @@ Invariants:
 - ``predict`` never runs on the event loop, and each request is given to ``predict`` at most once (except the
   BadRequest retry below), or never if it timed out, was cancelled or the batcher stopped without draining.
 - A request larger than ``max_batch_size`` rows is never split: it runs alone.
+- The queue is bounded twice: at most ``max_queue_size`` requests and ``max_queue_bytes`` bytes of input
+  arrays wait (a request's bytes count from ``submit()`` until its batch starts or it leaves the queue).
+  Beyond either bound ``submit()`` raises ``Overloaded`` (429 + Retry-After); a request that alone holds
+  more than ``max_queue_bytes`` can never be queued and gets ``PayloadTooLarge`` (413).
 - Every future is completed exactly once: with its slice of the outputs or with a ``ServingError``.
 - A failing batch fails every request in it (``InferenceFailed`` with the exception's type and message; the
   traceback goes to the server log), and only those. A ``ServingError`` raised by ``predict`` is passed
@@ -50,7 +54,15 @@ from typing import Any
 
 import numpy as np
 
-from dlcloud.serving.errors import BadRequest, InferenceFailed, Overloaded, ServingError, Timeout, Unavailable
+from dlcloud.serving.errors import (
+    BadRequest,
+    InferenceFailed,
+    Overloaded,
+    PayloadTooLarge,
+    ServingError,
+    Timeout,
+    Unavailable,
+)
 
 __all__ = ["BatchingConfig", "DynamicBatcher"]
 
@@ -80,6 +92,7 @@ class BatchingConfig:
     max_queue_delay: float = 0.0  # seconds to wait for more rows once a batch has started forming; 0 = eager
     preferred_batch_sizes: tuple[int, ...] = ()  # flush at once when a forming batch reaches one of these
     max_queue_size: int = 1024  # queued requests beyond which submit() raises Overloaded
+    max_queue_bytes: int = 1024**3  # bytes of queued input arrays beyond which submit() raises Overloaded
     timeout: float | None = None  # default per-request deadline (seconds) while queued
     instances: int = 1  # batches that may run concurrently (worker threads)
 
@@ -90,6 +103,8 @@ class BatchingConfig:
             raise ValueError(f"max_queue_delay must be >= 0 seconds, got {self.max_queue_delay}")
         if self.max_queue_size < 1:
             raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
+        if self.max_queue_bytes < 1:
+            raise ValueError(f"max_queue_bytes must be >= 1, got {self.max_queue_bytes}")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {self.timeout}")
         if self.instances < 1:
@@ -104,13 +119,20 @@ class BatchingConfig:
 class _Request:
     """One submitted request; lives in the queue until it starts, times out or is dropped."""
 
-    __slots__ = ("deadline", "enqueued", "future", "inputs", "key", "rows", "state", "timeout", "timer")
+    __slots__ = ("deadline", "enqueued", "future", "inputs", "key", "nbytes", "rows", "state", "timeout", "timer")
 
     def __init__(
-        self, inputs: Arrays, rows: int, key: BatchKey | None, future: asyncio.Future[Arrays], enqueued: float
+        self,
+        inputs: Arrays,
+        rows: int,
+        key: BatchKey | None,
+        future: asyncio.Future[Arrays],
+        enqueued: float,
+        nbytes: int = 0,
     ) -> None:
         self.inputs = inputs
         self.rows = rows
+        self.nbytes = nbytes
         self.key = key
         self.future = future
         self.enqueued = enqueued
@@ -137,6 +159,16 @@ def _batch_key(inputs: Arrays) -> tuple[int, BatchKey | None]:
     if rows < 0:
         return 1, None
     return rows, tuple(key)
+
+
+def _request_bytes(inputs: Arrays) -> int:
+    """Bytes a request's arrays hold: their buffers, plus the strings and bytes an object array points at."""
+    total = 0
+    for array in inputs.values():
+        total += array.nbytes
+        if array.dtype.hasobject:
+            total += sum(len(item) for item in array.flat if isinstance(item, bytes | str))
+    return total
 
 
 def _rows_as_given(inputs: Arrays) -> int:
@@ -172,6 +204,7 @@ class DynamicBatcher:
         self._queue: collections.deque[_Request] = collections.deque()
         self._queued = 0  # live (not started, not dropped) requests in _queue
         self._queued_rows = 0
+        self._queued_bytes = 0
         self._free = 0  # idle instances
         self._running_requests = 0
         self._dispatch_pending = False
@@ -197,6 +230,11 @@ class DynamicBatcher:
     def queue_depth(self) -> int:
         """Requests waiting for a batch (not started yet)."""
         return self._queued
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of input arrays held by the requests waiting for a batch."""
+        return self._queued_bytes
 
     @property
     def inflight(self) -> int:
@@ -267,7 +305,9 @@ class DynamicBatcher:
 
         Raises:
             Unavailable: the batcher is not running (not started, stopping or stopped).
-            Overloaded: ``max_queue_size`` requests are already queued (``retry_after`` is an estimate).
+            Overloaded: ``max_queue_size`` requests are already queued, or this request's arrays would take the
+                queued bytes over ``max_queue_bytes`` (``retry_after`` is an estimate).
+            PayloadTooLarge: this request's arrays alone hold more than ``max_queue_bytes``.
             Timeout: the deadline passed before the request's batch started; ``predict`` never saw it.
             InferenceFailed: ``predict`` raised or returned outputs whose dim 0 is not the batch's rows.
             BadRequest: ``predict`` rejected this request (other ``ServingError``s pass through too).
@@ -277,6 +317,14 @@ class DynamicBatcher:
         config = self._config
         if self._queued >= config.max_queue_size:
             raise self._overloaded()
+        nbytes = _request_bytes(inputs)
+        if self._queued_bytes + nbytes > config.max_queue_bytes:
+            if nbytes > config.max_queue_bytes:
+                raise PayloadTooLarge(
+                    f"the request's tensors hold {nbytes} bytes; the queue of {self._label} takes at most "
+                    f"{config.max_queue_bytes} bytes: send fewer rows per request"
+                )
+            raise self._overloaded(nbytes)
         loop = self._loop
         assert loop is not None
         if config.max_batch_size:
@@ -284,7 +332,7 @@ class DynamicBatcher:
         else:
             rows, key = _rows_as_given(inputs), None
         future: asyncio.Future[Arrays] = loop.create_future()
-        request = _Request(inputs, rows, key, future, loop.time())
+        request = _Request(inputs, rows, key, future, loop.time(), nbytes)
         if timeout is None:
             timeout = config.timeout
         if timeout is not None:
@@ -296,6 +344,7 @@ class DynamicBatcher:
         self._queue.append(request)
         self._queued += 1
         self._queued_rows += rows
+        self._queued_bytes += nbytes
         if not self._dispatch_pending:
             self._dispatch_pending = True
             loop.call_soon(self._dispatch)
@@ -367,6 +416,7 @@ class DynamicBatcher:
                 request.timer.cancel()
         self._queued -= len(batch)
         self._queued_rows -= rows
+        self._queued_bytes -= sum(request.nbytes for request in batch)
         taken = 0
         while q and q[0].state is not _QUEUED:
             taken += q.popleft().state is _STARTED
@@ -422,6 +472,7 @@ class DynamicBatcher:
             request.timer = None
         self._queued -= 1
         self._queued_rows -= request.rows
+        self._queued_bytes -= request.nbytes
         if compact and len(self._queue) > 2 * self._queued + 64:
             self._queue = collections.deque(r for r in self._queue if r.state is _QUEUED)
         self._check_idle()
@@ -437,6 +488,7 @@ class DynamicBatcher:
         self._queue.clear()
         self._queued = 0
         self._queued_rows = 0
+        self._queued_bytes = 0
 
     def _check_idle(self) -> None:
         if self._state is _STOPPING and not self._queued and self._free == self._config.instances:
@@ -547,7 +599,8 @@ class DynamicBatcher:
             return Unavailable(f"{self._label} is not started yet")
         return Unavailable(f"{self._label} is {self._state} and accepts no new requests")
 
-    def _overloaded(self) -> Overloaded:
+    def _overloaded(self, nbytes: int | None = None) -> Overloaded:
+        """The queue is full: of requests, or (``nbytes`` given) of bytes for a request of ``nbytes``."""
         config = self._config
         if self._latency is None:
             retry_after = 1
@@ -555,10 +608,15 @@ class DynamicBatcher:
             queued_batches = max(1, math.ceil(self._queued_rows / (config.max_batch_size or 1)))
             waves = math.ceil(queued_batches / config.instances) + 1  # + the batches running now
             retry_after = max(1, math.ceil(self._latency * waves))
+        if nbytes is None:
+            full = f"{self._queued} requests waiting, at most {config.max_queue_size}"
+        else:
+            full = (
+                f"{self._queued} requests holding {self._queued_bytes} bytes waiting, at most "
+                f"{config.max_queue_bytes} bytes; this one holds {nbytes}"
+            )
         return Overloaded(
-            f"the queue of {self._label} is full ({self._queued} requests waiting, at most "
-            f"{config.max_queue_size}); retry in {retry_after} s",
-            retry_after=retry_after,
+            f"the queue of {self._label} is full ({full}); retry in {retry_after} s", retry_after=retry_after
         )
 
 

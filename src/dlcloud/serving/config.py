@@ -1,11 +1,16 @@
 """The model server's configuration: models, their batching and version policy, pipelines.
 
 Built from ``dlcloud serve`` flags (``--model NAME=PATH[:FORMAT]``) or a YAML/JSON file (``--config``);
-both end up as one validated ``ServerConfig``. Durations accept ``5ms``/``2s`` or seconds.
+both end up as one validated ``ServerConfig``. Durations accept ``5ms``/``2s`` or seconds, sizes ``256Mi`` or
+bytes.
+
+Invariant: a server that listens on anything but a loopback address has an admin token, so its repository
+endpoints (load, unload, index) are never open to the network.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -13,7 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dlcloud.schemas.common import parse_duration
+from dlcloud.schemas.common import parse_duration, parse_memory
 from dlcloud.serving.types import Signature
 
 FORMATS = ("torchscript", "onnx", "sklearn", "xgboost", "savedmodel", "python")
@@ -33,6 +38,22 @@ def _duration_or_zero(value: Any) -> Any:
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)]
 SecondsOrZero = Annotated[float, BeforeValidator(_duration_or_zero), Field(ge=0, le=3600)]
+Bytes = Annotated[int, BeforeValidator(parse_memory)]
+MIN_ADMIN_TOKEN = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address: 127.0.0.0/8, ::1 (also IPv4-mapped) or ``localhost``."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # any other name may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class _Strict(BaseModel):
@@ -48,6 +69,9 @@ class BatchingSpec(_Strict):
     )
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    max_queue_bytes: Bytes = Field(
+        default=1024**3, ge=1024, le=1024**4, description="bytes of queued input tensors beyond which: 429"
+    )
     timeout: Seconds | None = Field(default=None, description="default time a request may wait in the queue")
     instances: int = Field(default=1, ge=1, le=64, description="batches of one version that may run at once")
 
@@ -173,6 +197,26 @@ class ServerConfig(_Strict):
     access_log: bool = True
     admin_token: str | None = Field(default=None, description="required as a Bearer token by the repository endpoints")
     base_dir: Path = Field(default=Path("."), description="relative paths in the config are resolved against this")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) < MIN_ADMIN_TOKEN or value != value.strip()):
+            raise ValueError(
+                f"the admin token must be at least {MIN_ADMIN_TOKEN} characters without surrounding spaces "
+                "(e.g. the output of 'openssl rand -hex 16')"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _no_open_repository(self) -> ServerConfig:
+        if self.admin_token is None and not is_loopback(self.host):
+            raise ValueError(
+                f"listening on {self.host!r}, which is not a loopback address, would let anyone who can reach it "
+                "load and unload models: give --admin-token TOKEN (or DLCLOUD_SERVE_ADMIN_TOKEN, or admin_token "
+                "in the config file), or listen on 127.0.0.1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> ServerConfig:

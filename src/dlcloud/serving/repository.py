@@ -415,6 +415,7 @@ class ModelRepository:
                     max_queue_delay=batching.max_queue_delay,
                     preferred_batch_sizes=batching.preferred_batch_sizes,
                     max_queue_size=batching.max_queue_size,
+                    max_queue_bytes=batching.max_queue_bytes,
                     timeout=batching.timeout,
                     instances=batching.instances,
                 ),

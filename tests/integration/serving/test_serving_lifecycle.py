@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dlcloud.serving.config import ServerConfig
+from dlcloud.serving.config import ConfigError, ServerConfig, build_config
 from tests.integration.serving.conftest import run_serving_server
 from tests.serving_models import make_sklearn_classifier, make_torchscript_mlp, make_xgboost_model
 
@@ -381,6 +381,38 @@ async def test_full_queue_answers_429_with_retry_after_and_recovers(tmp_path: Pa
             await assert_probe_answers([held, *queued], [1, 2, 3], 1.0)
             recovered = await client.post("/v2/models/probe/infer", json=v2_body(rows(5)))
             assert recovered.status_code == 200, recovered.text
+        assert metric(server.url, "dlcloud_serving_request_errors_total", model="probe", code="429") == 1
+
+
+async def test_queued_bytes_are_bounded_429_and_a_request_too_large_for_the_queue_is_413(
+    tmp_path: Path, gate: Gate
+) -> None:
+    log = tmp_path / "calls.log"
+    model_dir = write_probe(tmp_path / "probe", 1.0, gate=gate.path, log=log)
+    batching = {"max_queue_bytes": "1Ki", "max_queue_size": 100}  # 64 rows of 4 FP32 values
+    config = server_config(tmp_path, models=[probe_model("probe", model_dir, batching=batching)])
+    with run_serving_server(config) as server:
+        gate.close()
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as client:
+            held = await hold(client, "probe", log)
+            queued = asyncio.create_task(client.post("/v2/models/probe/infer", json=v2_body(rows(2, n=40))))
+            await until(lambda: queue_depth(server.url, "probe") == 1, what="a request queued")
+            refused = await client.post("/v2/models/probe/infer", json=v2_body(rows(3, n=40)))  # 640 + 640 bytes
+            assert refused.status_code == 429, refused.text
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert "holding 640 bytes waiting, at most 1024 bytes" in refused.json()["error"]
+            too_large = await client.post("/v2/models/probe/infer", json=v2_body(rows(4, n=65)))
+            assert too_large.status_code == 413, too_large.text
+            assert "takes at most 1024 bytes" in too_large.json()["error"]
+
+            gate.open()
+            await assert_probe_answers([held], [1], 1.0)
+            answered = await queued
+            assert answered.status_code == 200, answered.text
+            np.testing.assert_array_equal(v2_outputs(answered.json())["y"], probe_reference(rows(2, n=40), 1.0)["y"])
+            recovered = await client.post("/v2/models/probe/infer", json=v2_body(rows(5, n=40)))
+            assert recovered.status_code == 200, recovered.text
+        assert not any(e["first"] in (rows(3)[0, 0], rows(4)[0, 0]) for e in read_log(log))
         assert metric(server.url, "dlcloud_serving_request_errors_total", model="probe", code="429") == 1
 
 
@@ -809,9 +841,32 @@ async def test_pipeline_and_direct_requests_share_the_model_batch_queue(tmp_path
 # --- 7. the admin token -----------------------------------------------------------------------------------
 
 
+TOKEN = "s3cret-admin-token-42"
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "127.8.9.10", "localhost", "LocalHost", "::1", "[::1]", "::ffff:127.0.0.1"]
+)
+def test_a_loopback_server_needs_no_admin_token(host: str) -> None:
+    assert ServerConfig(host=host).admin_token is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "192.168.1.20", "fe80::1", "example.com", ""])
+def test_listening_off_loopback_without_an_admin_token_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"not a loopback address.*give --admin-token TOKEN"):
+        build_config(overrides={"host": host})
+    assert build_config(overrides={"host": host, "admin_token": TOKEN}).admin_token == TOKEN
+
+
+@pytest.mark.parametrize("token", ["", "s3cret", "x" * 15, f" {TOKEN}"])
+def test_a_weak_admin_token_is_refused(token: str) -> None:
+    with pytest.raises(ConfigError, match="admin_token: .*at least 16 characters"):
+        build_config(overrides={"admin_token": token})
+
+
 def test_repository_endpoints_need_the_admin_token_inference_does_not(tmp_path: Path) -> None:
     write_probe(tmp_path / "m", 1.0)
-    config = server_config(tmp_path, admin_token="s3cret", models=[probe_model("m", tmp_path / "m")])
+    config = server_config(tmp_path, admin_token=TOKEN, models=[probe_model("m", tmp_path / "m")])
     with run_serving_server(config) as server:
         endpoints = [
             ("POST", "/v2/repository/index"),
@@ -821,7 +876,7 @@ def test_repository_endpoints_need_the_admin_token_inference_does_not(tmp_path: 
             ("POST", "/v2/repository/models/m/unload"),
         ]
         for method, path in endpoints:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
                 response = httpx.request(method, server.url + path, headers=headers, timeout=30)
                 assert response.status_code == 401, (method, path, headers)
                 assert "Bearer <admin token>" in response.json()["error"]
@@ -829,9 +884,11 @@ def test_repository_endpoints_need_the_admin_token_inference_does_not(tmp_path: 
 
         assert httpx.post(server.url + "/v2/models/m/infer", json=v2_body(rows(1)), timeout=30).status_code == 200
         assert httpx.post(server.url + "/v1/models/m:predict", json={"instances": rows(1).tolist()}).status_code == 200
-        assert [r["state"] for r in index(server.url, token="s3cret")] == ["AVAILABLE"]
+        assert [r["state"] for r in index(server.url, token=TOKEN)] == ["AVAILABLE"]
         for method, path in endpoints[2:]:
-            response = httpx.request(method, server.url + path, headers={"Authorization": "Bearer s3cret"}, timeout=30)
+            response = httpx.request(
+                method, server.url + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+            )
             assert response.status_code == 200, (method, path, response.text)
         assert httpx.post(server.url + "/v2/models/m/infer", json=v2_body(rows(1)), timeout=30).status_code == 503
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dlcloud.serving.batching import BatchingConfig, DynamicBatcher
-from dlcloud.serving.errors import BadRequest, InferenceFailed, Overloaded, Timeout, Unavailable
+from dlcloud.serving.errors import BadRequest, InferenceFailed, Overloaded, PayloadTooLarge, Timeout, Unavailable
 
 Arrays = dict[str, np.ndarray]
 HELD = -1000.0  # the value of the request that blocks in predict
@@ -250,6 +250,52 @@ async def test_full_queue_raises_overloaded_with_retry_after(make: Factory) -> N
     await asyncio.wait_for(asyncio.gather(held, *queued), 30)
     assert not model.saw(float(rows_of(902)[0, 0]))
     assert_outputs(await batcher.submit({"x": rows_of(903)}), rows_of(903))  # room again
+
+
+async def test_queued_bytes_are_bounded_too(make: Factory) -> None:
+    row = rows_of(0).nbytes  # one row of 4 float32: 16 bytes
+    model = Model(hold=1)
+    batcher = await make(model, max_queue_bytes=3 * row, max_queue_size=100)
+    held = await occupy(batcher, model)  # running, not queued: its bytes do not count
+    queued = await enqueue(batcher, [{"x": rows_of(950)}, {"x": rows_of(951, n=2)}])
+    assert batcher.queued_bytes == 3 * row
+    full = rf"queue of model m is full \(2 requests holding {3 * row} bytes waiting, at most {3 * row} bytes; this one"
+    with pytest.raises(Overloaded, match=full) as info:
+        await batcher.submit({"x": np.full((1, 4), -9.0, np.float32)})
+    assert info.value.status == 429
+    assert int(info.value.headers["Retry-After"]) >= 1
+    # a request that could never fit is refused for good, whatever the queue holds
+    with pytest.raises(PayloadTooLarge, match=f"hold {4 * row} bytes; the queue of model m takes at most {3 * row}"):
+        await batcher.submit({"x": rows_of(952, n=4)})
+    assert batcher.queue_depth == 2
+    model.release.set()
+    await asyncio.wait_for(asyncio.gather(held, *queued), 30)
+    assert batcher.queued_bytes == 0
+    assert not model.saw(-9.0)
+    assert_outputs(await batcher.submit({"x": rows_of(953, n=3)}), rows_of(953, n=3))  # room again
+
+
+async def test_queued_bytes_leave_with_cancelled_timed_out_and_failed_requests(make: Factory) -> None:
+    model = Model(hold=1)
+    batcher = await make(model)
+    held = await occupy(batcher, model)
+    text = np.array([[b"a" * 1000]], dtype=object)
+    (gone,) = await enqueue(batcher, [{"x": np.full((1, 4), -5.0, np.float32), "text": text}])
+    assert batcher.queued_bytes == 16 + text.nbytes + 1000  # object arrays count what they point at
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert batcher.queued_bytes == 0
+    with pytest.raises(Timeout):
+        await batcher.submit({"x": np.full((1, 4), -6.0, np.float32)}, timeout=0.01)
+    assert batcher.queued_bytes == 0
+    (stopped,) = await enqueue(batcher, [{"x": np.full((1, 4), -7.0, np.float32)}])
+    model.release.set()
+    await batcher.stop(drain=False)
+    with pytest.raises(Unavailable):
+        await stopped
+    await held
+    assert batcher.queued_bytes == 0
 
 
 async def test_timeout_while_queued_fails_the_request_before_it_runs(make: Factory) -> None:
@@ -494,6 +540,7 @@ async def test_instances_run_batches_concurrently(make: Factory) -> None:
         ({"max_batch_size": -1}, "max_batch_size must be >= 0"),
         ({"max_queue_delay": -0.1}, "max_queue_delay must be >= 0"),
         ({"max_queue_size": 0}, "max_queue_size must be >= 1"),
+        ({"max_queue_bytes": 0}, "max_queue_bytes must be >= 1"),
         ({"timeout": 0}, "timeout must be > 0"),
         ({"instances": 0}, "instances must be >= 1"),
         ({"max_batch_size": 8, "preferred_batch_sizes": (4, 16)}, r"between 1 and max_batch_size \(8\)"),
