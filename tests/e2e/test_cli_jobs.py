@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import WAIT_FOR_GO, release, wait_for
 from tests.e2e.conftest import DLCLOUD, Server
 
 pytestmark = pytest.mark.e2e
@@ -163,19 +163,12 @@ def test_bad_input_is_a_clear_error_without_traceback(server: Server):
 
 
 def test_server_kill9_while_job_runs_then_restart_completes_it_once(server: Server):
-    marker = server.root / "release"
-    server.cli(
-        "jobs",
-        "submit",
-        "--name",
-        "survivor",
-        "--command",
-        f"echo started; while [ ! -e {marker} ]; do sleep 0.1; done; echo finished",
-    )
+    server.cli("jobs", "submit", "--name", "survivor", "--command", f"echo started; {WAIT_FOR_GO}; echo finished")
     wait_for(lambda: _state(server, "survivor")["state"] == "RUNNING", timeout=60, interval=0.2, what="RUNNING")
     wait_for(lambda: "started" in server.cli("jobs", "logs", "survivor").stdout, timeout=30, interval=0.2, what="start")
+    job_id = _state(server, "survivor")["id"]
     server.kill9()
-    marker.touch()  # the job finishes while the control plane is down
+    release(server.data_dir, job_id)  # the job finishes while the control plane is down
     server.start()
     job = _wait_end(server, "survivor")
     assert job["state"] == "SUCCEEDED"
@@ -236,3 +229,21 @@ def test_pre_and_post_commands_have_their_own_log_sections(server: Server):
             follower.wait()
     assert followed.read_text().splitlines() == ["waiting", "[post] post saw 143"]
     assert _state(server, "follow")["state"] == "CANCELLED"
+
+
+def test_logs_of_a_big_log_are_its_end_and_tail_reads_from_the_end(server: Server):
+    """8 MB of log: a read shows its last 4 MiB and says so; --tail 2 the last two lines."""
+    command = "python -c \"[print(f'row {i:06d} ' + 'r' * 100) for i in range(55000)]; print('the end')\""
+    server.cli("jobs", "submit", "--name", "big-log", "--command", command)
+    assert _wait_end(server, "big-log")["state"] == "SUCCEEDED"
+
+    tail = server.cli("jobs", "logs", "big-log", "--tail", "2")
+    assert tail.stdout.splitlines() == ["the end"]
+    assert tail.stderr.splitlines() == ["[dlcloud] command exited with code 0"]
+    full = server.cli("jobs", "logs", "big-log")
+    assert full.stderr.splitlines()[0].startswith("[dlcloud] log truncated: earlier lines not shown")
+    rows = full.stdout.splitlines()
+    assert rows[-2:] == [f"row 054999 {'r' * 100}", "the end"]
+    first = int(rows[0].split()[1])
+    assert [int(r.split()[1]) for r in rows[:-1]] == list(range(first, 55000))
+    assert 28_000 < 55000 - first < 29_000  # 4 MiB of 147-byte lines, of the 8 MB log

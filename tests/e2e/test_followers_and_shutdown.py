@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dlcloud.client import Client, Credentials
-from tests.conftest import wait_for
+from tests.conftest import WAIT_FOR_GO, release, wait_for
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -18,12 +18,10 @@ FOLLOWERS = 40  # more than the database pool's base size (20)
 def test_many_followers_then_sigterm(server: Server):
     boot = json.loads((server.data_dir / "bootstrap-admin.json").read_text())
     creds = Credentials(server.endpoint, boot["access_key"], boot["secret_key"])
-    marker = server.root / "release"
     with Client(creds) as c:
-        c.jobs.submit(
-            {"name": "chatty", "command": f"echo hello; while [ ! -e {marker} ]; do sleep 0.1; done; echo bye"}
-        )
+        c.jobs.submit({"name": "chatty", "command": f"echo hello; {WAIT_FOR_GO}; echo bye"})
         wait_for(lambda: c.jobs.get("chatty")["state"] == "RUNNING", what="RUNNING")
+        job_id = c.jobs.get("chatty")["id"]
 
     results: list[list[str]] = []
     lock = threading.Lock()
@@ -49,7 +47,7 @@ def test_many_followers_then_sigterm(server: Server):
         for _ in range(20):
             assert c.jobs.get("chatty")["state"] == "RUNNING"
             assert c.accounting.quota()["usage"]["running_jobs"] == 1
-    marker.touch()
+    release(server.data_dir, job_id)
     for t in threads:
         t.join(timeout=60)
     assert len(results) == FOLLOWERS
