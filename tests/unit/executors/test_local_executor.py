@@ -318,12 +318,15 @@ def test_base_env_replaces_inherited_variables(tmp_path: Path) -> None:
 
 
 def test_gpus_set_cuda_visible_devices(executor: LocalExecutor, tmp_path: Path) -> None:
-    executor.start(workload(tmp_path / "a", 'echo "[$CUDA_VISIBLE_DEVICES]"', gpus=(0, 2)))
-    executor.start(workload(tmp_path / "b", 'echo "[$CUDA_VISIBLE_DEVICES]"'))
+    show = 'echo "[$CUDA_VISIBLE_DEVICES] [$DLCLOUD_GPUS]"'
+    executor.start(workload(tmp_path / "a", show, gpus=(0, 2)))
+    executor.start(workload(tmp_path / "b", show))
     assert wait_state(executor, tmp_path / "a", "exited").exit_code == 0
     assert wait_state(executor, tmp_path / "b", "exited").exit_code == 0
-    assert output(tmp_path / "a", "stdout") == ["[0,2]"]
-    assert output(tmp_path / "b", "stdout") == ["[]"]
+    # in a sandbox only the GPUs' own device nodes exist, which CUDA numbers from 0
+    visible = "0,1" if executor.sandbox.enabled else "0,2"
+    assert output(tmp_path / "a", "stdout") == [f"[{visible}] [0,2]"]
+    assert output(tmp_path / "b", "stdout") == ["[] []"]
 
 
 def test_code_archive_is_unpacked(executor: LocalExecutor, tmp_path: Path) -> None:

@@ -344,7 +344,7 @@ class LocalExecutor(Executor):
             (attempt_dir / REPLICAS_DIR / r.name / launcher_mod.WORKLOAD_FILE).exists() for r in workload.replicas
         )
         if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
-            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
+            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
         _make_private_dirs(attempt_dir / REPLICAS_DIR)
         shm = self._gang_shm(workload, attempt_dir)
         members = [{"name": r.name, "role": r.role, "index": r.index, "decides": r.decides} for r in workload.replicas]
@@ -386,7 +386,7 @@ class LocalExecutor(Executor):
     def _start_one(self, workload: Workload, shm: Path | None = None, files: tuple[Path, ...] = ()) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
-            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
+            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
         _make_private_dirs(attempt_dir)
         sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
         record = asdict(workload)
@@ -401,7 +401,17 @@ class LocalExecutor(Executor):
             data_dirs=[str(d) for d in workload.data_dirs],
             sandbox=sandbox,
         )
-        launcher_mod.write_json_atomic(str(attempt_dir / launcher_mod.WORKLOAD_FILE), record)
+        # created exclusively (link fails if it exists): two control planes starting one attempt at once (a
+        # deposed leader and its successor) cannot both launch it
+        final = attempt_dir / launcher_mod.WORKLOAD_FILE
+        tmp = attempt_dir / f"{launcher_mod.WORKLOAD_FILE}.new.{os.getpid()}.{threading.get_ident()}"
+        launcher_mod.write_json_atomic(str(tmp), record)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
+        finally:
+            tmp.unlink()
         log_fd = os.open(attempt_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(
