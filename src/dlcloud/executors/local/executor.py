@@ -147,6 +147,10 @@ def _make_private_dirs(path: Path) -> None:
         os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
 
 
+def _used(attempt_dir: Path) -> InvalidState:
+    return InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one")
+
+
 def _open_for_readers(path: Path) -> None:
     """Let every uid read ``path`` (and below it): for what a sandbox binds read-only from the data dir."""
     if path.is_symlink() or not path.exists():
@@ -344,7 +348,7 @@ class LocalExecutor(Executor):
             (attempt_dir / REPLICAS_DIR / r.name / launcher_mod.WORKLOAD_FILE).exists() for r in workload.replicas
         )
         if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
-            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
+            raise _used(attempt_dir)
         _make_private_dirs(attempt_dir / REPLICAS_DIR)
         shm = self._gang_shm(workload, attempt_dir)
         members = [{"name": r.name, "role": r.role, "index": r.index, "decides": r.decides} for r in workload.replicas]
@@ -386,7 +390,7 @@ class LocalExecutor(Executor):
     def _start_one(self, workload: Workload, shm: Path | None = None, files: tuple[Path, ...] = ()) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
-            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
+            raise _used(attempt_dir)
         _make_private_dirs(attempt_dir)
         sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
         record = asdict(workload)
@@ -409,7 +413,7 @@ class LocalExecutor(Executor):
         try:
             os.link(tmp, final)
         except FileExistsError:
-            raise InvalidState(f"attempt directory {attempt_dir} was already used; every attempt needs a new one") from None
+            raise _used(attempt_dir) from None
         finally:
             tmp.unlink()
         log_fd = os.open(attempt_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
