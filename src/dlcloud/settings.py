@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     # ports handed to distributed jobs (MASTER_PORT, TF_CONFIG, JAX coordinator), one set per attempt
     job_port_range_start: Annotated[int, Field(ge=1024, le=65535)] = 29500
     job_port_range_end: Annotated[int, Field(ge=1024, le=65535)] = 30499
+    # a job log (each replica's) keeps at most this many bytes on disk, its end: older lines are dropped
+    job_log_max_bytes: Annotated[int, Field(ge=16 * 1024)] = 256 * 1024 * 1024
+    # a log read without --follow returns at most this many bytes, the end of the log (--follow streams it all)
+    job_log_response_max_bytes: Annotated[int, Field(ge=4 * 1024)] = 4 * 1024 * 1024
 
     # Runtime environments (venvs built by the control plane)
     env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once

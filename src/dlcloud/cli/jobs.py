@@ -348,6 +348,9 @@ def logs(
     A distributed job's replicas are interleaved by time, each line marked with its replica ([worker-1]),
     unless --replica picks one.
 
+    A job keeps the end of its log (the last 256 MiB by default); without --follow at most the last 4 MiB
+    are printed. A "[dlcloud] log truncated: ..." line says where earlier lines were left out.
+
     Examples:
 
       dlcloud jobs logs mnist --follow

@@ -87,7 +87,9 @@ class JobsAPI:
         section: str = "all",
         replica: str | None = None,
     ) -> Iterator[LogLine]:
-        """The job's log lines across its attempts, oldest first.
+        """The job's log lines across its attempts, oldest first: without ``follow`` the end of the log, at
+        most the server's ``job_log_response_max_bytes``; a ``system`` line whose text starts with
+        ``log truncated:`` stands where earlier lines were left out (here or, past the log's size cap, on disk).
 
         Args:
             follow: keep streaming until the job reaches a final state.
