@@ -26,11 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,11 +120,33 @@ def _report(log: Path) -> tuple[int, str]:
     return total, "\n".join(lines)
 
 
+@contextmanager
+def _database(postgres: str | None) -> Iterator[list[str]]:
+    """``dlcloud up`` arguments for the database: SQLite in the data dir, or a fresh PostgreSQL database."""
+    if postgres is None:
+        yield []
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    admin_url = postgres.replace("postgresql://", "postgresql+psycopg://", 1)
+    name = f"dlcloud_fuzz_{os.getpid()}_{secrets.token_hex(3)}"
+    admin = create_engine(admin_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield ["--database-url", postgres.rsplit("/", 1)[0] + f"/{name}"]
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the fuzz; 0 when every check passed and enough requests were sent."""
-    with tempfile.TemporaryDirectory(prefix="dlcloud-fuzz-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dlcloud-fuzz-") as tmp, _database(args.postgres) as db_args:
         root = Path(tmp)
-        server = Server(root, free_port())
+        server = Server(root, free_port(), extra_args=db_args)
         started = time.monotonic()
         server.start()
         failed: list[str] = []
@@ -155,6 +180,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default=None, help="Schemathesis phases (default: all)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds for each Schemathesis run")
     p.add_argument("--report", default=None, help="also write the per-operation status table to this file")
+    p.add_argument(
+        "--postgres",
+        nargs="?",
+        const=os.environ.get("DLCLOUD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        default=None,
+        metavar="URL",
+        help="run the server on a fresh database of this PostgreSQL server (default URL: "
+        "$DLCLOUD_TEST_POSTGRES_URL or postgresql://postgres@127.0.0.1:5432/postgres) instead of SQLite",
+    )
     return p.parse_args(argv)
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from dlcloud.api.deps import caller, get_platform
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.audit import AuditEvent
-from dlcloud.schemas.common import IsoTime, Name
+from dlcloud.schemas.common import IsoTime, Name, Text
 from dlcloud.schemas.tenants import QuotaReport, UsageReport
 from dlcloud.services import accounting as svc
 from dlcloud.services.auth import Caller
@@ -44,7 +44,7 @@ def get_usage(
 @router.get("/audit", response_model=list[AuditEvent], name="audit.list")
 def list_audit(
     since: IsoTime | None = Query(None, description="only events at or after this time"),
-    action: str | None = Query(None, max_length=64),
+    action: Text | None = Query(None, max_length=64),
     user: Name | None = Query(None),
     all: bool = Query(False, description="every tenant (platform admin)"),
     limit: int = Query(100, ge=1, le=10_000),

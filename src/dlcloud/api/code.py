@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from dlcloud import signing
 from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
-from dlcloud.api.params import CodeIdPath
+from dlcloud.api.params import CodeId
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services import code as svc
@@ -57,7 +55,5 @@ async def upload_code(
 
 
 @router.get("/code/{code_id}", response_model=CodeUpload, name="code.get")
-def get_code(
-    code_id: Annotated[str, CodeIdPath], c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> CodeUpload:
+def get_code(code_id: CodeId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> CodeUpload:
     return svc.get_code(p.db, c, code_id)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import caller, get_platform, set_audit_resource
-from dlcloud.api.params import NamePath
+from dlcloud.api.params import Name
 from dlcloud.schemas.environments import Environment, EnvironmentCreate, EnvironmentDetail
 from dlcloud.services import environments as svc
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-EnvironmentName = Annotated[str, NamePath]
 
 
 @router.post(
@@ -35,19 +32,19 @@ def list_environments(c: Caller = Depends(caller), p: Platform = Depends(get_pla
 
 @router.get("/environments/{name}", response_model=EnvironmentDetail, name="environments.describe")
 def describe_environment(
-    name: EnvironmentName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: Name, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> EnvironmentDetail:
     return svc.describe_environment(p, c, name)
 
 
 @router.delete("/environments/{name}", status_code=status.HTTP_204_NO_CONTENT, name="environments.delete")
-def delete_environment(name: EnvironmentName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_environment(name: Name, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
     svc.delete_environment(p, c, name)
 
 
 @router.get("/environments/{name}/logs", name="environments.logs", response_class=StreamingResponse)
 async def environment_logs(
-    name: EnvironmentName,
+    name: Name,
     follow: bool = Query(False),
     tail: int | None = Query(None, ge=0, le=1_000_000),
     c: Caller = Depends(caller),

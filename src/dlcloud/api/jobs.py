@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
-from dlcloud.api.params import JobPath
+from dlcloud.api.params import JobName
 from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection
 from dlcloud.services import jobs as svc
 from dlcloud.services.auth import Caller
@@ -16,7 +14,6 @@ from dlcloud.services.logs import open_log_stream
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-JobName = Annotated[str, JobPath]
 
 
 @router.post("/jobs", response_model=Job, status_code=status.HTTP_201_CREATED, name="jobs.submit")

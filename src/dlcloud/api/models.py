@@ -6,22 +6,13 @@ write it ``OWNER/NAME``); without ``owner`` a name is the caller's tenant's.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud import signing
 from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
-from dlcloud.api.params import (
-    DeploymentPath,
-    LabelPath,
-    NamePath,
-    OwnerQuery,
-    TenantPath,
-    UploadIdPath,
-    VersionRefPath,
-)
+from dlcloud.api.params import Deployment, Label, Owner, TenantName, UploadId, VersionRef
+from dlcloud.api.params import Name as ModelName
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.models import (
     ARTIFACT_NAME_HEADER,
@@ -43,13 +34,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-Owner = OwnerQuery
 Version = Path(..., ge=1, le=999_999_999)
-ModelName = Annotated[str, NamePath]
-Label = Annotated[str, LabelPath]
-TenantName = Annotated[str, TenantPath]
-Deployment = Annotated[str, DeploymentPath]
-UploadId = Annotated[str, UploadIdPath]
 
 
 @router.post("/model-uploads", response_model=ModelUpload, status_code=status.HTTP_201_CREATED, name="models.upload")
@@ -81,7 +66,7 @@ def delete_upload(upload_id: UploadId, c: Caller = Depends(caller), p: Platform 
 def register_model(
     body: ModelRegister,
     request: Request,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelVersion:
@@ -99,21 +84,21 @@ def list_models(c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 
 @router.get("/models/{name}", response_model=ModelDetail, name="models.describe")
 def describe_model(
-    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> ModelDetail:
     return svc.describe_model(p, c, name, owner)
 
 
 @router.delete("/models/{name}", status_code=status.HTTP_204_NO_CONTENT, name="models.delete")
 def delete_model(
-    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> None:
     svc.delete_model(p, c, name, owner)
 
 
 @router.get("/models/{name}/versions", response_model=list[ModelVersion], name="models.versions")
 def list_versions(
-    name: ModelName, owner: str | None = Owner, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
+    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
 ) -> list[ModelVersion]:
     return svc.list_versions(p, c, name, owner)
 
@@ -123,8 +108,8 @@ def list_versions(
 @router.get("/models/{name}/versions/{version}", response_model=ModelVersion, name="models.version")
 def get_version(
     name: ModelName,
-    version: Annotated[str, VersionRefPath],
-    owner: str | None = Owner,
+    version: VersionRef,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelVersion:
@@ -138,7 +123,7 @@ def delete_version(
     request: Request,
     name: ModelName,
     version: int = Version,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> None:
@@ -149,8 +134,8 @@ def delete_version(
 @router.get("/models/{name}/versions/{version}/artifact", name="models.download", response_class=StreamingResponse)
 def download_artifact(
     name: ModelName,
-    version: Annotated[str, VersionRefPath],
-    owner: str | None = Owner,
+    version: VersionRef,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> StreamingResponse:
@@ -170,7 +155,7 @@ def set_label(
     name: ModelName,
     label: Label,
     body: LabelSet,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelLabel:
@@ -183,7 +168,7 @@ def remove_label(
     request: Request,
     name: ModelName,
     label: Label,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> None:
@@ -196,7 +181,7 @@ def share_model(
     request: Request,
     name: ModelName,
     tenant: TenantName,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelShare:
@@ -209,7 +194,7 @@ def unshare_model(
     request: Request,
     name: ModelName,
     tenant: TenantName,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> None:
@@ -225,7 +210,7 @@ def record_deployment(
     name: ModelName,
     body: DeploymentLease,
     version: int = Version,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> ModelDeployment:
@@ -246,7 +231,7 @@ def release_deployment(
     name: ModelName,
     deployment: Deployment,
     version: int = Version,
-    owner: str | None = Owner,
+    owner: Owner = None,
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> None:

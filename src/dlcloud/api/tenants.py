@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from dlcloud.api.deps import caller, get_platform, set_audit_resource
-from dlcloud.api.params import KeyPath, TenantPath
+from dlcloud.api.params import KeyId, TenantName
 from dlcloud.schemas.common import Name
 from dlcloud.schemas.tenants import Tenant, TenantCreate, TenantUpdate
 from dlcloud.schemas.users import AccessKey, AccessKeyCreated, KeyCreate, User, UserCreate, Whoami
@@ -17,8 +15,6 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
-KeyId = Annotated[str, KeyPath]
-TenantName = Annotated[str, TenantPath]
 
 
 @router.get("/whoami", response_model=Whoami, name="whoami")

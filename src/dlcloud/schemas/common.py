@@ -6,7 +6,16 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    WithJsonSchema,
+    model_validator,
+)
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_MEMORY_BYTES = 16 * 1024**4  # 16 TiB: anything more is a typo
@@ -154,10 +163,47 @@ def _utc(value: datetime) -> datetime:
 IsoTime = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(_utc)]
 
 
+NUL_MESSAGE = "text must not contain NUL characters (\\u0000)"
+
+
+def no_nul(value: str) -> str:
+    # PostgreSQL cannot store or even compare a NUL in text: it would be a 500 there, not a "not found"
+    if "\x00" in value:
+        raise ValueError(NUL_MESSAGE)
+    return value
+
+
+def _nul_at(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` (a JSON document) a string holds a NUL: ``env.KEY``, ``args.2``, "" for the top."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return f"{here} (the key)"
+        found = _nul_at(item, here)
+        if found is not None:
+            return found
+    return None
+
+
+# a path or query parameter that is free text (names get their pattern in api/params.py)
+Text = Annotated[str, AfterValidator(no_nul)]
+
+
 class Request(BaseModel):
-    """Base of request models: unknown fields are an error."""
+    """Base of request models: unknown fields are an error, and so is a NUL anywhere in the body."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        where = _nul_at(data)
+        if where is not None:
+            raise ValueError(f"{where}: {NUL_MESSAGE}" if where else NUL_MESSAGE)
+        return data
 
 
 def exactly_one_of(**fields: str) -> ConfigDict:
