@@ -424,8 +424,20 @@ def _rest(readers: Readers, keep: Callable[[str], bool], label: Callable[[str, s
     return [label(line, name) for _, name, reader in readers for line in reader.rest() if keep(line)]
 
 
-def _new_files(attempts: list[tuple[int, Path]], replica: str | None, known: set[Path]) -> list[LogFile]:
-    return [f for f in _files(attempts, replica) if f[2] not in known]
+def _check(
+    platform: Platform,
+    caller: Caller,
+    job_id: str,
+    attempts: list[tuple[int, Path]],
+    replica: str | None,
+    known: set[Path],
+) -> tuple[bool, list[tuple[int, Path]], list[LogFile]]:
+    """Whether the job has ended, its attempts, and the log files not ``known`` yet: of a new attempt, or a
+    gang's replica directories that appeared since."""
+    _, done, fresh = _snapshot(platform, caller, job_id)
+    numbers = {n for n, _ in attempts}
+    attempts = attempts + [a for a in fresh if a[0] not in numbers]
+    return done, attempts, [f for f in _files(attempts, replica) if f[2] not in known]
 
 
 async def open_log_stream(
@@ -493,11 +505,9 @@ async def _stream(
             if loop.time() - last_check < STATE_CHECK_SECONDS:
                 continue
             last_check = loop.time()
-            _, done, fresh = await anyio.to_thread.run_sync(_snapshot, platform, caller, job_id)
-            known_attempts = {n for n, _ in attempts}
-            attempts = attempts + [a for a in fresh if a[0] not in known_attempts]
-            # a new attempt, or a gang's replica directories that appeared since
-            added = await anyio.to_thread.run_sync(_new_files, attempts, replica, {f[2] for f in files})
+            done, attempts, added = await anyio.to_thread.run_sync(
+                _check, platform, caller, job_id, attempts, replica, {f[2] for f in files}
+            )
             if added:
                 files = files + added
                 readers = readers + [(number, name, _LogReader(path)) for number, name, path in added]
