@@ -29,11 +29,13 @@ test: system-deps install
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 	@echo "GPU tier (pytest -m gpu) is run on a GPU machine; it was deselected here."
 
-# Schemathesis over /api/v1/openapi.json of a real `dlcloud up`, signed as the admin and as another tenant's
-# member (tests/fuzz/run.py; `make test` runs a quick version). FUZZ_ARGS="--seed 1 --max-examples 100"
+# Schemathesis over /api/v1/openapi.json of a real `dlcloud up` on SQLite, then on PostgreSQL, signed as the
+# admin and as another tenant's member (tests/fuzz/run.py, docs/api.md; `make test` runs a quick version).
+# FUZZ_ARGS="--seed 1 --max-examples 100"
 FUZZ_ARGS ?=
 fuzz: install
 	$(PY) tests/fuzz/run.py $(FUZZ_ARGS)
+	$(PY) tests/fuzz/run.py --postgres $(FUZZ_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

@@ -68,7 +68,11 @@ def check_index_url(value: str) -> str:
 
 PythonVersion = Annotated[str, Field(pattern=PYTHON_RE, description="Major.minor, e.g. 3.11.")]
 PipRequirement = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(check_requirement)]
-IndexUrl = Annotated[str, Field(min_length=1, max_length=2048), AfterValidator(check_index_url)]
+IndexUrl = Annotated[
+    str,
+    Field(min_length=1, max_length=2048, json_schema_extra={"pattern": r"^https?://[^\s\x00-\x1f\x7f]+$"}),
+    AfterValidator(check_index_url),
+]
 CodeId = Annotated[str, Field(pattern=CODE_ID_RE)]
 
 
