@@ -464,6 +464,10 @@ class LocalExecutor(Executor):
             d.mkdir(mode=0o700, exist_ok=True)
             give_to(d, uid)
         readonly = [*files, *([Path(workload.venv)] if workload.venv is not None else [])]
+        if workload.package is not None:  # pip installs it inside the sandbox: readable there, closed on the host
+            readonly.append(Path(workload.package))
+            if uid is not None:
+                _open_for_readers(Path(workload.package))
         view = View(
             writable=(*work, *workload.data_dirs),
             readonly=tuple(readonly),
