@@ -1,9 +1,11 @@
 """A user's session with the real server and CLI: configure, submit a directory with a PyTorch training
-script, follow its logs, failures, restarts, cancel, timeout and a control-plane crash."""
+script, follow its logs, failures, restarts, cancel, timeout, a control-plane crash and secret env."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import subprocess
 import textwrap
 from pathlib import Path
@@ -247,3 +249,51 @@ def test_logs_of_a_big_log_are_its_end_and_tail_reads_from_the_end(server: Serve
     first = int(rows[0].split()[1])
     assert [int(r.split()[1]) for r in rows[:-1]] == list(range(first, 55000))
     assert 28_000 < 55000 - first < 29_000  # 4 MiB of 147-byte lines, of the 8 MB log
+
+
+def test_secret_env_from_flags_the_spec_and_the_shell_is_never_shown(server: Server):
+    from_shell, from_flag, from_spec = (
+        "shell-" + secrets.token_hex(8),
+        "flag-" + secrets.token_hex(8),
+        "spec-" + secrets.token_hex(8),
+    )
+    spec = server.root / "secret.yaml"
+    spec.write_text(
+        "name: secretive\n"
+        'command: for v in "$FROM_SHELL" "$FROM_FLAG" "$FROM_SPEC"; do printf %s "$v" | sha256sum; done\n'
+        f"secret_env: {{FROM_SPEC: {from_spec}}}\n"
+    )
+    argv = [DLCLOUD, "jobs", "submit", "-f", str(spec), "--secret-env", "FROM_SHELL"]
+    argv += ["--secret-env", f"FROM_FLAG={from_flag}", "--follow"]
+    res = subprocess.run(
+        argv, env={**server.env, "FROM_SHELL": from_shell}, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    for value in (from_shell, from_flag, from_spec):
+        assert hashlib.sha256(value.encode()).hexdigest() in res.stdout  # the job got each value itself
+    job = _state(server, "secretive")
+    assert job["spec"]["secret_env"] == {"FROM_SHELL": "***", "FROM_FLAG": "***", "FROM_SPEC": "***"}
+    shown = [
+        res.stdout + res.stderr,
+        json.dumps(job),
+        server.cli("jobs", "describe", "secretive").stdout,
+        server.cli("jobs", "list", "-o", "json").stdout,
+        server.cli("jobs", "logs", "secretive").stdout,
+        server.cli("audit", "-o", "json").stdout,
+        server.log(),
+    ]
+    stored = b"".join(p.read_bytes() for p in server.data_dir.glob("dlcloud.db*"))  # the database and its WAL
+    assert b"FROM_SPEC" in stored
+    for value in (from_shell, from_flag, from_spec):
+        assert not [text for text in shown if value in text]
+        assert value.encode() not in stored
+
+    res = server.cli(
+        "jobs", "submit", "--name", "unset", "--command", "true", "--secret-env", "NOT_SET_ANYWHERE", check=False
+    )
+    assert res.returncode != 0 and "NOT_SET_ANYWHERE is not set in your environment" in res.stderr
+    res = server.cli(
+        "jobs", "submit", "--name", "both", "--command", "true", "--env", "K=a", "--secret-env", "K=b", check=False
+    )
+    assert res.returncode != 0 and "K given in both env and secret_env" in res.stderr
+    assert [j["name"] for j in server.cli_json("jobs", "list")] == ["secretive"]

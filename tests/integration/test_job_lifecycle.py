@@ -1,16 +1,22 @@
 """Jobs through the real control loop and local executor: success, failure, restarts, cancel, timeout,
-and a control-plane restart that re-adopts a running attempt."""
+a control-plane restart that re-adopts a running attempt, and secret env."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import secrets
 import threading
 
 import pytest
+from sqlalchemy import text
 
-from dlcloud.errors import InvalidState
+from dlcloud.errors import InvalidSpec, InvalidState
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import SECRET_MASK
 from dlcloud.services.control import ControlLoop
-from tests.conftest import WAIT_FOR_GO, release, wait_for
+from tests.conftest import WAIT_FOR_GO, assert_api_error, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 
@@ -143,3 +149,54 @@ def test_control_plane_restart_readopts_running_attempt(tmp_path, db_url):
     assert len(job["attempts"]) == 1
     assert [x.text for x in c.jobs.logs("survivor") if x.stream == "stdout"] == ["begin", "end"]
     env.platform.db.dispose()
+
+
+def test_secret_env_reaches_every_replica_and_no_read_shows_it(running_env, caplog):
+    """A secret_env value is in the environment of each replica of a gang, encrypted in the job row, and in
+    no read: describe, list, the audit log, the job's events and the server's log."""
+    caplog.set_level(logging.DEBUG)
+    c = running_env.admin
+    secret = "s3cret-" + secrets.token_hex(8)
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    c.jobs.submit(
+        {
+            "name": "secretive",
+            "replicas": {"worker": 2},
+            "command": 'printf %s "$API_TOKEN" | sha256sum; echo "plain=$PLAIN"',
+            "env": {"PLAIN": "visible"},
+            "secret_env": {"API_TOKEN": secret},
+        }
+    )
+    job = _wait_end(c, "secretive")
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    texts = [x.text for x in c.jobs.logs("secretive")]
+    assert sum(t.startswith(digest) for t in texts) == 2, texts  # both replicas got the value itself
+    assert texts.count("plain=visible") == 2
+    assert job["spec"]["secret_env"] == {"API_TOKEN": SECRET_MASK}
+    assert job["spec"]["env"] == {"PLAIN": "visible"}
+    audit = c.accounting.audit(limit=1000)
+    assert any(e["action"] == "jobs.submit" and e["resource"] == "secretive" for e in audit)
+    reads = json.dumps([job, c.jobs.list(), audit, texts])
+    assert secret not in reads
+    assert not [r.getMessage() for r in caplog.records if secret in r.getMessage()]
+    with running_env.platform.db.engine.connect() as conn:
+        row = conn.execute(text("SELECT spec FROM jobs WHERE name = 'secretive'")).scalar_one()
+        events = conn.execute(text("SELECT reason FROM job_events")).scalars().all()
+    raw = row if isinstance(row, str) else json.dumps(row)
+    assert "API_TOKEN" in raw and secret not in raw and secret not in json.dumps(events)
+    token = json.loads(raw)["secret_env"]["API_TOKEN"]
+    assert running_env.platform.box.decrypt(token.encode()) == secret
+
+
+def test_secret_env_is_checked_like_env(env):
+    c = env.admin
+    with pytest.raises(InvalidSpec, match="TOKEN given in both env and secret_env"):
+        c.jobs.submit({"name": "twice", "command": "true", "env": {"TOKEN": "a"}, "secret_env": {"TOKEN": "b"}})
+    cases = {"DLCLOUD_JOB_TOKEN": "secret_env DLCLOUD_JOB_TOKEN is set by dlcloud", "1BAD": "secret_env.1BAD"}
+    for key, fragment in cases.items():
+        resp = env.signed(
+            env.admin_creds, "POST", "/api/v1/jobs", {"name": "bad", "command": "true", "secret_env": {key: "v"}}
+        )
+        err = assert_api_error(resp, 422, "validation_error")
+        assert fragment in err["message"] + json.dumps(err["details"]), err
+    assert c.jobs.list() == []

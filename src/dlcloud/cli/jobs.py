@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -45,6 +46,23 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
             raise InvalidSpec(f"--env takes KEY=VALUE, got {pair!r}")
         env[key] = value
     return env
+
+
+def _parse_secret_env(items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE``, or ``KEY`` alone: the value of KEY in this shell's environment (kept out of shell history)."""
+    secret = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise InvalidSpec(f"--secret-env takes KEY=VALUE or KEY, got {item!r}")
+        if not sep:
+            if key not in os.environ:
+                raise InvalidSpec(
+                    f"--secret-env {key}: {key} is not set in your environment; export it first or give KEY=VALUE"
+                )
+            value = os.environ[key]
+        secret[key] = value
+    return secret
 
 
 def upload_code(c: Client, code: str, base: Path) -> str:
@@ -131,6 +149,12 @@ def submit(
     module: str | None = typer.Option(None, "--module", help="Python module to run (python -m MODULE ARGS)."),
     args: list[str] = typer.Option([], "--args", help="Argument for --module (repeat for several)."),
     env: list[str] = typer.Option([], "--env", help="Environment variable KEY=VALUE (repeatable)."),
+    secret_env: list[str] = typer.Option(
+        [],
+        "--secret-env",
+        help="Secret environment variable (repeatable): KEY=VALUE, or KEY to take the value from your own "
+        "environment, out of shell history. Stored encrypted; describe shows only its name.",
+    ),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs per replica."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPUs per replica."),
     memory: str | None = typer.Option(None, "--memory", help="Memory per replica, e.g. 4Gi."),
@@ -155,6 +179,14 @@ def submit(
       dlcloud jobs submit --name pkg --code dist/trainer-0.1-py3-none-any.whl --module trainer.task --args --lr=0.1
 
       dlcloud jobs submit --name bert --code . --command "python finetune.py" --environment nlp
+
+      dlcloud jobs submit -f job.yaml --secret-env HF_TOKEN --secret-env WANDB_API_KEY=abc123
+
+    Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
+
+    They are stored encrypted and never shown again: describe and -o json show each name with "***".
+
+    --secret-env HF_TOKEN sends the value HF_TOKEN has in your own environment (kept out of shell history).
     """
     spec: dict[str, Any] = {}
     base = Path.cwd()
@@ -181,6 +213,8 @@ def submit(
         spec["args"] = list(args)
     if env:
         spec["env"] = {**(spec.get("env") or {}), **_parse_env(env)}
+    if secret_env:
+        spec["secret_env"] = {**(spec.get("secret_env") or {}), **_parse_secret_env(secret_env)}
     res = dict(spec.get("resources") or {})
     for key, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
         if value is not None:

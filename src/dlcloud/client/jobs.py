@@ -59,6 +59,8 @@ class JobsAPI:
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit a job spec whose ``code`` (if any) is an uploaded code id.
 
+        ``secret_env`` values reach the job like ``env`` but are stored encrypted; reads show ``"***"``.
+
         Raises:
             InvalidSpec / dlcloud.errors.DlcloudError with code validation_error: the spec is wrong.
             QuotaExceeded: the tenant's queue is full or the job exceeds the tenant's limits.

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dlcloud.schemas.common import DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
 
@@ -16,6 +16,7 @@ EnvKey = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_]
 EnvValue = Annotated[str, Field(max_length=32_768)]
 RESERVED_ENV_PREFIXES = ("DLCLOUD_",)
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES"}
+SECRET_MASK = "***"  # what reads show for each value of a job's secret_env
 DEFAULT_POST_TIMEOUT_SECONDS = 300.0
 MAX_POST_TIMEOUT_SECONDS = 3600.0
 
@@ -129,6 +130,8 @@ class JobSpec(Request):
     mpi_launch: MpiLaunch = MpiLaunch.MPIRUN
     grace_period: DurationSeconds | None = None  # SIGTERM -> SIGKILL on cancel and stop; None: the server's default
     env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256)] = {}
+    # more env whose values are secrets: stored encrypted, never shown again (reads show SECRET_MASK)
+    secret_env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256, repr=False)] = {}
     restart: RestartPolicy = RestartPolicy()
     timeout: DurationSeconds | None = None
     priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
@@ -143,13 +146,13 @@ class JobSpec(Request):
             raise ValueError(f"post_timeout must be at most 1h, got {v:g} s")
         return v
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _env_not_reserved(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_not_reserved(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for key in env:
             if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(
-                    f"env {key} is set by dlcloud and cannot be overridden "
+                    f"{info.field_name} {key} is set by dlcloud and cannot be overridden "
                     "(reserved: CUDA_VISIBLE_DEVICES and names starting with DLCLOUD_)"
                 )
         return env

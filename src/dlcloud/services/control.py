@@ -32,7 +32,7 @@ from dlcloud.scheduler.planner import GroupDemand, Held, Limits, QueuedJob, plan
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS, JobState
 from dlcloud.services import gangs, job_states, recipes
 from dlcloud.services.env_builds import EnvironmentBuilder
-from dlcloud.services.jobs import QUEUE_STATES, job_dir
+from dlcloud.services.jobs import QUEUE_STATES, job_dir, job_env
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
@@ -357,7 +357,7 @@ class ControlLoop:
                     code_archive = Path(code.path)
                 else:
                     package = Path(code.path)
-        env = dict(job.spec.get("env") or {})
+        env = job_env(self.p, job)  # env and the decrypted secret_env
         env.update(
             {
                 "DLCLOUD_JOB": job.name,

@@ -5,6 +5,7 @@ State changes go through ``job_states.transition``; running attempts are driven 
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
 from datetime import datetime
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied, QuotaExceeded
 from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import (
+    SECRET_MASK,
     TERMINAL_STATES,
     Job,
     JobAttempt,
@@ -34,6 +36,7 @@ from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
 from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
 
+log = logging.getLogger(__name__)
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
@@ -68,6 +71,35 @@ def _job_fields(row: Any, tenant: str, user: str) -> dict[str, Any]:
         command=row.command,
         environment=row.environment or "default",
     )
+
+
+def _stored_spec(platform: Platform, spec: JobSpec) -> dict[str, Any]:
+    """The spec as the job row keeps it: each ``secret_env`` value encrypted with the server key."""
+    stored = spec.model_dump(mode="json")
+    stored["secret_env"] = {k: platform.box.encrypt(v).decode() for k, v in spec.secret_env.items()}
+    return stored
+
+
+def public_spec(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec as reads show it: ``secret_env`` names only, each value SECRET_MASK."""
+    secret = stored.get("secret_env")
+    return {**stored, "secret_env": dict.fromkeys(secret, SECRET_MASK)} if secret else stored
+
+
+def job_env(platform: Platform, job: JobRow) -> dict[str, str]:
+    """The variables a job's processes get from its spec: ``env`` and ``secret_env`` decrypted.
+
+    A secret the server key cannot decrypt (the key file was replaced) is left out and logged by name,
+    so one broken row cannot stop the scheduling pass that places it."""
+    env = dict(job.spec.get("env") or {})
+    for key, token in (job.spec.get("secret_env") or {}).items():
+        try:
+            env[key] = platform.box.decrypt(str(token).encode())
+        except ValueError:
+            log.error(
+                "job %s: secret_env %s cannot be decrypted with the server key; the job runs without it", job.id, key
+            )
+    return env
 
 
 def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
@@ -110,6 +142,9 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
 
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     require_isolation(platform, caller, "running jobs")
+    both = sorted(set(spec.env) & set(spec.secret_env))
+    if both:
+        raise InvalidSpec(f"{', '.join(both)} given in both env and secret_env; give each variable in one of them")
     with platform.db.write() as s:
         tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
         if tenant is None:
@@ -143,17 +178,16 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
                 )
         gpus, cpus, memory = spec.total_resources()
         groups = spec.groups()
+        stored = _stored_spec(platform, spec)
         replica_groups = None
         if spec.process_count() > 1:
-            replica_groups = recipes.replica_groups(
-                spec.model_dump(mode="json"), groups, {g: spec.group_resources(g) for g in groups}
-            )
+            replica_groups = recipes.replica_groups(stored, groups, {g: spec.group_resources(g) for g in groups})
         row = JobRow(
             id=new_id("j-"),
             tenant_id=tenant.id,
             user_id=caller.user_id,
             name=spec.name,
-            spec=spec.model_dump(mode="json"),
+            spec=stored,
             command=spec.shell_command(),
             code_id=spec.code,
             state=JobState.QUEUED.value,
@@ -319,7 +353,7 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
     # the selected columns carry the read models' field names
     return JobDetail(
         **_job_fields(row, caller.tenant, row.user_name or row.user_id),
-        spec=row.spec,
+        spec=public_spec(row.spec),
         environment_hash=row.environment_hash,
         queue_position=position,
         wait_reason=wait,

@@ -52,6 +52,8 @@ def test_job_spec_module_runs_with_python_m():
         ({}, "exactly one"),
         ({"command": "a", "args": ["x"]}, "'args' goes with 'module'"),
         ({"command": "a", "env": {"DLCLOUD_X": "1"}}, "set by dlcloud"),
+        ({"command": "a", "secret_env": {"CUDA_VISIBLE_DEVICES": "1"}}, "secret_env CUDA_VISIBLE_DEVICES is set by"),
+        ({"command": "a", "secret_env": {"A-B": "1"}}, "secret_env.A-B"),
         ({"command": "a", "replicas": {"chief": 1}}, "framework none has no replica group chief"),
         ({"command": "a", "framework": "mpi", "replicas": {"worker": 2}}, r"mpi needs replicas \{launcher: 1"),
         ({"command": "a", "framework": "tensorflow", "replicas": {"chief": 2}}, "at most 1 chief"),
@@ -64,3 +66,8 @@ def test_job_spec_module_runs_with_python_m():
 def test_job_spec_rules(fields, fragment):
     with pytest.raises(ValidationError, match=fragment):
         JobSpec(name="x", **fields)
+
+
+def test_job_spec_never_shows_secret_env_in_its_repr():
+    spec = JobSpec(name="x", command="a", secret_env={"TOKEN": "hunter2"})
+    assert spec.secret_env == {"TOKEN": "hunter2"} and "hunter2" not in repr(spec)
