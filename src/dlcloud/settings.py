@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     # Runtime environments (venvs built by the control plane)
     env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once
     env_build_timeout_seconds: Annotated[float, Field(gt=0, le=24 * 3600)] = 3600.0  # one build, pip included
+    # the package index of builds (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL in pip's environment), the only pip
+    # settings builds get from the server: its own PIP_* variables are not passed on (docs/environments.md)
+    env_build_index_url: str | None = None
+    env_build_extra_index_urls: list[str] = []
 
     # Sandboxing of user code (docs/isolation.md): "auto" uses bubblewrap where it works; "off" never does.
     # Without a working sandbox only the bootstrap tenant's jobs run, unless allow_unsandboxed_tenants.

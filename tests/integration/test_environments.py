@@ -217,6 +217,20 @@ def test_bad_input_is_refused_and_nothing_is_stored(env: Env, subtests, tmp_path
         "requirement-newline": ({"requirements": ["a\nb"]}, 422, "validation_error", "control character"),
         "too-many": ({"requirements": ["a"] * 257}, 422, "validation_error", "requirements"),
         "index-url": ({"index_url": "ftp://x"}, 422, "validation_error", "not an http(s) URL"),
+        # pip expands ${NAME} from its environment: refused wherever a string reaches pip
+        "requirement-expansion": (
+            {"requirements": ["x @ https://127.0.0.1:9/${PIP_INDEX_URL}/x.whl"]},
+            400,
+            "invalid_argument",
+            "contains '${': pip would replace ${NAME} with an environment variable of the server",
+        ),
+        "index-url-expansion": ({"index_url": "https://${HOME}/simple"}, 400, "invalid_argument", "index_url"),
+        "extra-index-expansion": (
+            {"extra_index_urls": ["https://x/${PIP_EXTRA_INDEX_URL}"]},
+            400,
+            "invalid_argument",
+            "extra_index_urls 'https://x/${PIP_EXTRA_INDEX_URL}' contains '${'",
+        ),
         "no-index-and-index": (
             {"no_index": True, "index_url": "https://x/simple"},
             422,

@@ -70,7 +70,7 @@ def create(
         [], "-r", "--requirements-file", help="A pip requirements file (repeatable)."
     ),
     requirement: list[str] = typer.Option(
-        [], "--requirement", help="A pip requirement, e.g. 'numpy==2.1' (repeatable)."
+        [], "--requirement", help="A pip requirement, e.g. 'numpy==2.1' (repeatable). Not expanded: '${' is refused."
     ),
     wheel: list[Path] = typer.Option([], "--wheel", help="A local .whl file to upload and install (repeatable)."),
     inherit: bool = typer.Option(

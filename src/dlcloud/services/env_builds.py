@@ -107,7 +107,10 @@ class EnvironmentBuilder:
         settings = platform.settings
         self._pool = ThreadPoolExecutor(max_workers=settings.env_build_workers, thread_name_prefix="dlcloud-env")
         # builds run user code (sdists' setup code): sandboxed like jobs where the executor can
-        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds, sandbox=sandbox)
+        env = venvs.build_env_vars(
+            index_url=settings.env_build_index_url, extra_index_urls=settings.env_build_extra_index_urls
+        )
+        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds, sandbox=sandbox, env=env)
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._closed = False

@@ -232,9 +232,25 @@ def _wheels(s: Session, caller: Caller, ids: list[str]) -> tuple[list[tuple[str,
     return build, shown
 
 
+def _refuse_expansion(req: EnvironmentCreate) -> None:
+    """Refuse ``${`` in what reaches pip: pip replaces ``${NAME}`` in requirements files with the variable
+    NAME of its environment, so such a requirement could carry values of the server's environment into the
+    build's log and error (builds pass requirements as arguments, which pip does not expand, as well)."""
+    fields = [("requirement", r) for r in req.requirements] + [("extra_index_urls", u) for u in req.extra_index_urls]
+    if req.index_url:
+        fields.append(("index_url", req.index_url))
+    for what, value in fields:
+        if "${" in value:
+            raise InvalidArgument(
+                f"{what} {value!r} contains '${{': pip would replace ${{NAME}} with an environment variable of the "
+                "server; write the value itself (nothing in an environment spec is expanded)"
+            )
+
+
 def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreate) -> Environment:
     """Record the environment and ask for its build; returns at once (READY when the spec was built before)."""
     require_isolation(platform, caller, "building environments")
+    _refuse_expansion(req)
     if req.name in BUILTINS:
         raise InvalidArgument(
             f"{req.name!r} is a built-in environment; choose another name (built-ins: {', '.join(BUILTINS)})"

@@ -1,12 +1,15 @@
-"""Building venvs: spec hashing, one build per hash under concurrency, inheritance, readable failures and
-interrupted builds. No package index is used: requirements come from wheels made in the test."""
+"""Building venvs: spec hashing, one build per hash under concurrency, inheritance, readable failures,
+interrupted builds, and what of the server's environment a build sees and logs. No package index is reached:
+requirements come from wheels made in the test."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -119,14 +122,42 @@ def test_an_interrupted_build_is_built_again(tmp_path: Path) -> None:
     assert "removing the unfinished venv" in venvs.log_path(tmp_path, spec_hash).read_text()
 
 
-def test_build_environment_keeps_pip_settings_and_drops_secrets() -> None:
+def test_build_environment_is_an_allow_list_plus_the_configured_index() -> None:
+    server = {
+        "PATH": "/bin",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "PIP_INDEX_URL": "https://user:server-secret@mirror/simple",
+        "PIP_CONFIG_FILE": "/etc/secret-pip.conf",
+        "DLCLOUD_SECRET_KEY": "s",
+        "AWS_SECRET_ACCESS_KEY": "k",
+    }
+    env = venvs.build_env_vars(server)
+    assert env == {"PATH": "/bin", "HTTPS_PROXY": "http://proxy:3128", "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1"}
     env = venvs.build_env_vars(
-        {
-            "PATH": "/bin",
-            "PIP_INDEX_URL": "https://mirror/simple",
-            "DLCLOUD_SECRET_KEY": "s",
-            "AWS_SECRET_ACCESS_KEY": "k",
-        }
+        server, index_url="https://builds:t0ken@mirror/simple", extra_index_urls=["https://a", "https://b"]
     )
-    assert env["PIP_INDEX_URL"] == "https://mirror/simple" and env["PATH"] == "/bin"
-    assert "DLCLOUD_SECRET_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["PIP_INDEX_URL"] == "https://builds:t0ken@mirror/simple"
+    assert env["PIP_EXTRA_INDEX_URL"] == "https://a https://b"
+    assert venvs.url_credentials(env) == ("builds:t0ken", "t0ken")
+
+
+def test_requirements_are_not_expanded_and_credentials_not_logged(tmp_path: Path) -> None:
+    """pip expands ${NAME} in requirements files: a requirement naming the index variable must reach pip as
+    written, and the build's output hides the index credentials pip's environment holds."""
+    spec = inherit_spec(
+        requirements=("x @ https://127.0.0.1:9/${PIP_INDEX_URL}/x-1.0-py3-none-any.whl",), no_index=False
+    )
+    env = venvs.build_env_vars(index_url="https://user:build-secret-42@127.0.0.1:9/simple")
+    runner = Runner(env={**env, "PIP_RETRIES": "0"})  # nothing listens on port 9: fail at once
+    with pytest.raises(BuildError) as exc:
+        venvs.materialise(spec, spec.spec_hash(), tmp_path, runner)
+    log = venvs.log_path(tmp_path, spec.spec_hash()).read_text()
+    assert "stdout Collecting x @ https://127.0.0.1:9/${PIP_INDEX_URL}/" in log  # pip got the text as written
+    assert "build-secret-42" not in log + str(exc.value)
+    # a step that prints its environment, as the setup code of a hostile sdist can: the output is redacted
+    out = io.StringIO()
+    printenv = "import os; print(os.environ['PIP_INDEX_URL']); raise SystemExit(3)"
+    with pytest.raises(BuildError) as exc:
+        runner.run([sys.executable, "-c", printenv], venvs.BuildLog(out), time.monotonic() + 60, "printing")
+    assert "https://***@127.0.0.1:9/simple" in out.getvalue() and "build-secret-42" not in out.getvalue()
+    assert "https://***@127.0.0.1:9/simple" in str(exc.value) and "build-secret-42" not in str(exc.value)

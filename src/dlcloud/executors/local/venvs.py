@@ -38,6 +38,7 @@ import sys
 import sysconfig
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -46,15 +47,14 @@ from typing import Any, TextIO
 
 READY_MARKER = ".dlcloud-ready"
 SPEC_FILE = "dlcloud-environment.json"
-REQUIREMENTS_FILE = "dlcloud-requirements.txt"
 BASE_PTH = "_dlcloud_base.pth"
 HASH_FORMAT = 1  # bump when the layout of a venv changes, so every spec builds anew
 ERROR_LINES = 8  # pip output kept in a failed build's error
-# what a build's subprocesses see of the server's environment (never DLCLOUD_* secrets)
+# all a build's subprocesses see of the server's environment (never DLCLOUD_* or PIP_* variables)
 PASSED_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-PASSED_PREFIXES = ("PIP_",)
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 _CREDENTIALS_RE = re.compile(r"(://)[^/@\s]+@")  # user:password@ in an index URL: never logged
+_USERINFO_RE = re.compile(r"://([^/@\s]+)@")
 _DIST_RE = re.compile(r"^(?P<name>.+?)-(?P<version>[^-]+)\.(?:dist-info|egg-info)$")
 PIP_SCRIPT = """#!{python}
 import sys
@@ -306,15 +306,36 @@ def _make_read_only(path: Path) -> None:
                 os.chmod(p, stat.S_IMODE(st.st_mode) & no_write)
 
 
-def build_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a build's subprocesses: a minimal base, pip's configuration and proxies."""
+def build_env_vars(
+    environ: dict[str, str] | None = None, *, index_url: str | None = None, extra_index_urls: Sequence[str] = ()
+) -> dict[str, str]:
+    """The environment of a build's subprocesses, from an allow-list: a minimal base and the proxies of the
+    server's environment, and the pip index given here (the admin's settings for builds).
+
+    Never the server's ``PIP_*`` variables: sdists' setup code runs in the build and can print what it finds
+    in its environment into the build log, which the environment's author reads."""
     src = os.environ if environ is None else environ
-    out = {k: v for k, v in src.items() if k in PASSED_VARS or k in PROXY_VARS or k.startswith(PASSED_PREFIXES)}
-    out = {k: v for k, v in out.items() if not k.startswith("DLCLOUD_")}
+    out = {k: v for k, v in src.items() if k in PASSED_VARS or k in PROXY_VARS}
     out.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     out["PYTHONUNBUFFERED"] = "1"
     out["PIP_NO_INPUT"] = "1"
+    if index_url:
+        out["PIP_INDEX_URL"] = index_url
+    if extra_index_urls:
+        out["PIP_EXTRA_INDEX_URL"] = " ".join(extra_index_urls)
     return out
+
+
+def url_credentials(env: dict[str, str]) -> tuple[str, ...]:
+    """The ``user:password`` parts (and passwords) of the URLs in ``env``'s values, longest first: a build's
+    output is logged with each of them replaced by ``***``."""
+    found: set[str] = set()
+    for value in env.values():
+        for userinfo in _USERINFO_RE.findall(value):
+            _user, sep, password = userinfo.partition(":")
+            found.update(v for v in (userinfo, password if sep else "") if len(v) >= 4)
+    found.update({urllib.parse.unquote(v) for v in found})
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 # -- the build -------------------------------------------------------------------------------------------
@@ -406,8 +427,11 @@ class Runner:
         lines: list[str] = []
         try:
             assert proc.stdout is not None
+            hidden = url_credentials(self.env)
             for raw in proc.stdout:
                 text = raw.rstrip("\n")
+                for value in hidden:
+                    text = text.replace(value, "***")
                 lines.append(text)
                 if len(lines) > 2000:
                     del lines[:1000]
@@ -525,10 +549,8 @@ def _pip_install(spec: BuildSpec, target: Path, python: Path, log: BuildLog, run
         argv += ["--index-url", spec.index_url]
     for url in spec.extra_index_urls:
         argv += ["--extra-index-url", url]
-    if spec.requirements:
-        reqs = target / REQUIREMENTS_FILE
-        reqs.write_text("".join(f"{r}\n" for r in spec.requirements), encoding="utf-8")
-        argv += ["-r", str(reqs)]
+    # as arguments, never in a requirements file: pip expands ${NAME} in a file from its environment
+    argv += spec.requirements
     for sha, path in spec.wheels:
         if not os.path.isfile(path):
             raise BuildError(
