@@ -16,6 +16,8 @@ HTTP_STATUS: dict[str, int] = {
     "checksum_mismatch": 400,
     "invalid_signature": 400,
     "unknown_format": 400,
+    "duplicate_header": 400,
+    "invalid_path": 400,
     "validation_error": 422,
     "unauthenticated": 401,
     "missing_signature": 401,
@@ -137,6 +139,18 @@ class UnknownFormat(InvalidArgument):
     code = "unknown_format"
 
 
+class DuplicateHeader(InvalidArgument):
+    """A header that must appear once (signature, length, type, host) appeared more than once."""
+
+    code = "duplicate_header"
+
+
+class InvalidPath(InvalidArgument):
+    """A request path with control characters, a bad escape or bytes that are not UTF-8."""
+
+    code = "invalid_path"
+
+
 _BY_CODE: dict[str, type[DlcloudError]] = {
     cls.code: cls
     for cls in (
@@ -157,6 +171,8 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         UntrustedCode,
         InvalidSignature,
         UnknownFormat,
+        DuplicateHeader,
+        InvalidPath,
     )
 }
 

@@ -40,7 +40,13 @@ class Settings(BaseSettings):
     server_key_file: Path | None = None  # default: <data_dir>/server.key
     bootstrap_admin_name: str = "admin"
     bootstrap_tenant_name: str = "default"
+    # repeated authentication failures of one access key (of one client address without a known key) and one
+    # error code: the first is audited at once, the rest of this window as one event with a count
+    auth_failure_audit_window_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
 
+    # Request bodies: uploads (code, model artifacts) up to max_upload_bytes, every other request up to
+    # max_request_bytes; both checked before authentication (api/guard.py)
+    max_request_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     # Uploads
     max_upload_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
     max_unpacked_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024 * 1024

@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
 from dlcloud.api import accounting, code, environments, jobs, models, openapi, tenants
+from dlcloud.api.deps import streaming_caller
+from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.errors import DlcloudError
 from dlcloud.services.auth import AuthError, BatchVerifier
@@ -120,8 +122,13 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    for module in (jobs, tenants, accounting, code, models, environments):
-        app.include_router(module.router, prefix=API_PREFIX)
+    routers = [module.router for module in (jobs, tenants, accounting, code, models, environments)]
+    for router in routers:
+        app.include_router(router, prefix=API_PREFIX)
+    settings = platform.settings
+    uploads = upload_routes(API_PREFIX, routers, streaming_caller)
+    limits = BodyLimits(settings.max_request_bytes, settings.max_upload_bytes, uploads)
+    app.add_middleware(RequestGuard, limits=limits)  # inside RequestMiddleware: refusals get ids and metrics
     app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
     openapi.install(app)
     return app

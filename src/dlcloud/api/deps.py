@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import anyio
 from fastapi import Request
 
+from dlcloud.api.guard import signed_path
 from dlcloud.services.auth import BatchVerifier, Caller, SignedRequest
 from dlcloud.services.platform import Platform
 
@@ -24,9 +25,9 @@ async def _authenticate(request: Request, body_sha256: str | None) -> Caller:
     verifier: BatchVerifier = request.app.state.verifier
     signed = SignedRequest(
         method=request.method,
-        # the percent-decoded path as received (docs/api-auth.md); not request.url.path, which parses the
-        # decoded path again as a URL and so cuts it at a decoded '?' or '#' (/jobs/a%3Fb)
-        path=request.scope.get("root_path", "") + request.scope["path"],
+        # the path as sent, decoded once (docs/api-auth.md), checked and kept by the guard (api/guard.py);
+        # not request.url.path, which re-parses the decoded path and cuts it at a decoded '?' or '#'
+        path=signed_path(request.scope),
         query=request.url.query,
         headers={k.lower(): v for k, v in request.headers.items()},
         body_sha256=body_sha256,

@@ -2,7 +2,10 @@
 
 Audited: every mutating call (POST, PUT, PATCH, DELETE under /api/) and every authentication failure.
 A route may mark a successful call as routine (``request.state.audit_skip``, e.g. the renewal of a
-deployment lease, which a model server sends every few seconds); it is then not recorded.
+deployment lease, which a model server sends every few seconds); it is then not recorded. Not audited
+either: a request the guard refused before anyone authenticated (``state["rejected_before_auth"]``:
+malformed path or headers, body too large; api/guard.py). Authentication failures go through
+``AuthFailureAudit``: repeats of one source within a window are counted in one event.
 The audit record never contains request bodies or headers, so secrets cannot reach it.
 """
 
@@ -16,7 +19,7 @@ from typing import Any
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dlcloud.services.accounting import AuditRecord, record_audit
+from dlcloud.services.accounting import AuditRecord, AuthFailureAudit, record_audit
 
 log = logging.getLogger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -42,6 +45,7 @@ class RequestMiddleware:
         self.app = app
         self.metrics = metrics
         self.platform = platform
+        self.auth_failures = AuthFailureAudit(platform.db, platform.settings.auth_failure_audit_window_seconds)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -70,7 +74,8 @@ class RequestMiddleware:
             self.metrics.latency.labels(method, route_name).observe(time.perf_counter() - start)
             path = scope.get("path", "")
             routine = bool(state.get("audit_skip")) and status < 400
-            if path.startswith("/api/") and (method in MUTATING or status == 401) and not routine:
+            refused = bool(state.get("rejected_before_auth")) and state.get("caller") is None
+            if path.startswith("/api/") and (method in MUTATING or status == 401) and not (routine or refused):
                 await self._audit(scope, state, route_name, status)
 
     async def _audit(self, scope: dict, state: dict, route_name: str, status: int) -> None:
@@ -91,6 +96,9 @@ class RequestMiddleware:
             client_address=client[0] if client else None,
         )
         try:
-            await anyio.to_thread.run_sync(record_audit, self.platform.db, rec)
+            if status == 401 and caller is None:
+                await self.auth_failures.record(rec)
+            else:
+                await anyio.to_thread.run_sync(record_audit, self.platform.db, rec)
         except Exception:  # auditing must not turn a served response into a crash
             log.exception("could not write audit event for request %s", state["request_id"])

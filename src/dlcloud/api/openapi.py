@@ -4,7 +4,8 @@ FastAPI documents each route's success response and a ``422 HTTPValidationError`
 that this server never sends. ``install(app)`` post-processes the generated document once:
 
 - every operation lists the error statuses it really answers, each with the ``Error`` schema that
-  ``api/app.py`` sends (``{"error": {"code", "message", "details"}}``): 401 for every signed call, 422
+  ``api/app.py`` sends (``{"error": {"code", "message", "details"}}``): 401 for every signed call, 400 and
+  413 for every call (a malformed path or headers, a body over its limit: ``api/guard.py``), 422
   where FastAPI validates parameters or a body, and the statuses of ``ERRORS`` (what the route's service
   raises); FastAPI's ``HTTPValidationError`` and ``ValidationError`` components are dropped;
 - streamed responses (logs, artifact downloads) and streamed request bodies (uploads) get their real
@@ -167,7 +168,7 @@ def document(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
             op["security"] = [{"dlcloudSignature": []}]
             responses = op.setdefault("responses", {})
             validated = responses.pop("422", None) is not None
-            statuses = {401, *ERRORS[name]}
+            statuses = {400, 401, 413, *ERRORS[name]}  # 400, 413: api/guard.py, before routing
             if validated:
                 statuses.add(422)
             for status in sorted(statuses):

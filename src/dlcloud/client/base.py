@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import httpx
 
@@ -34,11 +34,17 @@ def _query_string(params: dict[str, Any] | None) -> str:
     return urlencode(pairs)
 
 
+def _url(path: str, query: str) -> str:
+    """What to send for the decoded ``path`` (the one signed): percent-encoded, so a '?', '#' or '%' in a
+    name stays in the path (docs/api-auth.md)."""
+    return signing.url_path(path) + (f"?{query}" if query else "")
+
+
 class Transport:
     def __init__(self, creds: Credentials, timeout: float = 60.0, client: httpx.Client | None = None):
         self.creds = creds
         self._http = client or httpx.Client(base_url=creds.endpoint, timeout=timeout)
-        self._base_path = urlsplit(creds.endpoint).path.rstrip("/")
+        self._base_path = unquote(urlsplit(creds.endpoint).path.rstrip("/"))  # signed decoded, as any path
 
     def close(self) -> None:
         self._http.close()
@@ -64,7 +70,7 @@ class Transport:
         headers = self._signed(method, path, query, hashlib.sha256(content).hexdigest())
         if json_body is not None:
             headers["Content-Type"] = "application/json"
-        url = path + (f"?{query}" if query else "")
+        url = _url(path, query)
         try:
             resp = self._http.request(method, url, content=content or None, headers=headers)
         except httpx.TransportError as exc:
@@ -100,7 +106,7 @@ class Transport:
                     yield chunk
 
         try:
-            resp = self._http.post(path + (f"?{query}" if query else ""), content=body(), headers=headers)
+            resp = self._http.post(_url(path, query), content=body(), headers=headers)
         except httpx.TransportError as exc:
             raise Unavailable(f"cannot reach {self.creds.endpoint}: {exc}") from None
         self._raise_for(resp)
@@ -118,7 +124,7 @@ class Transport:
         """Stream a GET response body into the file ``dest``; returns the response headers."""
         query = _query_string(params)
         headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = path + (f"?{query}" if query else "")
+        url = _url(path, query)
         try:
             with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
                 if resp.status_code >= 400:
@@ -138,7 +144,7 @@ class Transport:
     ) -> Iterator[str]:
         query = _query_string(params)
         headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = path + (f"?{query}" if query else "")
+        url = _url(path, query)
         try:
             with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
                 if resp.status_code >= 400:

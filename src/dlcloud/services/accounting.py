@@ -7,10 +7,13 @@ up to now.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
+import anyio
 from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
 
 from dlcloud.schemas.audit import AuditEvent
 from dlcloud.schemas.jobs import JobState
@@ -120,31 +123,127 @@ class AuditRecord:
     client_address: str | None
 
 
+def _audit_row(s: Session, rec: AuditRecord) -> AuditRow:
+    tenant_id, tenant = rec.tenant_id, rec.tenant
+    if tenant_id is None and rec.access_key:
+        # an authentication failure with a known key belongs to that key's tenant's log
+        key = s.get(AccessKeyRow, rec.access_key[:40])
+        owner = s.get(TenantRow, key.tenant_id) if key else None
+        if owner is not None:
+            tenant_id, tenant = owner.id, owner.name
+    return AuditRow(
+        time=utcnow(),
+        tenant_id=tenant_id,
+        tenant_name=tenant,
+        user_name=rec.user,
+        access_key=rec.access_key,
+        action=rec.action,
+        resource=rec.resource,
+        outcome="success" if rec.status_code < 400 else "failure",
+        status_code=rec.status_code,
+        error_code=rec.error_code,
+        request_id=rec.request_id,
+        client_address=rec.client_address,
+    )
+
+
 def record_audit(db: Database, rec: AuditRecord) -> None:
     with db.write() as s:
-        tenant_id, tenant = rec.tenant_id, rec.tenant
-        if tenant_id is None and rec.access_key:
-            # an authentication failure with a known key belongs to that key's tenant's log
-            key = s.get(AccessKeyRow, rec.access_key[:40])
-            owner = s.get(TenantRow, key.tenant_id) if key else None
-            if owner is not None:
-                tenant_id, tenant = owner.id, owner.name
-        s.add(
-            AuditRow(
-                time=utcnow(),
-                tenant_id=tenant_id,
-                tenant_name=tenant,
-                user_name=rec.user,
-                access_key=rec.access_key,
-                action=rec.action,
-                resource=rec.resource,
-                outcome="success" if rec.status_code < 400 else "failure",
-                status_code=rec.status_code,
-                error_code=rec.error_code,
-                request_id=rec.request_id,
-                client_address=rec.client_address,
-            )
-        )
+        s.add(_audit_row(s, rec))
+
+
+def repeats_resource(repeats: int, window_seconds: float) -> str:
+    """The ``resource`` of the event that counts the repeats of an authentication failure."""
+    return f"repeated {repeats} more time{'s' if repeats != 1 else ''} within {window_seconds:g} s"
+
+
+def record_auth_repeats(
+    db: Database, last: AuditRecord, repeats: int, window_seconds: float, row_id: int | None
+) -> int:
+    """Write (``row_id`` None) or rewrite the event counting ``repeats``; returns its id. It carries the time,
+    request id and client address of the latest repeat ``last``."""
+    with db.write() as s:
+        row = s.get(AuditRow, row_id) if row_id is not None else None
+        if row is None:
+            row = _audit_row(s, last)
+            s.add(row)
+        row.time = utcnow()
+        row.resource = repeats_resource(repeats, window_seconds)
+        row.request_id = last.request_id
+        row.client_address = last.client_address
+        s.flush()
+        return row.id
+
+
+@dataclass
+class _FailureWindow:
+    start: float  # time.monotonic()
+    first: AuditRecord
+    first_written: bool = False
+    repeats: int = 0
+    last: AuditRecord | None = None
+    written: int = 0  # repeats in the counting event so far
+    row_id: int | None = None  # the counting event
+    busy: bool = False  # a write of this window is under way
+
+
+class AuthFailureAudit:
+    """Authentication failures in the audit log, at most two events per source, error code and window.
+
+    A source is the access key the request named when that key exists, else the client address (so neither
+    a flood with one tenant's key id nor one with made-up key ids grows a log by a row per request). The
+    first failure of a window is written at once, as any event; the later ones of the same window are
+    counted in one more event, written at the second failure and rewritten as the count grows
+    (``resource``: "repeated N more times within 60 s"). One write per window is under way at a time;
+    the failures that arrive meanwhile are folded into the next. Counts are per API process.
+    """
+
+    MAX_WINDOWS = 4096  # past this, windows that ended are forgotten
+
+    def __init__(self, db: Database, window_seconds: float):
+        self._db = db
+        self.window_seconds = window_seconds
+        self._windows: dict[tuple[str, str], _FailureWindow] = {}
+
+    def _source(self, rec: AuditRecord) -> tuple[str, str]:
+        if rec.access_key and rec.error_code != "unknown_access_key":
+            return (f"key:{rec.access_key}", rec.action)
+        return (f"address:{rec.client_address}", rec.action)
+
+    async def record(self, rec: AuditRecord) -> None:
+        now = time.monotonic()
+        source = self._source(rec)
+        window = self._windows.get(source)
+        if window is None or now - window.start >= self.window_seconds:
+            if len(self._windows) >= self.MAX_WINDOWS:
+                self._forget_ended(now)
+            window = self._windows[source] = _FailureWindow(now, rec)
+        else:
+            window.repeats += 1
+            window.last = rec
+        if window.busy:
+            return  # the write under way picks this one up
+        window.busy = True
+        try:
+            while True:
+                if not window.first_written:
+                    await anyio.to_thread.run_sync(record_audit, self._db, window.first)
+                    window.first_written = True
+                elif window.repeats > window.written and window.last is not None:
+                    repeats, last = window.repeats, window.last
+                    window.row_id = await anyio.to_thread.run_sync(
+                        record_auth_repeats, self._db, last, repeats, self.window_seconds, window.row_id
+                    )
+                    window.written = repeats
+                else:
+                    return
+        finally:
+            window.busy = False
+
+    def _forget_ended(self, now: float) -> None:
+        for source, window in list(self._windows.items()):
+            if now - window.start >= self.window_seconds and not window.busy:
+                del self._windows[source]
 
 
 def list_audit(
