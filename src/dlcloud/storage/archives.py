@@ -3,16 +3,35 @@
 Rejected: absolute paths, ``..`` components, symlinks, hard links, device files and FIFOs, more members
 than allowed, and more unpacked bytes than allowed (decompression bombs are caught by the declared
 sizes, which are exactly what extraction would write, and by the size actually decompressed).
+
+Tar archives are first scanned header by header (``scan_tar_headers``), streaming through the
+decompressor, before ``tarfile`` parses them: ``tarfile`` reads a pax extended header or a GNU long
+name whole into memory, so a 700 KB .tar.gz declaring a 700 MiB pax header cost 700 MiB. Metadata
+members (pax ``x``/``g``/``X``, GNU ``L``/``K``) larger than ``MAX_TAR_METADATA_BYTES`` and GNU sparse
+files (whose maps ``tarfile`` also keeps in memory) are refused there.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
+import re
 import tarfile
 import zipfile
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
 
 from dlcloud.errors import InvalidArchive, PayloadTooLarge
+
+MAX_TAR_METADATA_BYTES = 1024 * 1024  # one pax header or GNU long name; real ones are a few hundred bytes
+_PAX_TYPES = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)  # extended headers of the next member
+_METADATA_TYPES = (*_PAX_TYPES, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,8 +58,119 @@ def _too_big(total: int, limits: ArchiveLimits) -> PayloadTooLarge:
     )
 
 
+def _open_decompressed(path: Path) -> BinaryIO:
+    """The tar stream of a plain, gzip, bzip2 or xz file (the formats tarfile's "r:*" reads)."""
+    with path.open("rb") as f:
+        magic = f.read(6)
+    opener: dict[bytes, Callable[[Path, str], Any]] = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ": lzma.open}
+    for prefix, open_ in opener.items():
+        if magic.startswith(prefix):
+            stream: Any = open_(path, "rb")
+            try:
+                stream.peek(1)  # the first block decompresses, or the file is not what its magic says
+                return stream
+            except (OSError, EOFError, lzma.LZMAError, zlib.error):
+                stream.close()  # tarfile then reads it as a plain tar, and so do we
+    return path.open("rb")
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes:
+    parts, left = [], n
+    while left > 0:
+        chunk = stream.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _skip(stream: BinaryIO, n: int) -> None:
+    while n > 0:
+        chunk = stream.read(min(n, _CHUNK))
+        if not chunk:
+            return  # truncated: tarfile reports it
+        n -= len(chunk)
+
+
+def _pax_size(payload: bytes, global_header: bool) -> int | None:
+    """The ``size`` record of a pax header, which replaces the next member's size; refuses sparse maps."""
+    if b"GNU.sparse." in payload:
+        raise InvalidArchive("archive holds a GNU sparse file; sparse files are not allowed (archive a plain copy)")
+    size = None
+    pos = 0
+    while match := _PAX_RECORD.match(payload, pos):
+        length = int(match.group(1))
+        if length <= len(match.group(0)) or match.start(1) + length > len(payload):
+            raise InvalidArchive("archive has a malformed pax extended header")
+        if match.group(2) == b"size":
+            value = payload[match.end(0) : match.start(1) + length - 1]
+            if global_header or not value.isdigit():
+                raise InvalidArchive("archive has a pax header with an invalid 'size' record")
+            size = int(value)
+        pos += length
+    return size
+
+
+def scan_tar_headers(path: Path, limits: ArchiveLimits, max_metadata: int = MAX_TAR_METADATA_BYTES) -> None:
+    """Walk the raw 512-byte headers of a tar (plain or compressed) as a stream, before tarfile parses it.
+
+    Follows the members exactly as tarfile does (pax ``size`` records included) and refuses, before
+    anything big is read: a metadata member over ``max_metadata`` bytes (InvalidArchive), GNU sparse
+    files, more members than ``limits.max_members`` and declared sizes over ``limits.max_unpacked_bytes``.
+    Ends where tarfile ends (a zero, short or invalid header); what tarfile cannot read it reports itself.
+    """
+    count = total = 0
+    size_override: int | None = None  # from the pax header in front of the next member
+    pax_pending = False
+    try:
+        with _open_decompressed(path) as stream:
+            while True:
+                block = stream.read(tarfile.BLOCKSIZE)
+                try:
+                    info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+                except tarfile.HeaderError:
+                    return
+                kind = info.type
+                if kind == tarfile.GNUTYPE_SPARSE:
+                    raise InvalidArchive(
+                        "archive holds a GNU sparse file; sparse files are not allowed (archive a plain copy)"
+                    )
+                if kind in _METADATA_TYPES:
+                    if info.size > max_metadata:
+                        what = "pax extended header" if kind not in (b"L", b"K") else "GNU long name or link"
+                        raise InvalidArchive(
+                            f"archive has a {what} of {info.size} bytes; at most {max_metadata} bytes are allowed",
+                            details={"limit": max_metadata, "size": info.size},
+                        )
+                    payload = _read_exactly(stream, info.size)
+                    _skip(stream, -info.size % tarfile.BLOCKSIZE)
+                    if kind in _PAX_TYPES:
+                        if pax_pending:
+                            raise InvalidArchive("archive has two pax extended headers for one member")
+                        pax_pending = True
+                        size_override = _pax_size(payload, global_header=False)
+                    elif kind == tarfile.XGLTYPE:
+                        _pax_size(payload, global_header=True)
+                    continue
+                size = info.size if size_override is None else size_override
+                size_override, pax_pending = None, False
+                count += 1
+                if count > limits.max_members:
+                    raise InvalidArchive(f"archive has more than {limits.max_members} entries (the limit)")
+                if info.isreg() or kind not in tarfile.SUPPORTED_TYPES:
+                    total += size
+                    if total > limits.max_unpacked_bytes:
+                        raise _too_big(total, limits)
+                    _skip(stream, size + (-size % tarfile.BLOCKSIZE))
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+        raise InvalidArchive(f"not a valid tar or tar.gz archive: {exc}") from None
+
+
 def validate_tar(path: Path, limits: ArchiveLimits) -> int:
-    """Check a .tar / .tar.gz; returns the unpacked size. Reads the whole stream once."""
+    """Check a .tar / .tar.gz; returns the unpacked size. Scans the headers first (``scan_tar_headers``),
+    then reads the whole stream once with tarfile."""
+    scan_tar_headers(path, limits)
     total = 0
     count = 0
     try:
