@@ -33,7 +33,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import tenants as tenant_store
-from dlcloud.store.ids import new_id
+from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,8 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
 
 
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
+    if looks_like_id(spec.name):
+        raise InvalidSpec(reserved_name_message("job", spec.name))
     require_isolation(platform, caller, "running jobs")
     both = sorted(set(spec.env) & set(spec.secret_env))
     if both:
@@ -216,10 +218,14 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     return job
 
 
+def job_ref(name_or_id: str) -> Any:
+    """The condition finding a job by ``name_or_id``: its id when the value has a job id's shape (no name
+    may, see submit_job), else its name. Never both, so one value names at most one job."""
+    return JobRow.id == name_or_id if looks_like_id(name_or_id, "j-") else JobRow.name == name_or_id
+
+
 def _get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> JobRow:
-    q = select(JobRow).where(
-        JobRow.tenant_id == caller.tenant_id, or_(JobRow.name == name_or_id, JobRow.id == name_or_id)
-    )
+    q = select(JobRow).where(JobRow.tenant_id == caller.tenant_id, job_ref(name_or_id))
     if for_update:
         q = q.with_for_update()
     row = s.scalars(q).first()
@@ -263,8 +269,9 @@ _DESCRIBE_JOB = (
     select(_jobs, _users.c.name.label("user_name"))
     .outerjoin(_users, _users.c.id == _jobs.c.user_id)
     .where(_jobs.c.tenant_id == bindparam("tenant_id"))
-    .where(or_(_jobs.c.name == bindparam("name_or_id"), _jobs.c.id == bindparam("name_or_id")))
 )
+_DESCRIBE_JOB_BY_NAME = _DESCRIBE_JOB.where(_jobs.c.name == bindparam("name_or_id"))
+_DESCRIBE_JOB_BY_ID = _DESCRIBE_JOB.where(_jobs.c.id == bindparam("name_or_id"))  # see job_ref
 _DESCRIBE_EVENTS = (
     select(_events.c.time, _events.c.from_state, _events.c.to_state, _events.c.reason, _events.c.attempt)
     .where(_events.c.job_id == bindparam("job_id"))
@@ -330,7 +337,8 @@ def queue_position(conn: Connection, job_id: str, priority: int, created_at: dat
 
 def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDetail:
     with platform.db.read_connection() as conn:
-        row = conn.execute(_DESCRIBE_JOB, {"tenant_id": caller.tenant_id, "name_or_id": name_or_id}).first()
+        by = _DESCRIBE_JOB_BY_ID if looks_like_id(name_or_id, "j-") else _DESCRIBE_JOB_BY_NAME
+        row = conn.execute(by, {"tenant_id": caller.tenant_id, "name_or_id": name_or_id}).first()
         if row is None:
             raise NotFound(f"job {name_or_id!r} not found")
         events = conn.execute(_DESCRIBE_EVENTS, {"job_id": row.id}).all()

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -74,13 +74,13 @@ from dlcloud.schemas.models import (
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload
 from dlcloud.services.isolation import require_isolation
-from dlcloud.services.jobs import job_dir
+from dlcloud.services.jobs import job_dir, job_ref
 from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz, remove_tree
 from dlcloud.store import models_registry as store
 from dlcloud.store import tenants as tenant_store
-from dlcloud.store.ids import new_id
+from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import (
     JobRow,
     ModelDeploymentRow,
@@ -476,8 +476,7 @@ def _stage_from_job(
 ) -> tuple[StagedArtifact, JobRow]:
     rel = _check_output_path(src.path)
     with platform.db.read() as s:
-        named = or_(JobRow.name == src.job, JobRow.id == src.job)
-        job = s.scalars(select(JobRow).where(JobRow.tenant_id == caller.tenant_id, named)).first()
+        job = s.scalars(select(JobRow).where(JobRow.tenant_id == caller.tenant_id, job_ref(src.job))).first()
         if job is None:
             raise NotFound(f"job {src.job!r} not found")
         s.expunge(job)
@@ -569,6 +568,8 @@ def _insert_version(
 
 def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner: str | None = None) -> ModelVersion:
     """Add a version (creating the model with its first version). Blocking: run it in a worker thread."""
+    if looks_like_id(req.name):
+        raise InvalidArgument(reserved_name_message("model", req.name))
     check_format(req.format)
     signature = check_signature(req.signature) if req.signature is not None else None
     if owner is not None and owner != caller.tenant:
@@ -701,7 +702,8 @@ def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owne
             raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
         target = tenant_store.get_tenant_by_name(s, tenant)
         if target is None:
-            raise NotFound(f"tenant {tenant!r} not found")
+            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
+            return ModelShare(tenant=tenant, created_at=utcnow())
         row = store.get_share(s, model.id, target.id)
         if row is None:
             row = ModelShareRow(model_id=model.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow())

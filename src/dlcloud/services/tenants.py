@@ -126,6 +126,12 @@ def _new_key_pair() -> tuple[str, str]:
 
 
 def create_key(db: Database, box: SecretBox, caller: Caller, req: KeyCreate) -> AccessKeyCreated:
+    if req.user is None and req.tenant not in (None, caller.tenant):
+        # it would be a key of the caller's own, in the caller's own tenant: never what was asked
+        raise InvalidArgument(
+            f"a key for tenant {req.tenant!r} needs the user it is for: give both user and tenant; without "
+            f"user a key is always your own, in your own tenant (then give no tenant, or {caller.tenant!r})"
+        )
     with db.write() as s:
         if req.user is None or (req.user == caller.user and req.tenant in (None, caller.tenant)):
             tenant = resolve_tenant(s, caller, None)
