@@ -198,7 +198,7 @@ class AuthFailureAudit:
     the failures that arrive meanwhile are folded into the next. Counts are per API process.
     """
 
-    MAX_WINDOWS = 4096  # past this, windows that ended are forgotten
+    MAX_WINDOWS = 4096  # past this, windows that ended are forgotten, then the oldest
 
     def __init__(self, db: Database, window_seconds: float):
         self._db = db
@@ -241,9 +241,14 @@ class AuthFailureAudit:
             window.busy = False
 
     def _forget_ended(self, now: float) -> None:
+        """Forget the windows that ended; if too many are still open (a flood from many addresses), the
+        oldest: a source forgotten early starts a new window, one more event, never an unbounded dict."""
         for source, window in list(self._windows.items()):
             if now - window.start >= self.window_seconds and not window.busy:
                 del self._windows[source]
+        idle = [source for source, window in self._windows.items() if not window.busy]  # oldest first
+        for source in idle[: max(0, len(self._windows) - self.MAX_WINDOWS // 2)]:
+            del self._windows[source]
 
 
 def list_audit(
