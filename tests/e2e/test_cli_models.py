@@ -31,7 +31,7 @@ def test_register_list_label_download_delete(server: Server, tmp_path: Path):
     assert "model mnist version 1 registered (onnx" in res.stderr
     # the format comes from the file name; the bytes are no real ONNX model, so no signature is inferred
     v2 = server.cli_json("models", "register", "mnist", "--file", str(model), "--description", "retrained")
-    assert (v2["version"], v2["format"], v2["signature"]) == (2, "onnx", None)
+    assert (v2["version"], v2["format"], v2["signature"], v2["executes_code"]) == (2, "onnx", None, False)
 
     listed = server.cli_json("models", "list")
     assert [(m["name"], m["latest_version"], m["version_count"]) for m in listed] == [("mnist", 2, 2)]
@@ -45,6 +45,16 @@ def test_register_list_label_download_delete(server: Server, tmp_path: Path):
     assert "production -> 1" in text and "signature: not declared for version(s) 2" in text
     assert "pixels FP32 [-1, 784]" in server.cli("models", "describe", "mnist", "--version", "production").stdout
     assert "not declared" in server.cli("models", "describe", "mnist", "--version", "2").stdout
+    table = server.cli("models", "versions", "mnist").stdout
+    assert "CODE" in table.splitlines()[0] or "CODE" in table
+    predictor = tmp_path / "export"
+    predictor.mkdir()
+    (predictor / "predictor.py").write_text("class P:\n    def load(self): ...\n    def predict(self, b): return b\n")
+    code = server.cli("models", "register", "scorer", "--file", str(predictor))
+    assert "format python runs its author's code when loaded" in code.stderr and "--trust-code" in code.stderr
+    assert "Executes code" in server.cli("models", "describe", "scorer", "--version", "1").stdout
+    assert server.cli_json("models", "versions", "scorer")[0]["executes_code"] is True
+    server.cli("models", "delete", "scorer", "--yes")
     versions = server.cli_json("models", "versions", "mnist")
     assert [(v["version"], v["labels"]) for v in versions] == [(1, ["production"]), (2, [])]
 
