@@ -100,12 +100,27 @@ class DlcloudServer(Process):
 
     def __init__(self, root: Path, name: str = "dlcloud") -> None:
         super().__init__(root, name)
-        self.data_dir = root / "data"
+        self.data_dir = root / name
+        self.isolation = ""  # what it printed at start
 
-    def start(self, log_level: str = "warning") -> tuple[str, str]:
-        """Returns the bootstrap admin's (access_key, secret_key)."""
+    def start(self, log_level: str = "warning", sandbox: str = "auto") -> tuple[str, str]:
+        """Returns the bootstrap admin's (access_key, secret_key). ``sandbox``: ``auto`` or ``off``."""
         argv = [sys.executable, "-m", "dlcloud.cli.main", "up", "--port", str(self.port)]
-        argv += ["--data-dir", str(self.data_dir), "--no-profile", "--log-level", log_level]
+        argv += ["--data-dir", str(self.data_dir), "--no-profile", "--log-level", log_level, "--sandbox", sandbox]
         self._spawn(argv, "/readyz")
+        self.isolation = self._isolation_line()
+        if sandbox != "off" and not self.isolation.startswith("bubblewrap"):
+            self.stop()
+            raise RuntimeError(f"{self.name}: the sandbox is not active here (install bubblewrap): {self.isolation}")
         boot = json.loads((self.data_dir / "bootstrap-admin.json").read_text())
         return boot["access_key"], boot["secret_key"]
+
+    def _isolation_line(self, timeout: float = 10.0) -> str:
+        """What ``dlcloud up`` printed after ``isolation:`` at start."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("isolation: "):
+                    return line.removeprefix("isolation: ").strip()
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} printed no isolation line:\n{self.log_path.read_text()}")

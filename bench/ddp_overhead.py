@@ -8,12 +8,15 @@ round runs it twice, one launch after the other, never both at once:
   (torchrun gives each process OMP_NUM_THREADS=1), checkpoints and outputs in fresh temporary dirs;
 * dlcloud: a job with ``framework: pytorch``, ``replicas: {worker: 2}``, ``resources: {cpu: 1}`` per
   replica (so OMP_NUM_THREADS=1 as well), submitted through the SDK to ``dlcloud up`` (started here on a
-  free port with a temporary data dir), its code uploaded as the CLI would.
+  free port with a temporary data dir), its code uploaded as the CLI would. Two servers run side by side,
+  one with the bubblewrap sandbox (``--sandbox auto``, which must find it working) and one without
+  (``--sandbox off``): each round launches torchrun, then the job on each server (``--sandbox on|off``
+  keeps one).
 
 steps/s is what rank 0 reports: optimizer steps divided by the time from the first step to the last
 (start-up, data generation and the final evaluation are outside it; checkpoints are inside it for both).
 The launches alternate (torchrun, dlcloud, torchrun, dlcloud, ...) so that both see the same machine; the
-table gives each run and the median of each side. Target: dlcloud >= 0.99 x torchrun.
+table gives each run and the median of each side. Target: dlcloud in the sandbox >= 0.99 x torchrun.
 
 Also printed, to explain a difference: the wall time (launch to exit, or submit to SUCCEEDED seen by a
 ``--poll`` s poll) and the CPU time of what runs beside the training processes — torchrun's agent process,
@@ -96,7 +99,7 @@ def launcher_pids(data_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"launcher.py") for a in argv) and any(str(data_dir).encode() in a for a in argv):
+        if any(a.endswith(b"launcher.py") for a in argv) and any(f"{data_dir}/".encode() in a for a in argv):
             pids.append(int(entry.name))
     return pids
 
@@ -161,7 +164,7 @@ def run_dlcloud(server: DlcloudServer, client: Client, code: str, index: int, ar
 
 def upload_script(client: Client, root: Path) -> str:
     code_dir = root / "code"
-    code_dir.mkdir()
+    code_dir.mkdir(parents=True)
     shutil.copy(SCRIPT, code_dir / SCRIPT.name)
     packed = pack_directory(code_dir)
     try:
@@ -170,37 +173,39 @@ def upload_script(client: Client, root: Path) -> str:
         packed.archive.unlink(missing_ok=True)
 
 
-def print_report(args: argparse.Namespace, torchrun: list[Run], dlcloud: list[Run]) -> None:
+def print_report(args: argparse.Namespace, sides: dict[str, list[Run]]) -> None:
+    torchrun = sides["torchrun"]
     print()
     print(f"machine: {machine()}")
     print(f"load average after the runs: {load_average()}")
     print(f"script: {SCRIPT.name} {' '.join(train_args(args))}")
     print(f"2 processes per run, DDP over gloo on CPU, {torchrun[0].steps} optimizer steps per run")
     print()
-    header = f"{'run':<8}{'launcher':<12}{'steps/s':>10}{'wall s':>10}{'side CPU s':>12}"
+    header = f"{'run':<8}{'launcher':<22}{'steps/s':>10}{'wall s':>10}{'side CPU s':>12}"
     print(header)
     print("-" * len(header))
-    sides = [("torchrun", torchrun), ("dlcloud", dlcloud)]
     for i in range(len(torchrun)):
-        for label, rows in sides:
+        for label, rows in sides.items():
             if i < len(rows):
                 r = rows[i]
-                print(f"{i + 1:<8}{label:<12}{r.steps_per_sec:>10.2f}{r.wall:>10.2f}{r.side_cpu:>12.2f}")
+                print(f"{i + 1:<8}{label:<22}{r.steps_per_sec:>10.2f}{r.wall:>10.2f}{r.side_cpu:>12.2f}")
     print("-" * len(header))
     medians: dict[str, tuple[float, float, float]] = {}
-    for label, rows in sides:
+    for label, rows in sides.items():
         if rows:
             m = tuple(statistics.median(getattr(r, f) for r in rows) for f in ("steps_per_sec", "wall", "side_cpu"))
             medians[label] = (m[0], m[1], m[2])
-            print(f"{'median':<8}{label:<12}{m[0]:>10.2f}{m[1]:>10.2f}{m[2]:>12.2f}")
+            print(f"{'median':<8}{label:<22}{m[0]:>10.2f}{m[1]:>10.2f}{m[2]:>12.2f}")
     print("side CPU: torchrun's agent process; dlcloud's server process and the replicas' launchers")
-    if "dlcloud" not in medians:
-        return
-    ratio = medians["dlcloud"][0] / medians["torchrun"][0]
-    verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
     print()
-    print(f"steps/s ratio dlcloud / torchrun (medians): {ratio:.3f}; target >= {TARGET_RATIO} ({verdict})")
-    print(f"wall time difference (medians, start-up included): {medians['dlcloud'][1] - medians['torchrun'][1]:+.2f} s")
+    for label in sides:
+        if label == "torchrun" or label not in medians:
+            continue
+        ratio = medians[label][0] / medians["torchrun"][0]
+        verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
+        target = f"; target >= {TARGET_RATIO} ({verdict})" if "sandbox on" in label else ""
+        wall = medians[label][1] - medians["torchrun"][1]
+        print(f"steps/s ratio {label} / torchrun (medians): {ratio:.3f}{target}; wall time {wall:+.2f} s")
 
 
 def main() -> None:
@@ -210,6 +215,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=65536, help="dataset size; 256 steps per epoch at 65536")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between checks of a running launch")
     ap.add_argument("--job-timeout", type=float, default=600.0, help="fail if one run takes longer (s)")
+    ap.add_argument("--sandbox", choices=["both", "on", "off"], default="both", help="which servers (default both)")
     ap.add_argument("--torchrun-only", action="store_true", help="skip dlcloud (e.g. to size --epochs)")
     ap.add_argument("--log-level", default="warning", help="server log level (default warning)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary dir (server log, torchrun outputs)")
@@ -217,30 +223,41 @@ def main() -> None:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
 
+    modes = [] if args.torchrun_only else (["on", "off"] if args.sandbox == "both" else [args.sandbox])
     root = Path(tempfile.mkdtemp(prefix="dlcloud-bench-ddp-"))
-    server = DlcloudServer(root)
-    torchrun: list[Run] = []
-    dlcloud: list[Run] = []
+    servers = {mode: DlcloudServer(root, f"sandbox-{mode}") for mode in modes}
+    sides: dict[str, list[Run]] = {"torchrun": []} | {f"dlcloud, sandbox {mode}": [] for mode in modes}
     try:
         with ExitStack() as stack:
-            client = None
-            if not args.torchrun_only:
-                creds = Credentials(server.endpoint, *server.start(args.log_level))
+            clients: dict[str, tuple[Client, str]] = {}
+            for mode, server in servers.items():
+                creds = Credentials(server.endpoint, *server.start(args.log_level, "auto" if mode == "on" else "off"))
+                print(f"sandbox {mode}: {server.isolation}", file=sys.stderr)
                 client = stack.enter_context(Client(creds))
-                code = upload_script(client, root)
+                clients[mode] = (client, upload_script(client, root / mode))
             for i in range(args.runs):
-                torchrun.append(run_torchrun(root, i, args))
-                print(f"run {i + 1}: torchrun {torchrun[-1].steps_per_sec:.2f} steps/s", file=sys.stderr, flush=True)
-                if client is not None:
-                    dlcloud.append(run_dlcloud(server, client, code, i, args))
-                    print(f"run {i + 1}: dlcloud {dlcloud[-1].steps_per_sec:.2f} steps/s", file=sys.stderr, flush=True)
+                sides["torchrun"].append(run_torchrun(root, i, args))
+                print(
+                    f"run {i + 1}: torchrun {sides['torchrun'][-1].steps_per_sec:.2f} steps/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                for mode, (client, code) in clients.items():
+                    label = f"dlcloud, sandbox {mode}"
+                    sides[label].append(run_dlcloud(servers[mode], client, code, i, args))
+                    print(
+                        f"run {i + 1}: {label} {sides[label][-1].steps_per_sec:.2f} steps/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
         if args.keep:
             print(f"kept: {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print_report(args, torchrun, dlcloud)
+    print_report(args, sides)
 
 
 if __name__ == "__main__":
