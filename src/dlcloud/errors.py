@@ -39,6 +39,9 @@ HTTP_STATUS: dict[str, int] = {
     "payload_too_large": 413,
     "quota_exceeded": 429,
     "unavailable": 503,
+    "storage_unavailable": 503,
+    "object_missing": 500,
+    "object_damaged": 500,
     "not_configured": 400,
     "internal": 500,
 }

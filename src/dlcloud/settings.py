@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -51,6 +51,19 @@ class Settings(BaseSettings):
     max_upload_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
     max_unpacked_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024 * 1024
     max_archive_members: Annotated[int, Field(ge=1)] = 100_000
+
+    # Storage (docs/storage.md): where code uploads, model artifacts and datasets are kept. file:///PATH or
+    # s3://BUCKET/PREFIX; None: file://<data_dir> (the layout of earlier versions, which keeps working).
+    storage_url: str | None = None
+    # S3-compatible storage; what is left unset comes from boto3's standard sources (AWS_ENDPOINT_URL,
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, ~/.aws). Never passed to any job or build.
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    s3_multipart_threshold_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 64 * 1024 * 1024
+    s3_multipart_chunk_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 16 * 1024 * 1024
 
     # Model registry
     model_inspect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0  # signature inference

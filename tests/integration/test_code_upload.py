@@ -292,8 +292,13 @@ def _upload_raw(
 
 
 def _stored_files(env: Env) -> list[Path]:
+    """The code objects in the (local) object store, as files; nothing else may be left under code/."""
+    objects = env.platform.objects
+    stored = [objects.local_path(info.key) for info in objects.list("code")]
     code_dir = env.settings.code_dir
-    return sorted(p for p in code_dir.rglob("*") if not p.is_dir()) if code_dir.exists() else []
+    on_disk = [p for p in code_dir.rglob("*") if p.is_file() and not p.name.startswith(".dlcloud-sha256-")]
+    assert sorted(on_disk) == sorted(p for p in stored if p is not None)
+    return sorted(p for p in stored if p is not None)
 
 
 def _code_rows(env: Env) -> int:

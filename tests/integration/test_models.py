@@ -86,8 +86,12 @@ def _rows(env: Env) -> dict[str, int]:
 
 
 def _stored_files(env: Env) -> list[Path]:
-    root = env.settings.models_dir
-    return sorted(p for p in root.rglob("*") if not p.is_dir()) if root.exists() else []
+    """Every file of stored artifacts and waiting uploads, and whatever is left in the staging area."""
+    found = []
+    for root in (env.settings.models_dir, env.settings.data_dir / "uploads", env.settings.data_dir / "tmp"):
+        found += [p for p in root.rglob("*") if not p.is_dir()] if root.exists() else []
+    # the local store's own bookkeeping (checksums, manifests) is no stored file
+    return sorted(p for p in found if not p.name.startswith(".dlcloud-"))
 
 
 def _assert_nothing_stored(env: Env) -> None:
@@ -102,7 +106,9 @@ def _artifact_path(env: Env, model: str, version: int) -> Path:
             .join(ModelRow, ModelRow.id == ModelVersionRow.model_id)
             .where(ModelRow.name == model, ModelVersionRow.version == version)
         ).one()
-        return Path(row.artifact_path)
+        tree = env.platform.objects.tree_local_path(row.artifact_key)
+        assert tree is not None
+        return tree / row.artifact_name
 
 
 def _raw(env: Env, client: Client, method: str, path: str, body: object = None, query: str = ""):
@@ -186,7 +192,8 @@ def test_register_file_and_directory_versions_increment(world, tmp_path):
     assert stored_tree.is_relative_to(env.settings.models_dir / tenant)
     assert verify(stored_tree, v2["sha256"])
     # no upload, staging dir or temporary file is left over
-    assert not [p for p in env.settings.models_dir.glob(".*/**/*") if not p.is_dir()]
+    assert not [p for p in (env.settings.data_dir / "tmp").rglob("*") if not p.is_dir()]
+    assert not list(env.platform.objects.list("uploads"))
 
 
 def test_stored_artifacts_are_read_only(world, tmp_path):
@@ -643,7 +650,7 @@ def test_register_from_a_job_output(running_env, tmp_path):
         err = _errors(lambda c=caller, j=job_ref: c.models.register("x", "onnx", from_job=j, path="model.onnx"))
         assert (err.code, err.http_status) == ("not_found", 404)
     assert (_rows(env), _stored_files(env)) == before
-    assert not list((env.settings.models_dir / ".staging").iterdir())
+    assert not list((env.settings.data_dir / "tmp" / "models" / ".staging").iterdir())
 
 
 # --- bad input -----------------------------------------------------------------------------------------------

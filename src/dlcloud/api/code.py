@@ -43,6 +43,7 @@ async def upload_code(
     upload = await svc.upload_code(
         p.db,
         p.settings,
+        p.objects,
         c,
         kind=kind,
         filename=filename,

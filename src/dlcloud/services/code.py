@@ -1,4 +1,4 @@
-"""Code uploads: stream to a temporary file, check size and checksum, validate, then store atomically."""
+"""Code uploads: stream to a temporary file, check size and checksum, validate, then put into the object store."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services.auth import Caller
 from dlcloud.settings import Settings
 from dlcloud.storage.archives import ArchiveLimits, validate_sdist, validate_tar, validate_zip
+from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
 from dlcloud.store.ids import new_id
 from dlcloud.store.models import CodeRow, utcnow
@@ -69,6 +70,7 @@ def _row_model(row: CodeRow) -> CodeUpload:
 async def upload_code(
     db: Database,
     settings: Settings,
+    objects: ObjectStore,
     caller: Caller,
     *,
     kind: str,
@@ -87,9 +89,8 @@ async def upload_code(
         raise InvalidArgument("an sdist's filename must end in .tar.gz or .tgz")
     limit = settings.max_upload_bytes
     check_content_length(content_length, limit)
-    dest_dir = settings.code_dir / caller.tenant_id
-    dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=dest_dir)
+    scratch = upload_scratch_dir(settings)
+    fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=scratch)
     tmp = Path(tmp_name)
     try:
         size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
@@ -98,33 +99,37 @@ async def upload_code(
         await anyio.to_thread.run_sync(validate, tmp, limits)
         code_id = new_id("c-")
         # packages keep their own file name: pip reads the name and version from a wheel's name
-        final = dest_dir / code_id / (filename if kind != "archive" else "code.tar.gz")
+        key = f"code/{caller.tenant_id}/{code_id}/{filename if kind != 'archive' else 'code.tar.gz'}"
+        row = CodeRow(
+            id=code_id,
+            tenant_id=caller.tenant_id,
+            user_id=caller.user_id,
+            kind=kind,
+            filename=filename,
+            sha256=declared_sha256,
+            size=size,
+            storage_key=key,
+            created_at=utcnow(),
+        )
+        # the object first: a row never names bytes that are not stored (a crash in between leaves an
+        # object no row names, which the tenant's deletion sweeps)
+        await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
         try:
             with db.write() as s:
-                row = CodeRow(
-                    id=code_id,
-                    tenant_id=caller.tenant_id,
-                    user_id=caller.user_id,
-                    kind=kind,
-                    filename=filename,
-                    sha256=declared_sha256,
-                    size=size,
-                    path=str(final),
-                    created_at=utcnow(),
-                )
                 s.add(row)
-                s.flush()
-                final.parent.mkdir(mode=0o700)
-                os.replace(tmp, final)
         except BaseException:
-            final.unlink(missing_ok=True)
-            if final.parent.is_dir():
-                final.parent.rmdir()
+            await anyio.to_thread.run_sync(objects.delete, key)
             raise
         return _row_model(row)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
+
+
+def upload_scratch_dir(settings: Settings) -> Path:
+    """Where the API receives uploads before they are checked and stored: this host's own (0700)."""
+    scratch = settings.data_dir / "tmp" / "uploads"
+    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return scratch
 
 
 def get_code(db: Database, caller: Caller, code_id: str) -> CodeUpload:

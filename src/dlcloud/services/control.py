@@ -36,6 +36,7 @@ from dlcloud.services.jobs import QUEUE_STATES, job_dir, job_env
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
+from dlcloud.storage.cache import ObjectCache
 from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class ControlLoop:
         self._wake = threading.Event()
         # builds environments while this loop runs
         self.builds = EnvironmentBuilder(platform, leadership, executor.build_sandbox())
+        self.code_cache = ObjectCache(platform.settings.data_dir / "cache" / "objects", platform.objects)
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -353,10 +355,13 @@ class ControlLoop:
         if job.code_id:
             code = s.get(CodeRow, job.code_id)
             if code is not None:
+                # a local store's own file; a remote store's object is fetched into this host's cache first
+                # (here, in the placing transaction: moves to the executor with opaque workload handles)
+                local = self.code_cache.path(code.storage_key, code.sha256)
                 if code.kind == "archive":
-                    code_archive = Path(code.path)
+                    code_archive = local
                 else:
-                    package = Path(code.path)
+                    package = local
         env = job_env(self.p, job)  # env and the decrypted secret_env
         env.update(
             {

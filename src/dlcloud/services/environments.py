@@ -39,6 +39,7 @@ from dlcloud.services import env_builds
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
+from dlcloud.storage.cache import ObjectCache
 from dlcloud.store import environments as store
 from dlcloud.store.ids import new_id
 from dlcloud.store.models import CodeRow, EnvironmentBuildRow, EnvironmentRow, UserRow, utcnow
@@ -218,8 +219,11 @@ def _user_names(s: Session, ids: Iterable[str]) -> dict[str, str]:
 # -- create --------------------------------------------------------------------------------------------------
 
 
-def _wheels(s: Session, caller: Caller, ids: list[str]) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
-    """(sha256, path) for the build and {id, filename, sha256} for the stored spec of each uploaded wheel."""
+def _wheels(
+    s: Session, platform: Platform, caller: Caller, ids: list[str]
+) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    """(sha256, local path) for the build and {id, filename, sha256} for the stored spec of each uploaded wheel
+    (a remote store's wheel is fetched into this host's object cache)."""
     build, shown = [], []
     for code_id in dict.fromkeys(ids):
         row = s.get(CodeRow, code_id)
@@ -227,7 +231,8 @@ def _wheels(s: Session, caller: Caller, ids: list[str]) -> tuple[list[tuple[str,
             raise InvalidArgument(f"wheel {code_id!r} not found; upload it first (the CLI does this for --wheel FILE)")
         if row.kind != "wheel":
             raise InvalidArgument(f"code {code_id!r} is a {row.kind}, not a wheel; environments install wheels only")
-        build.append((row.sha256, row.path))
+        cache = ObjectCache(platform.settings.data_dir / "cache" / "objects", platform.objects)
+        build.append((row.sha256, str(cache.path(row.storage_key, row.sha256))))
         shown.append({"id": row.id, "filename": row.filename, "sha256": row.sha256})
     return build, shown
 
@@ -267,7 +272,7 @@ def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreat
         with platform.db.write() as s:
             if store.get_environment(s, caller.tenant_id, req.name) is not None:
                 raise AlreadyExists(f"environment {req.name!r} already exists; delete it or choose another name")
-            wheels, shown_wheels = _wheels(s, caller, req.wheels)
+            wheels, shown_wheels = _wheels(s, platform, caller, req.wheels)
             spec = BuildSpec(
                 python=python,
                 interpreter=interpreter,

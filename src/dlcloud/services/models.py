@@ -6,7 +6,9 @@ Rules (this module is the only writer of the registry tables):
   change to it is 403. A model that is not shared with the caller is 404 ``model_not_found``, exactly like
   one that does not exist.
 - Versions are numbered 1, 2, ... per model from ``models.last_version``, under the model row's lock; a
-  deleted version's number is never given again. Artifacts are immutable (``storage/artifacts.py``).
+  deleted version's number is never given again. Artifacts are immutable trees in the object store
+  (``storage/objects.py``) under ``models/<tenant>/<model>/<version>``; uploads wait for their register
+  under ``uploads/<tenant>/<id>.tar.gz`` (at most ``model_upload_ttl_seconds``).
 - Any member registers versions and moves labels; deleting a model or a version is for its author or a
   tenant admin; sharing is for the model's author or a tenant admin.
 - A version is *deployed* while one of its leases (``model_deployments``) has not expired; deleting it or
@@ -19,7 +21,7 @@ Rules (this module is the only writer of the registry tables):
   predictors) never enter the API process; when inference fails the version is stored without a
   signature, the register still succeeds.
 - A version's ``executes_code`` is derived from its format (``schemas.models.CODE_FORMATS``), never stored.
-- A register that fails leaves no rows and no artifact files.
+- A register that fails leaves no rows and no stored artifact.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -72,12 +74,13 @@ from dlcloud.schemas.models import (
     executes_code,
 )
 from dlcloud.services.auth import Caller
-from dlcloud.services.code import check_content_length, receive_upload
+from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.jobs import job_dir, job_ref
 from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
-from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz, remove_tree
+from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz_files
+from dlcloud.storage.objects import ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry
 from dlcloud.store import models_registry as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
@@ -100,8 +103,27 @@ DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 
 
 def artifact_store(platform: Platform) -> ArtifactStore:
+    """Where artifacts are received and checked on this host before they are stored."""
     s = platform.settings
-    return ArtifactStore(s.models_dir, ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members))
+    return ArtifactStore(s.data_dir / "tmp" / "models", ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members))
+
+
+def version_key(tenant_id: str, model_id: str, version: int) -> str:
+    return f"models/{tenant_id}/{model_id}/{version}"
+
+
+def upload_key(tenant_id: str, upload_id: str) -> str:
+    return f"uploads/{tenant_id}/{upload_id}.tar.gz"
+
+
+def sweep_uploads(objects: ObjectStore, max_age_seconds: float) -> None:
+    """Drop artifact uploads no register used within ``max_age_seconds``."""
+    import time
+
+    cutoff = time.time() - max_age_seconds
+    for info in list(objects.list("uploads")):
+        if info.modified is not None and info.modified < cutoff:
+            objects.delete(info.key)
 
 
 def _shown(name: str, owner: str | None, caller: Caller) -> str:
@@ -284,9 +306,10 @@ async def upload_artifact(
     limit = settings.max_upload_bytes
     check_content_length(content_length, limit)
     artifacts = artifact_store(platform)
+    objects = platform.objects
     await anyio.to_thread.run_sync(artifacts.sweep, settings.model_upload_ttl_seconds)
-    dest_dir = artifacts.private_dir(artifacts.upload_dir(caller.tenant_id))
-    fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=dest_dir)
+    await anyio.to_thread.run_sync(sweep_uploads, objects, settings.model_upload_ttl_seconds)
+    fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=upload_scratch_dir(settings))
     tmp = Path(tmp_name)
     try:
         size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
@@ -297,29 +320,43 @@ async def upload_artifact(
 
         name = await anyio.to_thread.run_sync(check)
         upload_id = new_id("mu-")
-        os.replace(tmp, artifacts.upload_path(caller.tenant_id, upload_id))
+        key = upload_key(caller.tenant_id, upload_id)
+        await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
     finally:
         tmp.unlink(missing_ok=True)
     expires = utcnow() + timedelta(seconds=settings.model_upload_ttl_seconds)
     return ModelUpload(id=upload_id, sha256=declared_sha256, size=size, artifact=name, expires_at=expires)
 
 
-def _upload_file(artifacts: ArtifactStore, caller: Caller, upload_id: str) -> Path:
-    path = artifacts.upload_path(caller.tenant_id, upload_id) if UPLOAD_ID_RE.match(upload_id) else None
-    if path is None or not path.is_file():
-        raise InvalidArgument(
-            f"upload {upload_id!r} not found: it was used by a register already, expired or never existed; "
-            "upload the artifact again"
-        )
-    return path
+def _upload_key(platform: Platform, caller: Caller, upload_id: str) -> str | None:
+    """The stored upload's key, or None when there is no such upload of the caller's tenant."""
+    if not UPLOAD_ID_RE.match(upload_id):
+        return None
+    key = upload_key(caller.tenant_id, upload_id)
+    return key if platform.objects.head(key) is not None else None
+
+
+def _fetch_upload(platform: Platform, caller: Caller, upload_id: str, dest_dir: Path) -> tuple[str, Path]:
+    """(key, local copy) of an upload waiting for its register."""
+    key = _upload_key(platform, caller, upload_id)
+    if key is not None:
+        local = dest_dir / "upload.tar.gz"
+        try:
+            platform.objects.get_file(key, local)
+            return key, local
+        except ObjectMissing:  # used or expired just now
+            pass
+    raise InvalidArgument(
+        f"upload {upload_id!r} not found: it was used by a register already, expired or never existed; "
+        "upload the artifact again"
+    )
 
 
 def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
-    artifacts = artifact_store(platform)
-    path = artifacts.upload_path(caller.tenant_id, upload_id) if UPLOAD_ID_RE.match(upload_id) else None
-    if path is None or not path.is_file():
+    key = _upload_key(platform, caller, upload_id)
+    if key is None:
         raise NotFound(f"upload {upload_id!r} not found")
-    path.unlink(missing_ok=True)
+    platform.objects.delete(key)
 
 
 # -- resolving names ---------------------------------------------------------------------------------------
@@ -500,7 +537,6 @@ def _stage_from_job(
 
 def _insert_version(
     platform: Platform,
-    artifacts: ArtifactStore,
     caller: Caller,
     req: ModelRegister,
     signature: dict[str, Any] | None,
@@ -508,7 +544,7 @@ def _insert_version(
     job: JobRow | None,
 ) -> ModelVersion:
     for attempt in (1, 2):
-        version_dir: Path | None = None
+        stored: str | None = None
         try:
             with platform.db.write() as s:
                 now = utcnow()
@@ -526,7 +562,7 @@ def _insert_version(
                     s.add(model)
                     s.flush()
                 model.last_version += 1
-                target = artifacts.version_dir(caller.tenant_id, model.id, model.last_version)
+                key = version_key(caller.tenant_id, model.id, model.last_version)
                 row = ModelVersionRow(
                     id=new_id("mv-"),
                     model_id=model.id,
@@ -534,7 +570,7 @@ def _insert_version(
                     version=model.last_version,
                     format=req.format,
                     artifact_name=staged.name,
-                    artifact_path=str(target / staged.name),
+                    artifact_key=key,
                     sha256=staged.digest.sha256,
                     size_bytes=staged.digest.size,
                     signature=signature,
@@ -548,20 +584,20 @@ def _insert_version(
                 )
                 s.add(row)
                 s.flush()
-                version_dir = target
-                artifacts.commit(staged, target)
+                stored = key
+                platform.objects.put_tree(key, staged.dir)
                 [result] = _version_models(s, model, req.name, caller.tenant, [row], caller)
             return result
         except IntegrityError:
             # another request created the same model first (PostgreSQL): its row exists now, try once more
-            if version_dir is not None:
-                remove_tree(version_dir)
+            if stored is not None:
+                _remove_stored(platform, [stored])
                 raise
             if attempt == 2:
                 raise
         except BaseException:
-            if version_dir is not None:
-                remove_tree(version_dir)
+            if stored is not None:
+                _remove_stored(platform, [stored])
             raise
     raise AssertionError("unreachable")
 
@@ -579,8 +615,9 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
     upload = None
     job = None
     if req.upload is not None:
-        upload = _upload_file(artifacts, caller, req.upload)
-        staged = artifacts.stage_archive(upload)
+        with tempfile.TemporaryDirectory(dir=upload_scratch_dir(platform.settings)) as scratch:
+            upload, local = _fetch_upload(platform, caller, req.upload, Path(scratch))
+            staged = artifacts.stage_archive(local)
     else:
         assert req.from_job is not None  # the request model requires one source
         staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
@@ -592,12 +629,11 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
             signature = infer_signature(
                 staged.path, req.format, platform.settings.model_inspect_timeout_seconds, platform.sandbox_prefix
             )
-        version = _insert_version(platform, artifacts, caller, req, signature, staged, job)
-    except BaseException:
+        version = _insert_version(platform, caller, req, signature, staged, job)
+    finally:
         artifacts.discard(staged)
-        raise
     if upload is not None:
-        upload.unlink(missing_ok=True)
+        platform.objects.delete(upload)
     return version
 
 
@@ -636,27 +672,49 @@ def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: 
 
 def _get_version(
     platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
-) -> tuple[ModelVersion, Path]:
+) -> tuple[ModelVersion, str]:
     with platform.db.read() as s:
         model, owner_name = _readable(s, caller, name, owner)
         shown = _shown(name, owner_name, caller)
         row = _find_version(s, model, ref, shown)
         [version] = _version_models(s, model, shown, owner_name, [row], caller)
-        return version, Path(row.artifact_path)
+        return version, row.artifact_key
 
 
 def open_artifact(
     platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
 ) -> tuple[ModelVersion, Iterator[bytes]]:
     """The version and its artifact as a .tar.gz stream (the checksum is ``version.sha256``)."""
-    version, path = _get_version(platform, caller, name, ref, owner)
-    if not os.path.lexists(path):
-        log.error("artifact of %s version %d is missing at %s", version.model, version.version, path)
+    version, key = _get_version(platform, caller, name, ref, owner)
+    objects = platform.objects
+    try:
+        manifest = objects.tree_manifest(key)
+    except ObjectMissing:
+        log.error("artifact of %s version %d is missing at %s in %s", version.model, version.version, key, objects.url)
         raise Unavailable(
             f"the artifact of version {version.version} of model {version.model!r} is missing from the server's "
             "storage; ask an administrator"
-        )
-    return version, iter_tar_gz(path)
+        ) from None
+    files = [(e.path, e.size, _tree_file_reader(objects, key, e)) for e in manifest.entries]
+    return version, iter_tar_gz_files(files, manifest.empty_dirs)
+
+
+def _tree_file_reader(objects: ObjectStore, key: str, entry: TreeEntry) -> Callable[[], Iterator[bytes]]:
+    """A stored file's bytes for a download. A file damaged in the store is logged, and sent padded or cut
+    to its recorded size: the archive stays well-formed and the client's checksum check refuses it."""
+
+    def read() -> Iterator[bytes]:
+        sent = 0
+        try:
+            for data in objects.iter_tree_file(key, entry):
+                sent += len(data)
+                yield data
+        except ObjectDamaged as exc:
+            log.error("%s (in %s); the download will fail its checksum", exc.message, objects.url)
+            if sent < entry.size:
+                yield b"\0" * (entry.size - sent)
+
+    return read
 
 
 # -- labels and shares -----------------------------------------------------------------------------------
@@ -745,19 +803,17 @@ def _refuse_if_deployed(s: Session, rows: list[ModelVersionRow], what: str) -> N
 
 def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
     """Delete the model with all its versions, labels, shares and artifacts."""
-    artifacts = artifact_store(platform)
     with platform.db.write() as s:
         model = _writable(s, caller, name, owner, "deleting")
         _require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
         _refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
-        path = artifacts.model_dir(caller.tenant_id, model.id)
+        keys = [v.artifact_key for v in store.list_versions(s, caller.tenant_id, model.id)]
         s.delete(model)  # versions, labels, shares and leases go with it (ON DELETE CASCADE)
-    _remove_files(path)
+    _remove_stored(platform, keys)
 
 
 def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
     """Delete one version and its artifact; labels on it are removed, the number is not reused."""
-    artifacts = artifact_store(platform)
     with platform.db.write() as s:
         model = _writable(s, caller, name, owner, "deleting versions")
         row = store.get_version(s, caller.tenant_id, model.id, version)
@@ -765,16 +821,17 @@ def delete_version(platform: Platform, caller: Caller, name: str, version: int, 
             raise ModelVersionNotFound(f"model {name!r} has no version {version}")
         _require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
         _refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
-        path = artifacts.version_dir(caller.tenant_id, model.id, version)
+        key = row.artifact_key
         s.delete(row)
-    _remove_files(path)
+    _remove_stored(platform, [key])
 
 
-def _remove_files(path: Path) -> None:
-    try:
-        remove_tree(path)
-    except OSError:  # the rows are gone; a leftover directory is only disk space
-        log.exception("could not remove model artifacts at %s", path)
+def _remove_stored(platform: Platform, keys: list[str]) -> None:
+    for key in keys:
+        try:
+            platform.objects.delete_tree(key)
+        except Exception:  # the rows are gone; a leftover tree is only storage space
+            log.exception("could not remove the model artifact %s from %s", key, platform.objects.url)
 
 
 # -- deployment leases -----------------------------------------------------------------------------------

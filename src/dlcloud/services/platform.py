@@ -9,6 +9,7 @@ from pathlib import Path
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
+from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
 
 # (writable paths, readable paths) -> the argv prefix of a sandboxed process, or None where there is none
@@ -33,3 +34,11 @@ class Platform:
     # (writable paths, readable paths) -> argv prefix of a sandboxed one-off process (model inspection);
     # None: such processes run bare (allowed only where ``isolated`` is False or no executor runs code)
     sandbox_prefix: SandboxPrefix | None = None
+    # where code uploads and model artifacts are kept; None: the store settings.storage_url names
+    objects: ObjectStore = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.objects is None:
+            from dlcloud.storage.stores import open_object_store
+
+            object.__setattr__(self, "objects", open_object_store(self.settings))

@@ -1,19 +1,16 @@
-"""Model artifacts on local disk.
+"""Model artifacts received on this host: checked and staged here, then stored as a tree in the object store.
 
-Layout under ``<data_dir>/models``::
+Layout under the staging root (``<data_dir>/tmp/models``)::
 
-    <tenant_id>/<model_id>/<version>/<artifact>   a registered version; <artifact> is one file or one tree
-    .uploads/<tenant_id>/<upload_id>.tar.gz        uploaded archives waiting for a register call
     .staging/<random>/<artifact>                   an artifact being received
 
 Invariants:
-- An artifact reaches its version directory only complete: it is received into a staging directory on the
-  same filesystem (unpacked from a validated archive, or copied from a job's outputs), checksummed
-  (``dlcloud.checksums``), made read-only (files 0444, directories 0555) and then renamed into place in
-  one step. Whatever fails on the way is deleted, so no partial artifact is ever visible.
+- An artifact is staged whole before anything is stored: unpacked from a validated archive, or copied from
+  a job's outputs, then checksummed (``dlcloud.checksums``); whatever fails on the way is deleted. The
+  registry then stores it with ``ObjectStore.put_tree``, which makes it visible whole or not at all.
 - An artifact holds regular files and directories only: no links, devices or FIFOs; its size and entry
   count are bounded by the same limits as code uploads (``archives.ArchiveLimits``).
-- A stored artifact is never modified; ``verify`` tells whether it still matches its checksum.
+- Downloads stream a stored tree as a .tar.gz (``iter_tar_gz_files``), each file verified as it is read.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -35,6 +32,7 @@ from dlcloud.checksums import ArtifactDigest, artifact_digest
 from dlcloud.checksums import verify as verify_checksum
 from dlcloud.errors import DlcloudError, InvalidArchive, InvalidArgument, PayloadTooLarge
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
+from dlcloud.storage.local import remove_tree
 
 ARTIFACT_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}$")
 CHUNK = 1024 * 1024
@@ -68,33 +66,6 @@ def archive_top_level(archive: Path) -> str:
     return check_artifact_name(names.pop())
 
 
-def make_read_only(path: Path) -> None:
-    """Files 0444, directories 0555 (bottom-up, so every directory is still writable while its content changes)."""
-    if not path.is_dir():
-        path.chmod(0o444)
-        return
-    for dirpath, _dirnames, filenames in os.walk(path, topdown=False):
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o444)
-        os.chmod(dirpath, 0o555)
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a file or a (read-only) tree; a missing path is fine."""
-    if not os.path.lexists(path):
-        return
-    if path.is_symlink() or not path.is_dir():
-        path.unlink()
-        return
-    path.chmod(0o700)
-    for dirpath, dirnames, _ in os.walk(path):
-        for name in dirnames:
-            full = os.path.join(dirpath, name)
-            if not os.path.islink(full):
-                os.chmod(full, 0o700)
-    shutil.rmtree(path)
-
-
 def verify(path: Path, sha256: str) -> bool:
     """Whether the stored artifact at ``path`` still has the checksum it was registered with."""
     return verify_checksum(path, sha256)
@@ -114,7 +85,7 @@ class StagedArtifact:
 
 
 class ArtifactStore:
-    """The local artifact store under ``root`` (``<data_dir>/models``)."""
+    """Where artifacts are staged on this host, under ``root``."""
 
     def __init__(self, root: Path, limits: ArchiveLimits):
         self.root = root
@@ -128,20 +99,9 @@ class ArtifactStore:
             p.mkdir(mode=0o700, exist_ok=True)
         return path
 
-    def upload_dir(self, tenant_id: str) -> Path:
-        return self.root / ".uploads" / tenant_id
-
-    def upload_path(self, tenant_id: str, upload_id: str) -> Path:
-        return self.upload_dir(tenant_id) / f"{upload_id}.tar.gz"
-
-    def model_dir(self, tenant_id: str, model_id: str) -> Path:
-        return self.root / tenant_id / model_id
-
-    def version_dir(self, tenant_id: str, model_id: str, version: int) -> Path:
-        return self.model_dir(tenant_id, model_id) / str(version)
-
     # -- receiving ---------------------------------------------------------------------------------------
     def _new_staging(self) -> Path:
+        self.root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         staging = self.private_dir(self.root / ".staging")
         return Path(tempfile.mkdtemp(prefix="stage-", dir=staging))
 
@@ -214,22 +174,13 @@ class ArtifactStore:
             remove_tree(staging)
             raise
 
-    def commit(self, staged: StagedArtifact, version_dir: Path) -> Path:
-        """Make the staged artifact read-only and rename it into ``version_dir``; returns the artifact path."""
-        make_read_only(staged.path)
-        self.private_dir(version_dir.parent)
-        remove_tree(version_dir)  # only a crash can leave one behind: version numbers are never reused
-        os.rename(staged.dir, version_dir)
-        version_dir.chmod(0o555)
-        return version_dir / staged.name
-
     def discard(self, staged: StagedArtifact) -> None:
         remove_tree(staged.dir)
 
     def sweep(self, max_age_seconds: float) -> None:
-        """Delete uploads and staging dirs older than ``max_age_seconds`` (left by clients or crashes)."""
+        """Delete staging dirs older than ``max_age_seconds`` (left by crashes)."""
         cutoff = time.time() - max_age_seconds
-        for parent in (self.root / ".staging", *(self.root / ".uploads").glob("*")):
+        for parent in (self.root / ".staging",):
             if not parent.is_dir():
                 continue
             for entry in parent.iterdir():
@@ -241,47 +192,83 @@ class ArtifactStore:
 
 
 def iter_tar_gz(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
-    """Stream the artifact at ``path`` as a .tar.gz whose one top-level entry is the artifact's name.
-
-    Written block by block (no temporary file, no whole file in memory); unpacked files get 0644,
-    directories 0755.
-    """
-    z = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+    """Stream the artifact at ``path`` (a file or a directory tree on this host) as a .tar.gz whose one
+    top-level entry is the artifact's name."""
     base = path.parent
 
-    def entries() -> Iterator[Path]:
-        if not path.is_dir():
-            yield path
-            return
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            yield Path(dirpath)
-            for name in sorted(filenames):
-                yield Path(dirpath) / name
-
-    for full in entries():
-        st = os.lstat(full)
-        info = tarfile.TarInfo(full.relative_to(base).as_posix())
-        info.mtime = int(st.st_mtime)
-        if stat.S_ISDIR(st.st_mode):
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-        elif stat.S_ISREG(st.st_mode):
-            info.mode, info.size = 0o644, st.st_size
-        else:
-            raise OSError(f"{full} is not a regular file or directory; the stored artifact was altered")
-        if out := z.compress(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")):
-            yield out
-        if info.isfile():
-            remaining = info.size
+    def opener(full: Path, size: int) -> Callable[[], Iterator[bytes]]:
+        def read() -> Iterator[bytes]:
+            remaining = size
             with full.open("rb") as f:
                 while remaining > 0:
                     data = f.read(min(chunk, remaining))
                     if not data:
                         raise OSError(f"{full} became shorter while it was sent; the stored artifact was altered")
                     remaining -= len(data)
-                    if out := z.compress(data):
-                        yield out
-            pad = -info.size % tarfile.BLOCKSIZE
-            if pad and (out := z.compress(b"\0" * pad)):
+                    yield data
+
+        return read
+
+    files, empty_dirs = [], []
+    for full in [path] if not path.is_dir() else sorted(path.rglob("*")):
+        st = os.lstat(full)
+        if stat.S_ISDIR(st.st_mode):
+            if not any(full.iterdir()):
+                empty_dirs.append(full.relative_to(base).as_posix())
+        elif stat.S_ISREG(st.st_mode):
+            files.append((full.relative_to(base).as_posix(), st.st_size, opener(full, st.st_size)))
+        else:
+            raise OSError(f"{full} is not a regular file or directory; the stored artifact was altered")
+    return iter_tar_gz_files(files, empty_dirs)
+
+
+def iter_tar_gz_files(
+    files: Iterable[tuple[str, int, Callable[[], Iterator[bytes]]]], empty_dirs: Iterable[str] = ()
+) -> Iterator[bytes]:
+    """Stream files as a .tar.gz: (relative POSIX path, size, a function giving its bytes in chunks), then
+    the empty directories.
+
+    Written block by block (no temporary file, no whole file in memory); each file's directories come
+    first; unpacked files get 0644, directories 0755. A file whose bytes run short or long of its size
+    raises OSError (the stream is then cut, so the client's checksum fails).
+    """
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+    mtime = int(time.time())
+    seen: set[str] = set()
+
+    def header(info: tarfile.TarInfo) -> bytes:
+        info.mtime = mtime
+        return z.compress(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+
+    def dirs(rel: str, inclusive: bool) -> Iterator[bytes]:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + (1 if inclusive else 0)):
+            d = "/".join(parts[:i])
+            if d not in seen:
+                seen.add(d)
+                info = tarfile.TarInfo(d)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                if out := header(info):
+                    yield out
+
+    for rel, size, read in files:
+        yield from dirs(rel, inclusive=False)
+        info = tarfile.TarInfo(rel)
+        info.mode, info.size = 0o644, size
+        if out := header(info):
+            yield out
+        sent = 0
+        for data in read():
+            sent += len(data)
+            if sent > size:
+                raise OSError(f"{rel} is longer than its recorded size; the stored artifact was altered")
+            if out := z.compress(data):
                 yield out
+        if sent != size:
+            raise OSError(f"{rel} is shorter than its recorded size; the stored artifact was altered")
+        pad = -size % tarfile.BLOCKSIZE
+        if pad and (out := z.compress(b"\0" * pad)):
+            yield out
+    for d in empty_dirs:
+        yield from dirs(d, inclusive=True)
     yield z.compress(b"\0" * (2 * tarfile.BLOCKSIZE)) + z.flush()

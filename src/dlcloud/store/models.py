@@ -104,7 +104,7 @@ class CodeRow(Base):
     filename: Mapped[str] = mapped_column(String(255))
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)
-    path: Mapped[str] = mapped_column(Text)
+    storage_key: Mapped[str] = mapped_column(Text)  # the object's key in the object store
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
@@ -257,7 +257,7 @@ class ModelVersionRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(32))
     artifact_name: Mapped[str] = mapped_column(String(255))
-    artifact_path: Mapped[str] = mapped_column(Text)
+    artifact_key: Mapped[str] = mapped_column(Text)  # the tree in the object store holding <artifact_name>
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     signature: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -14,7 +14,8 @@ import pytest
 from dlcloud.checksums import artifact_digest, verify
 from dlcloud.errors import InvalidArchive, InvalidArgument, PayloadTooLarge
 from dlcloud.storage.archives import ArchiveLimits
-from dlcloud.storage.artifacts import ArtifactStore, iter_tar_gz, remove_tree
+from dlcloud.storage.artifacts import ArtifactStore, iter_tar_gz
+from dlcloud.storage.local import LocalObjectStore, remove_tree
 
 
 def _tree(root: Path) -> Path:
@@ -70,20 +71,20 @@ def test_streamed_tar_gz_round_trips_exactly(tmp_path):
     assert (tmp_path / "out" / "model" / "empty-dir").is_dir()
 
 
-def test_stage_commit_and_remove(tmp_path):
+def test_stage_store_as_a_tree_and_discard(tmp_path):
     store = _store(tmp_path)
     tree = _tree(tmp_path / "src" / "model")
     staged = store.stage_copy(tree, "model", "model")
     assert staged.digest.sha256 == artifact_digest(tree).sha256
-    target = store.version_dir("t-1", "m-1", 1)
-    path = store.commit(staged, target)
-    assert path == target / "model" and not staged.dir.exists()
-    assert stat.S_IMODE(target.stat().st_mode) == 0o555
-    assert stat.S_IMODE((path / "a.bin").stat().st_mode) == 0o444
-    assert stat.S_IMODE((path / "sub").stat().st_mode) == 0o555
     assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
-    remove_tree(store.model_dir("t-1", "m-1"))
-    assert not store.model_dir("t-1", "m-1").exists()
+    objects = LocalObjectStore(tmp_path / "data")
+    manifest = objects.put_tree("models/t-1/m-1/1", staged.dir)
+    assert manifest.artifact_sha256() == staged.digest.sha256 and manifest.empty_dirs == ("model/empty-dir",)
+    store.discard(staged)
+    assert not staged.dir.exists() and list((store.root / ".staging").iterdir()) == []
+    stored = objects.tree_local_path("models/t-1/m-1/1")
+    assert stored is not None and verify(stored / "model", staged.digest.sha256)
+    assert (stored / "model" / "empty-dir").is_dir()
 
 
 def test_stage_copy_refuses_links_specials_and_limits(tmp_path):
