@@ -1,10 +1,14 @@
-"""The Alembic migrations produce exactly the schema the ORM models describe, on both databases."""
+"""The Alembic migrations produce exactly the schema the ORM models describe, on both databases, and carry
+the data of older versions over."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 from sqlalchemy.pool import NullPool
 
 from dlcloud.store.models import Base
@@ -17,3 +21,54 @@ def test_migrations_match_models(db_url):
         diff = compare_metadata(ctx, Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def _alembic(url: str, action: str, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from dlcloud.store.db import MIGRATIONS_DIR
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("postgresql://", "postgresql+psycopg://", 1).replace("%", "%%"))
+    getattr(command, action)(cfg, revision)
+
+
+def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_path):
+    """Rows of 0007 named host paths; 0008 gives them the keys under which the data dir's own files are."""
+    from sqlalchemy import text
+
+    from dlcloud.store.models import CodeRow, ModelVersionRow
+
+    archive = tmp_path / "code.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        info = tarfile.TarInfo("train.py")
+        tf.addfile(info, io.BytesIO(b""))
+    code = env.admin.code.upload(archive)
+    model_file = tmp_path / "src" / "model.onnx"
+    model_file.parent.mkdir()
+    model_file.write_bytes(b"weights" * 100)
+    sig = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}], "outputs": []}
+    env.admin.models.register("m", "onnx", artifact=model_file, signature=sig)
+    with env.platform.db.read() as s:
+        code_key = s.get(CodeRow, code["id"]).storage_key
+        model_key = s.scalars(select(ModelVersionRow.artifact_key)).one()
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0007")
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.begin() as conn:  # as 0007 wrote them: absolute paths in the data dir
+        data = str(env.settings.data_dir)
+        conn.execute(text("UPDATE code_uploads SET path = :p"), {"p": f"{data}/{code_key}"})
+        conn.execute(text("UPDATE model_versions SET artifact_path = :p"), {"p": f"{data}/{model_key}/model.onnx"})
+    engine.dispose()
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        tenant_id = env.admin.tenants.get("default")["id"]
+        assert s.get(CodeRow, code["id"]).storage_key == code_key == f"code/{tenant_id}/{code['id']}/code.tar.gz"
+        assert s.scalars(select(ModelVersionRow.artifact_key)).one() == model_key
+    assert env.platform.objects.head(code_key).size == code["size"]
+    got = env.admin.models.download("m", 1, dest=tmp_path / "out")
+    assert got.read_bytes() == model_file.read_bytes()
