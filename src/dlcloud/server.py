@@ -31,6 +31,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import Settings
+from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
 from dlcloud.uvicorn_server import uvicorn_class
 
@@ -96,6 +97,9 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     if executor is None:
         executor = _local_executor(settings)
+    objects = open_object_store(settings)
+    objects.check()
+    log.info("storage: %s", objects.url)
     isolated, isolation = executor.isolation()
     log.info("isolation of user code: %s", isolation)
     if not isolated:
@@ -116,6 +120,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         isolated=isolated,
         isolation=isolation,
         sandbox_prefix=executor.sandbox_prefix,
+        objects=objects,
     )
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)
@@ -182,6 +187,10 @@ def _housekeeping(server: Server) -> None:
             purge_nonces(server.platform.db, server.settings.clock_skew_seconds)
         except Exception:  # keep housekeeping alive across transient database errors
             log.exception("nonce purge failed")
+        try:  # what crashed writes left in the store, a day after
+            server.platform.objects.sweep(24 * 3600.0)
+        except Exception:  # keep housekeeping alive across transient storage errors
+            log.exception("storage sweep failed")
 
 
 def serve(settings: Settings, on_ready=None) -> None:

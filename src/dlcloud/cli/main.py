@@ -58,6 +58,12 @@ def up(
     database_url: str | None = typer.Option(
         None, "--database-url", help="postgresql://user@host/db; default SQLite in the data dir."
     ),
+    storage_url: str | None = typer.Option(
+        None,
+        "--storage-url",
+        help="Where code, models and datasets are kept: file:///PATH or s3://BUCKET/PREFIX (S3 endpoint and "
+        "credentials from AWS_* variables or DLCLOUD_S3_*; docs/storage.md) [default: file://<data-dir>].",
+    ),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning or error [default: info]."),
     no_profile: bool = typer.Option(False, "--no-profile", help="Do not write the 'local' CLI profile."),
     sandbox: str | None = typer.Option(
@@ -86,6 +92,8 @@ def up(
       dlcloud up --port 9000 --data-dir /srv/dlcloud --database-url postgresql://postgres@127.0.0.1/dlcloud
 
       dlcloud up --sandbox off      # no bubblewrap here: only the 'default' tenant runs jobs
+
+      AWS_ENDPOINT_URL=http://127.0.0.1:9000 dlcloud up --storage-url s3://dlcloud/prod
     """
     import logging
 
@@ -95,7 +103,14 @@ def up(
     # flags win over DLCLOUD_* variables, which win over the defaults
     if sandbox not in (None, "auto", "off"):
         raise typer.BadParameter(f"must be auto or off, got {sandbox!r}", param_hint="--sandbox")
-    flags = {"host": host, "port": port, "database_url": database_url, "log_level": log_level, "sandbox": sandbox}
+    flags = {
+        "host": host,
+        "port": port,
+        "database_url": database_url,
+        "storage_url": storage_url,
+        "log_level": log_level,
+        "sandbox": sandbox,
+    }
     if allow_unsandboxed_tenants:
         flags["allow_unsandboxed_tenants"] = True
     overrides: dict = {k: v for k, v in flags.items() if v is not None}
@@ -128,6 +143,7 @@ def up(
                 else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs"
             )
             err_console.print(f"[bold red]isolation: {platform.isolation}[/bold red] — {who}; see docs/isolation.md")
+        err_console.print(f"storage: {platform.objects.url}")
         err_console.print(f"admin key: {server.bootstrap_file}")
 
     serve(settings, on_ready=on_ready)

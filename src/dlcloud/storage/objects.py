@@ -277,6 +277,11 @@ class ObjectStore(abc.ABC):
         """The directory holding the tree's files on this host, if the backend keeps them there."""
         return None
 
+    def check(self) -> None:
+        """Make sure the store can be used now (a bucket exists and answers; a directory is there):
+        StorageError saying what is wrong otherwise. Called once at start."""
+        return None
+
     def sweep(self, max_age_seconds: float) -> None:
         """Remove what crashed writes left behind, older than ``max_age_seconds`` (nothing by default)."""
         return None

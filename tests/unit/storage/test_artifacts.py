@@ -15,7 +15,7 @@ from dlcloud.checksums import artifact_digest, verify
 from dlcloud.errors import InvalidArchive, InvalidArgument, PayloadTooLarge
 from dlcloud.storage.archives import ArchiveLimits
 from dlcloud.storage.artifacts import ArtifactStore, iter_tar_gz
-from dlcloud.storage.local import LocalObjectStore, remove_tree
+from dlcloud.storage.local import LocalObjectStore
 
 
 def _tree(root: Path) -> Path:

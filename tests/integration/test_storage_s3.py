@@ -1,0 +1,101 @@
+"""The platform on S3 storage (a real SeaweedFS), on SQLite and PostgreSQL: code uploads, jobs that run
+them through this host's object cache, model versions registered, downloaded and deleted — and nothing of
+the server's S3 credentials in a job."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dlcloud.checksums import artifact_digest
+from dlcloud.executors.local.executor import LocalExecutor
+from tests.conftest import Env, build_env, make_settings, wait_for
+from tests.s3server import S3Server, s3_server_or_skip
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
+SIG = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs": []}
+
+
+@pytest.fixture
+def s3_env(request: pytest.FixtureRequest, tmp_path: Path, db_url: str, monkeypatch) -> Iterator[tuple[Env, S3Server]]:
+    server = s3_server_or_skip(request)
+    store = server.new_store()
+    # the credentials as an operator gives them: in the server's environment, where boto3 reads them
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", server.region)
+    settings = make_settings(tmp_path, db_url, storage_url=store.url, s3_addressing_style="path")
+    e = build_env(settings, LocalExecutor())
+    assert e.control is not None and e.platform.objects.url == store.url
+    stop = threading.Event()
+    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
+    thread.start()
+    with e.http:
+        yield e, server
+    stop.set()
+    e.control.wake()
+    thread.join(timeout=10)
+    e.platform.db.dispose()
+
+
+def _bucket_keys(server: S3Server, prefix: str) -> list[str]:
+    listed = server.client().list_objects_v2(Bucket=server.bucket, Prefix=prefix + "/")
+    return sorted(o["Key"][len(prefix) + 1 :] for o in listed.get("Contents", []))
+
+
+def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], tmp_path: Path) -> None:
+    env, server = s3_env
+    prefix = env.platform.objects.url.split("/", 3)[3]
+    archive = tmp_path / "code.tar.gz"
+    script = b"import os\nprint('hello from s3 code')\nprint(sorted(k for k in os.environ if k.startswith('AWS')))\n"
+    with tarfile.open(archive, "w:gz") as tf:
+        info = tarfile.TarInfo("train.py")
+        info.size = len(script)
+        tf.addfile(info, io.BytesIO(script))
+    code = env.admin.code.upload(archive)
+    tenant = env.admin.tenants.get("default")["id"]
+    key = f"code/{tenant}/{code['id']}/code.tar.gz"
+    assert _bucket_keys(server, prefix) == [key]
+    assert not (env.settings.data_dir / "code").exists()  # nothing of it on the server's disk
+
+    for name in ("first", "second"):  # the second run uses the cached copy
+        env.admin.jobs.submit({"name": name, "code": code["id"], "command": "python train.py"})
+        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n))["state"] in TERMINAL and j, 60, what=name)
+        lines = [line.text for line in env.admin.jobs.logs(name) if line.stream == "stdout"]
+        assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+        assert lines == ["hello from s3 code", "[]"]  # no AWS_* variable reached the job
+    cached = list((env.settings.data_dir / "cache" / "objects").rglob("*"))
+    assert [p.name for p in cached if p.is_file() and not p.name.startswith(".")] == [code["sha256"]]
+
+    model = tmp_path / "src" / "export"
+    (model / "variables").mkdir(parents=True)
+    (model / "variables" / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (model / "predictor.py").write_text("class P: ...\n")
+    (model / "assets").mkdir()  # an empty directory comes back too
+    v1 = env.admin.models.register("m", "python", artifact=model, signature=SIG)
+    assert v1["sha256"] == artifact_digest(model).sha256
+    version_prefix = f"models/{tenant}/"
+    stored = [k for k in _bucket_keys(server, prefix) if k.startswith(version_prefix)]
+    assert sorted(k.split("/", 4)[4] for k in stored) == [
+        ".dlcloud-manifest.json",
+        "export/predictor.py",
+        "export/variables/data.bin",
+    ]
+    assert [k for k in _bucket_keys(server, prefix) if k.startswith("uploads/")] == []  # used and dropped
+    got = env.admin.models.download("m", 1, dest=tmp_path / "out")
+    assert artifact_digest(got).sha256 == v1["sha256"] and (got / "assets").is_dir()
+
+    # damaged in the bucket: the download is refused by its checksum
+    data_key = next(k for k in stored if k.endswith("data.bin"))
+    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/{data_key}", Body=b"tampered")
+    with pytest.raises(Exception, match="checksum"):
+        env.admin.models.download("m", 1, dest=tmp_path / "again")
+
+    env.admin.models.delete("m")
+    assert [k for k in _bucket_keys(server, prefix) if k.startswith("models/")] == []
