@@ -32,7 +32,7 @@ class ArtifactDigest:
     files: int
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
@@ -70,7 +70,7 @@ def artifact_digest(path: Path) -> ArtifactDigest:
     for rel, full in entries:
         file_size = full.stat().st_size
         size += file_size
-        line = f"{rel}\0{_file_sha256(full)}\0{file_size}\n"
+        line = f"{rel}\0{file_sha256(full)}\0{file_size}\n"
         manifest.update(line.encode("utf-8", "surrogateescape"))
     return ArtifactDigest(manifest.hexdigest(), size, len(entries))
 

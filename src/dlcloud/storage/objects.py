@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from dlcloud.checksums import MANIFEST_HEADER, file_sha256
 from dlcloud.errors import DlcloudError
 
 CHUNK = 1024 * 1024
@@ -121,8 +122,6 @@ class Manifest:
 
     def artifact_sha256(self) -> str:
         """The canonical artifact checksum (``dlcloud.checksums``) of the files in this manifest."""
-        from dlcloud.checksums import MANIFEST_HEADER
-
         digest = hashlib.sha256(MANIFEST_HEADER)
         for e in self.entries:
             digest.update(f"{e.path}\0{e.sha256}\0{e.size}\n".encode("utf-8", "surrogateescape"))
@@ -151,14 +150,6 @@ class Manifest:
             tuple(sorted(entries, key=lambda e: e.path.encode("utf-8", "surrogateescape"))),
             tuple(sorted(empty_dirs)),
         )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def scan_tree(root: Path) -> Manifest:
