@@ -32,16 +32,20 @@ HTTP_STATUS: dict[str, int] = {
     "not_found": 404,
     "model_not_found": 404,
     "model_version_not_found": 404,
+    "dataset_not_found": 404,
+    "dataset_version_not_found": 404,
     "already_exists": 409,
     "conflict": 409,
     "invalid_state": 409,
     "model_deployed": 409,
+    "dataset_in_use": 409,
     "payload_too_large": 413,
     "quota_exceeded": 429,
     "unavailable": 503,
     "storage_unavailable": 503,
     "object_missing": 500,
     "object_damaged": 500,
+    "cache_full": 507,
     "not_configured": 400,
     "internal": 500,
 }
@@ -192,3 +196,15 @@ def error_from_body(status: int, body: Any) -> DlcloudError:
             cls = Unauthenticated if HTTP_STATUS.get(code) == 401 else DlcloudError
         return cls(message, code=code, details=details)
     return DlcloudError(f"server answered HTTP {status}: {str(body)[:500]}", code="internal")
+
+
+class DatasetNotFound(DlcloudError):
+    code = "dataset_not_found"
+
+
+class DatasetVersionNotFound(DlcloudError):
+    code = "dataset_version_not_found"
+
+
+class DatasetInUse(DlcloudError):
+    code = "dataset_in_use"

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     s3_multipart_threshold_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 64 * 1024 * 1024
     s3_multipart_chunk_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 16 * 1024 * 1024
 
+    # this host's cache of dataset versions read by jobs (a remote store's; a local store's are used in place):
+    # least recently used versions are evicted beyond this size, never one a job reads
+    dataset_cache_max_bytes: Annotated[int, Field(ge=1024 * 1024)] = 50 * 1024**3
+
     # Model registry
     model_inspect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0  # signature inference
     model_upload_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0  # an unused artifact upload is dropped

@@ -5,6 +5,7 @@ the server's S3 credentials in a job."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -99,3 +100,27 @@ def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], t
 
     env.admin.models.delete("m")
     assert [k for k in _bucket_keys(server, prefix) if k.startswith("models/")] == []
+
+
+def test_jobs_read_datasets_through_this_hosts_cache(s3_env: tuple[Env, S3Server], tmp_path: Path) -> None:
+    env, _server = s3_env
+    from tests.integration.test_datasets import FILES, READER, _push, _tar_gz
+
+    _push(env, env.admin, "click-log", FILES)
+    code = tmp_path / "code.tar.gz"
+    code.write_bytes(_tar_gz({"reader.py": READER.encode()}))
+    up = env.admin.code.upload(code)
+    paths = []
+    for name in ("r1", "r2"):
+        spec = {"name": name, "code": up["id"], "command": "python reader.py", "datasets": ["click-log"]}
+        env.admin.jobs.submit(spec)
+        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n))["state"] in TERMINAL and j, 60, what=name)
+        lines = [line.text for line in env.admin.jobs.logs(name) if line.stream == "stdout"]
+        assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+        seen = json.loads(lines[0])
+        assert seen["files"] == sorted(FILES) and lines[1].startswith("read-only")
+        paths.append(seen["datasets"]["click-log"])
+    # one copy in this host's cache, shared by both jobs, no pin left
+    cache = env.settings.data_dir / "cache" / "datasets"
+    assert paths[0] == paths[1] and Path(paths[0]).is_relative_to(cache)
+    assert env.control is not None and env.control.data_cache.holders() == set()

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
-from dlcloud.api import accounting, code, environments, jobs, models, openapi, tenants
+from dlcloud.api import accounting, code, datasets, environments, jobs, models, openapi, tenants
 from dlcloud.api.deps import streaming_caller
 from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
@@ -122,7 +122,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    routers = [module.router for module in (jobs, tenants, accounting, code, models, environments)]
+    routers = [module.router for module in (jobs, tenants, accounting, code, models, datasets, environments)]
     for router in routers:
         app.include_router(router, prefix=API_PREFIX)
     settings = platform.settings

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Path, Query
 
 from dlcloud.schemas.common import NAME_RE, Text
+from dlcloud.schemas.datasets import DATASET_UPLOAD_ID_RE
 from dlcloud.schemas.environments import CODE_ID_RE
 from dlcloud.schemas.models import LABEL_RE, UPLOAD_ID_RE
 from dlcloud.services.auth import KEY_ID_RE
@@ -48,6 +49,9 @@ CodeId = Annotated[Text, Path(description="A code upload id.", json_schema_extra
 UploadId = Annotated[
     Text, Path(description="A model artifact upload id.", json_schema_extra=_rule(UPLOAD_ID_RE.pattern))
 ]
+DatasetUploadId = Annotated[
+    Text, Path(description="A dataset upload id.", json_schema_extra=_rule(DATASET_UPLOAD_ID_RE.pattern))
+]
 # the pattern of DeploymentName in schemas/models.py
 Deployment = Annotated[
     Text,
@@ -57,7 +61,7 @@ Owner = Annotated[
     Text | None,
     Query(
         max_length=63,
-        description="Tenant that owns a model shared with yours (default: your own).",
+        description="Tenant that owns a model or dataset shared with yours (default: your own).",
         json_schema_extra={"pattern": NAME_RE.pattern},
     ),
 ]

@@ -69,6 +69,9 @@ class Workload:
     # directories the job writes that outlive the attempt (checkpoints, outputs): created by the executor,
     # the only ones besides its own work directory that a sandboxed job may write
     data_dirs: tuple[Path, ...] = ()
+    # directories the job reads and never writes (dataset versions): in a sandbox, bound read-only at the
+    # same path
+    readonly_dirs: tuple[Path, ...] = ()
     # the tenant's sandbox number (TenantRow.sandbox_slot): the executor derives the Unix uid from it
     sandbox_slot: int | None = None
 

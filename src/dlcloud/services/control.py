@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -27,16 +28,20 @@ from pathlib import Path
 from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.scheduler.planner import GroupDemand, Held, Limits, QueuedJob, plan
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS, JobState
 from dlcloud.services import gangs, job_states, recipes
+from dlcloud.services.datasets import env_name as dataset_env_name
 from dlcloud.services.env_builds import EnvironmentBuilder
-from dlcloud.services.jobs import QUEUE_STATES, job_dir, job_env
+from dlcloud.services.jobs import QUEUE_STATES, RESOLVED_DATASETS, job_dir, job_env
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
 from dlcloud.storage.cache import ObjectCache
+from dlcloud.storage.objects import ObjectDamaged
+from dlcloud.storage.tree_cache import CacheFull, TreeCache
 from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -139,7 +144,9 @@ class ControlLoop:
         self._wake = threading.Event()
         # builds environments while this loop runs
         self.builds = EnvironmentBuilder(platform, leadership, executor.build_sandbox())
-        self.code_cache = ObjectCache(platform.settings.data_dir / "cache" / "objects", platform.objects)
+        cache = platform.settings.data_dir / "cache"
+        self.code_cache = ObjectCache(cache / "objects", platform.objects)
+        self.data_cache = TreeCache(cache / "datasets", platform.objects, platform.settings.dataset_cache_max_bytes)
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -251,6 +258,15 @@ class ControlLoop:
                 job = jobs.get(job_id)
                 if job is None or job.state not in QUEUE_STATES:
                     continue  # cancelled since the queue was read (PostgreSQL); its resources stay free
+                try:
+                    data = self._datasets(job, job.attempt + 1)
+                except CacheFull as exc:  # waits until jobs that hold the cache end
+                    job.wait_reason = f"waiting for room in the dataset cache: {exc.message}"
+                    continue
+                except DlcloudError as exc:  # its data is gone or damaged in the store: it can never start
+                    why = f"its datasets cannot be read: {exc.message}"
+                    job_states.transition(s, job, JobState.FAILED, why, at=now, events=events)
+                    continue
                 needed = recipes.ports_needed(job.spec, job.replica_groups)
                 got = ports.allocate(job.id, job.attempt + 1, needed, now)
                 if got is None:
@@ -259,7 +275,7 @@ class ControlLoop:
                         f"{settings.job_port_range_end}"
                     )
                     continue
-                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got))
+                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, data))
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
                     if job.state in QUEUE_STATES:
@@ -297,12 +313,13 @@ class ControlLoop:
         events: list[dict],
         replicas: list[dict],
         ports: list[int],
+        data: list[tuple[str, Path]],
     ) -> Workload:
         """Record attempt ``job.attempt + 1``: the attempt, replica and event rows go to ``attempts`` /
         ``replicas`` / ``events`` for one bulk insert each."""
         job.attempt += 1
         attempt_dir = job_dir(self.p, job.tenant_id, job.id) / f"attempt-{job.attempt}"
-        workload = self._workload(s, job, gpus, attempt_dir, ports)
+        workload = self._workload(s, job, gpus, attempt_dir, ports, data)
         for r in workload.replicas:
             replicas.append(
                 {
@@ -349,7 +366,23 @@ class ControlLoop:
         )
         return workload
 
-    def _workload(self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path, ports: list[int]) -> Workload:
+    def _datasets(self, job: JobRow, attempt: int) -> list[tuple[str, Path]]:
+        """(name, local read-only directory) of each dataset version the job reads, pinned in this host's
+        dataset cache for the attempt (released when it ends). With a local store, the stored tree itself;
+        with a remote one, fetched once into the cache (here, in the placing pass: moves to the executor with
+        opaque workload handles)."""
+        out = []
+        for d in job.spec.get(RESOLVED_DATASETS) or []:
+            key = str(d["storage_key"])
+            manifest = self.p.objects.tree_manifest(key)
+            if manifest.artifact_sha256() != d["sha256"]:
+                raise ObjectDamaged(key, "does not hold the version the job was given")
+            out.append((str(d["name"]), self.data_cache.acquire(key, manifest, _holder(job.id, attempt))))
+        return out
+
+    def _workload(
+        self, s, job: JobRow, gpus: tuple[int, ...], attempt_dir: Path, ports: list[int], data: list[tuple[str, Path]]
+    ) -> Workload:
         jd = job_dir(self.p, job.tenant_id, job.id)
         code_archive = package = None
         if job.code_id:
@@ -371,8 +404,10 @@ class ControlLoop:
                 "DLCLOUD_CHECKPOINT_DIR": str(jd / "checkpoints"),
                 "DLCLOUD_OUTPUT_DIR": str(jd / "outputs"),
                 "DLCLOUD_ENVIRONMENT": job.environment or "default",
+                "DLCLOUD_DATASETS": json.dumps({name: str(path) for name, path in data}),
             }
         )
+        env.update({dataset_env_name(name): str(path) for name, path in data})
         per_slot: list[tuple[int, ...]] = [gpus]
         if job.replica_groups:
             per_slot, rest = [], list(gpus)
@@ -421,6 +456,7 @@ class ControlLoop:
             log_max_bytes=self.p.settings.job_log_max_bytes,
             replicas=launch.replicas if launch else (),
             data_dirs=(jd / "checkpoints", jd / "outputs"),
+            readonly_dirs=tuple(path for _name, path in data),
             sandbox_slot=tenant.sandbox_slot if (tenant := s.get(TenantRow, job.tenant_id)) is not None else None,
         )
 
@@ -521,6 +557,7 @@ class ControlLoop:
             attempt.exit_code = code
             job.exit_code = code
             release_ports(s, job.id, attempt.number)
+            holder = _holder(job.id, attempt.number)
             self._record_replicas(s, job, report)
             state = JobState(job.state)
             if state == JobState.STARTING:
@@ -545,6 +582,7 @@ class ControlLoop:
                 else:
                     why = f"attempt {job.attempt} failed with exit code {code}{detail}{post}"
                 self._failed(s, job, why, now, code)
+        self.data_cache.release(holder)
         self._stopping.discard(attempt_id)
         self.wake()
 
@@ -579,7 +617,20 @@ class ControlLoop:
                 if job is None or attempt is None or attempt.finished_at is not None:
                     return
                 ports = attempt_ports(s, job.id, attempt.number)
-                w = self._workload(s, job, tuple(attempt.gpus), Path(attempt.attempt_dir), ports)
+                try:
+                    data = self._datasets(job, attempt.number)
+                except DlcloudError as exc:
+                    log.error("job %s attempt %d: its datasets cannot be read: %s", job_id, attempt.number, exc)
+                    data = None
+                if data is not None:
+                    w = self._workload(s, job, tuple(attempt.gpus), Path(attempt.attempt_dir), ports, data)
+            if data is None:
+                report = AttemptReport(
+                    state="lost", message="its datasets could not be read to relaunch it", launched=False
+                )
+                self._relaunched.add(attempt_id)
+                self._lost(job_id, attempt_id, report)
+                return
             self._relaunched.add(attempt_id)
             log.warning("job %s attempt %d was recorded but never launched; launching it now", job_id, w.attempt)
             self._start(w)
@@ -598,9 +649,16 @@ class ControlLoop:
             attempt.finished_at = now
             attempt.outcome = "lost"
             release_ports(s, job.id, attempt.number)
+            holder = _holder(job.id, attempt.number)
             self._record_replicas(s, job, report, lost=True)
             if job.cancel_requested:
                 job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
             else:
                 self._failed(s, job, f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}", now)
+        self.data_cache.release(holder)
         self.wake()
+
+
+def _holder(job_id: str, attempt: int) -> str:
+    """Who holds an attempt's pins in the dataset cache."""
+    return f"{job_id}.{attempt}"

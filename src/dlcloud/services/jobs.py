@@ -28,7 +28,7 @@ from dlcloud.schemas.jobs import (
     JobSpec,
     JobState,
 )
-from dlcloud.services import environments, job_states, recipes
+from dlcloud.services import datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
@@ -37,6 +37,8 @@ from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
 
 log = logging.getLogger(__name__)
+# the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)
+RESOLVED_DATASETS = "resolved_datasets"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
@@ -81,9 +83,15 @@ def _stored_spec(platform: Platform, spec: JobSpec) -> dict[str, Any]:
 
 
 def public_spec(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored spec as reads show it: ``secret_env`` names only, each value SECRET_MASK."""
-    secret = stored.get("secret_env")
-    return {**stored, "secret_env": dict.fromkeys(secret, SECRET_MASK)} if secret else stored
+    """A stored spec as reads show it: ``secret_env`` names only, each value SECRET_MASK; the datasets it
+    reads as resolved at submit (name, owner, version, checksum), without where they are stored."""
+    shown = dict(stored)
+    if secret := stored.get("secret_env"):
+        shown["secret_env"] = dict.fromkeys(secret, SECRET_MASK)
+    if RESOLVED_DATASETS in stored:
+        hidden = ("storage_key", "version_id")
+        shown[RESOLVED_DATASETS] = [{k: v for k, v in d.items() if k not in hidden} for d in stored[RESOLVED_DATASETS]]
+    return shown
 
 
 def job_env(platform: Platform, job: JobRow) -> dict[str, str]:
@@ -161,6 +169,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
                 raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
         elif spec.module is not None:
             pass  # a module from the environment itself (e.g. a library's CLI module)
+        resolved = datasets.resolve_for_job(s, caller, spec.datasets)
         if s.scalar(select(JobRow.id).where(JobRow.tenant_id == tenant.id, JobRow.name == spec.name)):
             raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
         if tenant.quota_max_queued_jobs is not None:
@@ -181,6 +190,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
         gpus, cpus, memory = spec.total_resources()
         groups = spec.groups()
         stored = _stored_spec(platform, spec)
+        stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
         replica_groups = None
         if spec.process_count() > 1:
             replica_groups = recipes.replica_groups(stored, groups, {g: spec.group_resources(g) for g in groups})
@@ -212,6 +222,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
         )
         s.add(row)
         s.flush()
+        datasets.record_readers(s, row.id, resolved)
         job_states.record_created(s, row, f"submitted by {caller.user}")
         job = _job_model(row, tenant.name, caller.user)
     platform.wake()

@@ -73,8 +73,9 @@ from dlcloud.schemas.models import (
     check_label,
     executes_code,
 )
+from dlcloud.services import uploads
 from dlcloud.services.auth import Caller
-from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
+from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.jobs import job_dir, job_ref
 from dlcloud.services.platform import Platform, SandboxPrefix
@@ -110,20 +111,6 @@ def artifact_store(platform: Platform) -> ArtifactStore:
 
 def version_key(tenant_id: str, model_id: str, version: int) -> str:
     return f"models/{tenant_id}/{model_id}/{version}"
-
-
-def upload_key(tenant_id: str, upload_id: str) -> str:
-    return f"uploads/{tenant_id}/{upload_id}.tar.gz"
-
-
-def sweep_uploads(objects: ObjectStore, max_age_seconds: float) -> None:
-    """Drop artifact uploads no register used within ``max_age_seconds``."""
-    import time
-
-    cutoff = time.time() - max_age_seconds
-    for info in list(objects.list("uploads")):
-        if info.modified is not None and info.modified < cutoff:
-            objects.delete(info.key)
 
 
 def _shown(name: str, owner: str | None, caller: Caller) -> str:
@@ -303,60 +290,28 @@ async def upload_artifact(
 ) -> ModelUpload:
     """Receive a .tar.gz holding one file or directory; it waits (at most the upload TTL) for a register."""
     settings = platform.settings
-    limit = settings.max_upload_bytes
-    check_content_length(content_length, limit)
     artifacts = artifact_store(platform)
-    objects = platform.objects
     await anyio.to_thread.run_sync(artifacts.sweep, settings.model_upload_ttl_seconds)
-    await anyio.to_thread.run_sync(sweep_uploads, objects, settings.model_upload_ttl_seconds)
-    fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=upload_scratch_dir(settings))
-    tmp = Path(tmp_name)
-    try:
-        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
 
-        def check() -> str:
-            validate_tar(tmp, artifacts.limits)
-            return archive_top_level(tmp)
+    def check(tmp: Path) -> str:
+        validate_tar(tmp, artifacts.limits)
+        return archive_top_level(tmp)
 
-        name = await anyio.to_thread.run_sync(check)
-        upload_id = new_id("mu-")
-        key = upload_key(caller.tenant_id, upload_id)
-        await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
-    finally:
-        tmp.unlink(missing_ok=True)
+    upload_id, size, name = await uploads.store_upload(
+        platform,
+        caller,
+        id_prefix="mu-",
+        declared_sha256=declared_sha256,
+        content_length=content_length,
+        chunks=chunks,
+        check=check,
+    )
     expires = utcnow() + timedelta(seconds=settings.model_upload_ttl_seconds)
     return ModelUpload(id=upload_id, sha256=declared_sha256, size=size, artifact=name, expires_at=expires)
 
 
-def _upload_key(platform: Platform, caller: Caller, upload_id: str) -> str | None:
-    """The stored upload's key, or None when there is no such upload of the caller's tenant."""
-    if not UPLOAD_ID_RE.match(upload_id):
-        return None
-    key = upload_key(caller.tenant_id, upload_id)
-    return key if platform.objects.head(key) is not None else None
-
-
-def _fetch_upload(platform: Platform, caller: Caller, upload_id: str, dest_dir: Path) -> tuple[str, Path]:
-    """(key, local copy) of an upload waiting for its register."""
-    key = _upload_key(platform, caller, upload_id)
-    if key is not None:
-        local = dest_dir / "upload.tar.gz"
-        try:
-            platform.objects.get_file(key, local)
-            return key, local
-        except ObjectMissing:  # used or expired just now
-            pass
-    raise InvalidArgument(
-        f"upload {upload_id!r} not found: it was used by a register already, expired or never existed; "
-        "upload the artifact again"
-    )
-
-
 def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
-    key = _upload_key(platform, caller, upload_id)
-    if key is None:
-        raise NotFound(f"upload {upload_id!r} not found")
-    platform.objects.delete(key)
+    uploads.delete_upload(platform, caller, upload_id, UPLOAD_ID_RE)
 
 
 # -- resolving names ---------------------------------------------------------------------------------------
@@ -616,7 +571,9 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
     job = None
     if req.upload is not None:
         with tempfile.TemporaryDirectory(dir=upload_scratch_dir(platform.settings)) as scratch:
-            upload, local = _fetch_upload(platform, caller, req.upload, Path(scratch))
+            upload, local = uploads.fetch_upload(
+                platform, caller, req.upload, UPLOAD_ID_RE, Path(scratch), "a register", "the artifact"
+            )
             staged = artifacts.stage_archive(local)
     else:
         assert req.from_job is not None  # the request model requires one source

@@ -233,9 +233,10 @@ class ObjectStore(abc.ABC):
         """
         return self._put_tree(check_key(prefix), src, manifest or scan_tree(src))
 
-    def get_tree(self, prefix: str, dest: Path) -> Manifest:
-        """Write the tree's files under the directory ``dest`` (created), each verified; returns its manifest."""
-        manifest = self.tree_manifest(prefix)
+    def get_tree(self, prefix: str, dest: Path, manifest: Manifest | None = None) -> Manifest:
+        """Write the tree's files under the directory ``dest`` (created), each verified against ``manifest``
+        (the caller's, e.g. from a record it trusts; default: the stored one); returns the manifest used."""
+        manifest = manifest or self.tree_manifest(prefix)
         self._get_tree(check_key(prefix), manifest, dest)
         return manifest
 

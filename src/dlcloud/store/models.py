@@ -353,3 +353,65 @@ class LeadershipRow(Base):
     epoch: Mapped[int] = mapped_column(BigInteger)
     holder: Mapped[str] = mapped_column(String(255))  # <host>:<pid> of the leader
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DatasetRow(Base):
+    """A dataset of the sample library: a name in a tenant. ``last_version`` is the highest number ever
+    given, so a deleted version's number is never reused."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    description: Mapped[str] = mapped_column(Text, default="")
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DatasetVersionRow(Base):
+    """An immutable version: a tree in the object store (``storage_key``) with its manifest's checksum."""
+
+    __tablename__ = "dataset_versions"
+    __table_args__ = (UniqueConstraint("dataset_id", "version"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    storage_key: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    file_count: Mapped[int] = mapped_column(Integer)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DatasetLabelRow(Base):
+    __tablename__ = "dataset_labels"
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    label: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version_id: Mapped[str] = mapped_column(ForeignKey("dataset_versions.id", ondelete="CASCADE"), index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DatasetShareRow(Base):
+    """Read-only access to a dataset for another tenant."""
+
+    __tablename__ = "dataset_shares"
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class JobDatasetRow(Base):
+    """A dataset version a job reads (resolved at submit): while the job has not ended the version cannot be
+    deleted (the restriction on the foreign key makes that hold in the database too)."""
+
+    __tablename__ = "job_datasets"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    version_id: Mapped[str] = mapped_column(
+        ForeignKey("dataset_versions.id", ondelete="RESTRICT"), primary_key=True, index=True
+    )

@@ -403,6 +403,7 @@ class LocalExecutor(Executor):
             gpus=list(workload.gpus),
             python=self.python_for(workload),
             data_dirs=[str(d) for d in workload.data_dirs],
+            readonly_dirs=[str(d) for d in workload.readonly_dirs],
             sandbox=sandbox,
         )
         # created exclusively (link fails if it exists): two control planes starting one attempt at once (a
@@ -463,7 +464,7 @@ class LocalExecutor(Executor):
         for d in (*work, tmp):
             d.mkdir(mode=0o700, exist_ok=True)
             give_to(d, uid)
-        readonly = [*files, *([Path(workload.venv)] if workload.venv is not None else [])]
+        readonly = [*files, *([Path(workload.venv)] if workload.venv is not None else []), *workload.readonly_dirs]
         if workload.package is not None:  # pip installs it inside the sandbox: readable there, closed on the host
             readonly.append(Path(workload.package))
             if uid is not None:

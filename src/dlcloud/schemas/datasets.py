@@ -1,0 +1,110 @@
+"""Datasets — the sample library — on the wire.
+
+Vocabulary: a *dataset* is a name in a tenant; each push adds an immutable *version* (1, 2, ...) holding a
+tree of files with a manifest (path, size, SHA-256 of each) and its checksum. A *label* (``production``,
+``v2-clean``, ...) points at exactly one version. A *share* lets another tenant read a dataset (``OWNER/NAME``).
+A job asks for data by reference: ``NAME``, ``NAME@VERSION`` or ``NAME@LABEL`` (``OWNER/`` in front for a
+shared one); without ``@`` it means the newest version, resolved when the job is submitted.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field
+
+from dlcloud.schemas.common import Request, Response
+from dlcloud.schemas.models import Label
+
+DATASET_UPLOAD_ID_RE = re.compile(r"^du-[a-z0-9]{16}$")
+# NAME, NAME@7, NAME@production, OWNER/NAME@...
+DATASET_REF_RE = re.compile(
+    r"^(?:(?P<owner>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)"
+    r"(?:@(?P<ref>[0-9]{1,9}|[a-z]([-a-z0-9]{0,61}[a-z0-9])?))?$"
+)
+DatasetRef = Annotated[str, Field(min_length=1, max_length=140, pattern=DATASET_REF_RE.pattern)]
+
+
+class DatasetPush(Request):
+    """Add a version to ``name`` (the dataset is created with its first version) from an upload."""
+
+    upload: Annotated[str, Field(pattern=DATASET_UPLOAD_ID_RE.pattern)]
+    description: Annotated[str, Field(max_length=4096)] = ""
+
+
+class DatasetLabelSet(Request):
+    version: Annotated[int, Field(ge=1)]
+
+
+class DatasetUpload(Response):
+    id: str
+    sha256: str  # of the uploaded archive
+    size: int
+    expires_at: datetime
+
+
+class DatasetVersion(Response):
+    dataset: str  # as the caller names it: NAME, or OWNER/NAME for a shared one
+    owner: str
+    version: int
+    sha256: str  # the tree's checksum (dlcloud.checksums over its manifest)
+    size_bytes: int
+    file_count: int
+    description: str
+    created_by: str
+    created_at: datetime
+    labels: list[str]
+    in_use_by: list[str]  # jobs (of the owner's tenant, by name) not yet ended that read it: it cannot be deleted
+
+
+class Dataset(Response):
+    name: str
+    owner: str
+    shared: bool
+    description: str
+    created_by: str
+    created_at: datetime
+    latest_version: int | None
+    version_count: int
+    size_bytes: int  # all versions
+    labels: dict[str, int]
+    shared_with: list[str]  # only the owner sees them
+
+
+class DatasetDetail(Dataset):
+    versions: list[DatasetVersion]
+
+
+class DatasetFile(Response):
+    path: str
+    size: int
+    sha256: str
+
+
+class DatasetLabel(Response):
+    label: str
+    version: int
+
+
+class DatasetShare(Response):
+    tenant: str
+    created_at: datetime
+
+
+__all__ = [
+    "DATASET_REF_RE",
+    "DATASET_UPLOAD_ID_RE",
+    "Dataset",
+    "DatasetDetail",
+    "DatasetFile",
+    "DatasetLabel",
+    "DatasetLabelSet",
+    "DatasetPush",
+    "DatasetRef",
+    "DatasetShare",
+    "DatasetUpload",
+    "DatasetVersion",
+    "Label",
+]

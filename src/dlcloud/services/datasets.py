@@ -1,0 +1,621 @@
+"""The sample library: datasets with numbered immutable versions, labels, read-only sharing, and the versions
+jobs read.
+
+Rules (this module is the only writer of the dataset tables):
+- Datasets are tenant-scoped. Another tenant's dataset is visible only when shared with the caller's tenant,
+  and then only for reading (describe, versions, files, download, and reading it in a job); any change is 403.
+  One not shared is 404 ``dataset_not_found``, exactly like one that does not exist; ``share`` answers the
+  same whether or not the named tenant exists.
+- Versions are numbered 1, 2, ... per dataset from ``datasets.last_version`` under the dataset row's lock; a
+  deleted version's number is never given again. A version is a tree in the object store under
+  ``datasets/<tenant>/<dataset>/<version>`` with its manifest (path, size, SHA-256 of every file); its
+  checksum is the manifest's (``dlcloud.checksums``). A push that fails leaves no row and no stored tree.
+- A job names the data it reads (``NAME``, ``NAME@VERSION``, ``NAME@LABEL``, ``OWNER/`` for a shared one);
+  the reference is resolved to one version when the job is submitted and recorded (``job_datasets``). A
+  version a job that has not ended reads cannot be deleted (409 ``dataset_in_use``), nor its dataset.
+- Any member pushes versions and moves labels; deleting and sharing are for the dataset's author or a
+  tenant admin.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from dlcloud import tarsafe
+from dlcloud.errors import (
+    DatasetInUse,
+    DatasetNotFound,
+    DatasetVersionNotFound,
+    InvalidArchive,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from dlcloud.schemas.datasets import (
+    DATASET_REF_RE,
+    DATASET_UPLOAD_ID_RE,
+    Dataset,
+    DatasetDetail,
+    DatasetFile,
+    DatasetLabel,
+    DatasetPush,
+    DatasetShare,
+    DatasetUpload,
+    DatasetVersion,
+)
+from dlcloud.schemas.models import LABEL_RE, check_label
+from dlcloud.services import uploads
+from dlcloud.services.auth import Caller
+from dlcloud.services.code import upload_scratch_dir
+from dlcloud.services.platform import Platform
+from dlcloud.storage.archives import ArchiveLimits, validate_tar
+from dlcloud.storage.artifacts import iter_tar_gz_files
+from dlcloud.storage.objects import Manifest, ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry, scan_tree
+from dlcloud.store import datasets as store
+from dlcloud.store import tenants as tenant_store
+from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
+from dlcloud.store.models import (
+    DatasetLabelRow,
+    DatasetRow,
+    DatasetShareRow,
+    DatasetVersionRow,
+    JobDatasetRow,
+    utcnow,
+)
+from dlcloud.store.models_registry import user_names
+
+log = logging.getLogger(__name__)
+DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+
+
+def version_key(tenant_id: str, dataset_id: str, version: int) -> str:
+    return f"datasets/{tenant_id}/{dataset_id}/{version}"
+
+
+def _limits(platform: Platform) -> ArchiveLimits:
+    return ArchiveLimits(platform.settings.max_unpacked_bytes, platform.settings.max_archive_members)
+
+
+# -- uploads ---------------------------------------------------------------------------------------------
+
+
+async def upload_data(
+    platform: Platform,
+    caller: Caller,
+    *,
+    declared_sha256: str,
+    content_length: int | None,
+    chunks: AsyncIterator[bytes],
+) -> DatasetUpload:
+    """Receive a .tar(.gz) of the dataset's files (paths inside it are the paths in the dataset)."""
+    limits = _limits(platform)
+    upload_id, size, _ = await uploads.store_upload(
+        platform,
+        caller,
+        id_prefix="du-",
+        declared_sha256=declared_sha256,
+        content_length=content_length,
+        chunks=chunks,
+        check=lambda tmp: validate_tar(tmp, limits),
+    )
+    expires = utcnow() + timedelta(seconds=platform.settings.model_upload_ttl_seconds)
+    return DatasetUpload(id=upload_id, sha256=declared_sha256, size=size, expires_at=expires)
+
+
+def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
+    uploads.delete_upload(platform, caller, upload_id, DATASET_UPLOAD_ID_RE)
+
+
+def _unpack(archive: Path, dest: Path, limits: ArchiveLimits) -> Manifest:
+    """Unpack a validated archive into ``dest`` and return the manifest of its files."""
+    validate_tar(archive, limits)
+    try:
+        with tarfile.open(archive, mode="r:*") as tf:
+            tarsafe.extractall(tf, dest)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise InvalidArchive(f"cannot unpack the archive: {exc}") from None
+    try:
+        manifest = scan_tree(dest)
+    except ValueError as exc:
+        raise InvalidArchive(str(exc)) from None
+    if not manifest.entries:
+        raise InvalidArchive("the archive holds no file: a dataset version needs at least one")
+    return manifest
+
+
+# -- resolving names ---------------------------------------------------------------------------------------
+
+
+def _shown(name: str, owner: str, caller: Caller) -> str:
+    return name if owner == caller.tenant else f"{owner}/{name}"
+
+
+def _readable(s: Session, caller: Caller, name: str, owner: str | None) -> tuple[DatasetRow, str]:
+    """The dataset ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller."""
+    if owner is None or owner == caller.tenant:
+        row = store.get_dataset(s, caller.tenant_id, name)
+        if row is None:
+            raise DatasetNotFound(f"dataset {name!r} not found")
+        return row, caller.tenant
+    tenant = tenant_store.get_tenant_by_name(s, owner)
+    row = store.get_dataset(s, tenant.id, name) if tenant is not None else None
+    if row is None or not store.is_shared(s, row.id, caller.tenant_id):
+        raise DatasetNotFound(f"dataset '{owner}/{name}' not found")
+    return row, owner
+
+
+def _writable(s: Session, caller: Caller, name: str, owner: str | None, what: str) -> DatasetRow:
+    """The caller's own dataset ``name``, locked: a shared dataset of another tenant is read-only (403)."""
+    if owner is not None and owner != caller.tenant:
+        _readable(s, caller, name, owner)  # 404 unless shared with the caller
+        raise PermissionDenied(
+            f"dataset '{owner}/{name}' is shared with tenant {caller.tenant!r} read-only; {what} is for tenant "
+            f"{owner!r}"
+        )
+    row = store.get_dataset(s, caller.tenant_id, name, for_update=True)
+    if row is None:
+        raise DatasetNotFound(f"dataset {name!r} not found")
+    return row
+
+
+def _find_version(s: Session, dataset: DatasetRow, ref: str, shown: str) -> DatasetVersionRow:
+    """A version by number, by label, or ``latest``."""
+    row = None
+    if DIGITS_RE.match(ref):
+        row = store.get_version(s, dataset.tenant_id, dataset.id, int(ref))
+        missing = f"dataset {shown!r} has no version {ref}"
+    elif ref == "latest":
+        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
+        row = versions[-1] if versions else None
+        missing = f"dataset {shown!r} has no versions"
+    elif LABEL_RE.match(ref):
+        label = s.get(DatasetLabelRow, (dataset.id, ref))
+        row = s.get(DatasetVersionRow, label.version_id) if label is not None else None
+        missing = f"dataset {shown!r} has no label {ref!r}"
+    else:
+        raise InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
+    if row is None:
+        raise DatasetVersionNotFound(missing)
+    return row
+
+
+def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
+    if author_id != caller.user_id and not caller.is_tenant_admin:
+        raise PermissionDenied(f"only the author or a tenant admin can {what}")
+
+
+def _version_models(
+    s: Session, dataset: DatasetRow, shown: str, owner: str, rows: list[DatasetVersionRow]
+) -> list[DatasetVersion]:
+    labels = store.labels_of(s, [dataset.id])[dataset.id]
+    by_version: dict[str, list[str]] = {}
+    for label, (version_id, _n) in labels.items():
+        by_version.setdefault(version_id, []).append(label)
+    users = user_names(s, [r.created_by for r in rows])
+    in_use = store.readers(s, [r.id for r in rows])
+    return [
+        DatasetVersion(
+            dataset=shown,
+            owner=owner,
+            version=r.version,
+            sha256=r.sha256,
+            size_bytes=r.size_bytes,
+            file_count=r.file_count,
+            description=r.description,
+            created_by=users.get(r.created_by, r.created_by),
+            created_at=r.created_at,
+            labels=sorted(by_version.get(r.id, [])),
+            in_use_by=in_use[r.id] if owner == shown or "/" not in shown else [],
+        )
+        for r in rows
+    ]
+
+
+def _datasets(s: Session, caller: Caller, rows: list[tuple[DatasetRow, str]]) -> list[Dataset]:
+    ids = [d.id for d, _ in rows]
+    stats = store.version_stats(s, ids)
+    labels = store.labels_of(s, ids)
+    shares = store.shares_of(s, ids)
+    users = user_names(s, [d.created_by for d, _ in rows])
+    out = []
+    for d, owner in rows:
+        count, newest, size = stats[d.id]
+        own = owner == caller.tenant
+        out.append(
+            Dataset(
+                name=_shown(d.name, owner, caller),
+                owner=owner,
+                shared=not own,
+                description=d.description,
+                created_by=users.get(d.created_by, d.created_by),
+                created_at=d.created_at,
+                latest_version=newest,
+                version_count=count,
+                size_bytes=size,
+                labels={label: n for label, (_id, n) in labels[d.id].items()},
+                shared_with=[t for t, _ in shares[d.id]] if own else [],
+            )
+        )
+    return out
+
+
+# -- push ------------------------------------------------------------------------------------------------
+
+
+def push_version(
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
+) -> DatasetVersion:
+    """Add a version from an upload (creating the dataset with its first). Blocking: run it in a worker thread."""
+    if looks_like_id(name):
+        raise InvalidArgument(reserved_name_message("dataset", name))
+    if owner is not None and owner != caller.tenant:
+        with platform.db.read() as s:
+            _writable(s, caller, name, owner, "pushing versions")
+    scratch_root = upload_scratch_dir(platform.settings)
+    with tempfile.TemporaryDirectory(dir=scratch_root) as scratch:
+        upload, archive = uploads.fetch_upload(
+            platform, caller, req.upload, DATASET_UPLOAD_ID_RE, Path(scratch), "a push", "the data"
+        )
+        tree = Path(scratch) / "tree"
+        tree.mkdir()
+        manifest = _unpack(archive, tree, _limits(platform))
+        archive.unlink()
+        version = _insert_version(platform, caller, name, req, tree, manifest)
+    platform.objects.delete(upload)
+    return version
+
+
+def _insert_version(
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, tree: Path, manifest: Manifest
+) -> DatasetVersion:
+    for attempt in (1, 2):
+        stored: str | None = None
+        try:
+            with platform.db.write() as s:
+                now = utcnow()
+                dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
+                if dataset is None:
+                    dataset = DatasetRow(
+                        id=new_id("ds-"),
+                        tenant_id=caller.tenant_id,
+                        name=name,
+                        description=req.description,
+                        last_version=0,
+                        created_by=caller.user_id,
+                        created_at=now,
+                    )
+                    s.add(dataset)
+                    s.flush()
+                dataset.last_version += 1
+                key = version_key(caller.tenant_id, dataset.id, dataset.last_version)
+                row = DatasetVersionRow(
+                    id=new_id("dv-"),
+                    dataset_id=dataset.id,
+                    tenant_id=caller.tenant_id,
+                    version=dataset.last_version,
+                    storage_key=key,
+                    sha256=manifest.artifact_sha256(),
+                    size_bytes=manifest.size,
+                    file_count=len(manifest.entries),
+                    description=req.description,
+                    created_by=caller.user_id,
+                    created_at=now,
+                )
+                s.add(row)
+                s.flush()
+                stored = key
+                platform.objects.put_tree(key, tree, manifest)
+                [result] = _version_models(s, dataset, name, caller.tenant, [row])
+            return result
+        except IntegrityError:
+            # another request created the same dataset first (PostgreSQL): its row exists now, try once more
+            if stored is not None:
+                _remove_stored(platform, [stored])
+                raise
+            if attempt == 2:
+                raise
+        except BaseException:
+            if stored is not None:
+                _remove_stored(platform, [stored])
+            raise
+    raise AssertionError("unreachable")
+
+
+# -- reads -----------------------------------------------------------------------------------------------
+
+
+def list_datasets(platform: Platform, caller: Caller) -> list[Dataset]:
+    """The tenant's datasets, then those other tenants share with it (``OWNER/NAME``)."""
+    with platform.db.read() as s:
+        rows = [(d, caller.tenant) for d in store.list_datasets(s, caller.tenant_id)]
+        rows += store.shared_datasets(s, caller.tenant_id)
+        return _datasets(s, caller, rows)
+
+
+def describe_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> DatasetDetail:
+    with platform.db.read() as s:
+        dataset, owner_name = _readable(s, caller, name, owner)
+        [base] = _datasets(s, caller, [(dataset, owner_name)])
+        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
+        detail = _version_models(s, dataset, base.name, owner_name, versions)
+        return DatasetDetail(**base.model_dump(), versions=detail)
+
+
+def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[DatasetVersion]:
+    with platform.db.read() as s:
+        dataset, owner_name = _readable(s, caller, name, owner)
+        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
+        return _version_models(s, dataset, _shown(name, owner_name, caller), owner_name, versions)
+
+
+def _get_version(
+    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
+) -> tuple[DatasetVersion, str]:
+    with platform.db.read() as s:
+        dataset, owner_name = _readable(s, caller, name, owner)
+        shown = _shown(name, owner_name, caller)
+        row = _find_version(s, dataset, ref, shown)
+        [version] = _version_models(s, dataset, shown, owner_name, [row])
+        return version, row.storage_key
+
+
+def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> DatasetVersion:
+    return _get_version(platform, caller, name, ref, owner)[0]
+
+
+def _manifest(objects: ObjectStore, key: str, version: DatasetVersion) -> Manifest:
+    try:
+        return objects.tree_manifest(key)
+    except ObjectMissing:
+        log.error("dataset %s version %d is missing at %s in %s", version.dataset, version.version, key, objects.url)
+        raise Unavailable(
+            f"the files of version {version.version} of dataset {version.dataset!r} are missing from the server's "
+            "storage; ask an administrator"
+        ) from None
+
+
+def list_files(
+    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
+) -> tuple[DatasetVersion, list[DatasetFile]]:
+    """The version's manifest: every file with its size and SHA-256."""
+    version, key = _get_version(platform, caller, name, ref, owner)
+    manifest = _manifest(platform.objects, key, version)
+    return version, [DatasetFile(path=e.path, size=e.size, sha256=e.sha256) for e in manifest.entries]
+
+
+def open_version(
+    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
+) -> tuple[DatasetVersion, Iterator[bytes]]:
+    """The version and its files as a .tar.gz stream (paths as in the dataset; checksum ``version.sha256``)."""
+    version, key = _get_version(platform, caller, name, ref, owner)
+    objects = platform.objects
+    manifest = _manifest(objects, key, version)
+    files = [(e.path, e.size, _file_reader(objects, key, e)) for e in manifest.entries]
+    return version, iter_tar_gz_files(files, manifest.empty_dirs)
+
+
+def _file_reader(objects: ObjectStore, key: str, entry: TreeEntry):
+    """A stored file's bytes for a download; a damaged one is logged and padded or cut to its size, so the
+    archive stays well-formed and the client's checksum refuses it."""
+
+    def read() -> Iterator[bytes]:
+        sent = 0
+        try:
+            for data in objects.iter_tree_file(key, entry):
+                sent += len(data)
+                yield data
+        except ObjectDamaged as exc:
+            log.error("%s (in %s); the download will fail its checksum", exc.message, objects.url)
+            if sent < entry.size:
+                yield b"\0" * (entry.size - sent)
+
+    return read
+
+
+# -- labels and shares -----------------------------------------------------------------------------------
+
+
+def set_label(
+    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
+) -> DatasetLabel:
+    try:
+        check_label(label)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "moving labels")
+        row = store.get_version(s, caller.tenant_id, dataset.id, version)
+        if row is None:
+            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
+        existing = s.get(DatasetLabelRow, (dataset.id, label))
+        if existing is None:
+            s.add(DatasetLabelRow(dataset_id=dataset.id, label=label, version_id=row.id, updated_at=utcnow()))
+        else:
+            existing.version_id, existing.updated_at = row.id, utcnow()
+        return DatasetLabel(label=label, version=version)
+
+
+def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "moving labels")
+        row = s.get(DatasetLabelRow, (dataset.id, label))
+        if row is None:
+            raise NotFound(f"dataset {name!r} has no label {label!r}")
+        s.delete(row)
+
+
+def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> DatasetShare:
+    """Let ``tenant`` read the dataset (idempotent)."""
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "sharing")
+        _require_author_or_admin(caller, dataset.created_by, f"share dataset {name!r}")
+        if tenant == caller.tenant:
+            raise InvalidArgument(
+                f"dataset {name!r} already belongs to tenant {tenant!r}; share it with another tenant"
+            )
+        target = tenant_store.get_tenant_by_name(s, tenant)
+        if target is None:
+            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
+            return DatasetShare(tenant=tenant, created_at=utcnow())
+        row = s.get(DatasetShareRow, (dataset.id, target.id))
+        if row is None:
+            row = DatasetShareRow(
+                dataset_id=dataset.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow()
+            )
+            s.add(row)
+        return DatasetShare(tenant=tenant, created_at=row.created_at)
+
+
+def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "unsharing")
+        _require_author_or_admin(caller, dataset.created_by, f"unshare dataset {name!r}")
+        target = tenant_store.get_tenant_by_name(s, tenant)
+        row = s.get(DatasetShareRow, (dataset.id, target.id)) if target is not None else None
+        if row is None:
+            raise NotFound(f"dataset {name!r} is not shared with tenant {tenant!r}")
+        s.delete(row)
+
+
+# -- deletion --------------------------------------------------------------------------------------------
+
+
+def _refuse_if_in_use(s: Session, rows: list[DatasetVersionRow], what: str) -> None:
+    readers = store.readers(s, [r.id for r in rows])
+    held = [(r.version, job) for r in rows for job in readers[r.id]]
+    if held:
+        jobs = ", ".join(f"v{v} by job {j}" for v, j in held[:5])
+        raise DatasetInUse(
+            f"{what} is read by jobs that have not ended ({jobs}); wait for them or cancel them",
+            details={"jobs": sorted({j for _v, j in held})},
+        )
+
+
+def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
+    """Delete the dataset with all its versions, labels, shares and files."""
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "deleting")
+        _require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
+        versions = store.list_versions(s, caller.tenant_id, dataset.id)
+        _refuse_if_in_use(s, versions, f"dataset {name!r}")
+        keys = [v.storage_key for v in versions]
+        _forget_ended_readers(s, [v.id for v in versions])
+        s.delete(dataset)
+    _remove_stored(platform, keys)
+
+
+def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
+    """Delete one version and its files; labels on it are removed, the number is not reused."""
+    with platform.db.write() as s:
+        dataset = _writable(s, caller, name, owner, "deleting versions")
+        row = store.get_version(s, caller.tenant_id, dataset.id, version)
+        if row is None:
+            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
+        _require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
+        _refuse_if_in_use(s, [row], f"version {version} of dataset {name!r}")
+        key = row.storage_key
+        _forget_ended_readers(s, [row.id])
+        s.delete(row)
+    _remove_stored(platform, [key])
+
+
+def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
+    """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
+    if version_ids:
+        from sqlalchemy import delete
+
+        s.execute(delete(JobDatasetRow).where(JobDatasetRow.version_id.in_(version_ids)))
+        s.flush()
+
+
+def _remove_stored(platform: Platform, keys: list[str]) -> None:
+    for key in keys:
+        try:
+            platform.objects.delete_tree(key)
+        except Exception:  # the rows are gone; a leftover tree is only storage space
+            log.exception("could not remove the dataset version %s from %s", key, platform.objects.url)
+
+
+# -- jobs ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedDataset:
+    """A job's dataset reference resolved to one version, as recorded in the job's spec."""
+
+    ref: str  # as the job gave it
+    name: str  # the dataset's name (the variable DLCLOUD_DATASET_<NAME> is derived from it)
+    owner: str
+    version: int
+    version_id: str
+    storage_key: str
+    sha256: str
+    size_bytes: int
+
+    def to_spec(self) -> dict[str, object]:
+        return {
+            "ref": self.ref,
+            "name": self.name,
+            "owner": self.owner,
+            "version": self.version,
+            "version_id": self.version_id,
+            "storage_key": self.storage_key,
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+        }
+
+
+def env_name(name: str) -> str:
+    """DLCLOUD_DATASET_<NAME>: upper case, '-' as '_'."""
+    return "DLCLOUD_DATASET_" + name.upper().replace("-", "_")
+
+
+def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[ResolvedDataset]:
+    """Resolve a job's references (in its submit transaction): each to one readable version, no dataset twice."""
+    out: list[ResolvedDataset] = []
+    seen: dict[str, str] = {}
+    for ref in refs:
+        m = DATASET_REF_RE.match(ref)
+        if m is None:
+            raise InvalidArgument(
+                f"dataset {ref!r} is not a reference: give NAME, NAME@VERSION or NAME@LABEL "
+                "(OWNER/NAME for a shared one)"
+            )
+        owner, name, version_ref = m.group("owner"), m.group("name"), m.group("ref") or "latest"
+        variable = env_name(name)
+        if variable in seen:
+            raise InvalidArgument(
+                f"datasets {seen[variable]!r} and {ref!r} would both be {variable} in the job: give each dataset once"
+            )
+        seen[variable] = ref
+        dataset, owner_name = _readable(s, caller, name, owner)
+        row = _find_version(s, dataset, version_ref, _shown(name, owner_name, caller))
+        out.append(
+            ResolvedDataset(
+                ref=ref,
+                name=name,
+                owner=owner_name,
+                version=row.version,
+                version_id=row.id,
+                storage_key=row.storage_key,
+                sha256=row.sha256,
+                size_bytes=row.size_bytes,
+            )
+        )
+    return out
+
+
+def record_readers(s: Session, job_id: str, resolved: list[ResolvedDataset]) -> None:
+    for r in resolved:
+        s.add(JobDatasetRow(job_id=job_id, version_id=r.version_id))

@@ -1,0 +1,104 @@
+"""Archive uploads that wait in the object store for the request that uses them (a model register, a
+dataset push): ``uploads/<tenant>/<upload id>.tar.gz``.
+
+Rules: an upload is received into this host's scratch directory, checked against the SHA-256 its client
+signed and against the archive limits (and the caller's own check), then stored; only then does it get an
+id. It belongs to its tenant (another tenant's id is "not found"); the request that uses it deletes it, and
+one that no request used is dropped after ``model_upload_ttl_seconds``.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+
+from dlcloud.errors import InvalidArgument, NotFound
+from dlcloud.services.auth import Caller
+from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
+from dlcloud.services.platform import Platform
+from dlcloud.storage.objects import ObjectMissing, ObjectStore
+from dlcloud.store.ids import new_id
+
+T = TypeVar("T")
+
+
+def upload_key(tenant_id: str, upload_id: str) -> str:
+    return f"uploads/{tenant_id}/{upload_id}.tar.gz"
+
+
+def sweep_uploads(objects: ObjectStore, max_age_seconds: float) -> None:
+    """Drop uploads no request used within ``max_age_seconds``."""
+    cutoff = time.time() - max_age_seconds
+    for info in list(objects.list("uploads")):
+        if info.modified is not None and info.modified < cutoff:
+            objects.delete(info.key)
+
+
+async def store_upload(
+    platform: Platform,
+    caller: Caller,
+    *,
+    id_prefix: str,
+    declared_sha256: str,
+    content_length: int | None,
+    chunks: AsyncIterator[bytes],
+    check: Callable[[Path], T],
+) -> tuple[str, int, T]:
+    """Receive, check (``check(path)`` in a worker thread: raise to refuse) and store an upload; returns
+    (upload id, size, what ``check`` returned)."""
+    settings = platform.settings
+    limit = settings.max_upload_bytes
+    check_content_length(content_length, limit)
+    objects = platform.objects
+    await anyio.to_thread.run_sync(sweep_uploads, objects, settings.model_upload_ttl_seconds)
+    fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=upload_scratch_dir(settings))
+    tmp = Path(tmp_name)
+    try:
+        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+        checked = await anyio.to_thread.run_sync(check, tmp)
+        upload_id = new_id(id_prefix)
+        key = upload_key(caller.tenant_id, upload_id)
+        await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
+    finally:
+        tmp.unlink(missing_ok=True)
+    return upload_id, size, checked
+
+
+def _stored_key(platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str]) -> str | None:
+    """The stored upload's key, or None when there is no such upload of the caller's tenant."""
+    if not id_re.match(upload_id):
+        return None
+    key = upload_key(caller.tenant_id, upload_id)
+    return key if platform.objects.head(key) is not None else None
+
+
+def fetch_upload(
+    platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str], dest_dir: Path, used_by: str, what: str
+) -> tuple[str, Path]:
+    """(key, local copy in ``dest_dir``) of an upload of ``what`` (e.g. 'the artifact') waiting for the request
+    ``used_by`` (e.g. 'a register')."""
+    key = _stored_key(platform, caller, upload_id, id_re)
+    if key is not None:
+        local = dest_dir / "upload.tar.gz"
+        try:
+            platform.objects.get_file(key, local)
+            return key, local
+        except ObjectMissing:  # used or expired just now
+            pass
+    raise InvalidArgument(
+        f"upload {upload_id!r} not found: it was used by {used_by} already, expired or never existed; "
+        f"upload {what} again"
+    )
+
+
+def delete_upload(platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str]) -> None:
+    key = _stored_key(platform, caller, upload_id, id_re)
+    if key is None:
+        raise NotFound(f"upload {upload_id!r} not found")
+    platform.objects.delete(key)

@@ -1,0 +1,144 @@
+"""Dataset queries: datasets, versions, labels, shares and the versions jobs read.
+
+Every lookup of a dataset takes the owning ``tenant_id``; versions and labels are reached through a dataset
+found that way. Another tenant's dataset is visible only through ``shared_datasets`` / ``is_shared``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dlcloud.store.models import (
+    DatasetLabelRow,
+    DatasetRow,
+    DatasetShareRow,
+    DatasetVersionRow,
+    JobDatasetRow,
+    JobRow,
+    TenantRow,
+)
+
+ENDED_JOB_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
+
+
+def get_dataset(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> DatasetRow | None:
+    q = select(DatasetRow).where(DatasetRow.tenant_id == tenant_id, DatasetRow.name == name)
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
+
+
+def list_datasets(s: Session, tenant_id: str) -> list[DatasetRow]:
+    return list(s.scalars(select(DatasetRow).where(DatasetRow.tenant_id == tenant_id).order_by(DatasetRow.name)))
+
+
+def shared_datasets(s: Session, tenant_id: str) -> list[tuple[DatasetRow, str]]:
+    """Other tenants' datasets shared with ``tenant_id``, with the owner's tenant name."""
+    q = (
+        select(DatasetRow, TenantRow.name)
+        .join(DatasetShareRow, DatasetShareRow.dataset_id == DatasetRow.id)
+        .join(TenantRow, TenantRow.id == DatasetRow.tenant_id)
+        .where(DatasetShareRow.tenant_id == tenant_id)
+        .order_by(TenantRow.name, DatasetRow.name)
+    )
+    return [(d, t) for d, t in s.execute(q)]
+
+
+def is_shared(s: Session, dataset_id: str, tenant_id: str) -> bool:
+    return s.get(DatasetShareRow, (dataset_id, tenant_id)) is not None
+
+
+def shares_of(s: Session, dataset_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
+    """dataset id -> [(tenant name, shared at)] sorted by tenant name."""
+    ids = list(dataset_ids)
+    out: dict[str, list[tuple[str, datetime]]] = {i: [] for i in ids}
+    if ids:
+        q = (
+            select(DatasetShareRow.dataset_id, TenantRow.name, DatasetShareRow.created_at)
+            .join(TenantRow, TenantRow.id == DatasetShareRow.tenant_id)
+            .where(DatasetShareRow.dataset_id.in_(ids))
+            .order_by(TenantRow.name)
+        )
+        for dataset_id, tenant, at in s.execute(q):
+            out[dataset_id].append((tenant, at))
+    return out
+
+
+def list_versions(s: Session, tenant_id: str, dataset_id: str) -> list[DatasetVersionRow]:
+    q = (
+        select(DatasetVersionRow)
+        .where(DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.dataset_id == dataset_id)
+        .order_by(DatasetVersionRow.version)
+    )
+    return list(s.scalars(q))
+
+
+def get_version(s: Session, tenant_id: str, dataset_id: str, version: int) -> DatasetVersionRow | None:
+    q = select(DatasetVersionRow).where(
+        DatasetVersionRow.tenant_id == tenant_id,
+        DatasetVersionRow.dataset_id == dataset_id,
+        DatasetVersionRow.version == version,
+    )
+    return s.scalars(q).first()
+
+
+def labels_of(s: Session, dataset_ids: Iterable[str]) -> dict[str, dict[str, tuple[str, int]]]:
+    """dataset id -> {label: (version id, version number)}."""
+    ids = list(dataset_ids)
+    out: dict[str, dict[str, tuple[str, int]]] = {i: {} for i in ids}
+    if ids:
+        q = (
+            select(DatasetLabelRow.dataset_id, DatasetLabelRow.label, DatasetVersionRow.id, DatasetVersionRow.version)
+            .join(DatasetVersionRow, DatasetVersionRow.id == DatasetLabelRow.version_id)
+            .where(DatasetLabelRow.dataset_id.in_(ids))
+            .order_by(DatasetLabelRow.label)
+        )
+        for dataset_id, label, version_id, version in s.execute(q):
+            out[dataset_id][label] = (version_id, version)
+    return out
+
+
+def version_stats(s: Session, dataset_ids: Iterable[str]) -> dict[str, tuple[int, int | None, int]]:
+    """dataset id -> (number of versions, newest version number, bytes of all versions)."""
+    ids = list(dataset_ids)
+    out: dict[str, tuple[int, int | None, int]] = {i: (0, None, 0) for i in ids}
+    if ids:
+        q = (
+            select(
+                DatasetVersionRow.dataset_id,
+                func.count(),
+                func.max(DatasetVersionRow.version),
+                func.coalesce(func.sum(DatasetVersionRow.size_bytes), 0),
+            )
+            .where(DatasetVersionRow.dataset_id.in_(ids))
+            .group_by(DatasetVersionRow.dataset_id)
+        )
+        for dataset_id, count, newest, size in s.execute(q):
+            out[dataset_id] = (int(count), newest, int(size))
+    return out
+
+
+def readers(s: Session, version_ids: Iterable[str]) -> dict[str, list[str]]:
+    """version id -> names of the jobs not yet ended that read it."""
+    ids = list(version_ids)
+    out: dict[str, list[str]] = {i: [] for i in ids}
+    if ids:
+        q = (
+            select(JobDatasetRow.version_id, JobRow.name)
+            .join(JobRow, JobRow.id == JobDatasetRow.job_id)
+            .where(JobDatasetRow.version_id.in_(ids), JobRow.state.not_in(ENDED_JOB_STATES))
+            .order_by(JobRow.name)
+        )
+        for version_id, job in s.execute(q):
+            out[version_id].append(job)
+    return out
+
+
+def tenant_bytes(s: Session, tenant_id: str) -> int:
+    """Bytes of every dataset version the tenant owns."""
+    q = select(func.coalesce(func.sum(DatasetVersionRow.size_bytes), 0)).where(DatasetVersionRow.tenant_id == tenant_id)
+    return int(s.scalar(q) or 0)

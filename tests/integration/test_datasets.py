@@ -1,0 +1,298 @@
+"""Datasets through the API, on SQLite and PostgreSQL: pushes make numbered immutable versions with a
+manifest, labels move, sharing is read-only and 404 for everyone else, bad input stores nothing, and a
+version a job that has not ended reads cannot be deleted."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import func, select
+
+from dlcloud import signing
+from dlcloud.client import Client
+from dlcloud.storage.objects import scan_tree
+from dlcloud.store.models import DatasetRow, DatasetVersionRow, JobDatasetRow
+from tests.conftest import Env, assert_api_error, wait_for
+
+API = "/api/v1"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
+
+
+@dataclass
+class World:
+    env: Env
+    alice: Client  # acme, member
+    amy: Client  # acme, member
+    bob: Client  # beta, member
+
+
+@pytest.fixture
+def world(env: Env) -> World:
+    return World(
+        env,
+        env.new_tenant_user("acme", "alice"),
+        env.new_tenant_user("acme", "amy"),
+        env.new_tenant_user("beta", "bob"),
+    )
+
+
+def _tar_gz(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type = tarfile.DIRTYPE
+            tf.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _raw(env: Env, client: Client, method: str, path: str, body: object = None, query: str = ""):
+    return env.signed(client.transport.creds, method, path, body, query)
+
+
+def _upload(env: Env, client: Client, data: bytes) -> str:
+    creds = client.transport.creds
+    digest = hashlib.sha256(data).hexdigest()
+    headers = signing.sign_request(creds.access_key, creds.secret_key, "POST", f"{API}/dataset-uploads", "", digest)
+    resp = env.http.post(
+        f"{API}/dataset-uploads", content=data, headers={**headers.headers, "Content-Type": "application/octet-stream"}
+    )
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["id"])
+
+
+def _push(env: Env, client: Client, name: str, files: dict[str, bytes], **kw) -> dict:
+    upload = _upload(env, client, _tar_gz(files, kw.pop("dirs", ())))
+    resp = _raw(env, client, "POST", f"{API}/datasets/{name}/versions", {"upload": upload, **kw})
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def _counts(env: Env) -> tuple[int, int]:
+    with env.platform.db.read() as s:
+        return (
+            int(s.scalar(select(func.count()).select_from(DatasetRow)) or 0),
+            int(s.scalar(select(func.count()).select_from(DatasetVersionRow)) or 0),
+        )
+
+
+FILES = {"train/part-0.csv": b"a,b\n1,2\n", "train/part-1.csv": b"a,b\n3,4\n" * 100, ".meta": b"m", "empty": b""}
+
+
+def test_pushes_make_numbered_versions_with_a_manifest(world: World, tmp_path) -> None:
+    env = world.env
+    v1 = _push(env, world.alice, "clicks", FILES, description="first", dirs=("unused-dir",))
+    assert (v1["dataset"], v1["owner"], v1["version"], v1["file_count"]) == ("clicks", "acme", 1, 4)
+    assert v1["size_bytes"] == sum(map(len, FILES.values())) and v1["created_by"] == "alice"
+    src = tmp_path / "src"
+    for name, data in FILES.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    (src / "unused-dir").mkdir()
+    # the version's checksum is the canonical checksum of its files (paths from the dataset's root)
+    assert v1["sha256"] == scan_tree(src).artifact_sha256()
+    files = _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/1/files").json()
+    assert [(f["path"], f["size"]) for f in files] == [
+        (".meta", 1),
+        ("empty", 0),
+        *[(k, len(v)) for k, v in sorted(FILES.items()) if k.startswith("train")],
+    ]
+    assert all(f["sha256"] == hashlib.sha256(FILES[f["path"]]).hexdigest() for f in files)
+
+    v2 = _push(env, world.amy, "clicks", {"x.bin": b"\x00" * 10})
+    assert v2["version"] == 2
+    listed = _raw(env, world.alice, "GET", f"{API}/datasets").json()
+    assert [(d["name"], d["latest_version"], d["version_count"], d["shared"]) for d in listed] == [
+        ("clicks", 2, 2, False)
+    ]
+    assert listed[0]["size_bytes"] == v1["size_bytes"] + 10
+
+    # the download is the files, with the checksum in a header
+    resp = _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/1/data")
+    assert resp.status_code == 200 and resp.headers["x-dlcloud-artifact-sha256"] == v1["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(resp.content)) as tf:
+        got = {m.name: tf.extractfile(m).read() for m in tf if m.isfile()}  # type: ignore[union-attr]
+        assert "unused-dir" in tf.getnames()  # an empty directory comes back
+    assert got == FILES
+
+
+def test_labels_move_and_resolve(world: World) -> None:
+    env = world.env
+    for i in range(3):
+        _push(env, world.alice, "clicks", {f"f{i}": b"x"})
+    assert _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 2}).status_code == 200
+    assert _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/production").json()["version"] == 2
+    assert _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/latest").json()["version"] == 3
+    assert _raw(env, world.amy, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 3}).status_code == 200
+    detail = _raw(env, world.alice, "GET", f"{API}/datasets/clicks").json()
+    assert detail["labels"] == {"production": 3}
+    assert [v["labels"] for v in detail["versions"]] == [[], [], ["production"]]
+    assert_api_error(
+        _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/latest", {"version": 1}), 400, "invalid_argument"
+    )
+    assert_api_error(
+        _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/staging"), 404, "dataset_version_not_found"
+    )
+
+
+def test_sharing_is_read_only_and_others_get_404(world: World) -> None:
+    env = world.env
+    _push(env, world.alice, "clicks", FILES)
+    # not shared: exactly like a dataset that does not exist
+    for path in (f"{API}/datasets/clicks", f"{API}/datasets/clicks/versions/1/data"):
+        assert_api_error(_raw(env, world.bob, "GET", path, query="owner=acme"), 404, "dataset_not_found")
+        assert_api_error(_raw(env, world.bob, "GET", path, query="owner=nosuch"), 404, "dataset_not_found")
+    # share answers alike whether or not the tenant exists
+    a = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/shares/beta")
+    b = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/shares/nosuch")
+    assert a.status_code == b.status_code == 200 and set(a.json()) == set(b.json())
+    listed = _raw(env, world.bob, "GET", f"{API}/datasets").json()
+    assert [(d["name"], d["shared"], d["shared_with"]) for d in listed] == [("acme/clicks", True, [])]
+    resp = _raw(env, world.bob, "GET", f"{API}/datasets/clicks/versions/1/data", query="owner=acme")
+    assert resp.status_code == 200
+    for method, path, body in (
+        ("PUT", f"{API}/datasets/clicks/labels/x", {"version": 1}),
+        ("DELETE", f"{API}/datasets/clicks", None),
+        ("DELETE", f"{API}/datasets/clicks/versions/1", None),
+        ("POST", f"{API}/datasets/clicks/shares/gamma", None),
+    ):
+        assert_api_error(_raw(env, world.bob, method, path, body, query="owner=acme"), 403, "permission_denied")
+    assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks/shares/beta").status_code == 204
+    assert_api_error(
+        _raw(env, world.bob, "GET", f"{API}/datasets/clicks", query="owner=acme"), 404, "dataset_not_found"
+    )
+
+
+def test_bad_input_stores_nothing(world: World, subtests) -> None:
+    env = world.env
+    before = (_counts(env), sorted(i.key for i in env.platform.objects.list("datasets")))
+    bombs = {
+        "a path that climbs out": _tar_gz({"../evil": b"x"}),
+        "no file at all": _tar_gz({}, dirs=("only-a-dir",)),
+    }
+    for what, data in bombs.items():
+        with subtests.test(what):
+            upload_resp = None
+            creds = world.alice.transport.creds
+            digest = hashlib.sha256(data).hexdigest()
+            headers = signing.sign_request(
+                creds.access_key, creds.secret_key, "POST", f"{API}/dataset-uploads", "", digest
+            )
+            upload_resp = env.http.post(f"{API}/dataset-uploads", content=data, headers=headers.headers)
+            if upload_resp.status_code == 201:
+                resp = _raw(
+                    env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload_resp.json()["id"]}
+                )
+                assert_api_error(resp, 400, "invalid_archive")
+            else:
+                assert_api_error(upload_resp, 400, "invalid_archive")
+    with subtests.test("an id-shaped name"):
+        upload = _upload(env, world.alice, _tar_gz({"f": b"x"}))
+        assert_api_error(
+            _raw(env, world.alice, "POST", f"{API}/datasets/ds-0123456789abcdef/versions", {"upload": upload}),
+            400,
+            "invalid_argument",
+        )
+    with subtests.test("another tenant's upload"):
+        upload = _upload(env, world.bob, _tar_gz({"f": b"x"}))
+        assert_api_error(
+            _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload}),
+            400,
+            "invalid_argument",
+        )
+    assert (_counts(env), sorted(i.key for i in env.platform.objects.list("datasets"))) == before
+
+
+def test_a_version_a_queued_job_reads_cannot_be_deleted(world: World) -> None:
+    env = world.env
+    _push(env, world.alice, "clicks", FILES)
+    _push(env, world.alice, "clicks", {"f": b"x"})
+    _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 1})
+    world.alice.jobs.submit({"name": "reader", "command": "true", "datasets": ["clicks@production"]})
+    resolved = world.alice.jobs.get("reader")["spec"]["resolved_datasets"]
+    assert [(d["name"], d["owner"], d["version"]) for d in resolved] == [("clicks", "acme", 1)]
+    assert "storage_key" not in resolved[0] and "version_id" not in resolved[0]
+    # the label moving later does not change what the job reads
+    _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 2})
+    for path in (f"{API}/datasets/clicks/versions/1", f"{API}/datasets/clicks"):
+        err = assert_api_error(_raw(env, world.alice, "DELETE", path), 409, "dataset_in_use", "reader")
+        assert err["details"]["jobs"] == ["reader"]
+    assert _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/1").json()["in_use_by"] == ["reader"]
+    world.alice.jobs.cancel("reader")
+    assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks/versions/1").status_code == 204
+    with env.platform.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(JobDatasetRow)) == 0
+    assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks").status_code == 204
+    assert list(env.platform.objects.list("datasets")) == []
+
+
+def test_jobs_refuse_datasets_they_cannot_read(world: World) -> None:
+    env = world.env
+    _push(env, world.alice, "clicks", FILES)
+    for refs, code, fragment in (
+        (["nosuch"], "dataset_not_found", "nosuch"),
+        (["acme/clicks"], "dataset_not_found", "acme/clicks"),  # bob's tenant: not shared
+        (["clicks@7"], "dataset_not_found", "clicks"),
+    ):
+        resp = _raw(env, world.bob, "POST", f"{API}/jobs", {"name": "j", "command": "true", "datasets": refs})
+        assert_api_error(resp, 404, code, fragment)
+    resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "j", "command": "true", "datasets": ["clicks@7"]})
+    assert_api_error(resp, 404, "dataset_version_not_found", "no version 7")
+    resp = _raw(
+        env, world.alice, "POST", f"{API}/jobs", {"name": "j", "command": "true", "datasets": ["clicks", "clicks@1"]}
+    )
+    assert_api_error(resp, 400, "invalid_argument", "give each dataset once")
+    resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "j", "command": "true", "datasets": ["Bad Name"]})
+    assert_api_error(resp, 422, "validation_error")
+    assert world.alice.jobs.list() == []
+
+
+READER = r"""
+import json, os, pathlib, sys
+root = pathlib.Path(os.environ["DLCLOUD_DATASET_CLICK_LOG"])
+print(json.dumps({
+    "datasets": json.loads(os.environ["DLCLOUD_DATASETS"]),
+    "files": sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.name.startswith(".dlcloud-")
+    ),
+    "part1": (root / "train" / "part-1.csv").read_text().count("3,4"),
+}))
+try:
+    (root / "new").write_text("x")
+    print("WROTE")
+except OSError as exc:
+    print("read-only", exc.errno)
+"""
+
+
+def test_a_job_reads_its_dataset_read_only(running_env: Env, tmp_path) -> None:
+    env = running_env
+    alice = env.new_tenant_user("acme", "alice")
+    _push(env, alice, "click-log", FILES)
+    code = tmp_path / "code.tar.gz"
+    code.write_bytes(_tar_gz({"reader.py": READER.encode()}))
+    up = alice.code.upload(code)
+    alice.jobs.submit({"name": "reader", "code": up["id"], "command": "python reader.py", "datasets": ["click-log@1"]})
+    job = wait_for(lambda: (j := alice.jobs.get("reader"))["state"] in TERMINAL and j, 60, what="reader to end")
+    lines = [line.text for line in alice.jobs.logs("reader") if line.stream == "stdout"]
+    assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+    seen = json.loads(lines[0])
+    path = seen["datasets"]["click-log"]
+    assert seen["files"] == sorted(FILES) and seen["part1"] == 100
+    assert lines[1].startswith("read-only")
+    # the local store's own tree, read in place
+    with env.platform.db.read() as s:
+        key = s.scalars(select(DatasetVersionRow.storage_key)).one()
+    assert path == str(env.platform.objects.tree_local_path(key))
+    # the attempt's pin is gone once it ended
+    assert env.control is not None
+    assert env.control.data_cache.holders() == set()
