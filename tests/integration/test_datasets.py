@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import random
 import tarfile
 from dataclasses import dataclass
 
@@ -296,3 +297,47 @@ def test_a_job_reads_its_dataset_read_only(running_env: Env, tmp_path) -> None:
     # the attempt's pin is gone once it ended
     assert env.control is not None
     assert env.control.data_cache.holders() == set()
+
+
+def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_path) -> None:
+    env = world.env
+    _push(env, world.alice, "clicks", {"f": b"x" * 1000})
+    code = tmp_path / "code.tar.gz"
+    code.write_bytes(_tar_gz({"train.py": b"print(1)\n"}))
+    up = world.alice.code.upload(code)
+    used = 1000 + up["size"]
+    assert world.alice.accounting.quota()["usage"]["storage"] == used
+    env.admin.tenants.set_quota("acme", {"storage": used + 600})
+    assert world.alice.accounting.quota()["limits"]["storage"] == used + 600
+    uploads_before = sorted(i.key for i in env.platform.objects.list("uploads"))
+
+    # a declared length that cannot fit is refused before the body is read
+    big = _tar_gz({"g": random.Random(1).randbytes(4000)})
+    assert len(big) > 600
+    creds = world.alice.transport.creds
+    headers = signing.sign_request(
+        creds.access_key, creds.secret_key, "POST", f"{API}/dataset-uploads", "", hashlib.sha256(big).hexdigest()
+    )
+    resp = env.http.post(f"{API}/dataset-uploads", content=big, headers=headers.headers)
+    err = assert_api_error(resp, 429, "quota_exceeded", "storage quota")
+    assert err["details"]["resource"] == "storage"
+    # without a declared length the body is cut where it stops fitting
+    headers = signing.sign_request(
+        creds.access_key, creds.secret_key, "POST", f"{API}/dataset-uploads", "", hashlib.sha256(big).hexdigest()
+    )
+    resp = env.http.post(f"{API}/dataset-uploads", content=iter([big[:300], big[300:]]), headers=headers.headers)
+    assert_api_error(resp, 429, "quota_exceeded", "storage quota")
+    # a small upload whose unpacked files do not fit: refused at the push, nothing stored
+    small = _tar_gz({"z": b"\0" * 100_000})
+    assert len(small) < 600
+    upload = _upload(env, world.alice, small)
+    resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
+    assert_api_error(resp, 429, "quota_exceeded", "storage quota")
+    assert [v["version"] for v in _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions").json()] == [1]
+    # the refused upload stored nothing; the pushed one waits for another push (or its expiry)
+    assert [i.key.rsplit("/", 1)[1] for i in env.platform.objects.list("uploads")] == [
+        k.rsplit("/", 1)[1] for k in uploads_before
+    ] + [f"{upload}.tar.gz"]
+    assert world.alice.accounting.quota()["usage"]["storage"] == used
+    # another tenant is not limited by it
+    _push(env, world.bob, "clicks", {"z": b"\0" * 100_000})

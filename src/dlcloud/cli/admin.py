@@ -16,8 +16,22 @@ users_app = typer.Typer(help="Manage users.", no_args_is_help=True)
 keys_app = typer.Typer(help="Manage access keys (AK/SK pairs).", no_args_is_help=True)
 
 
-def _quota(gpus: int | None, cpus: float | None, memory: str | None, running: int | None, queued: int | None) -> dict:
-    q = {"gpus": gpus, "cpus": cpus, "memory": memory, "max_running_jobs": running, "max_queued_jobs": queued}
+def _quota(
+    gpus: int | None,
+    cpus: float | None,
+    memory: str | None,
+    running: int | None,
+    queued: int | None,
+    storage: str | None = None,
+) -> dict:
+    q = {
+        "gpus": gpus,
+        "cpus": cpus,
+        "memory": memory,
+        "max_running_jobs": running,
+        "max_queued_jobs": queued,
+        "storage": storage,
+    }
     return {k: v for k, v in q.items() if v is not None}
 
 
@@ -30,6 +44,7 @@ def _tenant_row(t: dict) -> dict:
         "memory": format_memory(q["memory"]) if q["memory"] is not None else None,
         "running": q["max_running_jobs"],
         "queued": q["max_queued_jobs"],
+        "storage": format_memory(q["storage"]) if q.get("storage") is not None else None,
         "created": short_time(t["created_at"]),
     }
 
@@ -41,6 +56,7 @@ TENANT_COLUMNS = [
     ("MEMORY", "memory"),
     ("MAX RUNNING", "running"),
     ("MAX QUEUED", "queued"),
+    ("STORAGE", "storage"),
     ("CREATED", "created"),
 ]
 
@@ -54,15 +70,18 @@ def tenants_create(
     memory: str | None = typer.Option(None, "--memory", help="Memory limit, e.g. 64Gi."),
     max_running_jobs: int | None = typer.Option(None, "--max-running-jobs", help="Concurrently running jobs."),
     max_queued_jobs: int | None = typer.Option(None, "--max-queued-jobs", help="Queued jobs."),
+    storage: str | None = typer.Option(
+        None, "--storage", help="Bytes of datasets, model versions and code it may store, e.g. 500Gi."
+    ),
     output: Output = OutputOption,
 ) -> None:
     """Create a tenant with optional quotas (unset = unlimited).
 
     Example:
 
-      dlcloud tenants create vision --gpus 4 --cpus 32 --memory 128Gi --max-running-jobs 8
+      dlcloud tenants create vision --gpus 4 --cpus 32 --memory 128Gi --max-running-jobs 8 --storage 500Gi
     """
-    t = client(ctx).tenants.create(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs))
+    t = client(ctx).tenants.create(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs, storage))
     if output == Output.json:
         print_json(t)
     else:
@@ -93,6 +112,7 @@ def tenants_set_quota(
     memory: str | None = typer.Option(None, "--memory"),
     max_running_jobs: int | None = typer.Option(None, "--max-running-jobs"),
     max_queued_jobs: int | None = typer.Option(None, "--max-queued-jobs"),
+    storage: str | None = typer.Option(None, "--storage", help="Bytes of datasets, models and code, e.g. 500Gi."),
     output: Output = OutputOption,
 ) -> None:
     """Replace a tenant's quota (limits not given become unlimited).
@@ -101,7 +121,7 @@ def tenants_set_quota(
 
       dlcloud tenants set-quota vision --gpus 8 --max-running-jobs 16
     """
-    t = client(ctx).tenants.set_quota(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs))
+    t = client(ctx).tenants.set_quota(name, _quota(gpus, cpus, memory, max_running_jobs, max_queued_jobs, storage))
     if output == Output.json:
         print_json(t)
     else:
@@ -271,6 +291,11 @@ def quota(
         },
         {"resource": "running jobs", "used": use["running_jobs"], "limit": lim_str(lim["max_running_jobs"])},
         {"resource": "queued jobs", "used": use["queued_jobs"], "limit": lim_str(lim["max_queued_jobs"])},
+        {
+            "resource": "storage",
+            "used": format_memory(use["storage"]) if use["storage"] else "0",
+            "limit": lim_str(lim["storage"], format_memory),
+        },
     ]
     render(
         rows, output, [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")], title=f"tenant {r['tenant']}"

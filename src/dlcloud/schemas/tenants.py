@@ -23,6 +23,7 @@ class QuotaSpec(Request):
     memory: MemoryBytes | None = None
     max_running_jobs: JobCount | None = None
     max_queued_jobs: JobCount | None = None
+    storage: MemoryBytes | None = None  # bytes of the tenant's datasets, model versions and code uploads
 
 
 class TenantCreate(Request):
@@ -47,6 +48,7 @@ class QuotaUsage(Response):
     memory: int
     running_jobs: int
     queued_jobs: int
+    storage: int  # bytes stored: datasets, model versions, code uploads
 
 
 class QuotaReport(Response):

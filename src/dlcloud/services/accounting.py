@@ -20,6 +20,7 @@ from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, UsageReport, UsageRow
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
+from dlcloud.services.storage_quota import storage_used
 from dlcloud.services.tenants import resolve_tenant
 from dlcloud.store.db import Database
 from dlcloud.store.models import AccessKeyRow, AttemptRow, AuditRow, JobRow, TenantRow, UserRow, utcnow
@@ -46,6 +47,7 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
                 memory=t.quota_memory,
                 max_running_jobs=t.quota_max_running_jobs,
                 max_queued_jobs=t.quota_max_queued_jobs,
+                storage=t.quota_storage,
             ),
             usage=QuotaUsage(
                 gpus=sum(len(g) for g, _, _ in live),
@@ -53,6 +55,7 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
                 memory=sum(m for _, _, m in live),
                 running_jobs=len(live),
                 queued_jobs=int(queued or 0),
+                storage=storage_used(s, t.id),
             ),
         )
 

@@ -14,6 +14,7 @@ import anyio
 from dlcloud.errors import InvalidArchive, InvalidArgument, NotFound, PayloadTooLarge
 from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import CodeUpload
+from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.settings import Settings
 from dlcloud.storage.archives import ArchiveLimits, validate_sdist, validate_tar, validate_zip
@@ -87,13 +88,18 @@ async def upload_code(
         raise InvalidArgument("a wheel's filename must end in .whl")
     if kind == "sdist" and not filename.endswith((".tar.gz", ".tgz")):
         raise InvalidArgument("an sdist's filename must end in .tar.gz or .tgz")
-    limit = settings.max_upload_bytes
-    check_content_length(content_length, limit)
+    check_content_length(content_length, settings.max_upload_bytes)
+    limit = storage_quota.upload_allowance(db, caller, content_length, settings.max_upload_bytes)
     scratch = upload_scratch_dir(settings)
     fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=scratch)
     tmp = Path(tmp_name)
     try:
-        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+        try:
+            size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+        except PayloadTooLarge:
+            if limit < settings.max_upload_bytes and (err := storage_quota.over_quota_while_receiving(db, caller)):
+                raise err from None
+            raise
         limits = ArchiveLimits(settings.max_unpacked_bytes, settings.max_archive_members)
         validate = {"archive": validate_tar, "wheel": validate_zip, "sdist": validate_sdist}[kind]
         await anyio.to_thread.run_sync(validate, tmp, limits)
@@ -116,6 +122,7 @@ async def upload_code(
         await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
         try:
             with db.write() as s:
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
                 s.add(row)
         except BaseException:
             await anyio.to_thread.run_sync(objects.delete, key)

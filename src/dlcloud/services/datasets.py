@@ -55,7 +55,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersion,
 )
 from dlcloud.schemas.models import LABEL_RE, check_label
-from dlcloud.services import uploads
+from dlcloud.services import storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
@@ -284,6 +284,7 @@ def _insert_version(
         try:
             with platform.db.write() as s:
                 now = utcnow()
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, manifest.size)
                 dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
                 if dataset is None:
                     dataset = DatasetRow(

@@ -73,7 +73,7 @@ from dlcloud.schemas.models import (
     check_label,
     executes_code,
 )
-from dlcloud.services import uploads
+from dlcloud.services import storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
@@ -503,6 +503,7 @@ def _insert_version(
         try:
             with platform.db.write() as s:
                 now = utcnow()
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, staged.digest.size)
                 model = store.get_model(s, caller.tenant_id, req.name, for_update=True)
                 if model is None:
                     model = ModelRow(

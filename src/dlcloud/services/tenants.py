@@ -33,6 +33,7 @@ def _tenant_model(row: TenantRow) -> Tenant:
             memory=row.quota_memory,
             max_running_jobs=row.quota_max_running_jobs,
             max_queued_jobs=row.quota_max_queued_jobs,
+            storage=row.quota_storage,
         ),
     )
 
@@ -43,6 +44,7 @@ def _apply_quota(row: TenantRow, quota: QuotaSpec) -> None:
     row.quota_memory = quota.memory
     row.quota_max_running_jobs = quota.max_running_jobs
     row.quota_max_queued_jobs = quota.max_queued_jobs
+    row.quota_storage = quota.storage
 
 
 def create_tenant(db: Database, caller: Caller, req: TenantCreate) -> Tenant:

@@ -18,7 +18,8 @@ from typing import TypeVar
 
 import anyio
 
-from dlcloud.errors import InvalidArgument, NotFound
+from dlcloud.errors import InvalidArgument, NotFound, PayloadTooLarge
+from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
 from dlcloud.services.platform import Platform
@@ -53,14 +54,21 @@ async def store_upload(
     """Receive, check (``check(path)`` in a worker thread: raise to refuse) and store an upload; returns
     (upload id, size, what ``check`` returned)."""
     settings = platform.settings
-    limit = settings.max_upload_bytes
-    check_content_length(content_length, limit)
+    check_content_length(content_length, settings.max_upload_bytes)
+    limit = storage_quota.upload_allowance(platform.db, caller, content_length, settings.max_upload_bytes)
     objects = platform.objects
     await anyio.to_thread.run_sync(sweep_uploads, objects, settings.model_upload_ttl_seconds)
     fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=upload_scratch_dir(settings))
     tmp = Path(tmp_name)
     try:
-        size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+        try:
+            size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+        except PayloadTooLarge:
+            if limit < settings.max_upload_bytes and (
+                err := storage_quota.over_quota_while_receiving(platform.db, caller)
+            ):
+                raise err from None
+            raise
         checked = await anyio.to_thread.run_sync(check, tmp)
         upload_id = new_id(id_prefix)
         key = upload_key(caller.tenant_id, upload_id)

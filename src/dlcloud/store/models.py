@@ -63,6 +63,7 @@ class TenantRow(Base):
     quota_memory: Mapped[int | None] = mapped_column(BigInteger)
     quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer)
     quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    quota_storage: Mapped[int | None] = mapped_column(BigInteger)  # bytes of datasets, models and code
     # from which its jobs' sandbox uid is derived (settings.sandbox_uid_start + slot); assigned at creation,
     # one more than any slot ever given, so a deleted tenant's number (and files) never pass to another
     sandbox_slot: Mapped[int | None] = mapped_column(Integer, unique=True)

@@ -1,4 +1,5 @@
-"""datasets: the sample library (datasets, versions, labels, shares) and the dataset versions jobs read
+"""datasets: the sample library (datasets, versions, labels, shares), the dataset versions jobs read, and a
+tenant's storage quota
 
 Revision ID: 0009
 Revises: 0008
@@ -15,6 +16,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("tenants") as batch_op:
+        batch_op.add_column(sa.Column("quota_storage", sa.BigInteger(), nullable=True))
     op.create_table(
         "datasets",
         sa.Column("id", sa.String(length=32), nullable=False),
@@ -89,3 +92,5 @@ def downgrade() -> None:
     op.drop_index("ix_dataset_versions_tenant_id", table_name="dataset_versions")
     op.drop_table("dataset_versions")
     op.drop_table("datasets")
+    with op.batch_alter_table("tenants") as batch_op:
+        batch_op.drop_column("quota_storage")

@@ -1,0 +1,71 @@
+"""A tenant's storage quota: the bytes of its dataset versions, model versions and code uploads.
+
+Checked twice: before an upload's body is read (what is stored already plus the declared length must fit,
+so nothing is received that could not be kept; a body without a declared length is cut where it stops
+fitting), and when a version is added (its unpacked size is known then), in the transaction that adds it.
+Uploads waiting for their register or push do not count; what they become does.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import QuotaExceeded
+from dlcloud.schemas.common import format_memory
+from dlcloud.services.auth import Caller
+from dlcloud.store.db import Database
+from dlcloud.store.models import CodeRow, DatasetVersionRow, ModelVersionRow, TenantRow
+
+
+def storage_used(s: Session, tenant_id: str) -> int:
+    total = 0
+    for column, tenant in (
+        (DatasetVersionRow.size_bytes, DatasetVersionRow.tenant_id),
+        (ModelVersionRow.size_bytes, ModelVersionRow.tenant_id),
+        (CodeRow.size, CodeRow.tenant_id),
+    ):
+        total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(tenant == tenant_id)) or 0)
+    return total
+
+
+def _refuse(tenant: str, used: int, adding: int | None, limit: int) -> QuotaExceeded:
+    what = f"adding {format_memory(adding)} " if adding is not None else ""
+    return QuotaExceeded(
+        f"tenant {tenant!r} stores {format_memory(used)} of its storage quota of {format_memory(limit)}; {what}"
+        "would exceed it: delete dataset or model versions you no longer need, or ask an admin for more",
+        details={"resource": "storage", "limit": limit, "used": used, "requested": adding},
+    )
+
+
+def over_quota_while_receiving(db: Database, caller: Caller) -> QuotaExceeded | None:
+    """The quota error for a body cut at its allowance, when the quota (not the upload limit) cut it."""
+    with db.read() as s:
+        quota = s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == caller.tenant_id))
+        return None if quota is None else _refuse(caller.tenant, storage_used(s, caller.tenant_id), None, quota)
+
+
+def upload_allowance(db: Database, caller: Caller, content_length: int | None, limit: int) -> int:
+    """The most bytes an upload of the caller's tenant may send now: ``limit`` (the upload limit) or less
+    where the storage quota leaves less; QuotaExceeded before the body is read when the declared length
+    (or any byte, when the quota is used up) would not fit."""
+    with db.read() as s:
+        quota = s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == caller.tenant_id))
+        if quota is None:
+            return limit
+        used = storage_used(s, caller.tenant_id)
+    room = quota - used
+    if room <= 0 or (content_length is not None and content_length > room):
+        raise _refuse(caller.tenant, used, content_length, quota)
+    return min(limit, room)
+
+
+def check_fits(s: Session, tenant_id: str, tenant_name: str, adding: int) -> None:
+    """In the transaction that adds ``adding`` bytes: the tenant's row is locked, so two additions cannot
+    both fit in the room left for one."""
+    tenant = s.get(TenantRow, tenant_id, with_for_update=True)
+    if tenant is None or tenant.quota_storage is None:
+        return
+    used = storage_used(s, tenant_id)
+    if used + adding > tenant.quota_storage:
+        raise _refuse(tenant_name, used, adding, tenant.quota_storage)
