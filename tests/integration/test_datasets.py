@@ -341,3 +341,40 @@ def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_pat
     assert world.alice.accounting.quota()["usage"]["storage"] == used
     # another tenant is not limited by it
     _push(env, world.bob, "clicks", {"z": b"\0" * 100_000})
+
+
+PEEK = r"""
+import json, sys
+out = {}
+for path in json.loads(open("targets.json").read()):
+    try:
+        out[path] = open(path).read()[:32]
+    except OSError as exc:
+        out[path] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_another_tenants_job_cannot_read_a_dataset_by_its_path(running_env: Env, tmp_path) -> None:
+    """The attacker knows where the files are on the host (worst case): the sandbox does not show them."""
+    env = running_env
+    if not env.platform.isolated or env.control is None or not env.control.executor.isolation()[0]:
+        pytest.skip("needs the bubblewrap sandbox (installed by make test)")
+    alice = env.new_tenant_user("acme", "alice")
+    bob = env.new_tenant_user("beta", "bob")
+    _push(env, alice, "private", {"secret.txt": b"acme-private-rows"})
+    with env.platform.db.read() as s:
+        key = s.scalars(select(DatasetVersionRow.storage_key)).one()
+    tree = env.platform.objects.tree_local_path(key)
+    assert tree is not None
+    targets = [str(tree / "secret.txt"), str(env.settings.data_dir / "datasets")]
+    code = tmp_path / "code.tar.gz"
+    code.write_bytes(_tar_gz({"peek.py": PEEK.encode(), "targets.json": json.dumps(targets).encode()}))
+    up = bob.code.upload(code)
+    bob.jobs.submit({"name": "peek", "code": up["id"], "command": "python peek.py"})
+    job = wait_for(lambda: (j := bob.jobs.get("peek"))["state"] in TERMINAL and j, 60, what="peek to end")
+    lines = [line.text for line in bob.jobs.logs("peek") if line.stream == "stdout"]
+    assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+    seen = json.loads(lines[0])
+    assert set(seen.values()) <= {"FileNotFoundError", "PermissionError"}, seen
+    assert "acme-private-rows" not in lines[0]
