@@ -158,6 +158,18 @@ class InvalidPath(InvalidArgument):
     code = "invalid_path"
 
 
+class DatasetNotFound(NotFound):
+    code = "dataset_not_found"
+
+
+class DatasetVersionNotFound(NotFound):
+    code = "dataset_version_not_found"
+
+
+class DatasetInUse(InvalidState):
+    code = "dataset_in_use"
+
+
 _BY_CODE: dict[str, type[DlcloudError]] = {
     cls.code: cls
     for cls in (
@@ -173,6 +185,9 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         QuotaExceeded,
         Unavailable,
         ModelNotFound,
+        DatasetNotFound,
+        DatasetVersionNotFound,
+        DatasetInUse,
         ModelVersionNotFound,
         ModelDeployed,
         UntrustedCode,
@@ -196,15 +211,3 @@ def error_from_body(status: int, body: Any) -> DlcloudError:
             cls = Unauthenticated if HTTP_STATUS.get(code) == 401 else DlcloudError
         return cls(message, code=code, details=details)
     return DlcloudError(f"server answered HTTP {status}: {str(body)[:500]}", code="internal")
-
-
-class DatasetNotFound(DlcloudError):
-    code = "dataset_not_found"
-
-
-class DatasetVersionNotFound(DlcloudError):
-    code = "dataset_version_not_found"
-
-
-class DatasetInUse(DlcloudError):
-    code = "dataset_in_use"

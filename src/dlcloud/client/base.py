@@ -158,11 +158,13 @@ class Transport:
 class Client:
     """Entry point of the SDK.
 
-    Sub-APIs: ``jobs``, ``environments``, ``models``, ``tenants``, ``users``, ``keys``, ``code``, ``accounting``.
+    Sub-APIs: ``jobs``, ``environments``, ``models``, ``datasets``, ``tenants``, ``users``, ``keys``, ``code``,
+    ``accounting``.
     """
 
     def __init__(self, creds: Credentials, *, timeout: float = 60.0, http_client: httpx.Client | None = None):
         from dlcloud.client.accounting import AccountingAPI
+        from dlcloud.client.datasets import DatasetsAPI
         from dlcloud.client.environments import EnvironmentsAPI
         from dlcloud.client.jobs import CodeAPI, JobsAPI
         from dlcloud.client.models import ModelsAPI
@@ -173,6 +175,7 @@ class Client:
         self.code = CodeAPI(self.transport)
         self.environments = EnvironmentsAPI(self.transport)
         self.models = ModelsAPI(self.transport)
+        self.datasets = DatasetsAPI(self.transport)
         self.tenants = TenantsAPI(self.transport)
         self.users = UsersAPI(self.transport)
         self.keys = KeysAPI(self.transport)

@@ -42,6 +42,7 @@ from dlcloud.errors import (
     PermissionDenied,
     Unavailable,
 )
+from dlcloud.schemas.common import NAME_RE
 from dlcloud.schemas.datasets import (
     DATASET_REF_RE,
     DATASET_UPLOAD_ID_RE,
@@ -195,8 +196,15 @@ def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
         raise PermissionDenied(f"only the author or a tenant admin can {what}")
 
 
+def _readers_shown(readers: list[tuple[str, str]], tenant_id: str) -> list[str]:
+    """The caller's own jobs by name; other tenants' jobs only counted (their names are theirs)."""
+    own = [job for job, tenant in readers if tenant == tenant_id]
+    others = len(readers) - len(own)
+    return own + ([f"{others} job(s) of other tenants"] if others else [])
+
+
 def _version_models(
-    s: Session, dataset: DatasetRow, shown: str, owner: str, rows: list[DatasetVersionRow]
+    s: Session, dataset: DatasetRow, shown: str, owner: str, rows: list[DatasetVersionRow], caller_tenant_id: str
 ) -> list[DatasetVersion]:
     labels = store.labels_of(s, [dataset.id])[dataset.id]
     by_version: dict[str, list[str]] = {}
@@ -216,7 +224,7 @@ def _version_models(
             created_by=users.get(r.created_by, r.created_by),
             created_at=r.created_at,
             labels=sorted(by_version.get(r.id, [])),
-            in_use_by=in_use[r.id] if owner == shown or "/" not in shown else [],
+            in_use_by=_readers_shown(in_use[r.id], caller_tenant_id),
         )
         for r in rows
     ]
@@ -257,6 +265,11 @@ def push_version(
     platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
 ) -> DatasetVersion:
     """Add a version from an upload (creating the dataset with its first). Blocking: run it in a worker thread."""
+    if not NAME_RE.match(name):
+        raise InvalidArgument(
+            f"{name!r} is not a valid dataset name: use 1-63 lower-case letters, digits and '-', starting and "
+            "ending with a letter or digit (a DNS-1123 label)"
+        )
     if looks_like_id(name):
         raise InvalidArgument(reserved_name_message("dataset", name))
     if owner is not None and owner != caller.tenant:
@@ -279,13 +292,54 @@ def push_version(
 def _insert_version(
     platform: Platform, caller: Caller, name: str, req: DatasetPush, tree: Path, manifest: Manifest
 ) -> DatasetVersion:
+    """Three steps, so that no write transaction is open while the files are stored (on SQLite it would stop
+    every other write for that long): take the next number (creating the dataset), store the tree under it,
+    then add the version's row. A failure after the first step removes what it stored and a dataset it
+    created; the number it took is not given again (numbers are never reused anyway)."""
+    dataset_id, number, created = _take_number(platform, caller, name, req, manifest.size)
+    key = version_key(caller.tenant_id, dataset_id, number)
+    try:
+        platform.objects.put_tree(key, tree, manifest)
+        with platform.db.write() as s:
+            storage_quota.check_fits(s, caller.tenant_id, caller.tenant, manifest.size)
+            dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
+            if dataset is None:
+                raise DatasetNotFound(f"dataset {name!r} was deleted while this version was stored")
+            row = DatasetVersionRow(
+                id=new_id("dv-"),
+                dataset_id=dataset_id,
+                tenant_id=caller.tenant_id,
+                version=number,
+                storage_key=key,
+                sha256=manifest.artifact_sha256(),
+                size_bytes=manifest.size,
+                file_count=len(manifest.entries),
+                description=req.description,
+                created_by=caller.user_id,
+                created_at=utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
+        return result
+    except BaseException:
+        _remove_stored(platform, [key])
+        if created:
+            with platform.db.write() as s:
+                dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
+                if dataset is not None and not store.list_versions(s, caller.tenant_id, dataset_id):
+                    s.delete(dataset)
+        raise
+
+
+def _take_number(platform: Platform, caller: Caller, name: str, req: DatasetPush, size: int) -> tuple[str, int, bool]:
+    """(dataset id, the version number taken, whether the dataset was created now)."""
     for attempt in (1, 2):
-        stored: str | None = None
         try:
             with platform.db.write() as s:
-                now = utcnow()
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, manifest.size)
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
                 dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
+                created = dataset is None
                 if dataset is None:
                     dataset = DatasetRow(
                         id=new_id("ds-"),
@@ -294,42 +348,16 @@ def _insert_version(
                         description=req.description,
                         last_version=0,
                         created_by=caller.user_id,
-                        created_at=now,
+                        created_at=utcnow(),
                     )
                     s.add(dataset)
                     s.flush()
                 dataset.last_version += 1
-                key = version_key(caller.tenant_id, dataset.id, dataset.last_version)
-                row = DatasetVersionRow(
-                    id=new_id("dv-"),
-                    dataset_id=dataset.id,
-                    tenant_id=caller.tenant_id,
-                    version=dataset.last_version,
-                    storage_key=key,
-                    sha256=manifest.artifact_sha256(),
-                    size_bytes=manifest.size,
-                    file_count=len(manifest.entries),
-                    description=req.description,
-                    created_by=caller.user_id,
-                    created_at=now,
-                )
-                s.add(row)
-                s.flush()
-                stored = key
-                platform.objects.put_tree(key, tree, manifest)
-                [result] = _version_models(s, dataset, name, caller.tenant, [row])
-            return result
+                return dataset.id, dataset.last_version, created
         except IntegrityError:
             # another request created the same dataset first (PostgreSQL): its row exists now, try once more
-            if stored is not None:
-                _remove_stored(platform, [stored])
-                raise
             if attempt == 2:
                 raise
-        except BaseException:
-            if stored is not None:
-                _remove_stored(platform, [stored])
-            raise
     raise AssertionError("unreachable")
 
 
@@ -349,7 +377,7 @@ def describe_dataset(platform: Platform, caller: Caller, name: str, owner: str |
         dataset, owner_name = _readable(s, caller, name, owner)
         [base] = _datasets(s, caller, [(dataset, owner_name)])
         versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        detail = _version_models(s, dataset, base.name, owner_name, versions)
+        detail = _version_models(s, dataset, base.name, owner_name, versions, caller.tenant_id)
         return DatasetDetail(**base.model_dump(), versions=detail)
 
 
@@ -357,7 +385,7 @@ def list_versions(platform: Platform, caller: Caller, name: str, owner: str | No
     with platform.db.read() as s:
         dataset, owner_name = _readable(s, caller, name, owner)
         versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        return _version_models(s, dataset, _shown(name, owner_name, caller), owner_name, versions)
+        return _version_models(s, dataset, _shown(name, owner_name, caller), owner_name, versions, caller.tenant_id)
 
 
 def _get_version(
@@ -367,7 +395,7 @@ def _get_version(
         dataset, owner_name = _readable(s, caller, name, owner)
         shown = _shown(name, owner_name, caller)
         row = _find_version(s, dataset, ref, shown)
-        [version] = _version_models(s, dataset, shown, owner_name, [row])
+        [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
         return version, row.storage_key
 
 
@@ -492,14 +520,17 @@ def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, 
 # -- deletion --------------------------------------------------------------------------------------------
 
 
-def _refuse_if_in_use(s: Session, rows: list[DatasetVersionRow], what: str) -> None:
+def _refuse_if_in_use(s: Session, caller: Caller, rows: list[DatasetVersionRow], what: str) -> None:
     readers = store.readers(s, [r.id for r in rows])
-    held = [(r.version, job) for r in rows for job in readers[r.id]]
+    held = [(r.version, job, tenant) for r in rows for job, tenant in readers[r.id]]
     if held:
-        jobs = ", ".join(f"v{v} by job {j}" for v, j in held[:5])
+        own = sorted({job for _v, job, tenant in held if tenant == caller.tenant_id})
+        others = len({(job, tenant) for _v, job, tenant in held if tenant != caller.tenant_id})
+        named = ", ".join([f"v{v} by job {job}" for v, job, tenant in held if tenant == caller.tenant_id][:5])
+        parts = [p for p in (named, f"{others} job(s) of tenants it is shared with" if others else "") if p]
         raise DatasetInUse(
-            f"{what} is read by jobs that have not ended ({jobs}); wait for them or cancel them",
-            details={"jobs": sorted({j for _v, j in held})},
+            f"{what} is read by jobs that have not ended ({'; '.join(parts)}); wait for them or cancel them",
+            details={"jobs": own, "other_tenants_jobs": others},
         )
 
 
@@ -509,11 +540,16 @@ def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | N
         dataset = _writable(s, caller, name, owner, "deleting")
         _require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
         versions = store.list_versions(s, caller.tenant_id, dataset.id)
-        _refuse_if_in_use(s, versions, f"dataset {name!r}")
+        _refuse_if_in_use(s, caller, versions, f"dataset {name!r}")
         keys = [v.storage_key for v in versions]
         _forget_ended_readers(s, [v.id for v in versions])
         s.delete(dataset)
+        prefix = f"datasets/{caller.tenant_id}/{dataset.id}"
     _remove_stored(platform, keys)
+    try:  # whatever a crashed push left under the dataset's prefix
+        platform.objects.delete_prefix(prefix)
+    except Exception:
+        log.exception("could not remove %s from %s", prefix, platform.objects.url)
 
 
 def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
@@ -524,7 +560,7 @@ def delete_version(platform: Platform, caller: Caller, name: str, version: int, 
         if row is None:
             raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
         _require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
-        _refuse_if_in_use(s, [row], f"version {version} of dataset {name!r}")
+        _refuse_if_in_use(s, caller, [row], f"version {version} of dataset {name!r}")
         key = row.storage_key
         _forget_ended_readers(s, [row.id])
         s.delete(row)

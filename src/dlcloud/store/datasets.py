@@ -122,19 +122,20 @@ def version_stats(s: Session, dataset_ids: Iterable[str]) -> dict[str, tuple[int
     return out
 
 
-def readers(s: Session, version_ids: Iterable[str]) -> dict[str, list[str]]:
-    """version id -> names of the jobs not yet ended that read it."""
+def readers(s: Session, version_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+    """version id -> (job name, job's tenant id) of the jobs not yet ended that read it (any tenant's: a
+    dataset shared with another tenant may be read by its jobs)."""
     ids = list(version_ids)
-    out: dict[str, list[str]] = {i: [] for i in ids}
+    out: dict[str, list[tuple[str, str]]] = {i: [] for i in ids}
     if ids:
         q = (
-            select(JobDatasetRow.version_id, JobRow.name)
+            select(JobDatasetRow.version_id, JobRow.name, JobRow.tenant_id)
             .join(JobRow, JobRow.id == JobDatasetRow.job_id)
             .where(JobDatasetRow.version_id.in_(ids), JobRow.state.not_in(ENDED_JOB_STATES))
             .order_by(JobRow.name)
         )
-        for version_id, job in s.execute(q):
-            out[version_id].append(job)
+        for version_id, job, tenant_id in s.execute(q):
+            out[version_id].append((job, tenant_id))
     return out
 
 

@@ -1,0 +1,367 @@
+"""dlcloud datasets ..."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from dlcloud.cli.common import client
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.errors import InvalidArgument
+
+app = typer.Typer(
+    help="Push, version, label, share and download datasets: trees of files in numbered immutable versions "
+    "(NAME, or OWNER/NAME for a shared dataset).",
+    no_args_is_help=True,
+)
+
+
+def _progress() -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err_console,
+        transient=not err_console.is_terminal,
+    )
+
+
+def _size(n: int) -> str:
+    from dlcloud.schemas.common import format_memory
+
+    return format_memory(n) if n >= 1024 else f"{n}B"
+
+
+def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
+    """``NAME@REF`` or ``NAME`` with ``--version REF`` -> (NAME, REF); REF None when neither gives one."""
+    base, sep, ref = name.partition("@")
+    if not sep:
+        return name, version
+    if not base or not ref:
+        raise InvalidArgument(f"{name!r}: write NAME@REF, REF a version number, a label or latest")
+    if version is not None and version != ref:
+        raise InvalidArgument(f"{name!r} names version {ref!r} but --version says {version!r}; give one of them")
+    return base, ref
+
+
+VERSION_COLUMNS: list[tuple[str, Any]] = [
+    ("VERSION", "version"),
+    ("FILES", "file_count"),
+    ("SIZE", lambda v: _size(v["size_bytes"])),
+    ("SHA256", lambda v: v["sha256"][:12]),
+    ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
+    ("IN USE BY", lambda v: ",".join(v["in_use_by"]) or "-"),
+    ("BY", "created_by"),
+    ("CREATED", lambda v: short_time(v["created_at"])),
+    ("DESCRIPTION", lambda v: v["description"] or "-"),
+]
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name (DNS-1123 label); creating it again adds a version."),
+    source: str = typer.Option(
+        ..., "--from", help="Local directory (its contents are pushed, paths relative to it) or a single file."
+    ),
+    description: str = typer.Option("", "--description", help="Free text kept with the version."),
+    output: Output = OutputOption,
+) -> None:
+    """Create a dataset with version 1, or add the next version, from a local directory or file.
+
+    Versions are numbered 1, 2, ... and immutable; a directory's contents are pushed whole, hidden files too.
+
+    Links and special files are refused. Objects already in a bucket (s3://...) cannot be pushed yet.
+
+    Examples:
+
+      dlcloud datasets create clicks --from ./data/clicks --description "week 47"
+
+      dlcloud datasets create vocab --from vocab.txt
+
+      dlcloud datasets create clicks --from ./data/clicks -o json
+    """
+    from dlcloud.client.datasets import pack_data, split_name
+
+    split_name(name)  # a malformed OWNER/NAME fails before the upload
+    packed = pack_data(source)
+    c = client(ctx)
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"uploading {Path(source).name}", total=packed.archive.stat().st_size)
+            up = c.datasets.upload(packed.archive, progress=lambda n: progress.advance(task, n))
+    finally:
+        packed.archive.unlink(missing_ok=True)
+    version = c.datasets.push(name, upload=up["id"], description=description)
+    if output == Output.json:
+        render(version, output, [])
+        return
+    err_console.print(
+        f"dataset [bold]{version['dataset']}[/bold] version {version['version']} created "
+        f"({version['file_count']} files, {version['size_bytes']} bytes)"
+    )
+
+
+@app.command("list")
+def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
+    """List your tenant's datasets, then those other tenants share with it (OWNER/NAME, read-only).
+
+    Examples:
+
+      dlcloud datasets list
+
+      dlcloud datasets list -o json
+    """
+    render(
+        client(ctx).datasets.list(),
+        output,
+        [
+            ("NAME", "name"),
+            ("LATEST", "latest_version"),
+            ("VERSIONS", "version_count"),
+            ("SIZE", lambda d: _size(d["size_bytes"])),
+            ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
+            ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
+            ("BY", "created_by"),
+            ("CREATED", lambda d: short_time(d["created_at"])),
+        ],
+    )
+
+
+def _describe_version(v: dict[str, Any], output: Output) -> None:
+    render_fields(
+        v,
+        output,
+        [
+            ("Dataset", v["dataset"]),
+            ("Version", v["version"]),
+            ("Files", v["file_count"]),
+            ("Size", f"{_size(v['size_bytes'])} ({v['size_bytes']} bytes)"),
+            ("SHA256", v["sha256"]),
+            ("Labels", ", ".join(v["labels"]) or "-"),
+            ("Description", v["description"] or "-"),
+            ("Created by", v["created_by"]),
+            ("Created", short_time(v["created_at"])),
+            ("In use by", ", ".join(v["in_use_by"]) or "-"),
+        ],
+    )
+
+
+@app.command("describe")
+def describe(
+    ctx: typer.Context,
+    name: str = typer.Argument(
+        ..., help="Dataset name, OWNER/NAME for one shared with your tenant; NAME@REF shows one version."
+    ),
+    version: str | None = typer.Option(None, "--version", help="Show one version: a number, a label or latest."),
+    output: Output = OutputOption,
+) -> None:
+    """Show a dataset with its versions, labels and shares, or one version.
+
+    Examples:
+
+      dlcloud datasets describe clicks
+
+      dlcloud datasets describe clicks --version production -o json
+
+      dlcloud datasets describe acme/clicks@3
+    """
+    name, ref = _name_ref(name, version)
+    c = client(ctx)
+    if ref is not None:
+        _describe_version(c.datasets.version(name, ref), output)
+        return
+    d = c.datasets.get(name)
+    if output == Output.json:
+        render(d, output, [])
+        return
+    fields: list[tuple[str, Any]] = [
+        ("Name", d["name"]),
+        ("Owner", d["owner"] + (" (shared with you, read-only)" if d["shared"] else "")),
+        ("Description", d["description"] or "-"),
+        ("Created by", d["created_by"]),
+        ("Created", short_time(d["created_at"])),
+        ("Latest version", d["latest_version"]),
+        ("Size", f"{_size(d['size_bytes'])} in {d['version_count']} version(s)"),
+        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
+    ]
+    if not d["shared"]:
+        fields.append(("Shared with", ", ".join(d["shared_with"]) or "-"))
+    render_fields(d, output, fields)
+    console.print()
+    render(d["versions"], Output.table, VERSION_COLUMNS, title="Versions")
+
+
+@app.command("versions")
+def versions(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name, or OWNER/NAME for a shared dataset."),
+    output: Output = OutputOption,
+) -> None:
+    """List a dataset's versions, oldest first.
+
+    Examples:
+
+      dlcloud datasets versions clicks
+
+      dlcloud datasets versions acme/clicks -o json
+    """
+    render(client(ctx).datasets.versions(name), output, VERSION_COLUMNS)
+
+
+@app.command("files")
+def files(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name (OWNER/NAME for a shared one), or NAME@REF."),
+    version: str | None = typer.Option(
+        None, "--version", help="A version number, a label or latest [default: latest]."
+    ),
+    output: Output = OutputOption,
+) -> None:
+    """List the files of a version with their sizes and SHA-256, sorted by path.
+
+    Examples:
+
+      dlcloud datasets files clicks
+
+      dlcloud datasets files clicks --version production -o json
+
+      dlcloud datasets files acme/clicks@2
+    """
+    name, ref = _name_ref(name, version)
+    render(
+        client(ctx).datasets.files(name, ref or "latest"),
+        output,
+        [("PATH", "path"), ("SIZE", "size"), ("SHA256", "sha256")],
+    )
+
+
+@app.command("download")
+def download(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name (OWNER/NAME for a shared one), or NAME@REF."),
+    version: str | None = typer.Option(
+        None, "--version", help="A version number, a label or latest [default: latest]."
+    ),
+    dest: Path | None = typer.Option(None, "--dest", help="A new or empty directory for the files [default: ./NAME]."),
+) -> None:
+    """Download a version's files into a new or empty directory and verify its checksum.
+
+    Nothing is left behind when the transfer or the checksum fails. Prints the directory on stdout.
+
+    Examples:
+
+      dlcloud datasets download clicks --version production --dest ./clicks
+
+      dlcloud datasets download acme/clicks@3
+    """
+    name, ref = _name_ref(name, version)
+    target = dest if dest is not None else Path(name.rpartition("/")[2])
+    c = client(ctx)
+    meta = c.datasets.version(name, ref or "latest")
+    with _progress() as progress:
+        task = progress.add_task(f"downloading {name} version {meta['version']}", total=None)
+        c.datasets.download(name, meta["version"], target, progress=lambda n: progress.advance(task, n))
+    err_console.print(
+        f"downloaded {name} version {meta['version']} to {target} ({meta['file_count']} files, checksum verified)"
+    )
+    typer.echo(str(target))
+
+
+@app.command("label")
+def label(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name."),
+    label_name: str = typer.Argument(..., metavar="LABEL", help="Label, e.g. production or clean."),
+    version: int = typer.Argument(..., help="Version number the label moves to."),
+    output: Output = OutputOption,
+) -> None:
+    """Point a label at a version; the label leaves the version it was on.
+
+    Example:
+
+      dlcloud datasets label clicks production 3
+    """
+    result = client(ctx).datasets.set_label(name, label_name, version)
+    if output == Output.json:
+        render(result, output, [])
+    else:
+        err_console.print(f"dataset {name}: {result['label']} -> version {result['version']}")
+
+
+@app.command("unlabel")
+def unlabel(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name."),
+    label_name: str = typer.Argument(..., metavar="LABEL", help="Label to remove."),
+) -> None:
+    """Remove a label from a dataset.
+
+    Example:
+
+      dlcloud datasets unlabel clicks staging
+    """
+    client(ctx).datasets.remove_label(name, label_name)
+    err_console.print(f"dataset {name}: label {label_name} removed")
+
+
+@app.command("share")
+def share(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant that may read the dataset."),
+) -> None:
+    """Share a dataset read-only with another tenant: it reads it as OWNER/NAME, in jobs too.
+
+    Example:
+
+      dlcloud datasets share clicks --tenant research
+    """
+    client(ctx).datasets.share(name, tenant)
+    err_console.print(f"dataset {name} shared read-only with tenant {tenant}")
+
+
+@app.command("unshare")
+def unshare(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant to take access from."),
+) -> None:
+    """Stop sharing a dataset with a tenant.
+
+    Example:
+
+      dlcloud datasets unshare clicks --tenant research
+    """
+    client(ctx).datasets.unshare(name, tenant)
+    err_console.print(f"dataset {name} no longer shared with tenant {tenant}")
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Dataset name."),
+    version: int | None = typer.Option(None, "--version", help="Delete only this version."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Delete a dataset with all its versions, or one version (refused while a job that has not ended reads it).
+
+    Examples:
+
+      dlcloud datasets delete clicks --version 2
+
+      dlcloud datasets delete clicks --yes
+    """
+    what = f"version {version} of dataset {name}" if version is not None else f"dataset {name} and all its versions"
+    if not yes:
+        typer.confirm(f"Delete {what}? Its files are removed for good", abort=True, err=True)
+    c = client(ctx)
+    if version is not None:
+        c.datasets.delete_version(name, version)
+    else:
+        c.datasets.delete(name)
+    err_console.print(f"deleted {what}")

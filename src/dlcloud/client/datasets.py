@@ -1,0 +1,491 @@
+"""Datasets, the sample library: push a directory or a file as a new version, read versions and their files,
+download a version with its checksum verified, move labels, share read-only.
+
+Datasets are named ``NAME`` in your tenant or ``OWNER/NAME`` for a dataset another tenant shares with yours
+(read-only). Versions are addressed by number, label, or ``latest``. A version's checksum is the canonical
+manifest checksum of ``dlcloud.checksums`` over its files, with paths relative to the dataset's root.
+
+from dlcloud.client import Client
+c = Client.from_env()
+v = c.datasets.push("clicks", path=Path("data/clicks"), description="week 47")
+c.datasets.set_label("clicks", "production", v["version"])
+c.datasets.download("clicks", "production", dest=Path("clicks"))
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlcloud import tarsafe
+from dlcloud.checksums import MANIFEST_HEADER, file_sha256
+from dlcloud.client.base import API, Transport
+from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
+from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
+
+URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+RESERVED_PREFIX = ".dlcloud-"  # names the server keeps for itself inside a stored tree
+
+
+@dataclass(frozen=True)
+class PackedData:
+    archive: Path  # a temporary .tar.gz; the caller deletes it
+    files: int
+    bytes: int  # in the files, before compression
+
+
+def check_local_source(source: Path | str) -> Path:
+    """``source`` as a local path; a URL (``s3://...``) is refused.
+
+    Raises:
+        InvalidArgument: ``source`` is a URL.
+    """
+    text = os.fspath(source)
+    if text.startswith("s3://"):
+        raise InvalidArgument(
+            f"{text}: registering objects already in a bucket is not supported yet; download them and push the "
+            "directory"
+        )
+    if URL_RE.match(text):
+        raise InvalidArgument(f"{text} is not a local path; give a local directory or file")
+    return Path(text)
+
+
+def pack_data(source: Path | str) -> PackedData:
+    """A temporary .tar.gz of a directory's contents (paths relative to the directory) or of one file (under its
+    own name); the caller deletes it.
+
+    Everything in a directory is packed, hidden files and empty directories included (no ignore files apply
+    to data). Links and special files are refused rather than skipped, so a version never silently misses a
+    file.
+
+    Args:
+        source: a local directory or file; ``s3://...`` is refused (not supported yet).
+
+    Returns:
+        The archive with the number of files and their bytes.
+
+    Raises:
+        InvalidArgument: the source is a URL, does not exist, holds no file, a link, a special file, a name
+            starting with ``.dlcloud-`` (reserved), or a file that cannot be read.
+    """
+    top = Path(os.path.abspath(check_local_source(source)))
+    if not os.path.lexists(top):
+        raise InvalidArgument(f"{source} does not exist")
+    top_mode = os.lstat(top).st_mode
+    if stat.S_ISLNK(top_mode):
+        top = top.resolve()  # a link given by name is what the user means; links inside are refused below
+        top_mode = os.lstat(top).st_mode
+    if not (stat.S_ISREG(top_mode) or stat.S_ISDIR(top_mode)):
+        raise InvalidArgument(f"{source} is not a regular file or a directory")
+    fd, name = tempfile.mkstemp(prefix="dlcloud-data-", suffix=".tar.gz")
+    os.close(fd)
+    archive = Path(name)
+    files = size = 0
+
+    def add(tf: tarfile.TarFile, full: Path, rel: str) -> None:
+        nonlocal files, size
+        if any(part.startswith(RESERVED_PREFIX) for part in rel.split("/")):
+            raise InvalidArgument(f"{rel}: names starting with {RESERVED_PREFIX!r} are reserved; rename it")
+        try:
+            info = tf.gettarinfo(str(full), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isfile():
+                with full.open("rb") as f:
+                    tf.addfile(info, f)
+                files += 1
+                size += info.size
+            else:
+                tf.addfile(info)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {rel}: {exc.strerror or exc}") from None
+
+    try:
+        with tarfile.open(archive, "w:gz", compresslevel=6) as tf:
+            if stat.S_ISREG(top_mode):
+                add(tf, top, top.name)
+            else:
+                for dirpath, dirnames, filenames in os.walk(top):
+                    dirnames.sort()
+                    rel_dir = Path(dirpath).relative_to(top)
+                    for entry in [*dirnames, *sorted(filenames)]:
+                        full = Path(dirpath) / entry
+                        rel = (rel_dir / entry).as_posix()
+                        mode = os.lstat(full).st_mode
+                        if stat.S_ISLNK(mode):
+                            raise InvalidArgument(
+                                f"{rel} is a link; datasets hold regular files only (copy the file in its place)"
+                            )
+                        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                            raise InvalidArgument(f"{rel} is a device, FIFO or socket; datasets hold regular files")
+                        add(tf, full, rel)
+        if files == 0:
+            raise InvalidArgument(f"{source} holds no file; a dataset version needs at least one")
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
+    return PackedData(archive, files, size)
+
+
+def tree_checksum(root: Path) -> str:
+    """The checksum of the files under ``root``, paths relative to it: the manifest of ``dlcloud.checksums``
+    (what the server records as a version's ``sha256``).
+
+    Raises:
+        ValueError: a link or a special file is under ``root``.
+    """
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            full = Path(dirpath) / name
+            mode = os.lstat(full).st_mode
+            rel = full.relative_to(root).as_posix()
+            if stat.S_ISREG(mode):
+                found.append((rel, full))
+            elif not stat.S_ISDIR(mode):
+                raise ValueError(f"{rel} is a link or special file")
+    found.sort(key=lambda e: e[0].encode("utf-8", "surrogateescape"))
+    digest = hashlib.sha256(MANIFEST_HEADER)
+    for rel, full in found:
+        line = f"{rel}\0{file_sha256(full)}\0{full.stat().st_size}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def split_name(name: str) -> tuple[str, dict[str, Any]]:
+    """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {}).
+
+    Raises:
+        InvalidArgument: more than one ``/`` or an empty part.
+    """
+    owner, sep, dataset = name.partition("/")
+    if not sep:
+        return name, {}
+    if not owner or not dataset or "/" in dataset:
+        raise InvalidArgument(f"dataset name {name!r} must be NAME or OWNER_TENANT/NAME")
+    return dataset, {"owner": owner}
+
+
+def _refuse_used_dest(dest: Path) -> None:
+    if not os.path.lexists(dest):
+        return
+    if not dest.is_dir():
+        raise AlreadyExists(f"{dest} exists and is not a directory; give a new or empty directory")
+    if any(dest.iterdir()):
+        raise AlreadyExists(f"{dest} is not empty; give a new or empty directory")
+
+
+def _refuse_written_dest(dest: Path, work: Path) -> None:
+    """``dest`` still holds nothing but the download's work directory (nothing else wrote into it meanwhile)."""
+    others = [p for p in dest.iterdir() if p != work]
+    if others:
+        raise AlreadyExists(f"{dest} is not empty any more (something wrote {others[0].name}); nothing was moved")
+
+
+class DatasetsAPI:
+    def __init__(self, t: Transport):
+        self._t = t
+
+    # -- push ------------------------------------------------------------------------------------------
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Upload a .tar.gz of a dataset's files (see ``pack_data``); it waits for one ``push``.
+
+        Args:
+            archive: the .tar.gz; the paths in it are the paths in the dataset.
+            progress: called with the number of bytes of each chunk sent.
+
+        Returns:
+            The upload: ``id``, ``sha256``, ``size``, ``expires_at``.
+
+        Raises:
+            InvalidArchive: not a tar(.gz), or it holds links, devices, ``..`` or absolute paths.
+            PayloadTooLarge: over the server's upload or unpacked size limits.
+        """
+        return self._t.upload(f"{API}/dataset-uploads", archive, progress=progress)
+
+    def delete_upload(self, upload_id: str) -> None:
+        """Drop an upload that will not be pushed.
+
+        Args:
+            upload_id: the ``id`` ``upload`` returned.
+
+        Raises:
+            NotFound: no such upload of your tenant (pushed, deleted or expired).
+        """
+        self._t.request("DELETE", f"{API}/dataset-uploads/{upload_id}")
+
+    def push(
+        self,
+        name: str,
+        path: Path | str | None = None,
+        *,
+        upload: str | None = None,
+        description: str = "",
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Add a version to ``name`` (the dataset is created with version 1). The upload is used once: when the
+        push fails it is deleted.
+
+        Args:
+            name: the dataset name (DNS-1123 label).
+            path: a local directory (its contents, paths relative to it) or a file: packed, uploaded, pushed.
+            upload: an upload id from ``upload`` (instead of ``path``).
+            description: free text kept with the version.
+            progress: called with the bytes of each chunk uploaded (with ``path``).
+
+        Returns:
+            The new version (``version``, ``sha256``, ``file_count``, ``size_bytes``, ...).
+
+        Raises:
+            InvalidArgument: neither or both of path and upload; a bad path (see ``pack_data``) or name.
+            InvalidArchive / PayloadTooLarge: the data is refused.
+            PermissionDenied: ``name`` is another tenant's dataset shared with yours (read-only).
+        """
+        if (path is None) == (upload is None):
+            raise InvalidArgument("give exactly one of path or upload")
+        dataset, params = split_name(name)
+        if upload is None:
+            assert path is not None
+            packed = pack_data(path)
+            try:
+                upload = self.upload(packed.archive, progress=progress)["id"]
+            finally:
+                packed.archive.unlink(missing_ok=True)
+        body = {"upload": upload, "description": description}
+        try:
+            return self._t.request("POST", f"{API}/datasets/{dataset}/versions", params=params, json_body=body)
+        except DlcloudError:
+            with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
+                self.delete_upload(upload)
+            raise
+
+    # -- reads -----------------------------------------------------------------------------------------
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """Your tenant's datasets, then those shared with it.
+
+        Returns:
+            One dict per dataset (``name``, ``owner``, ``shared``, ``latest_version``, ``version_count``,
+            ``size_bytes``, ``labels``, ``shared_with``, ...); a shared one is named ``OWNER/NAME``.
+        """
+        return self._t.request("GET", f"{API}/datasets")
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The dataset with its versions, labels and (for the owner) the tenants it is shared with.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+
+        Returns:
+            The dataset's fields as ``list`` gives them, with ``versions``.
+
+        Raises:
+            DlcloudError (code dataset_not_found): no such dataset, or one not shared with your tenant.
+        """
+        dataset, params = split_name(name)
+        return self._t.request("GET", f"{API}/datasets/{dataset}", params=params)
+
+    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
+        """The dataset's versions, oldest first.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+
+        Returns:
+            One dict per version (``version``, ``sha256``, ``file_count``, ``size_bytes``, ``labels``,
+            ``in_use_by``, ...).
+
+        Raises:
+            DlcloudError (code dataset_not_found): no such dataset, or one not shared with your tenant.
+        """
+        dataset, params = split_name(name)
+        return self._t.request("GET", f"{API}/datasets/{dataset}/versions", params=params)
+
+    def version(self, name: str, ref: int | str = "latest") -> dict[str, Any]:
+        """One version by number, label or ``latest``.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+            ref: a version number, a label or ``latest``.
+
+        Returns:
+            The version, as ``versions`` gives each.
+
+        Raises:
+            DlcloudError (code dataset_version_not_found): no such version or label.
+        """
+        dataset, params = split_name(name)
+        return self._t.request("GET", f"{API}/datasets/{dataset}/versions/{ref}", params=params)
+
+    def files(self, name: str, ref: int | str = "latest") -> builtins.list[dict[str, Any]]:
+        """A version's files.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+            ref: a version number, a label or ``latest``.
+
+        Returns:
+            ``{path, size, sha256}`` per file, ``path`` relative to the dataset's root, sorted by path.
+
+        Raises:
+            DlcloudError (code dataset_not_found / dataset_version_not_found): no such dataset or version.
+        """
+        dataset, params = split_name(name)
+        return self._t.request("GET", f"{API}/datasets/{dataset}/versions/{ref}/files", params=params)
+
+    def download(
+        self,
+        name: str,
+        ref: int | str,
+        dest: Path | str,
+        progress: Callable[[int], None] | None = None,
+    ) -> Path:
+        """Download a version's files into the directory ``dest`` and verify its checksum.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+            ref: a version number, a label or ``latest`` (resolved once, before the transfer).
+            dest: a directory that does not exist yet or is empty; it receives the files (paths as in the
+                dataset).
+            progress: called with the bytes of each chunk received (compressed).
+
+        Returns:
+            ``dest``.
+
+        Raises:
+            AlreadyExists: ``dest`` exists and is not an empty directory.
+            InvalidArchive (code checksum_mismatch): what arrived does not match the version's checksum;
+                nothing is left in ``dest``.
+        """
+        dataset, params = split_name(name)
+        dest = Path(dest)
+        _refuse_used_dest(dest)
+        meta = self.version(name, ref)
+        created: builtins.list[Path] = []  # directories made for ``dest``, removed again on failure
+        if not dest.exists():
+            for parent in reversed(dest.absolute().parents):
+                if not parent.exists():
+                    parent.mkdir()
+                    created.append(parent)
+        # next to (or, for an empty directory, inside) ``dest``: one filesystem, so the files move by rename
+        work = Path(tempfile.mkdtemp(prefix=".dlcloud-download-", dir=dest if dest.exists() else dest.parent))
+        try:
+            archive = work / "data.tar.gz"
+            headers = self._t.download(
+                f"{API}/datasets/{dataset}/versions/{meta['version']}/data", archive, params=params, progress=progress
+            )
+            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta["sha256"]
+            tree = work / "tree"
+            tree.mkdir()
+            try:
+                with tarfile.open(archive, "r:gz") as tf:
+                    tarsafe.extractall(tf, tree)
+                archive.unlink()
+                got = tree_checksum(tree)
+            except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
+                raise InvalidArchive(
+                    f"the downloaded data of {name} version {meta['version']} is damaged ({exc}); try again",
+                    code="checksum_mismatch",
+                ) from None
+            if got != expected or expected != meta["sha256"]:
+                raise InvalidArchive(
+                    f"the downloaded data of {name} version {meta['version']} does not match its checksum "
+                    f"(recorded {meta['sha256']}, received {got}); the stored copy may be damaged",
+                    code="checksum_mismatch",
+                )
+            if dest.exists():
+                _refuse_written_dest(dest, work)
+                for child in tree.iterdir():
+                    os.rename(child, dest / child.name)
+            else:
+                os.rename(tree, dest)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            for d in reversed(created):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+        return dest
+
+    # -- labels, shares, deletion ------------------------------------------------------------------------
+    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
+        """Point ``label`` at ``version`` (moving it off the version it was on).
+
+        Returns:
+            ``{"label", "version"}``.
+
+        Raises:
+            DlcloudError (code dataset_version_not_found): no such version.
+            InvalidArgument: a bad label name (``latest`` is reserved).
+            PermissionDenied: the dataset is another tenant's.
+        """
+        dataset, params = split_name(name)
+        return self._t.request(
+            "PUT", f"{API}/datasets/{dataset}/labels/{label}", params=params, json_body={"version": version}
+        )
+
+    def remove_label(self, name: str, label: str) -> None:
+        """Remove ``label`` from the dataset.
+
+        Raises:
+            NotFound: the dataset has no such label.
+            PermissionDenied: the dataset is another tenant's.
+        """
+        dataset, params = split_name(name)
+        self._t.request("DELETE", f"{API}/datasets/{dataset}/labels/{label}", params=params)
+
+    def share(self, name: str, tenant: str) -> dict[str, Any]:
+        """Let ``tenant`` list, describe, download and read the dataset in jobs (never change it).
+
+        Returns:
+            ``{"tenant", "created_at"}``.
+
+        Raises:
+            PermissionDenied: neither the dataset's author nor a tenant admin.
+            InvalidArgument: ``tenant`` is your own.
+        """
+        dataset, params = split_name(name)
+        return self._t.request("POST", f"{API}/datasets/{dataset}/shares/{tenant}", params=params)
+
+    def unshare(self, name: str, tenant: str) -> None:
+        """Stop sharing the dataset with ``tenant``; its users cannot read it any more (``dataset_not_found``).
+
+        Raises:
+            NotFound: the dataset is not shared with ``tenant``.
+            PermissionDenied: neither the dataset's author nor a tenant admin.
+        """
+        dataset, params = split_name(name)
+        self._t.request("DELETE", f"{API}/datasets/{dataset}/shares/{tenant}", params=params)
+
+    def delete(self, name: str) -> None:
+        """Delete the dataset with every version, label, share and file.
+
+        Raises:
+            DlcloudError (code dataset_in_use): a job that has not ended reads one of its versions.
+            PermissionDenied: neither its author nor a tenant admin, or another tenant's dataset.
+        """
+        dataset, params = split_name(name)
+        self._t.request("DELETE", f"{API}/datasets/{dataset}", params=params)
+
+    def delete_version(self, name: str, version: int) -> None:
+        """Delete one version and its files (its labels go with it; its number is never given again).
+
+        Raises:
+            DlcloudError (code dataset_in_use): a job that has not ended reads it.
+            DlcloudError (code dataset_version_not_found): no such version.
+        """
+        dataset, params = split_name(name)
+        self._t.request("DELETE", f"{API}/datasets/{dataset}/versions/{version}", params=params)
