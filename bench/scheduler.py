@@ -49,7 +49,7 @@ from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
 from dlcloud.store.db import Database, migrate
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import JobEventRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import JobEventRow, JobRow, TenantRow, UserRow, utcnow
 
 GiB = 1024**3
 TARGET_PLACEMENTS_PER_S = 2_000

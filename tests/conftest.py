@@ -33,7 +33,7 @@ from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import GpuSpec, Settings
 from dlcloud.store.db import Database, migrate
-from dlcloud.store.models import Base
+from dlcloud.store.rows import Base
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("DLCLOUD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from dlcloud import signing
 from dlcloud.client import Credentials
 from dlcloud.errors import DlcloudError
-from dlcloud.store.models import CodeRow
+from dlcloud.store.rows import CodeRow
 from tests.conftest import Env, assert_api_error, build_env, make_settings
 
 API = "/api/v1"

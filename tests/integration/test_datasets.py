@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from dlcloud import signing
 from dlcloud.client import Client
 from dlcloud.storage.objects import scan_tree
-from dlcloud.store.models import DatasetRow, DatasetVersionRow, JobDatasetRow
+from dlcloud.store.rows import DatasetRow, DatasetVersionRow, JobDatasetRow
 from tests.conftest import Env, assert_api_error, wait_for
 
 API = "/api/v1"

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.errors import InvalidSpec
-from dlcloud.store.models import PortRow
+from dlcloud.store.rows import PortRow
 from tests.conftest import wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}

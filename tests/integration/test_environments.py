@@ -17,7 +17,7 @@ from dlcloud.errors import DlcloudError
 from dlcloud.executors.local import venvs
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.services.control import ControlLoop
-from dlcloud.store.models import EnvironmentBuildRow, EnvironmentRow
+from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow
 from tests.conftest import WAIT_FOR_GO, Env, assert_api_error, release, wait_for
 from tests.wheels import make_wheel
 

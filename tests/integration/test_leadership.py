@@ -23,7 +23,7 @@ from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.leader import ADVISORY_LOCK_ID, Leadership, LeadershipLost
 from dlcloud.store.db import Database
-from dlcloud.store.models import AttemptRow, JobEventRow, JobRow, LeadershipRow
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, LeadershipRow
 from tests.conftest import Env, wait_for
 
 

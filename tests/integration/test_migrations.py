@@ -11,7 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, select
 from sqlalchemy.pool import NullPool
 
-from dlcloud.store.models import Base
+from dlcloud.store.rows import Base
 
 
 def test_migrations_match_models(db_url):
@@ -39,7 +39,7 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
     """Rows of 0007 named host paths; 0008 gives them the keys under which the data dir's own files are."""
     from sqlalchemy import text
 
-    from dlcloud.store.models import CodeRow, ModelVersionRow
+    from dlcloud.store.rows import CodeRow, ModelVersionRow
 
     archive = tmp_path / "code.tar.gz"
     with tarfile.open(archive, "w:gz") as tf:

@@ -23,7 +23,7 @@ from dlcloud.checksums import artifact_digest
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
 from dlcloud.storage.artifacts import verify
-from dlcloud.store.models import ModelDeploymentRow, ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
+from dlcloud.store.rows import ModelDeploymentRow, ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
 from tests.conftest import Env, assert_api_error, wait_for
 
 API = "/api/v1"

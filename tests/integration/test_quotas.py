@@ -22,7 +22,7 @@ from dlcloud.errors import QuotaExceeded
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.schemas.jobs import JobSpec
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import AttemptRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, TenantRow, UserRow, utcnow
 from tests.conftest import Env, build_env, make_settings
 
 GiB = 1024**3

@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from dlcloud import signing
 from dlcloud.client import Client, Credentials
 from dlcloud.errors import DlcloudError, NotFound
-from dlcloud.store.models import AuditRow, Base
+from dlcloud.store.rows import AuditRow, Base
 from tests.conftest import Env, assert_api_error, build_env, make_settings
 from tests.e2e.conftest import Server, free_port
 from tests.security.conftest import _drop_database, _fresh_postgres_database

@@ -23,7 +23,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.services.storage_quota import storage_used
 from dlcloud.services.tenants import resolve_tenant
 from dlcloud.store.db import Database
-from dlcloud.store.models import AccessKeyRow, AttemptRow, AuditRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AccessKeyRow, AttemptRow, AuditRow, JobRow, TenantRow, UserRow, utcnow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 

@@ -29,7 +29,7 @@ from dlcloud.schemas.users import Role
 from dlcloud.services.secrets import SecretBox
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.db import Database
-from dlcloud.store.models import NonceRow, utcnow
+from dlcloud.store.rows import NonceRow, utcnow
 
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

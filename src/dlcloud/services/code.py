@@ -21,7 +21,7 @@ from dlcloud.storage.archives import ArchiveLimits, validate_sdist, validate_tar
 from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import CodeRow, utcnow
+from dlcloud.store.rows import CodeRow, utcnow
 
 KINDS = ("archive", "wheel", "sdist")
 FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")

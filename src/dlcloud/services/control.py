@@ -42,7 +42,7 @@ from dlcloud.services.ports import PortAllocator, attempt_ports, release_ports
 from dlcloud.storage.cache import ObjectCache
 from dlcloud.storage.objects import ObjectDamaged
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
-from dlcloud.store.models import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
+from dlcloud.store.rows import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 log = logging.getLogger(__name__)
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time

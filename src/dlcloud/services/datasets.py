@@ -66,7 +66,8 @@ from dlcloud.storage.objects import Manifest, ObjectDamaged, ObjectMissing, Obje
 from dlcloud.store import datasets as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.models import (
+from dlcloud.store.models import user_names
+from dlcloud.store.rows import (
     DatasetLabelRow,
     DatasetRow,
     DatasetShareRow,
@@ -74,7 +75,6 @@ from dlcloud.store.models import (
     JobDatasetRow,
     utcnow,
 )
-from dlcloud.store.models_registry import user_names
 
 log = logging.getLogger(__name__)
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")

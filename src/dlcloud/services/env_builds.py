@@ -36,7 +36,7 @@ from dlcloud.schemas.environments import EnvironmentState
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.store import environments as store
-from dlcloud.store.models import EnvironmentBuildRow, utcnow
+from dlcloud.store.rows import EnvironmentBuildRow, utcnow
 
 log = logging.getLogger(__name__)
 BUILDING, READY, FAILED = EnvironmentState.BUILDING.value, EnvironmentState.READY.value, EnvironmentState.FAILED.value

@@ -42,7 +42,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.storage.cache import ObjectCache
 from dlcloud.store import environments as store
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import CodeRow, EnvironmentBuildRow, EnvironmentRow, UserRow, utcnow
+from dlcloud.store.rows import CodeRow, EnvironmentBuildRow, EnvironmentRow, UserRow, utcnow
 
 LOG_TAIL_LINES = 20
 POLL_SECONDS = 0.25

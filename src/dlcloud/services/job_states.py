@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidState
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
-from dlcloud.store.models import JobEventRow, JobRow, utcnow
+from dlcloud.store.rows import JobEventRow, JobRow, utcnow
 
 S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {

@@ -34,7 +34,7 @@ from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.models import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
 
 log = logging.getLogger(__name__)
 # the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)

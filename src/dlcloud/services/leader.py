@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from dlcloud.store import leadership as store
 from dlcloud.store.db import Database
-from dlcloud.store.models import utcnow
+from dlcloud.store.rows import utcnow
 
 log = logging.getLogger(__name__)
 ADVISORY_LOCK_ID = 0x646C636C6F7564  # "dlcloud"

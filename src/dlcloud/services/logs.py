@@ -44,7 +44,7 @@ from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
 from dlcloud.services.jobs import _get_row
 from dlcloud.services.platform import Platform
-from dlcloud.store.models import AttemptRow
+from dlcloud.store.rows import AttemptRow
 
 POLL_SECONDS = 0.25
 STATE_CHECK_SECONDS = 1.0

@@ -82,10 +82,10 @@ from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz_files
 from dlcloud.storage.objects import ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry
-from dlcloud.store import models_registry as store
+from dlcloud.store import models as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.models import (
+from dlcloud.store.rows import (
     JobRow,
     ModelDeploymentRow,
     ModelLabelRow,

@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.models import PortRow
+from dlcloud.store.rows import PortRow
 
 
 def port_is_free(port: int) -> bool:

@@ -15,7 +15,7 @@ from dlcloud.errors import QuotaExceeded
 from dlcloud.schemas.common import format_memory
 from dlcloud.services.auth import Caller
 from dlcloud.store.db import Database
-from dlcloud.store.models import CodeRow, DatasetVersionRow, ModelVersionRow, TenantRow
+from dlcloud.store.rows import CodeRow, DatasetVersionRow, ModelVersionRow, TenantRow
 
 
 def storage_used(s: Session, tenant_id: str) -> int:

@@ -17,7 +17,7 @@ from dlcloud.services.secrets import SecretBox
 from dlcloud.store import tenants as store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import new_id
-from dlcloud.store.models import AccessKeyRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AccessKeyRow, TenantRow, UserRow, utcnow
 
 KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.models import (
+from dlcloud.store.rows import (
     DatasetLabelRow,
     DatasetRow,
     DatasetShareRow,

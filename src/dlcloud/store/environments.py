@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.jobs import TERMINAL_STATES
-from dlcloud.store.models import EnvironmentBuildRow, EnvironmentRow, JobRow
+from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow, JobRow
 
 _UNFINISHED = JobRow.state.not_in([s.value for s in TERMINAL_STATES])
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.models import LeadershipRow
+from dlcloud.store.rows import LeadershipRow
 
 ROW_ID = 1
 

@@ -1,418 +1,205 @@
-"""ORM tables. Rows never leave the service layer: services return pydantic read models."""
+"""Model registry queries: models, versions, labels, shares and deployment leases.
+
+Every lookup of a model takes the owning ``tenant_id``; versions, labels and leases are reached through a
+model found that way (and versions are filtered by tenant as well). A model of another tenant is visible
+only through ``shared_models`` / ``is_shared``, which check the share row.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Iterable
+from datetime import datetime
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    LargeBinary,
-    String,
-    Text,
-    TypeDecorator,
-    UniqueConstraint,
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from dlcloud.store.rows import (
+    ModelDeploymentRow,
+    ModelLabelRow,
+    ModelRow,
+    ModelShareRow,
+    ModelVersionRow,
+    TenantRow,
+    UserRow,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
-class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on both SQLite (naive storage) and PostgreSQL."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+def get_model(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> ModelRow | None:
+    q = select(ModelRow).where(ModelRow.tenant_id == tenant_id, ModelRow.name == name)
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+def list_models(s: Session, tenant_id: str) -> list[ModelRow]:
+    return list(s.scalars(select(ModelRow).where(ModelRow.tenant_id == tenant_id).order_by(ModelRow.name)))
 
 
-class Base(DeclarativeBase):
-    type_annotation_map = {datetime: UTCDateTime()}
-
-
-class TenantRow(Base):
-    __tablename__ = "tenants"
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(63), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    quota_gpus: Mapped[int | None] = mapped_column(Integer)
-    quota_cpus: Mapped[float | None] = mapped_column(Float)
-    quota_memory: Mapped[int | None] = mapped_column(BigInteger)
-    quota_max_running_jobs: Mapped[int | None] = mapped_column(Integer)
-    quota_max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
-    quota_storage: Mapped[int | None] = mapped_column(BigInteger)  # bytes of datasets, models and code
-    # from which its jobs' sandbox uid is derived (settings.sandbox_uid_start + slot); assigned at creation,
-    # one more than any slot ever given, so a deleted tenant's number (and files) never pass to another
-    sandbox_slot: Mapped[int | None] = mapped_column(Integer, unique=True)
-
-
-class UserRow(Base):
-    __tablename__ = "users"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
-    name: Mapped[str] = mapped_column(String(63))
-    role: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class AccessKeyRow(Base):
-    __tablename__ = "access_keys"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # the access key id itself
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
-    secret_encrypted: Mapped[bytes] = mapped_column(LargeBinary)
-    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class NonceRow(Base):
-    __tablename__ = "nonces"
-    access_key: Mapped[str] = mapped_column(String(40), primary_key=True)
-    nonce: Mapped[str] = mapped_column(String(128), primary_key=True)
-    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-
-
-class CodeRow(Base):
-    __tablename__ = "code_uploads"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
-    user_id: Mapped[str] = mapped_column(String(32))
-    kind: Mapped[str] = mapped_column(String(16))  # archive | wheel | sdist
-    filename: Mapped[str] = mapped_column(String(255))
-    sha256: Mapped[str] = mapped_column(String(64))
-    size: Mapped[int] = mapped_column(BigInteger)
-    storage_key: Mapped[str] = mapped_column(Text)  # the object's key in the object store
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class JobRow(Base):
-    __tablename__ = "jobs"
-    __table_args__ = (
-        UniqueConstraint("tenant_id", "name"),
-        Index("ix_jobs_queue", "state", "priority", "created_at"),
-        Index("ix_jobs_tenant_state", "tenant_id", "state"),
+def shared_models(s: Session, tenant_id: str) -> list[tuple[ModelRow, str]]:
+    """Other tenants' models shared with ``tenant_id``, with the owner's tenant name."""
+    q = (
+        select(ModelRow, TenantRow.name)
+        .join(ModelShareRow, ModelShareRow.model_id == ModelRow.id)
+        .join(TenantRow, TenantRow.id == ModelRow.tenant_id)
+        .where(ModelShareRow.tenant_id == tenant_id)
+        .order_by(TenantRow.name, ModelRow.name)
     )
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    user_id: Mapped[str] = mapped_column(String(32))
-    name: Mapped[str] = mapped_column(String(63))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    command: Mapped[str] = mapped_column(Text)
-    code_id: Mapped[str | None] = mapped_column(String(40))
-    state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text, default="")
-    wait_reason: Mapped[str | None] = mapped_column(Text)
-    priority: Mapped[int] = mapped_column(Integer, default=0)
-    gpus: Mapped[int] = mapped_column(Integer, default=0)
-    cpus: Mapped[float] = mapped_column(Float, default=1.0)
-    memory: Mapped[int] = mapped_column(BigInteger, default=0)
-    gpu_type: Mapped[str | None] = mapped_column(String(64))
-    timeout_seconds: Mapped[float | None] = mapped_column(Float)
-    max_restarts: Mapped[int] = mapped_column(Integer, default=0)
-    backoff_seconds: Mapped[float] = mapped_column(Float, default=10.0)
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
-    restarts: Mapped[int] = mapped_column(Integer, default=0)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    environment: Mapped[str | None] = mapped_column(String(63))  # None: the server's own (``default``)
-    environment_hash: Mapped[str | None] = mapped_column(String(64))  # its build; None for ``default``
-    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    # a gang: [{"role", "count", "gpus", "cpus", "memory", "gpu_type"}] per replica process; None: one process
-    replica_groups: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    return [(m, t) for m, t in s.execute(q)]
 
 
-class AttemptRow(Base):
-    __tablename__ = "job_attempts"
-    __table_args__ = (
-        UniqueConstraint("job_id", "number"),
-        Index("ix_attempts_tenant_time", "tenant_id", "started_at"),
-        Index("ix_attempts_live", "finished_at"),
+def is_shared(s: Session, model_id: str, tenant_id: str) -> bool:
+    q = select(ModelShareRow.model_id).where(ModelShareRow.model_id == model_id, ModelShareRow.tenant_id == tenant_id)
+    return s.scalar(q) is not None
+
+
+def get_share(s: Session, model_id: str, tenant_id: str) -> ModelShareRow | None:
+    return s.get(ModelShareRow, (model_id, tenant_id))
+
+
+def shares_of(s: Session, model_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
+    """model id -> [(tenant name, shared at)] sorted by tenant name."""
+    ids = list(model_ids)
+    out: dict[str, list[tuple[str, datetime]]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelShareRow.model_id, TenantRow.name, ModelShareRow.created_at)
+        .join(TenantRow, TenantRow.id == ModelShareRow.tenant_id)
+        .where(ModelShareRow.model_id.in_(ids))
+        .order_by(TenantRow.name)
     )
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    # no foreign key: attempts outlive a deleted job, they are the usage record
-    job_id: Mapped[str] = mapped_column(String(32))
-    tenant_id: Mapped[str] = mapped_column(String(32))
-    user_id: Mapped[str] = mapped_column(String(32))
-    number: Mapped[int] = mapped_column(Integer)
-    host: Mapped[str] = mapped_column(String(255))
-    gpus: Mapped[list[int]] = mapped_column(JSON)
-    cpus: Mapped[float] = mapped_column(Float)
-    memory: Mapped[int] = mapped_column(BigInteger)
-    attempt_dir: Mapped[str] = mapped_column(Text)
-    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str | None] = mapped_column(String(16))
-    ports: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)  # from the managed range
+    for model_id, tenant, at in s.execute(q):
+        out[model_id].append((tenant, at))
+    return out
 
 
-class ReplicaRow(Base):
-    """One replica (process) of one gang attempt: where it ran, what it held, how it ended."""
-
-    __tablename__ = "job_replicas"
-    __table_args__ = (UniqueConstraint("job_id", "attempt", "name"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(String(32), index=True)  # no foreign key: usage record, like attempts
-    tenant_id: Mapped[str] = mapped_column(String(32))
-    attempt: Mapped[int] = mapped_column(Integer)
-    name: Mapped[str] = mapped_column(String(64))
-    role: Mapped[str] = mapped_column(String(32))
-    index: Mapped[int] = mapped_column(Integer)
-    host: Mapped[str] = mapped_column(String(255))
-    gpus: Mapped[list[int]] = mapped_column(JSON)
-    cpus: Mapped[float] = mapped_column(Float)
-    memory: Mapped[int] = mapped_column(BigInteger)
-    ports: Mapped[list[int]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16))
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-
-
-class PortRow(Base):
-    """A port of the managed range held by a live attempt (the primary key: no port is handed out twice)."""
-
-    __tablename__ = "job_ports"
-    port: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    job_id: Mapped[str] = mapped_column(String(32), index=True)
-    attempt: Mapped[int] = mapped_column(Integer)
-    allocated_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class JobEventRow(Base):
-    __tablename__ = "job_events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    tenant_id: Mapped[str] = mapped_column(String(32))
-    time: Mapped[datetime] = mapped_column(UTCDateTime())
-    from_state: Mapped[str | None] = mapped_column(String(16))
-    to_state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text)
-    attempt: Mapped[int] = mapped_column(Integer)
-
-
-class AuditRow(Base):
-    __tablename__ = "audit_events"
-    __table_args__ = (Index("ix_audit_tenant_time", "tenant_id", "time"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    time: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    tenant_id: Mapped[str | None] = mapped_column(String(32))
-    tenant_name: Mapped[str | None] = mapped_column(String(63))
-    user_name: Mapped[str | None] = mapped_column(String(63))
-    access_key: Mapped[str | None] = mapped_column(String(40))
-    action: Mapped[str] = mapped_column(String(64))
-    resource: Mapped[str | None] = mapped_column(String(255))
-    outcome: Mapped[str] = mapped_column(String(16))
-    status_code: Mapped[int] = mapped_column(Integer)
-    error_code: Mapped[str | None] = mapped_column(String(64))
-    request_id: Mapped[str] = mapped_column(String(64))
-    client_address: Mapped[str | None] = mapped_column(String(255))
-
-
-class ModelRow(Base):
-    """A registry model: a name in a tenant. ``last_version`` is the highest number ever given, so a
-    deleted version's number is never reused."""
-
-    __tablename__ = "models"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(63))
-    description: Mapped[str] = mapped_column(Text, default="")
-    last_version: Mapped[int] = mapped_column(Integer, default=0)
-    created_by: Mapped[str] = mapped_column(String(32))  # user id
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class ModelVersionRow(Base):
-    __tablename__ = "model_versions"
-    __table_args__ = (UniqueConstraint("model_id", "version"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
-    version: Mapped[int] = mapped_column(Integer)
-    format: Mapped[str] = mapped_column(String(32))
-    artifact_name: Mapped[str] = mapped_column(String(255))
-    artifact_key: Mapped[str] = mapped_column(Text)  # the tree in the object store holding <artifact_name>
-    sha256: Mapped[str] = mapped_column(String(64))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    signature: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
-    source_job_id: Mapped[str | None] = mapped_column(String(32))
-    source_job_name: Mapped[str | None] = mapped_column(String(63))
-    source_path: Mapped[str | None] = mapped_column(Text)
-    description: Mapped[str] = mapped_column(Text, default="")
-    created_by: Mapped[str] = mapped_column(String(32))  # user id
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class ModelLabelRow(Base):
-    """A label points at exactly one version of its model (the primary key makes that so)."""
-
-    __tablename__ = "model_labels"
-    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    label: Mapped[str] = mapped_column(String(63), primary_key=True)
-    version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"), index=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class ModelShareRow(Base):
-    """Read-only access to a model for another tenant."""
-
-    __tablename__ = "model_shares"
-    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class ModelDeploymentRow(Base):
-    """A deployment lease: the version counts as deployed while ``expires_at`` is in the future.
-
-    A lease is named per holding tenant (two tenants' servers may pick the same name) and belongs to the user
-    who created it: only that user renews or releases it. ``holder_id`` is empty for leases created before
-    holders were recorded; the first renewal from the holding tenant adopts them.
-    """
-
-    __tablename__ = "model_deployments"
-    __table_args__ = (
-        UniqueConstraint("model_version_id", "tenant_id", "name", name="uq_model_deployments_version_tenant_name"),
+def version_stats(s: Session, model_ids: Iterable[str]) -> dict[str, tuple[int, int | None]]:
+    """model id -> (number of versions, newest version number)."""
+    ids = list(model_ids)
+    out: dict[str, tuple[int, int | None]] = {i: (0, None) for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelVersionRow.model_id, func.count(), func.max(ModelVersionRow.version))
+        .where(ModelVersionRow.model_id.in_(ids))
+        .group_by(ModelVersionRow.model_id)
     )
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    model_version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(String(32))  # the tenant whose model server holds the lease
-    holder_id: Mapped[str] = mapped_column(String(32))  # the user who holds it
-    holder_key: Mapped[str] = mapped_column(String(64))  # the access key of its last heartbeat
-    name: Mapped[str] = mapped_column(String(128))
-    endpoint: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    for model_id, count, newest in s.execute(q):
+        out[model_id] = (int(count), int(newest) if newest is not None else None)
+    return out
 
 
-class EnvironmentRow(Base):
-    """A user environment: a name in a tenant for a spec; its venv is the build of ``spec_hash``."""
-
-    __tablename__ = "environments"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(63))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the create request, as given
-    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
-    created_by: Mapped[str] = mapped_column(String(32))  # user id
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class EnvironmentBuildRow(Base):
-    """One materialised environment (a venv under ``<data_dir>/envs/<spec_hash>``), shared by every
-    environment of any tenant with the same spec, and by the built-ins."""
-
-    __tablename__ = "environment_builds"
-    spec_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)  # BUILDING | READY | FAILED
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the builder needs (executors.local.venvs.BuildSpec)
-    error: Mapped[str | None] = mapped_column(Text)
-    builds: Mapped[int] = mapped_column(Integer, default=0)
-    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-
-
-class LeadershipRow(Base):
-    """The scheduler leader's fencing token: one row (id 1). Each new leader takes the next epoch, and every
-    write of the control loop checks that the epoch is still its own (``services/leader.py``)."""
-
-    __tablename__ = "leadership"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    epoch: Mapped[int] = mapped_column(BigInteger)
-    holder: Mapped[str] = mapped_column(String(255))  # <host>:<pid> of the leader
-    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class DatasetRow(Base):
-    """A dataset of the sample library: a name in a tenant. ``last_version`` is the highest number ever
-    given, so a deleted version's number is never reused."""
-
-    __tablename__ = "datasets"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(63))
-    description: Mapped[str] = mapped_column(Text, default="")
-    last_version: Mapped[int] = mapped_column(Integer, default=0)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class DatasetVersionRow(Base):
-    """An immutable version: a tree in the object store (``storage_key``) with its manifest's checksum."""
-
-    __tablename__ = "dataset_versions"
-    __table_args__ = (UniqueConstraint("dataset_id", "version"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
-    version: Mapped[int] = mapped_column(Integer)
-    storage_key: Mapped[str] = mapped_column(Text)
-    sha256: Mapped[str] = mapped_column(String(64))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    file_count: Mapped[int] = mapped_column(Integer)
-    description: Mapped[str] = mapped_column(Text, default="")
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class DatasetLabelRow(Base):
-    __tablename__ = "dataset_labels"
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    label: Mapped[str] = mapped_column(String(63), primary_key=True)
-    version_id: Mapped[str] = mapped_column(ForeignKey("dataset_versions.id", ondelete="CASCADE"), index=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class DatasetShareRow(Base):
-    """Read-only access to a dataset for another tenant."""
-
-    __tablename__ = "dataset_shares"
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-class JobDatasetRow(Base):
-    """A dataset version a job reads (resolved at submit): while the job has not ended the version cannot be
-    deleted (the restriction on the foreign key makes that hold in the database too)."""
-
-    __tablename__ = "job_datasets"
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
-    version_id: Mapped[str] = mapped_column(
-        ForeignKey("dataset_versions.id", ondelete="RESTRICT"), primary_key=True, index=True
+def labels_of(s: Session, model_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """model id -> {label: version number}."""
+    ids = list(model_ids)
+    out: dict[str, dict[str, int]] = {i: {} for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelLabelRow.model_id, ModelLabelRow.label, ModelVersionRow.version)
+        .join(ModelVersionRow, ModelVersionRow.id == ModelLabelRow.version_id)
+        .where(ModelLabelRow.model_id.in_(ids))
+        .order_by(ModelLabelRow.label)
     )
+    for model_id, label, version in s.execute(q):
+        out[model_id][label] = int(version)
+    return out
+
+
+def list_versions(s: Session, tenant_id: str, model_id: str) -> list[ModelVersionRow]:
+    q = (
+        select(ModelVersionRow)
+        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
+        .order_by(ModelVersionRow.version)
+    )
+    return list(s.scalars(q))
+
+
+def get_version(s: Session, tenant_id: str, model_id: str, version: int) -> ModelVersionRow | None:
+    q = select(ModelVersionRow).where(
+        ModelVersionRow.tenant_id == tenant_id,
+        ModelVersionRow.model_id == model_id,
+        ModelVersionRow.version == version,
+    )
+    return s.scalars(q).first()
+
+
+def get_latest_version(s: Session, tenant_id: str, model_id: str) -> ModelVersionRow | None:
+    q = (
+        select(ModelVersionRow)
+        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
+        .order_by(ModelVersionRow.version.desc())
+        .limit(1)
+    )
+    return s.scalars(q).first()
+
+
+def get_labelled_version(s: Session, tenant_id: str, model_id: str, label: str) -> ModelVersionRow | None:
+    q = (
+        select(ModelVersionRow)
+        .join(ModelLabelRow, ModelLabelRow.version_id == ModelVersionRow.id)
+        .where(
+            ModelVersionRow.tenant_id == tenant_id,
+            ModelLabelRow.model_id == model_id,
+            ModelLabelRow.label == label,
+        )
+    )
+    return s.scalars(q).first()
+
+
+def get_label(s: Session, model_id: str, label: str) -> ModelLabelRow | None:
+    return s.get(ModelLabelRow, (model_id, label))
+
+
+def live_deployments(
+    s: Session, version_ids: Iterable[str], now: datetime
+) -> dict[str, list[tuple[ModelDeploymentRow, str]]]:
+    """version id -> [(unexpired lease, holder's tenant name)] sorted by deployment name, then tenant."""
+    ids = list(version_ids)
+    out: dict[str, list[tuple[ModelDeploymentRow, str]]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    q = (
+        select(ModelDeploymentRow, TenantRow.name)
+        .join(TenantRow, TenantRow.id == ModelDeploymentRow.tenant_id)
+        .where(ModelDeploymentRow.model_version_id.in_(ids), ModelDeploymentRow.expires_at > now)
+        .order_by(ModelDeploymentRow.name, TenantRow.name)
+    )
+    for row, tenant in s.execute(q):
+        out[row.model_version_id].append((row, tenant))
+    return out
+
+
+def get_deployment(s: Session, version_id: str, tenant_id: str, name: str) -> ModelDeploymentRow | None:
+    """The lease ``name`` that tenant ``tenant_id`` holds on a version (lease names are per holding tenant)."""
+    q = select(ModelDeploymentRow).where(
+        ModelDeploymentRow.model_version_id == version_id,
+        ModelDeploymentRow.tenant_id == tenant_id,
+        ModelDeploymentRow.name == name,
+    )
+    return s.scalars(q).first()
+
+
+def delete_tenant_deployments(s: Session, model_id: str, tenant_id: str) -> None:
+    """End every lease ``tenant_id`` holds on the versions of a model (the model is no longer shared with it)."""
+    versions = select(ModelVersionRow.id).where(ModelVersionRow.model_id == model_id)
+    s.execute(
+        delete(ModelDeploymentRow).where(
+            ModelDeploymentRow.tenant_id == tenant_id, ModelDeploymentRow.model_version_id.in_(versions)
+        )
+    )
+
+
+def delete_expired_deployments(s: Session, version_id: str, now: datetime) -> None:
+    s.execute(
+        delete(ModelDeploymentRow).where(
+            ModelDeploymentRow.model_version_id == version_id, ModelDeploymentRow.expires_at <= now
+        )
+    )
+
+
+def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
+    ids = list(set(user_ids))
+    if not ids:
+        return {}
+    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}

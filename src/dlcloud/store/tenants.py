@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.models import AccessKeyRow, TenantRow, UserRow
+from dlcloud.store.rows import AccessKeyRow, TenantRow, UserRow
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from dlcloud.store.models import Base
+from dlcloud.store.rows import Base
 
 config = context.config
 target_metadata = Base.metadata
