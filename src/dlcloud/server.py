@@ -12,7 +12,6 @@ import gc
 import json
 import logging
 import os
-import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
+from dlcloud.executors import get_executor_class
 from dlcloud.executors.base import Executor
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.services.auth import purge_nonces
@@ -65,19 +65,6 @@ def public_endpoint(settings: Settings, port: int | None = None) -> str:
     return f"http://{host}:{port if port is not None else settings.port}"
 
 
-def _local_executor(settings: Settings) -> Executor:
-    from dlcloud.executors.local.executor import LocalExecutor
-    from dlcloud.executors.local.sandbox import probe
-
-    sandbox = probe(
-        enabled=settings.sandbox != "off",
-        uid_start=settings.sandbox_uid_start,
-        uid_count=settings.sandbox_uid_count,
-        pythons=[sys.executable],
-    )
-    return LocalExecutor(sandbox=sandbox)
-
-
 def build_server(settings: Settings, executor: Executor | None = None) -> Server:
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -96,7 +83,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     )
     inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     if executor is None:
-        executor = _local_executor(settings)
+        executor = get_executor_class(settings.executor).from_settings(settings)
     objects = open_object_store(settings)
     objects.check()
     log.info("storage: %s", objects.url)

@@ -73,7 +73,9 @@ class Settings(BaseSettings):
     model_inspect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0  # signature inference
     model_upload_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0  # an unused artifact upload is dropped
 
-    # Scheduler and executor
+    # Scheduler and executor: "local" runs jobs on this host; "simulated" runs nothing (attempts are records,
+    # for demonstrations and the scheduling simulator)
+    executor: Literal["local", "simulated"] = "local"
     scheduler_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     supervisor_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 0.2
     stop_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0

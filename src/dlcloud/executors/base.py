@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from dlcloud.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +153,11 @@ class Executor(abc.ABC):
     """Starts, polls and stops Workloads. Public methods log; implementations fill the ``_`` hooks."""
 
     name: str = "base"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Executor:
+        """The executor as ``dlcloud up`` builds it from the settings (``settings.executor`` names the class)."""
+        return cls()
 
     def start(self, workload: Workload) -> None:
         log.info(

@@ -95,6 +95,21 @@ def test_registry_returns_local_executor() -> None:
     assert get_executor_class("local") is LocalExecutor
 
 
+def test_executors_are_built_from_the_settings(tmp_path: Path) -> None:
+    from dlcloud.errors import InvalidArgument
+    from dlcloud.executors.simulated import SimulatedExecutor
+    from dlcloud.settings import Settings
+
+    off = Settings(data_dir=tmp_path, sandbox="off")
+    local = get_executor_class(off.executor).from_settings(off)
+    assert isinstance(local, LocalExecutor) and local.isolation()[0] is False
+    assert "--sandbox off" in local.isolation()[1]
+    simulated = Settings(data_dir=tmp_path, executor="simulated")
+    assert isinstance(get_executor_class(simulated.executor).from_settings(simulated), SimulatedExecutor)
+    with pytest.raises(InvalidArgument, match="valid executors: local, simulated"):
+        get_executor_class("kubernetes")
+
+
 def test_runs_command_and_reports_exit(executor: LocalExecutor, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "jobs" / "job1" / "1"
     executor.start(workload(attempt_dir, "echo to-out; echo to-err >&2"))

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlcloud.errors import InvalidState
 from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload, log_segments
@@ -53,6 +53,9 @@ from dlcloud.executors.local.sandbox import (
     seal_for_readers,
 )
 from dlcloud.executors.local.venvs import BuildSandbox
+
+if TYPE_CHECKING:
+    from dlcloud.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,17 @@ class LocalExecutor(Executor):
     """
 
     name = "local"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalExecutor:
+        """Sandboxed as the settings say (``sandbox``, the uid range), running jobs with this Python."""
+        sandbox = probe(
+            enabled=settings.sandbox != "off",
+            uid_start=settings.sandbox_uid_start,
+            uid_count=settings.sandbox_uid_count,
+            pythons=[sys.executable],
+        )
+        return cls(sandbox=sandbox)
 
     def __init__(
         self, python: str | None = None, base_env: dict[str, str] | None = None, sandbox: Sandbox | None = None
