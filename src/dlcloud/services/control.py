@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
@@ -559,54 +559,26 @@ class ControlLoop:
             release_ports(s, job.id, attempt.number)
             holder = _holder(job.id, attempt.number)
             self._record_replicas(s, job, report)
-            state = JobState(job.state)
-            if state == JobState.STARTING:
-                job_states.transition(s, job, JobState.RUNNING, f"attempt {job.attempt} ran", at=report.started_at)
             detail = f" ({report.message})" if report.message else ""
-            post = post_note(report)
-            if job.cancel_requested or report.stopped:
-                attempt.outcome = "cancelled"
-                job_states.transition(s, job, JobState.CANCELLED, f"cancelled; exit code {code}{post}", at=now)
-            elif report.timed_out:
-                attempt.outcome = "timed_out"
-                limit = f"{job.timeout_seconds:g} s" if job.timeout_seconds else "its limit"
-                why = f"ran longer than the timeout of {limit}{post}"
-                job_states.transition(s, job, JobState.TIMED_OUT, why, at=now)
-            elif code == 0:
-                attempt.outcome = "succeeded"
-                job_states.transition(s, job, JobState.SUCCEEDED, f"exit code 0{post}", at=now)
+            if report.replicas:  # the message names the failing replica, its code and last lines
+                failure = f"attempt {job.attempt} failed: {report.message}"
             else:
-                attempt.outcome = "failed"
-                if report.replicas:  # the message names the failing replica, its code and last lines
-                    why = f"attempt {job.attempt} failed: {report.message}{post}"
-                else:
-                    why = f"attempt {job.attempt} failed with exit code {code}{detail}{post}"
-                self._failed(s, job, why, now, code)
+                failure = f"attempt {job.attempt} failed with exit code {code}{detail}"
+            job_states.end_attempt(
+                s,
+                job,
+                attempt,
+                exit_code=code,
+                started_at=report.started_at,
+                now=now,
+                stopped=report.stopped,
+                timed_out=report.timed_out,
+                failure=failure,
+                note=post_note(report),
+            )
         self.data_cache.release(holder)
         self._stopping.discard(attempt_id)
         self.wake()
-
-    def _failed(self, s, job: JobRow, why: str, now, code: int | None = None) -> None:
-        policy = job.spec.get("restart") or {}
-        never = policy.get("never_restart_on_exit_codes") or []
-        only = policy.get("restart_on_exit_codes") or []
-        if code is not None and (code in never or (only and code not in only)):
-            listed = "never_restart_on_exit_codes" if code in never else "not in restart_on_exit_codes"
-            job_states.transition(s, job, JobState.FAILED, f"{why} (exit code {code}: {listed}, no restart)", at=now)
-            return
-        if job.restarts < job.max_restarts:
-            job.restarts += 1
-            job.not_before = now + timedelta(seconds=job.backoff_seconds)
-            job_states.transition(
-                s,
-                job,
-                JobState.RESTARTING,
-                f"{why}; restart {job.restarts} of {job.max_restarts} after {job.backoff_seconds:g} s",
-                at=now,
-            )
-        else:
-            tail = f" (restarts exhausted: {job.restarts} of {job.max_restarts})" if job.max_restarts else ""
-            job_states.transition(s, job, JobState.FAILED, why + tail, at=now)
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         if not report.launched and attempt_id not in self._relaunched:
@@ -654,7 +626,8 @@ class ControlLoop:
             if job.cancel_requested:
                 job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
             else:
-                self._failed(s, job, f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}", now)
+                why = f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}"
+                job_states.fail_or_restart(s, job, why, now)
         self.data_cache.release(holder)
         self.wake()
 

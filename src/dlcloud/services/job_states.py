@@ -7,11 +7,15 @@
 
 A transition not in ``ALLOWED`` is a programming error (InvalidState). Each change is recorded as a
 JobEvent with a human-readable reason.
+
+The rules of how an attempt's end moves its job live here too: ``end_attempt`` (cancelled, timed out,
+succeeded or failed, by what the executor reported) and ``fail_or_restart`` (the restart policy: exit codes
+that never or only restart, ``max_restarts``, the backoff). The control loop reports; this module decides.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert
@@ -19,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidState
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
-from dlcloud.store.rows import JobEventRow, JobRow, utcnow
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, utcnow
 
 S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
@@ -92,3 +96,62 @@ def add_events(s: Session, events: list[dict[str, Any]]) -> None:
     """Insert the events that ``transition(..., events=...)`` collected."""
     if events:
         s.execute(insert(JobEventRow), events)
+
+
+def fail_or_restart(s: Session, job: JobRow, why: str, now: datetime, code: int | None = None) -> None:
+    """An attempt failed (or was lost): RESTARTING after the backoff while restarts are left and the exit
+    code allows one, else FAILED."""
+    policy = job.spec.get("restart") or {}
+    never = policy.get("never_restart_on_exit_codes") or []
+    only = policy.get("restart_on_exit_codes") or []
+    if code is not None and (code in never or (only and code not in only)):
+        listed = "never_restart_on_exit_codes" if code in never else "not in restart_on_exit_codes"
+        transition(s, job, S.FAILED, f"{why} (exit code {code}: {listed}, no restart)", at=now)
+        return
+    if job.restarts < job.max_restarts:
+        job.restarts += 1
+        job.not_before = now + timedelta(seconds=job.backoff_seconds)
+        transition(
+            s,
+            job,
+            S.RESTARTING,
+            f"{why}; restart {job.restarts} of {job.max_restarts} after {job.backoff_seconds:g} s",
+            at=now,
+        )
+    else:
+        tail = f" (restarts exhausted: {job.restarts} of {job.max_restarts})" if job.max_restarts else ""
+        transition(s, job, S.FAILED, why + tail, at=now)
+
+
+def end_attempt(
+    s: Session,
+    job: JobRow,
+    attempt: AttemptRow,
+    *,
+    exit_code: int | None,
+    started_at: datetime | None,
+    now: datetime,
+    stopped: bool,
+    timed_out: bool,
+    failure: str,
+    note: str = "",
+) -> None:
+    """The attempt ended with ``exit_code``: record its outcome and move the job. ``started_at``: when its
+    process started (a job never seen running ran then); ``stopped``: ended by a stop the control plane sent;
+    ``failure``: how to say what failed, if it did; ``note``: appended to every reason (what the post command
+    did)."""
+    if JobState(job.state) == S.STARTING:
+        transition(s, job, S.RUNNING, f"attempt {job.attempt} ran", at=started_at)
+    if job.cancel_requested or stopped:
+        attempt.outcome = "cancelled"
+        transition(s, job, S.CANCELLED, f"cancelled; exit code {exit_code}{note}", at=now)
+    elif timed_out:
+        attempt.outcome = "timed_out"
+        limit = f"{job.timeout_seconds:g} s" if job.timeout_seconds else "its limit"
+        transition(s, job, S.TIMED_OUT, f"ran longer than the timeout of {limit}{note}", at=now)
+    elif exit_code == 0:
+        attempt.outcome = "succeeded"
+        transition(s, job, S.SUCCEEDED, f"exit code 0{note}", at=now)
+    else:
+        attempt.outcome = "failed"
+        fail_or_restart(s, job, failure + note, now, exit_code)
