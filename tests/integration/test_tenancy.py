@@ -32,6 +32,7 @@ def test_platform_admin_creates_lists_and_sets_quota(env):
         "memory": 64 * 1024**3,
         "max_running_jobs": None,
         "max_queued_jobs": 10,
+        "storage": None,
     }
     assert [t["name"] for t in env.admin.tenants.list()] == ["default", "vision"]
     updated = env.admin.tenants.set_quota("vision", {"gpus": 1, "max_running_jobs": 3})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import anyio
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.audit import AuditEvent
@@ -22,8 +22,9 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.storage_quota import storage_used
 from dlcloud.services.tenants import resolve_tenant
+from dlcloud.store import jobs as job_store
 from dlcloud.store.db import Database
-from dlcloud.store.rows import AccessKeyRow, AttemptRow, AuditRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AccessKeyRow, AttemptRow, AuditRow, TenantRow, UserRow, utcnow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -31,14 +32,8 @@ QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> QuotaReport:
     with platform.db.read() as s:
         t = resolve_tenant(s, caller, tenant)
-        live = s.execute(
-            select(AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
-                AttemptRow.tenant_id == t.id, AttemptRow.finished_at.is_(None)
-            )
-        ).all()
-        queued = s.scalar(
-            select(func.count()).select_from(JobRow).where(JobRow.tenant_id == t.id, JobRow.state.in_(QUEUE_STATES))
-        )
+        live = job_store.live_attempts(s, t.id)
+        queued = job_store.count_queued(s, t.id)
         return QuotaReport(
             tenant=t.name,
             limits=QuotaSpec(

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, or_, select
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied, QuotaExceeded
@@ -32,9 +32,10 @@ from dlcloud.services import datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
+from dlcloud.store import jobs as job_store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.rows import AttemptRow, CodeRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import CodeRow, JobRow, TenantRow, UserRow, utcnow
 
 log = logging.getLogger(__name__)
 # the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)
@@ -170,17 +171,10 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
         elif spec.module is not None:
             pass  # a module from the environment itself (e.g. a library's CLI module)
         resolved = datasets.resolve_for_job(s, caller, spec.datasets)
-        if s.scalar(select(JobRow.id).where(JobRow.tenant_id == tenant.id, JobRow.name == spec.name)):
+        if job_store.name_taken(s, tenant.id, spec.name):
             raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
         if tenant.quota_max_queued_jobs is not None:
-            queued = (
-                s.scalar(
-                    select(func.count())
-                    .select_from(JobRow)
-                    .where(JobRow.tenant_id == tenant.id, JobRow.state.in_(QUEUE_STATES))
-                )
-                or 0
-            )
+            queued = job_store.count_queued(s, tenant.id)
             if queued >= tenant.quota_max_queued_jobs:
                 raise QuotaExceeded(
                     f"tenant {tenant.name!r} already has {queued} queued job(s), the limit is "
@@ -229,17 +223,9 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     return job
 
 
-def job_ref(name_or_id: str) -> Any:
-    """The condition finding a job by ``name_or_id``: its id when the value has a job id's shape (no name
-    may, see submit_job), else its name. Never both, so one value names at most one job."""
-    return JobRow.id == name_or_id if looks_like_id(name_or_id, "j-") else JobRow.name == name_or_id
-
-
-def _get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> JobRow:
-    q = select(JobRow).where(JobRow.tenant_id == caller.tenant_id, job_ref(name_or_id))
-    if for_update:
-        q = q.with_for_update()
-    row = s.scalars(q).first()
+def get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> JobRow:
+    """The caller's tenant's job by name or id; NotFound otherwise."""
+    row = job_store.get_job(s, caller.tenant_id, name_or_id, for_update=for_update)
     if row is None:
         raise NotFound(f"job {name_or_id!r} not found")
     return row
@@ -254,110 +240,32 @@ def list_jobs(
     platform: Platform, caller: Caller, *, states: list[JobState] | None = None, limit: int = 100, offset: int = 0
 ) -> list[Job]:
     with platform.db.read() as s:
-        q = (
-            select(JobRow, UserRow.name)
-            .outerjoin(UserRow, UserRow.id == JobRow.user_id)
-            .where(JobRow.tenant_id == caller.tenant_id)
-        )
-        if states:
-            q = q.where(JobRow.state.in_([st.value for st in states]))
-        q = q.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit).offset(offset)
-        return [_job_model(j, caller.tenant, u or j.user_id) for j, u in s.execute(q)]
+        rows = job_store.list_jobs(s, caller.tenant_id, [st.value for st in states or []], limit, offset)
+        return [_job_model(j, caller.tenant, u or j.user_id) for j, u in rows]
 
 
 def get_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
     with platform.db.read() as s:
-        row = _get_row(s, caller, name_or_id)
+        row = get_row(s, caller, name_or_id)
         return _job_model(row, caller.tenant, _user_name(s, row.user_id))
-
-
-_jobs, _users = JobRow.__table__, UserRow.__table__
-_events, _attempts, _replicas = JobEventRow.__table__, AttemptRow.__table__, ReplicaRow.__table__
-# describe is the most frequent call (CLIs and dashboards poll it): its statements are built once, so
-# executing them skips query construction (a constant statement's cache key is memoised), and they run
-# on a Core connection without ORM loading.
-_DESCRIBE_JOB = (
-    select(_jobs, _users.c.name.label("user_name"))
-    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
-    .where(_jobs.c.tenant_id == bindparam("tenant_id"))
-)
-_DESCRIBE_JOB_BY_NAME = _DESCRIBE_JOB.where(_jobs.c.name == bindparam("name_or_id"))
-_DESCRIBE_JOB_BY_ID = _DESCRIBE_JOB.where(_jobs.c.id == bindparam("name_or_id"))  # see job_ref
-_DESCRIBE_EVENTS = (
-    select(_events.c.time, _events.c.from_state, _events.c.to_state, _events.c.reason, _events.c.attempt)
-    .where(_events.c.job_id == bindparam("job_id"))
-    .order_by(_events.c.id)
-)
-_DESCRIBE_ATTEMPTS = (
-    select(
-        _attempts.c.number,
-        _attempts.c.host,
-        _attempts.c.gpus,
-        _attempts.c.cpus,
-        _attempts.c.memory,
-        _attempts.c.started_at,
-        _attempts.c.finished_at,
-        _attempts.c.exit_code,
-        _attempts.c.outcome,
-        _attempts.c.ports,
-    )
-    .where(_attempts.c.job_id == bindparam("job_id"))
-    .order_by(_attempts.c.number)
-)
-_DESCRIBE_REPLICAS = (
-    select(
-        _replicas.c.attempt,
-        _replicas.c.name,
-        _replicas.c.role,
-        _replicas.c.index,
-        _replicas.c.host,
-        _replicas.c.gpus,
-        _replicas.c.cpus,
-        _replicas.c.memory,
-        _replicas.c.ports,
-        _replicas.c.state,
-        _replicas.c.exit_code,
-    )
-    .where(_replicas.c.job_id == bindparam("job_id"))
-    .order_by(_replicas.c.attempt, _replicas.c.id)
-)
-_JOBS_AHEAD = (
-    select(func.count())
-    .select_from(_jobs)
-    .where(
-        _jobs.c.state.in_(QUEUE_STATES),
-        or_(
-            _jobs.c.priority > bindparam("priority"),
-            and_(
-                _jobs.c.priority == bindparam("priority"),
-                or_(
-                    _jobs.c.created_at < bindparam("created_at"),
-                    and_(_jobs.c.created_at == bindparam("created_at"), _jobs.c.id < bindparam("job_id")),
-                ),
-            ),
-        ),
-    )
-)
 
 
 def queue_position(conn: Connection, job_id: str, priority: int, created_at: datetime) -> int:
     """1 + the queued jobs the scheduler considers before this one (priority, then submission order)."""
-    ahead = conn.execute(_JOBS_AHEAD, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
-    return int(ahead or 0) + 1
+    return job_store.jobs_ahead(conn, job_id, priority, created_at) + 1
 
 
 def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDetail:
     with platform.db.read_connection() as conn:
-        by = _DESCRIBE_JOB_BY_ID if looks_like_id(name_or_id, "j-") else _DESCRIBE_JOB_BY_NAME
-        row = conn.execute(by, {"tenant_id": caller.tenant_id, "name_or_id": name_or_id}).first()
+        row = job_store.describe_row(conn, caller.tenant_id, name_or_id)
         if row is None:
             raise NotFound(f"job {name_or_id!r} not found")
-        events = conn.execute(_DESCRIBE_EVENTS, {"job_id": row.id}).all()
+        events = job_store.describe_events(conn, row.id)
         # no attempt yet (the counter grows with every attempt row): spare queued jobs the query
-        attempts = conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": row.id}).all() if row.attempt else []
+        attempts = job_store.describe_attempts(conn, row.id) if row.attempt else []
         replicas: dict[int, list[JobReplica]] = {}
         if row.attempt and row.replica_groups:
-            for r in conn.execute(_DESCRIBE_REPLICAS, {"job_id": row.id}):
+            for r in job_store.describe_replicas(conn, row.id):
                 fields = r._asdict()
                 replicas.setdefault(fields.pop("attempt"), []).append(JobReplica(**fields))
         position = None
@@ -390,7 +298,7 @@ def _require_owner_or_admin(caller: Caller, row: JobRow, what: str) -> None:
 
 def cancel_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
     with platform.db.write() as s:
-        row = _get_row(s, caller, name_or_id, for_update=True)
+        row = get_row(s, caller, name_or_id, for_update=True)
         _require_owner_or_admin(caller, row, "cancel")
         state = JobState(row.state)
         if state in TERMINAL_STATES:
@@ -407,7 +315,7 @@ def cancel_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
 
 def delete_job(platform: Platform, caller: Caller, name_or_id: str) -> None:
     with platform.db.write() as s:
-        row = _get_row(s, caller, name_or_id, for_update=True)
+        row = get_row(s, caller, name_or_id, for_update=True)
         _require_owner_or_admin(caller, row, "delete")
         if JobState(row.state) not in TERMINAL_STATES:
             raise InvalidState(f"job {row.name!r} is {row.state}; cancel it first (dlcloud jobs cancel {row.name})")

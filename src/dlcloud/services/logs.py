@@ -42,9 +42,9 @@ import anyio
 from dlcloud.executors.base import LOG_TRUNCATED, log_segments, replica_log_files
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
-from dlcloud.services.jobs import _get_row
+from dlcloud.services.jobs import get_row
 from dlcloud.services.platform import Platform
-from dlcloud.store.rows import AttemptRow
+from dlcloud.store import jobs as job_store
 
 POLL_SECONDS = 0.25
 STATE_CHECK_SECONDS = 1.0
@@ -60,15 +60,9 @@ _MARKER = re.compile(rb"^(\S+) system " + re.escape(LOG_TRUNCATED.encode()) + rb
 
 
 def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[tuple[int, Path]]]:
-    from sqlalchemy import select
-
     with platform.db.read() as s:
-        row = _get_row(s, caller, name)
-        attempts = s.execute(
-            select(AttemptRow.number, AttemptRow.attempt_dir)
-            .where(AttemptRow.job_id == row.id)
-            .order_by(AttemptRow.number)
-        ).all()
+        row = get_row(s, caller, name)
+        attempts = job_store.attempt_dirs(s, row.id)
         return row.id, JobState(row.state) in TERMINAL_STATES, [(n, Path(d)) for n, d in attempts]
 
 

@@ -41,7 +41,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -77,11 +76,12 @@ from dlcloud.services import storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
-from dlcloud.services.jobs import job_dir, job_ref
+from dlcloud.services.jobs import job_dir
 from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz_files
 from dlcloud.storage.objects import ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry
+from dlcloud.store import jobs as job_store
 from dlcloud.store import models as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
@@ -468,7 +468,7 @@ def _stage_from_job(
 ) -> tuple[StagedArtifact, JobRow]:
     rel = _check_output_path(src.path)
     with platform.db.read() as s:
-        job = s.scalars(select(JobRow).where(JobRow.tenant_id == caller.tenant_id, job_ref(src.job))).first()
+        job = job_store.get_job(s, caller.tenant_id, src.job)
         if job is None:
             raise NotFound(f"job {src.job!r} not found")
         s.expunge(job)

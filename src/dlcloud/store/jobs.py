@@ -1,0 +1,160 @@
+"""Job queries. Every lookup of a job takes its tenant's id: another tenant's job is never found.
+
+``describe`` statements are built once at import (the API's most frequent read): executing a constant
+statement skips query construction, and they run on a Core connection without ORM loading.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.orm import Session
+
+from dlcloud.schemas.jobs import JobState
+from dlcloud.store.ids import looks_like_id
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, UserRow
+
+QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
+
+
+def job_ref(name_or_id: str) -> Any:
+    """The condition finding a job by ``name_or_id``: its id when the value has a job id's shape (no name
+    may, see services.jobs.submit_job), else its name. Never both, so one value names at most one job."""
+    return JobRow.id == name_or_id if looks_like_id(name_or_id, "j-") else JobRow.name == name_or_id
+
+
+def get_job(s: Session, tenant_id: str, name_or_id: str, *, for_update: bool = False) -> JobRow | None:
+    q = select(JobRow).where(JobRow.tenant_id == tenant_id, job_ref(name_or_id))
+    if for_update:
+        q = q.with_for_update()
+    return s.scalars(q).first()
+
+
+def name_taken(s: Session, tenant_id: str, name: str) -> bool:
+    return s.scalar(select(JobRow.id).where(JobRow.tenant_id == tenant_id, JobRow.name == name)) is not None
+
+
+def count_queued(s: Session, tenant_id: str) -> int:
+    q = select(func.count()).select_from(JobRow).where(JobRow.tenant_id == tenant_id, JobRow.state.in_(QUEUE_STATES))
+    return int(s.scalar(q) or 0)
+
+
+def list_jobs(
+    s: Session, tenant_id: str, states: list[str] | None, limit: int, offset: int
+) -> list[tuple[JobRow, str | None]]:
+    """The tenant's jobs, newest first, with their submitter's user name."""
+    q = (
+        select(JobRow, UserRow.name)
+        .outerjoin(UserRow, UserRow.id == JobRow.user_id)
+        .where(JobRow.tenant_id == tenant_id)
+    )
+    if states:
+        q = q.where(JobRow.state.in_(states))
+    q = q.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit).offset(offset)
+    return [(j, u) for j, u in s.execute(q)]
+
+
+def live_attempts(s: Session, tenant_id: str) -> list[tuple[list[int], float, int]]:
+    """(gpus, cpus, memory) of the tenant's attempts that have not ended."""
+    q = select(AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
+        AttemptRow.tenant_id == tenant_id, AttemptRow.finished_at.is_(None)
+    )
+    return [(list(g), float(c), int(m)) for g, c, m in s.execute(q)]
+
+
+def attempt_dirs(s: Session, job_id: str) -> list[tuple[int, str]]:
+    """(number, attempt directory) of a job's attempts, in order."""
+    q = select(AttemptRow.number, AttemptRow.attempt_dir).where(AttemptRow.job_id == job_id).order_by(AttemptRow.number)
+    return [(int(n), str(d)) for n, d in s.execute(q)]
+
+
+_jobs, _users = JobRow.__table__, UserRow.__table__
+_events, _attempts, _replicas = JobEventRow.__table__, AttemptRow.__table__, ReplicaRow.__table__
+_DESCRIBE_JOB = (
+    select(_jobs, _users.c.name.label("user_name"))
+    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
+    .where(_jobs.c.tenant_id == bindparam("tenant_id"))
+)
+_DESCRIBE_JOB_BY_NAME = _DESCRIBE_JOB.where(_jobs.c.name == bindparam("name_or_id"))
+_DESCRIBE_JOB_BY_ID = _DESCRIBE_JOB.where(_jobs.c.id == bindparam("name_or_id"))  # see job_ref
+_DESCRIBE_EVENTS = (
+    select(_events.c.time, _events.c.from_state, _events.c.to_state, _events.c.reason, _events.c.attempt)
+    .where(_events.c.job_id == bindparam("job_id"))
+    .order_by(_events.c.id)
+)
+_DESCRIBE_ATTEMPTS = (
+    select(
+        _attempts.c.number,
+        _attempts.c.host,
+        _attempts.c.gpus,
+        _attempts.c.cpus,
+        _attempts.c.memory,
+        _attempts.c.started_at,
+        _attempts.c.finished_at,
+        _attempts.c.exit_code,
+        _attempts.c.outcome,
+        _attempts.c.ports,
+    )
+    .where(_attempts.c.job_id == bindparam("job_id"))
+    .order_by(_attempts.c.number)
+)
+_DESCRIBE_REPLICAS = (
+    select(
+        _replicas.c.attempt,
+        _replicas.c.name,
+        _replicas.c.role,
+        _replicas.c.index,
+        _replicas.c.host,
+        _replicas.c.gpus,
+        _replicas.c.cpus,
+        _replicas.c.memory,
+        _replicas.c.ports,
+        _replicas.c.state,
+        _replicas.c.exit_code,
+    )
+    .where(_replicas.c.job_id == bindparam("job_id"))
+    .order_by(_replicas.c.attempt, _replicas.c.id)
+)
+_JOBS_AHEAD = (
+    select(func.count())
+    .select_from(_jobs)
+    .where(
+        _jobs.c.state.in_(QUEUE_STATES),
+        or_(
+            _jobs.c.priority > bindparam("priority"),
+            and_(
+                _jobs.c.priority == bindparam("priority"),
+                or_(
+                    _jobs.c.created_at < bindparam("created_at"),
+                    and_(_jobs.c.created_at == bindparam("created_at"), _jobs.c.id < bindparam("job_id")),
+                ),
+            ),
+        ),
+    )
+)
+
+
+def describe_row(conn: Connection, tenant_id: str, name_or_id: str) -> Row[Any] | None:
+    """The job (with ``user_name``) for describe."""
+    by = _DESCRIBE_JOB_BY_ID if looks_like_id(name_or_id, "j-") else _DESCRIBE_JOB_BY_NAME
+    return conn.execute(by, {"tenant_id": tenant_id, "name_or_id": name_or_id}).first()
+
+
+def describe_events(conn: Connection, job_id: str) -> list[Row[Any]]:
+    return list(conn.execute(_DESCRIBE_EVENTS, {"job_id": job_id}).all())
+
+
+def describe_attempts(conn: Connection, job_id: str) -> list[Row[Any]]:
+    return list(conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": job_id}).all())
+
+
+def describe_replicas(conn: Connection, job_id: str) -> list[Row[Any]]:
+    return list(conn.execute(_DESCRIBE_REPLICAS, {"job_id": job_id}))
+
+
+def jobs_ahead(conn: Connection, job_id: str, priority: int, created_at: Any) -> int:
+    """Queued jobs (of every tenant) the scheduler considers before this one: priority, then submission order."""
+    ahead = conn.execute(_JOBS_AHEAD, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
+    return int(ahead or 0)
