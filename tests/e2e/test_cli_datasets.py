@@ -273,3 +273,29 @@ def test_a_name_that_is_no_dns_label_is_refused(server: Server, tmp_path: Path) 
         stderr = _fails(server, "datasets", "create", name, "--from", str(tmp_path / "a.txt"))
         assert "error (invalid_argument)" in stderr and "DNS-1123" in stderr
     assert json.loads(server.cli("datasets", "list", "-o", "json").stdout) == []
+
+
+def test_a_job_reads_a_dataset_named_on_the_command_line(server: Server, tmp_path: Path) -> None:
+    data = tmp_path / "clicks"
+    data.mkdir()
+    (data / "train.csv").write_text("x,y\n1,0\n2,1\n")
+    server.cli("datasets", "create", "clicks", "--from", str(data))
+    server.cli("datasets", "label", "clicks", "production", "1")
+    code = tmp_path / "trainer"
+    code.mkdir()
+    (code / "read.py").write_text(
+        "import json, os\n"
+        "print(open(os.environ['DLCLOUD_DATASET_CLICKS'] + '/train.csv').read().strip().replace('\\n', '|'))\n"
+        "print(sorted(json.loads(os.environ['DLCLOUD_DATASETS'])))\n"
+    )
+    res = server.cli(
+        "jobs", "submit", "--name", "read-clicks", "--code", str(code), "--command", "python read.py",
+        "--dataset", "clicks@production", "--follow",
+    )  # fmt: skip
+    assert "x,y|1,0|2,1" in res.stdout and "['clicks']" in res.stdout
+    described = server.cli_json("jobs", "describe", "read-clicks")
+    assert isinstance(described, dict)
+    [resolved] = described["spec"]["resolved_datasets"]
+    assert (resolved["name"], resolved["version"]) == ("clicks", 1)
+    # the job ended: the version can go
+    server.cli("datasets", "delete", "clicks", "--version", "1", "--yes")

@@ -155,6 +155,12 @@ def submit(
         help="Secret environment variable (repeatable): KEY=VALUE, or KEY to take the value from your own "
         "environment, out of shell history. Stored encrypted; describe shows only its name.",
     ),
+    datasets: list[str] = typer.Option(
+        [],
+        "--dataset",
+        help="A dataset the job reads (repeatable): NAME, NAME@VERSION, NAME@LABEL or OWNER/NAME@...; read-only "
+        "at $DLCLOUD_DATASET_<NAME> in the job.",
+    ),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs per replica."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPUs per replica."),
     memory: str | None = typer.Option(None, "--memory", help="Memory per replica, e.g. 4Gi."),
@@ -181,6 +187,8 @@ def submit(
       dlcloud jobs submit --name bert --code . --command "python finetune.py" --environment nlp
 
       dlcloud jobs submit -f job.yaml --secret-env HF_TOKEN --secret-env WANDB_API_KEY=abc123
+
+      dlcloud jobs submit --name train --code . --command "python train.py" --dataset clicks@production
 
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
 
@@ -215,6 +223,8 @@ def submit(
         spec["env"] = {**(spec.get("env") or {}), **_parse_env(env)}
     if secret_env:
         spec["secret_env"] = {**(spec.get("secret_env") or {}), **_parse_secret_env(secret_env)}
+    if datasets:
+        spec["datasets"] = [*(spec.get("datasets") or []), *datasets]
     res = dict(spec.get("resources") or {})
     for key, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
         if value is not None:
