@@ -26,6 +26,7 @@ from dlcloud import signing
 from dlcloud.api.app import create_app
 from dlcloud.client import Client, Credentials
 from dlcloud.executors.base import Executor
+from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.platform import Platform
@@ -180,6 +181,7 @@ def build_env(settings: Settings, executor: Executor | None = None) -> Env:
         inventory,
         wake=lambda: holder["c"].wake() if "c" in holder else None,
         sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
+        environments=executor.environments(settings) if executor else LocalVenvBackend.from_settings(settings),
     )
     control = None
     if executor is not None:

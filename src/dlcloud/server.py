@@ -108,6 +108,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         isolation=isolation,
         sandbox_prefix=executor.sandbox_prefix,
         objects=objects,
+        environments=executor.environments(settings),
     )
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from dlcloud.executors.environments import EnvironmentBackend
     from dlcloud.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,14 @@ class Executor(abc.ABC):
         return None
 
     def build_sandbox(self) -> Any:
-        """How environment builds on this host are sandboxed (``venvs.BuildSandbox``), or None."""
+        """How environment builds on this host are sandboxed (``venvs.BuildSandbox``), or None; the
+        executor's own ``environments`` backend uses it."""
         return None
+
+    @abc.abstractmethod
+    def environments(self, settings: Settings) -> EnvironmentBackend:
+        """The backend that builds the runtime environments this executor's workloads run in (built once, at
+        the entry point, and kept on the ``Platform``)."""
 
     @property
     def jobs_run_as_root(self) -> bool:

@@ -4,6 +4,8 @@
 at once as if SIGTERM killed it (exit code -15, stopped). A ``timeout_seconds`` is honoured on ``poll``
 against the injected clock, so simulated time works. State lives only in this object: unlike the local
 executor, a new instance knows nothing of attempts an earlier one started (poll reports them "lost").
+
+Its environments (``SimulatedEnvironments``) are described as the local executor's are, and never built.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlcloud.errors import InvalidState, NotFound
 from dlcloud.executors.base import AttemptReport, Executor, Workload
+from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
+from dlcloud.executors.local import venvs
+from dlcloud.executors.local.environments import LocalVenvBackend
+
+if TYPE_CHECKING:
+    from dlcloud.settings import Settings
 
 
 def _utc_now() -> datetime:
@@ -28,6 +37,22 @@ class _Attempt:
     report: AttemptReport
 
 
+class SimulatedEnvironments(LocalVenvBackend):
+    """Environments as this host would have them (its Python versions and packages, so the catalogue and the
+    spec hashes are the local executor's) that are never built: a build is READY at once, empty, with one
+    log line saying so. Nothing runs in them, and a real build runs user code (sdists' setup code) with no
+    sandbox here, where the simulated executor reports user code as isolated."""
+
+    name = "simulated"
+
+    def _build(self, spec: BuildSpec, spec_hash: str, cancel: Cancellation) -> BuildResult:
+        log_file = self._log_path(spec_hash)
+        log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(log_file, "w", encoding="utf-8") as f:
+            venvs.BuildLog(f).system("build skipped: the simulated executor runs nothing, so nothing is built")
+        return BuildResult(size_bytes=0, built=True)
+
+
 class SimulatedExecutor(Executor):
     """Runs nothing; attempts are dictionary entries. ``clock`` returns the current (maybe simulated) time."""
 
@@ -37,6 +62,9 @@ class SimulatedExecutor(Executor):
         self.clock = clock
         self._attempts: dict[Path, _Attempt] = {}
         self._next_pid = 100_000
+
+    def environments(self, settings: Settings) -> SimulatedEnvironments:
+        return SimulatedEnvironments(settings.envs_dir)
 
     def _start(self, workload: Workload) -> None:
         key = Path(workload.attempt_dir)

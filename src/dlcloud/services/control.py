@@ -143,7 +143,7 @@ class ControlLoop:
         self._relaunched: set[int] = set()
         self._wake = threading.Event()
         # builds environments while this loop runs
-        self.builds = EnvironmentBuilder(platform, leadership, executor.build_sandbox())
+        self.builds = EnvironmentBuilder(platform, leadership)
         cache = platform.settings.data_dir / "cache"
         self.code_cache = ObjectCache(cache / "objects", platform.objects)
         self.data_cache = TreeCache(cache / "datasets", platform.objects, platform.settings.dataset_cache_max_bytes)
@@ -156,7 +156,7 @@ class ControlLoop:
         """Run passes until ``stop`` is set or this process stops leading."""
         interval = self.p.settings.supervisor_interval_seconds
         if self.builds.closed:  # shut down at the end of a former term of leadership
-            self.builds = EnvironmentBuilder(self.p, self.leadership, self.executor.build_sandbox())
+            self.builds = EnvironmentBuilder(self.p, self.leadership)
         try:
             while not stop.is_set():
                 try:
@@ -447,7 +447,7 @@ class ControlLoop:
             env=env,
             code_archive=code_archive,
             package=package,
-            venv=self.p.settings.envs_dir / job.environment_hash if job.environment_hash else None,
+            venv=self.p.environments.location(job.environment_hash) if job.environment_hash else None,
             gpus=gpus,
             cpus=job.cpus,
             memory_bytes=job.memory,

@@ -1,4 +1,4 @@
-"""Environment builds: the content-addressed venvs behind environments, and the builder that makes them.
+"""Environment builds: the content-addressed builds behind environments, and the builder that makes them.
 
 This module owns the ``environment_builds`` table; every build state change goes through it::
 
@@ -6,17 +6,17 @@ This module owns the ``environment_builds`` table; every build state change goes
                                   ^    └───builder──> FAILED ──request_build (a retry)──┘
 
 Invariants:
-- One row per spec hash (``executors.local.venvs.BuildSpec.spec_hash``), shared by every environment of
+- One row per spec hash (``executors.environments.BuildSpec.spec_hash``), shared by every environment of
   any tenant with that spec and by the built-ins: a spec is built once, however many ask for it at once.
 - Builds run in the leader control-plane process only: each tick of the control loop calls
   ``EnvironmentBuilder.dispatch``, which hands the BUILDING rows this process is not building yet to a
   thread pool. A control plane that stops or crashes mid-build leaves the row BUILDING; the next leader
   builds it again from scratch. Its writes are fenced by the leader's epoch (``leader.py``): a builder
   whose process was deposed records nothing, and the next leader builds the row again.
-- The venv itself is made by ``venvs.materialise`` under a per-hash file lock, so two builders of one hash
-  (threads or processes) never write the same directory; the second finds it finished.
-- A build is removed (row, venv and log) only when no environment refers to it, no unfinished job runs in
-  it and it is not a built-in's; its directory only while no builder holds its lock.
+- What a build makes (a venv, an image) is the platform's environment backend's (``Platform.environments``,
+  made by the executor): it builds one hash once however many builders ask, so the second finds it finished.
+- A build is removed (row, built environment and log) only when no environment refers to it, no unfinished
+  job runs in it and it is not a built-in's; its files only while no builder builds it (``discard``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dlcloud.executors.local import venvs
-from dlcloud.executors.local.venvs import BuildSpec
+from dlcloud.executors.environments import BuildCancelled, BuildError, BuildSpec, Cancellation
 from dlcloud.schemas.environments import EnvironmentState
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
@@ -77,40 +76,34 @@ def forget_if_unused(s: Session, spec_hash: str, keep: set[str]) -> bool:
 
 
 def remove_files(platform: Platform, spec_hash: str) -> None:
-    """Remove a forgotten build's venv and log, unless someone wants the hash again meanwhile."""
-    envs_dir = platform.settings.envs_dir
-    with venvs.build_lock(envs_dir, spec_hash, blocking=False) as held:
-        if not held:
-            return  # a builder holds it: the hash was asked for again
+    """Remove a forgotten build's environment and log, unless someone wants the hash again meanwhile."""
+
+    def wanted() -> bool:
         with platform.db.read() as s:
-            if store.get_build(s, spec_hash) is not None:
-                return
-        try:
-            venvs.remove_tree(venvs.venv_dir(envs_dir, spec_hash))
-            venvs.log_path(envs_dir, spec_hash).unlink(missing_ok=True)
-        except OSError:  # the rows are gone; a leftover directory is only disk space
-            log.exception("could not remove the environment build %s", spec_hash)
+            return store.get_build(s, spec_hash) is not None
+
+    try:
+        platform.environments.discard(spec_hash, wanted)
+    except OSError:  # the rows are gone; a leftover directory is only disk space
+        log.exception("could not remove the environment build %s", spec_hash)
 
 
 class EnvironmentBuilder:
     """Builds the BUILDING builds in a thread pool of ``env_build_workers`` threads.
 
-    ``dispatch`` is cheap (one query) and is called by the control loop on every tick; ``shutdown`` kills
-    the running builds' processes and leaves their rows BUILDING for the next leader.
+    ``dispatch`` is cheap (one query) and is called by the control loop on every tick; ``shutdown`` stops
+    the running builds (``Cancellation``) and leaves their rows BUILDING for the next leader. Builds are the
+    platform's environment backend's, sandboxed as the executor that made it sandboxes them.
+
     """
 
-    def __init__(
-        self, platform: Platform, leadership: Leadership | None = None, sandbox: venvs.BuildSandbox | None = None
-    ):
+    def __init__(self, platform: Platform, leadership: Leadership | None = None):
         self.p = platform
         self.leadership = leadership  # fences the builder's writes; None: unfenced
-        settings = platform.settings
-        self._pool = ThreadPoolExecutor(max_workers=settings.env_build_workers, thread_name_prefix="dlcloud-env")
-        # builds run user code (sdists' setup code): sandboxed like jobs where the executor can
-        env = venvs.build_env_vars(
-            index_url=settings.env_build_index_url, extra_index_urls=settings.env_build_extra_index_urls
+        self._pool = ThreadPoolExecutor(
+            max_workers=platform.settings.env_build_workers, thread_name_prefix="dlcloud-env"
         )
-        self._runner = venvs.Runner(timeout=settings.env_build_timeout_seconds, sandbox=sandbox, env=env)
+        self._cancel = Cancellation()
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._closed = False
@@ -137,7 +130,7 @@ class EnvironmentBuilder:
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
-        self._runner.cancel()
+        self._cancel.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, spec_hash: str) -> None:
@@ -171,14 +164,12 @@ class EnvironmentBuilder:
             row.started_at = utcnow()
         log.info("building environment %s (Python %s, inherit %s)", spec_hash[:12], spec.python, spec.inherit)
         try:
-            result = venvs.materialise(spec, spec_hash, self.p.settings.envs_dir, self._runner)
-        except venvs.BuildCancelled:
+            result = self.p.environments.build(spec, spec_hash, self._cancel)
+        except BuildCancelled:
             log.info("build of environment %s interrupted by shutdown", spec_hash[:12])
             return
-        except venvs.BuildError as exc:
+        except BuildError as exc:
             self._finish(spec_hash, FAILED, error=str(exc), built=True)
-        except OSError as exc:
-            self._finish(spec_hash, FAILED, error=f"could not build the environment: {exc}", built=True)
         else:
             self._finish(spec_hash, READY, size=result.size_bytes, built=result.built)
 

@@ -6,14 +6,16 @@ Rules (this module is the only writer of the ``environments`` table; builds belo
 - The built-in names (``BUILTINS``) exist for every tenant, are reserved and cannot be deleted. ``default``
   is the server's own Python environment, used as it is (no venv); the others are venvs, built when a job
   first uses them, their hash following the server's environment as it is at that time.
-- Creating returns at once; the control plane builds the venv (``env_builds``). A spec built before, by any
+- Creating returns at once; the control plane builds it (``env_builds``). A spec built before, by any
   tenant, is READY at once.
 - A job's environment must exist (own tenant or built-in) and must not have FAILED; the job records its
   name and build hash, and waits in the queue while it is BUILDING (``control.py``).
 - Deleting is for the environment's author or a tenant admin; it is refused while an unfinished job uses
-  the environment or while it is building. The venv goes when no environment of any tenant shares it.
+  the environment or while it is building. The build goes when no environment of any tenant shares it.
 - Python versions: only interpreters present on the server. An inheriting environment must use the
   server's own version (compiled packages are built for one version).
+- What the server's environment is, what a build makes and where a job finds it are the executor's:
+  this module asks the platform's ``EnvironmentBackend`` (``executors/environments.py``) and knows no path.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidArgument, InvalidSpec, InvalidState, NotFound, PermissionDenied
-from dlcloud.executors.local import venvs
-from dlcloud.executors.local.venvs import BuildSpec
+from dlcloud.executors.environments import BuildSpec, EnvironmentBackend
 from dlcloud.schemas.environments import Environment, EnvironmentCreate, EnvironmentDetail, EnvironmentState
 from dlcloud.services import env_builds
 from dlcloud.services.auth import Caller
@@ -107,21 +108,6 @@ BUILTINS: dict[str, Builtin] = {
 # -- specs -------------------------------------------------------------------------------------------------
 
 
-def _server_python() -> str:
-    return venvs.python_version()
-
-
-def _interpreter(version: str) -> str:
-    found = venvs.find_interpreter(version)
-    if found is None:
-        available = venvs.available_versions()
-        raise InvalidArgument(
-            f"Python {version} is not installed on the server; available: {', '.join(available)}",
-            details={"available": available},
-        )
-    return found
-
-
 def _missing(b: Builtin, dists: dict[str, str]) -> list[str]:
     return [what for what, provided_by in b.needs if not any(d in dists for d in provided_by)]
 
@@ -133,13 +119,14 @@ def _unavailable_reason(b: Builtin, missing: list[str]) -> str:
     )
 
 
-def _builtin_spec(b: Builtin) -> BuildSpec:
-    base = venvs.base_spec_fields() if b.inherit else {}
-    return BuildSpec(python=_server_python(), interpreter=os.path.abspath(sys.executable), inherit=b.inherit, **base)
+def _builtin_spec(backend: EnvironmentBackend, b: Builtin) -> BuildSpec:
+    python = backend.server_python()
+    base = backend.inherited_fields() if b.inherit else {}
+    return BuildSpec(python=python, interpreter=backend.resolve_python(python), inherit=b.inherit, **base)
 
 
-def builtin_hashes() -> set[str]:
-    return {_builtin_spec(b).spec_hash() for b in BUILTINS.values() if b.venv}
+def builtin_hashes(backend: EnvironmentBackend) -> set[str]:
+    return {_builtin_spec(backend, b).spec_hash() for b in BUILTINS.values() if b.venv}
 
 
 def _base_packages(dists: dict[str, str]) -> dict[str, str]:
@@ -181,11 +168,13 @@ def _user_model(row: EnvironmentRow, build: EnvironmentBuildRow | None, created_
     )
 
 
-def _builtin_model(s: Session, b: Builtin, dists: dict[str, str]) -> tuple[Environment, EnvironmentBuildRow | None]:
+def _builtin_model(
+    s: Session, backend: EnvironmentBackend, b: Builtin, dists: dict[str, str]
+) -> tuple[Environment, EnvironmentBuildRow | None]:
     common: dict[str, Any] = dict(
         name=b.name,
         builtin=True,
-        python=_server_python(),
+        python=backend.server_python(),
         inherit=b.inherit,
         requirements=[],
         description=b.description,
@@ -198,7 +187,7 @@ def _builtin_model(s: Session, b: Builtin, dists: dict[str, str]) -> tuple[Envir
             **common, state=EnvironmentState.READY, error=None, spec_hash=None, ready_at=None, size_bytes=None
         )
         return env, None
-    spec_hash = _builtin_spec(b).spec_hash()
+    spec_hash = _builtin_spec(backend, b).spec_hash()
     build = store.get_build(s, spec_hash)
     state, error = _state(build)
     missing = _missing(b, dists)
@@ -260,14 +249,16 @@ def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreat
         raise InvalidArgument(
             f"{req.name!r} is a built-in environment; choose another name (built-ins: {', '.join(BUILTINS)})"
         )
-    python = req.python or _server_python()
-    interpreter = _interpreter(python)
-    if req.inherit and python != _server_python():
+    backend = platform.environments
+    server_python = backend.server_python()
+    python = req.python or server_python
+    interpreter = backend.resolve_python(python)
+    if req.inherit and python != server_python:
         raise InvalidArgument(
-            f"inherit needs Python {_server_python()}, the version of the server's environment whose packages are "
+            f"inherit needs Python {server_python}, the version of the server's environment whose packages are "
             f"inherited; got {python}"
         )
-    base = venvs.base_spec_fields() if req.inherit else {}
+    base = backend.inherited_fields() if req.inherit else {}
     try:
         with platform.db.write() as s:
             if store.get_environment(s, caller.tenant_id, req.name) is not None:
@@ -311,9 +302,10 @@ def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreat
 
 def list_environments(platform: Platform, caller: Caller) -> list[Environment]:
     """The built-ins, then the tenant's environments by name."""
-    dists = venvs.base_distributions()
+    backend = platform.environments
+    dists = backend.server_packages()
     with platform.db.read() as s:
-        out = [_builtin_model(s, b, dists)[0] for b in BUILTINS.values()]
+        out = [_builtin_model(s, backend, b, dists)[0] for b in BUILTINS.values()]
         rows = store.list_environments(s, caller.tenant_id)
         builds = store.builds_of(s, (r.spec_hash for r in rows))
         users = _user_names(s, (r.created_by for r in rows))
@@ -322,12 +314,13 @@ def list_environments(platform: Platform, caller: Caller) -> list[Environment]:
 
 
 def describe_environment(platform: Platform, caller: Caller, name: str) -> EnvironmentDetail:
-    dists = venvs.base_distributions()
+    backend = platform.environments
+    dists = backend.server_packages()
     with platform.db.read() as s:
         extra: dict[str, Any] = dict(wheels=[], index_url=None, extra_index_urls=[], no_index=False)
         b = BUILTINS.get(name)
         if b is not None:
-            env, build = _builtin_model(s, b, dists)
+            env, build = _builtin_model(s, backend, b, dists)
         else:
             row = store.get_environment(s, caller.tenant_id, name)
             if row is None:
@@ -343,11 +336,7 @@ def describe_environment(platform: Platform, caller: Caller, name: str) -> Envir
             )
         jobs = store.unfinished_jobs_using(s, caller.tenant_id, name)
         builds = build.builds if build is not None else 0
-    tail = (
-        venvs.read_tail(venvs.log_path(platform.settings.envs_dir, env.spec_hash), LOG_TAIL_LINES)
-        if env.spec_hash
-        else []
-    )
+    tail = backend.log_tail(env.spec_hash, LOG_TAIL_LINES) if env.spec_hash else []
     return EnvironmentDetail(
         **env.model_dump(),
         **extra,
@@ -361,7 +350,7 @@ def describe_environment(platform: Platform, caller: Caller, name: str) -> Envir
 # -- jobs ----------------------------------------------------------------------------------------------------
 
 
-def resolve_for_job(s: Session, caller: Caller, name: str | None) -> tuple[str | None, str | None]:
+def resolve_for_job(platform: Platform, s: Session, caller: Caller, name: str | None) -> tuple[str | None, str | None]:
     """(name, build hash) of the environment a job names, checked; (None, None) for ``default``.
 
     A built-in's build is asked for here (built on first use, retried if it failed). Raises InvalidSpec
@@ -371,10 +360,11 @@ def resolve_for_job(s: Session, caller: Caller, name: str | None) -> tuple[str |
         return None, None
     b = BUILTINS.get(name)
     if b is not None:
-        missing = _missing(b, venvs.base_distributions())
+        backend = platform.environments
+        missing = _missing(b, backend.server_packages())
         if missing:
             raise InvalidSpec(f"environment {name!r} is unavailable: it {_unavailable_reason(b, missing)}")
-        spec = _builtin_spec(b)
+        spec = _builtin_spec(backend, b)
         spec_hash = spec.spec_hash()
         build = store.get_build(s, spec_hash)
         if build is None or build.state == EnvironmentState.FAILED:  # first use, or a retry
@@ -404,7 +394,7 @@ def resolve_for_job(s: Session, caller: Caller, name: str | None) -> tuple[str |
 def delete_environment(platform: Platform, caller: Caller, name: str) -> None:
     if name in BUILTINS:
         raise InvalidArgument(f"{name!r} is a built-in environment; built-ins cannot be deleted")
-    keep = builtin_hashes()
+    keep = builtin_hashes(platform.environments)
     with platform.db.write() as s:
         row = store.get_environment(s, caller.tenant_id, name, for_update=True)
         if row is None:
@@ -442,7 +432,7 @@ def _log_target(platform: Platform, caller: Caller, name: str) -> tuple[str, Pat
         if b is not None and not b.venv:
             raise InvalidArgument(f"{name!r} is the server's own environment; it is never built and has no build log")
         if b is not None:
-            spec_hash = _builtin_spec(b).spec_hash()
+            spec_hash = _builtin_spec(platform.environments, b).spec_hash()
         else:
             row = store.get_environment(s, caller.tenant_id, name)
             if row is None:
@@ -450,7 +440,7 @@ def _log_target(platform: Platform, caller: Caller, name: str) -> tuple[str, Pat
             spec_hash = row.spec_hash
         build = store.get_build(s, spec_hash)
         building = build is not None and build.state == EnvironmentState.BUILDING
-    return spec_hash, venvs.log_path(platform.settings.envs_dir, spec_hash), building
+    return spec_hash, platform.environments.log_path(spec_hash), building
 
 
 async def open_log_stream(
@@ -461,17 +451,17 @@ async def open_log_stream(
     Following ends when the build is no longer BUILDING. A log that shrinks was restarted by a new build
     (a retry) and is read again from its start.
     """
-    _, path, building = await anyio.to_thread.run_sync(_log_target, platform, caller, name)
-    return _stream(platform, caller, name, path, follow=follow and building, tail=tail)
+    spec_hash, path, building = await anyio.to_thread.run_sync(_log_target, platform, caller, name)
+    return _stream(platform, caller, name, spec_hash, path, follow=follow and building, tail=tail)
 
 
 async def _stream(
-    platform: Platform, caller: Caller, name: str, path: Path, *, follow: bool, tail: int | None
+    platform: Platform, caller: Caller, name: str, spec_hash: str, path: Path, *, follow: bool, tail: int | None
 ) -> AsyncIterator[str]:
     offset = 0
     pending = ""
     if tail is not None:
-        for line in venvs.read_tail(path, tail):
+        for line in platform.environments.log_tail(spec_hash, tail):
             yield line + "\n"
         offset = path.stat().st_size if path.exists() else 0
 

@@ -161,7 +161,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
         if tenant is None:
             raise NotFound("your tenant no longer exists")
         _check_fits(platform, tenant, spec)
-        environment, environment_hash = environments.resolve_for_job(s, caller, spec.environment)
+        environment, environment_hash = environments.resolve_for_job(platform, s, caller, spec.environment)
         if spec.code is not None:
             code = s.get(CodeRow, spec.code)
             if code is None or code.tenant_id != caller.tenant_id:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlcloud.executors.environments import EnvironmentBackend, NoEnvironments
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
@@ -36,6 +37,8 @@ class Platform:
     sandbox_prefix: SandboxPrefix | None = None
     # where code uploads and model artifacts are kept; None: the store settings.storage_url names
     objects: ObjectStore = field(default=None)  # type: ignore[assignment]
+    # builds runtime environments and says where workloads find them: the executor's (Executor.environments)
+    environments: EnvironmentBackend = field(default_factory=NoEnvironments)
 
     def __post_init__(self) -> None:
         if self.objects is None:

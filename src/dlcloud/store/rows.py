@@ -336,7 +336,7 @@ class EnvironmentBuildRow(Base):
     __tablename__ = "environment_builds"
     spec_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), index=True)  # BUILDING | READY | FAILED
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the builder needs (executors.local.venvs.BuildSpec)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the builder needs (executors.environments.BuildSpec)
     error: Mapped[str | None] = mapped_column(Text)
     builds: Mapped[int] = mapped_column(Integer, default=0)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from dlcloud.errors import InvalidState
 from dlcloud.executors.base import REPLICAS_DIR, AttemptReport, Executor, ReplicaReport, Workload, log_segments
 from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.sandbox import (
     BUILD_SLOT,
     Sandbox,
@@ -338,6 +339,10 @@ class LocalExecutor(Executor):
                 seal_for_readers(target)
 
         return BuildSandbox(prefix, seal)
+
+    def environments(self, settings: Settings) -> LocalVenvBackend:
+        """Venvs in ``settings.envs_dir``, built in this executor's build sandbox."""
+        return LocalVenvBackend.from_settings(settings, sandbox=self.build_sandbox())
 
     @property
     def jobs_run_as_root(self) -> bool:

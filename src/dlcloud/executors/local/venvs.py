@@ -1,7 +1,9 @@
 """Runtime environments of the local executor: Python virtual environments built once per spec hash.
 
 This module knows nothing of tenants or the database: it finds interpreters, describes the base
-environment (the Python environment the server runs in), hashes a ``BuildSpec`` and builds its venv.
+environment (the Python environment the server runs in) and builds the venv of a ``BuildSpec`` (the spec and
+its hash are backend-neutral: ``executors/environments.py``). Services reach it only through
+``LocalVenvBackend`` (``environments.py`` beside this module).
 
 Layout under the environments directory (``<data_dir>/envs``)::
 
@@ -40,15 +42,16 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from dlcloud.executors.environments import BuildCancelled, BuildError, BuildResult, BuildSpec
+
 READY_MARKER = ".dlcloud-ready"
 SPEC_FILE = "dlcloud-environment.json"
 BASE_PTH = "_dlcloud_base.pth"
-HASH_FORMAT = 1  # bump when the layout of a venv changes, so every spec builds anew
 ERROR_LINES = 8  # pip output kept in a failed build's error
 # all a build's subprocesses see of the server's environment (never DLCLOUD_* or PIP_* variables)
 PASSED_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
@@ -61,14 +64,6 @@ import sys
 from pip._internal.cli.main import main
 sys.exit(main())
 """
-
-
-class BuildError(Exception):
-    """The build failed; the message is for users (it ends with pip's last error lines)."""
-
-
-class BuildCancelled(Exception):
-    """The builder is shutting down; the build is left to the next builder."""
 
 
 # -- interpreters and the base environment ---------------------------------------------------------------
@@ -169,64 +164,6 @@ def base_distributions(site_dirs: tuple[str, ...] | None = None) -> dict[str, st
 def base_digest(dists: dict[str, str]) -> str:
     """One hash for the base environment's packages: a changed base gives inherit specs a new hash."""
     return hashlib.sha256("\n".join(f"{k}=={v}" for k, v in dists.items()).encode()).hexdigest()
-
-
-# -- the spec --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BuildSpec:
-    """Everything that decides a venv's content. ``spec_hash`` covers all of it except where wheels are
-    stored (a wheel counts by its checksum, so the same wheel uploaded by two tenants gives one hash)."""
-
-    python: str  # "3.11"
-    interpreter: str  # the interpreter that creates the venv
-    inherit: bool = False
-    base_prefix: str | None = None  # inherit only: the base environment ...
-    base_site: tuple[str, ...] = ()  # ... its site-packages directories ...
-    base_packages: str | None = None  # ... and the digest of its packages
-    requirements: tuple[str, ...] = ()
-    wheels: tuple[tuple[str, str], ...] = ()  # (sha256, path on this machine)
-    index_url: str | None = None
-    extra_index_urls: tuple[str, ...] = ()
-    no_index: bool = False
-
-    def spec_hash(self) -> str:
-        identity = {
-            "format": HASH_FORMAT,
-            "python": self.python,
-            "interpreter": self.interpreter,
-            "inherit": self.inherit,
-            "base_prefix": self.base_prefix,
-            "base_site": list(self.base_site),
-            "base_packages": self.base_packages,
-            "requirements": sorted(self.requirements),
-            "wheels": sorted(sha for sha, _ in self.wheels),
-            "index_url": self.index_url,
-            "extra_index_urls": sorted(self.extra_index_urls),
-            "no_index": self.no_index,
-        }
-        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BuildSpec:
-        return cls(
-            python=str(data["python"]),
-            interpreter=str(data["interpreter"]),
-            inherit=bool(data.get("inherit")),
-            base_prefix=data.get("base_prefix"),
-            base_site=tuple(data.get("base_site") or ()),
-            base_packages=data.get("base_packages"),
-            requirements=tuple(data.get("requirements") or ()),
-            wheels=tuple((str(sha), str(path)) for sha, path in data.get("wheels") or ()),
-            index_url=data.get("index_url"),
-            extra_index_urls=tuple(data.get("extra_index_urls") or ()),
-            no_index=bool(data.get("no_index")),
-        )
 
 
 def base_spec_fields() -> dict[str, Any]:
@@ -455,12 +392,6 @@ def _summary(lines: list[str]) -> str:
     errors = [line.strip() for line in lines if line.strip().startswith("ERROR:")]
     tail = errors[-ERROR_LINES:] or [line.strip() for line in lines if line.strip()][-ERROR_LINES:]
     return (":\n" + "\n".join(tail)) if tail else ""
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    size_bytes: int
-    built: bool  # False: the venv was there already (built by another builder)
 
 
 def materialise(spec: BuildSpec, spec_hash: str, envs_dir: Path, runner: Runner) -> BuildResult:
