@@ -211,7 +211,14 @@ def test_running_quota_is_never_overcommitted(sim_env: Env) -> None:
 
     quota = bob.accounting.quota()
     assert quota["limits"]["gpus"] == 1 and quota["limits"]["max_running_jobs"] == 2
-    assert quota["usage"] == {"gpus": 1, "cpus": 2.0, "memory": 2 * GiB, "running_jobs": 2, "queued_jobs": 8, "storage": 0}
+    assert quota["usage"] == {
+        "gpus": 1,
+        "cpus": 2.0,
+        "memory": 2 * GiB,
+        "running_jobs": 2,
+        "queued_jobs": 8,
+        "storage": 0,
+    }
 
     waiting = bob.jobs.get("q3")
     assert waiting["state"] == "QUEUED"

@@ -37,7 +37,8 @@ ERROR_REF = "#/components/schemas/Error"
 # needs them). 400: a value the schema cannot express was refused; 403: the caller may not (its role, a
 # model shared read-only, a host without a sandbox; another tenant's resources are 404, never 403);
 # 404: a named resource does not exist for the caller; 409: the resource's state forbids it; 413: the body
-# is over a limit; 429: over a tenant quota; 503: the server's storage lost a file.
+# is over a limit; 429: over a tenant quota (storage included); 503: the object store is unreachable or lost
+# a file.
 ERRORS: dict[str, tuple[int, ...]] = {
     "jobs.submit": (400, 403, 404, 409, 429),
     "jobs.list": (),
@@ -60,11 +61,11 @@ ERRORS: dict[str, tuple[int, ...]] = {
     "quota.get": (404,),
     "usage.get": (400, 403, 404),
     "audit.list": (403,),
-    "code.upload": (400, 413),
+    "code.upload": (400, 413, 429, 503),
     "code.get": (404,),
-    "models.upload": (400, 413),
+    "models.upload": (400, 413, 429, 503),
     "models.upload_delete": (404,),
-    "models.register": (400, 403, 404),
+    "models.register": (400, 403, 404, 429, 503),
     "models.list": (),
     "models.describe": (404,),
     "models.delete": (403, 404, 409),
@@ -78,6 +79,21 @@ ERRORS: dict[str, tuple[int, ...]] = {
     "models.unshare": (403, 404),
     "models.deployment_renew": (403, 404),
     "models.deployment_release": (403, 404),
+    "datasets.upload": (400, 413, 429, 503),
+    "datasets.upload_delete": (404,),
+    "datasets.push": (400, 403, 404, 429, 503),
+    "datasets.list": (),
+    "datasets.describe": (404,),
+    "datasets.delete": (403, 404, 409),
+    "datasets.versions": (404,),
+    "datasets.version": (404,),
+    "datasets.delete_version": (403, 404, 409),
+    "datasets.files": (404, 503),
+    "datasets.download": (404, 503),
+    "datasets.set_label": (400, 403, 404),
+    "datasets.remove_label": (403, 404),
+    "datasets.share": (400, 403, 404),
+    "datasets.unshare": (403, 404),
     "environments.create": (400, 403, 409),
     "environments.list": (),
     "environments.describe": (404,),
@@ -91,6 +107,14 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 STREAMED_RESPONSES: dict[str, dict[str, Any]] = {
     "jobs.logs": {"description": "Log lines, one per line (streamed; follow=true keeps it open).", "content": _TEXT},
     "environments.logs": {"description": "Build log lines (streamed).", "content": _TEXT},
+    "datasets.download": {
+        "description": "The version's files as a .tar.gz (streamed).",
+        "content": {"application/gzip": _BINARY},
+        "headers": {
+            ARTIFACT_SHA256_HEADER: {"description": "dlcloud checksum of the files", "schema": {"type": "string"}},
+            VERSION_HEADER: {"description": "the version sent", "schema": {"type": "integer"}},
+        },
+    },
     "models.download": {
         "description": "The version's artifact as a .tar.gz (streamed).",
         "content": {"application/gzip": _BINARY},
@@ -108,6 +132,7 @@ STREAMED_RESPONSES: dict[str, dict[str, Any]] = {
 STREAMED_BODIES: dict[str, str] = {
     "code.upload": "application/octet-stream",
     "models.upload": "application/octet-stream",
+    "datasets.upload": "application/octet-stream",
 }
 
 _STATUS_TEXT = {

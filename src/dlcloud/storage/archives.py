@@ -1,7 +1,9 @@
 """Validation of uploaded archives before anything is stored or unpacked.
 
 Rejected: absolute paths, ``..`` components, symlinks, hard links, device files and FIFOs, more members
-than allowed, and more unpacked bytes than allowed (decompression bombs are caught by the declared
+than allowed (the directories entries imply count), more unpacked bytes than allowed; in tar archives (which
+become stored trees) also names that are not UTF-8, contain a backslash or a reserved ``.dlcloud-`` segment,
+or are longer or deeper than ``MAX_PATH_BYTES`` / ``MAX_PATH_DEPTH`` (decompression bombs are caught by the declared
 sizes, which are exactly what extraction would write, and by the size actually decompressed).
 
 Tar archives are first scanned header by header (``scan_tar_headers``), streaming through the
@@ -28,6 +30,12 @@ from typing import Any, BinaryIO
 from dlcloud.errors import InvalidArchive, PayloadTooLarge
 
 MAX_TAR_METADATA_BYTES = 1024 * 1024  # one pax header or GNU long name; real ones are a few hundred bytes
+# an entry's path: the work of unpacking, walking and deleting grows with depth x entries, so a small archive
+# of deep empty files would cost minutes of CPU and millions of inodes (every directory counts as an entry)
+MAX_PATH_BYTES = 1024
+MAX_SEGMENT_BYTES = 255
+MAX_PATH_DEPTH = 32
+RESERVED_PREFIX = ".dlcloud-"  # names the object store keeps for itself (storage/objects.py)
 _PAX_TYPES = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)  # extended headers of the next member
 _METADATA_TYPES = (*_PAX_TYPES, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
@@ -48,6 +56,36 @@ def _check_name(name: str) -> None:
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if ".." in parts:
         raise InvalidArchive(f"archive entry {name!r} contains '..'; entries must stay inside the archive root")
+
+
+def _check_tree_name(name: str, dirs: set[str]) -> int:
+    """The stricter rules of an archive that becomes a stored tree (code, model artifacts, datasets): UTF-8,
+    no backslash, no reserved name, bounded length and depth. Adds the directories the entry implies to
+    ``dirs``; returns how many were new (they count as entries)."""
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArchive(f"archive entry {name!r} is not valid UTF-8; name files in UTF-8") from None
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    if "\\" in name:
+        raise InvalidArchive(f"archive entry {shown!r} contains a backslash; use '/' between directories")
+    if len(raw) > MAX_PATH_BYTES:
+        raise InvalidArchive(f"archive entry {shown!r} has a path of {len(raw)} bytes; at most {MAX_PATH_BYTES}")
+    parts = [p for p in PurePosixPath(name).parts if p not in (".", "")]
+    if len(parts) > MAX_PATH_DEPTH:
+        raise InvalidArchive(f"archive entry {shown!r} is {len(parts)} levels deep; at most {MAX_PATH_DEPTH}")
+    for part in parts:
+        if len(part.encode("utf-8")) > MAX_SEGMENT_BYTES:
+            raise InvalidArchive(f"archive entry {shown!r} has a name longer than {MAX_SEGMENT_BYTES} bytes")
+        if part.startswith(RESERVED_PREFIX):
+            raise InvalidArchive(f"archive entry {shown!r}: names starting with {RESERVED_PREFIX!r} are reserved")
+    new = 0
+    for i in range(1, len(parts)):
+        d = "/".join(parts[:i])
+        if d not in dirs:
+            dirs.add(d)
+            new += 1
+    return new
 
 
 def _too_big(total: int, limits: ArchiveLimits) -> PayloadTooLarge:
@@ -173,13 +211,16 @@ def validate_tar(path: Path, limits: ArchiveLimits) -> int:
     scan_tar_headers(path, limits)
     total = 0
     count = 0
+    dirs: set[str] = set()
     try:
         with tarfile.open(path, mode="r:*") as tf:
             for member in tf:
-                count += 1
-                if count > limits.max_members:
-                    raise InvalidArchive(f"archive has more than {limits.max_members} entries (the limit)")
                 _check_name(member.name)
+                count += 1 + _check_tree_name(member.name, dirs)  # the directories it implies count too
+                if count > limits.max_members:
+                    raise InvalidArchive(
+                        f"archive has more than {limits.max_members} entries (the limit; directories count)"
+                    )
                 if member.issym() or member.islnk():
                     raise InvalidArchive(
                         f"archive entry {member.name!r} is a link; links are not allowed (copy the file instead)"

@@ -127,6 +127,11 @@ class Manifest:
             digest.update(f"{e.path}\0{e.sha256}\0{e.size}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
 
+    def content_sha256(self) -> str:
+        """The SHA-256 of everything the tree holds: its files (paths, sizes, checksums) and its empty
+        directories, which ``artifact_sha256`` leaves out. Two trees with the same value look the same."""
+        return hashlib.sha256(self.to_json()).hexdigest()
+
     def to_json(self) -> bytes:
         body = {
             "format": MANIFEST_FORMAT,

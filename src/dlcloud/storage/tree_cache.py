@@ -2,8 +2,9 @@
 
 ``TreeCache.acquire(prefix, manifest, holder)`` returns a local, read-only directory holding a stored tree's
 files and pins it for ``holder`` (an attempt id) until ``release(holder)``. An entry is named by its content
-(``Manifest.artifact_sha256()``), so every job and tenant asking for the same dataset version shares one
-copy, fetched once.
+(``Manifest.content_sha256()``: its files and its empty directories), so every job and tenant asking for the
+same dataset content shares one copy, fetched once, and two trees that differ only in an empty directory do
+not.
 
 Layout under ``root`` (one file system, so every rename is atomic):
 - ``trees/<sha>/``: an entry, the tree's files and nothing else (files 0444, directories 0555).
@@ -170,6 +171,13 @@ def _check_files(root: Path, manifest: Manifest, prefix: str) -> None:
                 raise ObjectDamaged(prefix, f"came back with {name!r}, which is not a regular file")
     if found != {e.path: e.size for e in manifest.entries}:
         raise ObjectDamaged(prefix, "came back with other files than its manifest lists")
+    dirs = {Path(dirpath, d).relative_to(root).as_posix() for dirpath, dirnames, _ in os.walk(root) for d in dirnames}
+    wanted = set(manifest.empty_dirs)
+    for e in manifest.entries:
+        parts = e.path.split("/")
+        wanted.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    if dirs != wanted:
+        raise ObjectDamaged(prefix, "came back with other directories than its manifest lists")
 
 
 @dataclass(frozen=True)
@@ -209,11 +217,11 @@ class TreeCache:
             ObjectMissing, StorageError: as the store raises them.
         """
         check_holder(holder)
-        sha = manifest.artifact_sha256()
+        sha = manifest.content_sha256()
         local = self.store.tree_local_path(prefix)
         if local is not None:
             stored = self.store.tree_manifest(prefix)  # ObjectMissing where there is no tree
-            if stored.artifact_sha256() != sha:
+            if stored.content_sha256() != sha:
                 raise ObjectDamaged(prefix, "holds other files than its record names")
             with self._entry_locked(sha):
                 self._pin(sha, holder)
@@ -304,7 +312,7 @@ class TreeCache:
         try:
             tree = staging / "tree"
             stored = self.store.get_tree(prefix, tree, manifest)
-            if stored.artifact_sha256() != sha:
+            if stored.content_sha256() != sha:
                 raise ObjectDamaged(prefix, "holds other files than its record names")
             _check_files(tree, stored, prefix)
             _sync_tree(tree)

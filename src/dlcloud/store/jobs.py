@@ -143,15 +143,15 @@ def describe_row(conn: Connection, tenant_id: str, name_or_id: str) -> Row[Any] 
 
 
 def describe_events(conn: Connection, job_id: str) -> list[Row[Any]]:
-    return list(conn.execute(_DESCRIBE_EVENTS, {"job_id": job_id}).all())
+    return [*conn.execute(_DESCRIBE_EVENTS, {"job_id": job_id})]
 
 
 def describe_attempts(conn: Connection, job_id: str) -> list[Row[Any]]:
-    return list(conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": job_id}).all())
+    return [*conn.execute(_DESCRIBE_ATTEMPTS, {"job_id": job_id})]
 
 
 def describe_replicas(conn: Connection, job_id: str) -> list[Row[Any]]:
-    return list(conn.execute(_DESCRIBE_REPLICAS, {"job_id": job_id}))
+    return [*conn.execute(_DESCRIBE_REPLICAS, {"job_id": job_id})]
 
 
 def jobs_ahead(conn: Connection, job_id: str, priority: int, created_at: Any) -> int:

@@ -32,7 +32,8 @@ def _member(name: str, data: bytes = b"x", **pax: str) -> tuple[tarfile.TarInfo,
 @pytest.mark.parametrize("mode", ["w", "w:gz", "w:bz2", "w:xz"])
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_ordinary_archives_pass_in_every_format_and_compression(tmp_path, mode, fmt):
-    name = "d/" + "n" * 90 if fmt == tarfile.USTAR_FORMAT else "d/" + "n" * 300
+    # a name past ustar's 100 bytes needs the GNU or pax long-name records
+    name = "d/" + "n" * 90 if fmt == tarfile.USTAR_FORMAT else "d/" + "/".join(["n" * 200] * 3)
     members = [_member("a.py", b"print(1)\n" * 100), _member(name, b"y" * 3000), _member("empty", b"")]
     path = _write(tmp_path / "a.tar", members, mode, fmt)
     assert validate_tar(path, LIMITS) == 900 + 3000
@@ -109,4 +110,34 @@ def test_what_tarfile_cannot_read_is_left_to_it(tmp_path):
     path.write_bytes(b"not an archive at all" * 50)
     scan_tar_headers(path, LIMITS)  # no header: nothing to refuse here
     with pytest.raises(InvalidArchive, match="not a valid tar"):
+        validate_tar(path, LIMITS)
+
+
+def _tar_of(tmp_path: Path, names: list[str]) -> Path:
+    return _write(tmp_path / "t.tar", [_member(n, b"") for n in names], "w", tarfile.PAX_FORMAT)
+
+
+@pytest.mark.parametrize(
+    ("names", "fragment"),
+    [
+        (["a/" * 40 + "f"], "levels deep"),
+        (["x" * 300], "longer than 255 bytes"),
+        (["/".join(["y" * 200] * 6)], "at most 1024"),
+        (["a\\b"], "backslash"),
+        (["ok/.dlcloud-manifest.json"], "reserved"),
+        ([f"{i}/{'d/' * 30}f" for i in range(4)], "directories count"),
+    ],
+)
+def test_deep_long_and_reserved_names_are_refused(tmp_path: Path, names: list[str], fragment: str) -> None:
+    """A small archive of deep empty files would cost minutes of CPU and millions of inodes to unpack."""
+    with pytest.raises(InvalidArchive, match=fragment):
+        validate_tar(_tar_of(tmp_path, names), ArchiveLimits(1 << 20, 100))
+
+
+def test_names_that_are_not_utf8_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        info = tarfile.TarInfo("caf\xe9.csv")
+        tf.addfile(info, io.BytesIO(b""))
+    with pytest.raises(InvalidArchive, match="UTF-8"):
         validate_tar(path, LIMITS)

@@ -153,7 +153,7 @@ def test_first_acquire_fetches_a_read_only_verified_copy_the_second_fetches_noth
     root = tmp_path / "cache"
     cache = TreeCache(root, s3, max_bytes=10_000_000)
     path = cache.acquire("datasets/t/d/1", manifest, "attempt-1")
-    assert path == root / "trees" / manifest.artifact_sha256()
+    assert path == root / "trees" / manifest.content_sha256()
     assert _files(path) == files
     assert (path / "val").is_dir() and not any((path / "val").iterdir())
     for p in [path, *path.rglob("*")]:
@@ -255,7 +255,7 @@ def test_threads_and_processes_acquiring_at_once_fetch_once(
     store = _counting_store(s3_server, s3_server.new_store().prefix, work / "fetches")
     manifest = _put(store, "datasets/t/d/1", tmp_path / "src", {f"f{i}": os.urandom(50_000) for i in range(8)})
     root = tmp_path / "cache"
-    entry = root / "trees" / manifest.artifact_sha256()
+    entry = root / "trees" / manifest.content_sha256()
     procs = [
         _child(s3_server, store, root, work, "datasets/t/d/1", manifest, holder=f"proc-{i}", mode="wait", acquirers=6)
         for i in range(2)
@@ -443,3 +443,17 @@ def test_a_tree_replaced_under_its_prefix_is_refused(s3: CountingStore, tmp_path
     with pytest.raises(ObjectDamaged, match="does not match its manifest entry"):
         cache.acquire("datasets/t/d/1", recorded, "h-1")
     assert _entries(root) == [] and _staged(root) == [] and cache.holders() == set()
+
+
+def test_trees_that_differ_in_an_empty_directory_are_two_entries(s3: CountingStore, tmp_path: Path) -> None:
+    """A tenant's copy with an extra empty class folder must never be what another tenant's job sees."""
+    files = {"cats/1.jpg": b"c", "dogs/1.jpg": b"d"}
+    plain = _put(s3, "datasets/a/d/1", tmp_path / "a", files)
+    planted = _put(s3, "datasets/b/d/1", tmp_path / "b", files, empty_dirs=("zebras",))
+    assert plain.artifact_sha256() == planted.artifact_sha256()  # the files' checksum alone cannot tell them apart
+    cache = TreeCache(tmp_path / "cache", s3, max_bytes=100_000)
+    seen_b = cache.acquire("datasets/b/d/1", planted, "b-1")
+    seen_a = cache.acquire("datasets/a/d/1", plain, "a-1")
+    assert seen_a != seen_b
+    assert sorted(p.name for p in seen_a.iterdir()) == ["cats", "dogs"]
+    assert sorted(p.name for p in seen_b.iterdir()) == ["cats", "dogs", "zebras"]
