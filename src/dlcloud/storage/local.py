@@ -211,10 +211,14 @@ class LocalObjectStore(ObjectStore):
                 (tree / d).mkdir(parents=True, exist_ok=True, mode=0o700)
             (tree / MANIFEST_NAME).write_bytes(manifest.to_json())
             make_read_only(tree)
+            # a directory moved to another parent needs write permission on itself (its '..' changes):
+            # root has it anyway, an unprivileged server does not, so the top is sealed after the move
+            tree.chmod(0o755)
             target = self._path(prefix)
             self._private_dirs(target.parent)
             remove_tree(target)  # only a crash can leave one behind: tree prefixes are never reused
             os.rename(tree, target)
+            target.chmod(0o555)
         finally:
             remove_tree(staging)
         return manifest

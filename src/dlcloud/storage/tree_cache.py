@@ -317,7 +317,9 @@ class TreeCache:
             _check_files(tree, stored, prefix)
             _sync_tree(tree)
             make_read_only(tree)
+            tree.chmod(0o755)  # moving a directory to another parent needs write on it (unless root)
             os.rename(tree, self._trees / sha)
+            (self._trees / sha).chmod(0o555)
             reservation = staging / "size"
             now = time.time_ns()
             os.utime(reservation, ns=(now, now))

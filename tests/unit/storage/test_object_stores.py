@@ -245,3 +245,47 @@ def test_local_tree_of_an_older_data_dir_gets_its_manifest_from_its_files(tmp_pa
     assert store.tree_manifest("models/t/m/3") == manifest  # read back, not recomputed
     with pytest.raises(ObjectMissing):
         store.tree_manifest("models/t/m/4")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to an unprivileged uid (CI runs as root)")
+def test_local_trees_are_stored_by_an_unprivileged_server(tmp_path: Path) -> None:
+    """Moving a read-only directory to another parent is refused to anyone but root: a server run as an
+    ordinary user must still store trees (and the cache install them)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="dlcloud-unprivileged-"))  # pytest's tmp_path is root's alone
+    root.chmod(0o755)
+    os.chown(root, 65534, 65534)
+    request_cleanup = root
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from dlcloud.storage.local import LocalObjectStore\n"
+        "root = Path(sys.argv[1]); src = root / 'src' / 'model'; src.mkdir(parents=True)\n"
+        "(src / 'w.bin').write_bytes(b'x')\n"
+        "store = LocalObjectStore(root / 'data')\n"
+        "store.put_tree('models/t/m/1', root / 'src')\n"
+        "print(sorted(p.name for p in (root / 'data' / 'models' / 't' / 'm' / '1').iterdir()))\n"
+    )
+
+    def drop() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", script, str(root)],
+            env=env,
+            capture_output=True,
+            text=True,
+            preexec_fn=drop,
+            timeout=60,
+        )
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(request_cleanup)], check=False)
+        shutil.rmtree(request_cleanup, ignore_errors=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "['.dlcloud-manifest.json', 'model']"
