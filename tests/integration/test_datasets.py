@@ -10,12 +10,14 @@ import json
 import random
 import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from dlcloud import signing
 from dlcloud.client import Client
+from dlcloud.services import datasets as datasets_service
 from dlcloud.storage.objects import scan_tree
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, JobDatasetRow
 from tests.conftest import Env, assert_api_error, wait_for
@@ -378,3 +380,29 @@ def test_another_tenants_job_cannot_read_a_dataset_by_its_path(running_env: Env,
     seen = json.loads(lines[0])
     assert set(seen.values()) <= {"FileNotFoundError", "PermissionError"}, seen
     assert "acme-private-rows" not in lines[0]
+
+
+def test_unsharing_ends_the_other_tenants_readers(world: World) -> None:
+    env = world.env
+    _push(env, world.alice, "clicks", FILES)
+    _raw(env, world.alice, "POST", f"{API}/datasets/clicks/shares/beta")
+    world.bob.jobs.submit({"name": "borrow", "command": "true", "datasets": ["acme/clicks@1"]})
+    err = assert_api_error(_raw(env, world.alice, "DELETE", f"{API}/datasets/clicks"), 409, "dataset_in_use")
+    assert err["details"] == {"jobs": [], "other_tenants_jobs": 1}  # beta's job is counted, not named
+    assert "borrow" not in err["message"]
+    assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks/shares/beta").status_code == 204
+    job = world.bob.jobs.get("borrow")
+    assert job["state"] == "FAILED" and "no longer shared" in job["reason"]
+    assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks").status_code == 204
+
+
+def test_a_push_that_would_unpack_past_the_quota_writes_nothing(world: World, monkeypatch) -> None:
+    env = world.env
+    env.admin.tenants.set_quota("acme", {"storage": 10_000})
+    upload = _upload(env, world.alice, _tar_gz({"zeros": b"\0" * 5_000_000}))  # 5 MB of zeros packs small
+    unpacked: list[Path] = []
+    real = datasets_service._unpack
+    monkeypatch.setattr(datasets_service, "_unpack", lambda *a: unpacked.append(a[1]) or real(*a))
+    resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
+    assert_api_error(resp, 429, "quota_exceeded", "storage quota")
+    assert unpacked == []  # refused from the archive's declared sizes, before extraction

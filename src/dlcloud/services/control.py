@@ -264,7 +264,12 @@ class ControlLoop:
                     job.wait_reason = f"waiting for room in the dataset cache: {exc.message}"
                     continue
                 except DlcloudError as exc:  # its data is gone or damaged in the store: it can never start
-                    why = f"its datasets cannot be read: {exc.message}"
+                    # the reason names the datasets, not where the store keeps them (another tenant's, maybe)
+                    log.error("job %s: its datasets cannot be read: %s", job.id, exc.message)
+                    names = ", ".join(
+                        f"{d['owner']}/{d['name']}@{d['version']}" for d in job.spec.get(RESOLVED_DATASETS) or []
+                    )
+                    why = f"its datasets ({names}) are missing or damaged in the server's storage; ask an administrator"
                     job_states.transition(s, job, JobState.FAILED, why, at=now, events=events)
                     continue
                 needed = recipes.ports_needed(job.spec, job.replica_groups)

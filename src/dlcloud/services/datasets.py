@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -55,8 +56,9 @@ from dlcloud.schemas.datasets import (
     DatasetUpload,
     DatasetVersion,
 )
+from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.models import LABEL_RE, check_label
-from dlcloud.services import storage_quota, uploads
+from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
@@ -280,6 +282,10 @@ def push_version(
         upload, archive = uploads.fetch_upload(
             platform, caller, req.upload, DATASET_UPLOAD_ID_RE, Path(scratch), "a push", "the data"
         )
+        # what it would unpack to must fit the storage quota before a byte of it is written
+        declared = validate_tar(archive, _limits(platform))
+        with platform.db.write() as s:
+            storage_quota.check_fits(s, caller.tenant_id, caller.tenant, declared)
         tree = Path(scratch) / "tree"
         tree.mkdir()
         manifest = _unpack(archive, tree, _limits(platform))
@@ -515,6 +521,20 @@ def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, 
         if row is None:
             raise NotFound(f"dataset {name!r} is not shared with tenant {tenant!r}")
         s.delete(row)
+        _end_readers(s, dataset, row.tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+
+
+def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> None:
+    """The jobs of ``tenant_id`` that read ``dataset`` and have not ended lose it: queued ones fail, running
+    ones are cancelled (their stop is sent by the control loop); they hold its versions no longer."""
+    version_ids = [v.id for v in store.list_versions(s, dataset.tenant_id, dataset.id)]
+    for job in store.reading_jobs(s, version_ids, tenant_id):
+        if job.state in store.QUEUED_JOB_STATES:
+            job_states.transition(s, job, JobState.FAILED, why)
+        else:
+            job.cancel_requested = True
+            job.reason = f"cancellation requested: {why}"
+        s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job.id))
 
 
 # -- deletion --------------------------------------------------------------------------------------------
@@ -570,8 +590,6 @@ def delete_version(platform: Platform, caller: Caller, name: str, version: int, 
 def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
     """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
     if version_ids:
-        from sqlalchemy import delete
-
         s.execute(delete(JobDatasetRow).where(JobDatasetRow.version_id.in_(version_ids)))
         s.flush()
 

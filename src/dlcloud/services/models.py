@@ -575,6 +575,10 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
             upload, local = uploads.fetch_upload(
                 platform, caller, req.upload, UPLOAD_ID_RE, Path(scratch), "a register", "the artifact"
             )
+            # what it would unpack to must fit the storage quota before a byte of it is written
+            declared = validate_tar(local, artifacts.limits)
+            with platform.db.write() as s:
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, declared)
             staged = artifacts.stage_archive(local)
     else:
         assert req.from_job is not None  # the request model requires one source

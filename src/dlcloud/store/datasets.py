@@ -23,6 +23,7 @@ from dlcloud.store.rows import (
 )
 
 ENDED_JOB_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
+QUEUED_JOB_STATES = ("QUEUED", "RESTARTING")
 
 
 def get_dataset(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> DatasetRow | None:
@@ -137,6 +138,20 @@ def readers(s: Session, version_ids: Iterable[str]) -> dict[str, list[tuple[str,
         for version_id, job, tenant_id in s.execute(q):
             out[version_id].append((job, tenant_id))
     return out
+
+
+def reading_jobs(s: Session, version_ids: Iterable[str], tenant_id: str) -> list[JobRow]:
+    """The jobs of ``tenant_id`` not yet ended that read any of the versions, locked."""
+    ids = list(version_ids)
+    if not ids:
+        return []
+    q = (
+        select(JobRow)
+        .join(JobDatasetRow, JobDatasetRow.job_id == JobRow.id)
+        .where(JobDatasetRow.version_id.in_(ids), JobRow.tenant_id == tenant_id, JobRow.state.not_in(ENDED_JOB_STATES))
+        .with_for_update()
+    )
+    return list(s.scalars(q).unique())
 
 
 def tenant_bytes(s: Session, tenant_id: str) -> int:
