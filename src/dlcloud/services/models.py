@@ -498,13 +498,60 @@ def _insert_version(
     staged: StagedArtifact,
     job: JobRow | None,
 ) -> ModelVersion:
+    """Three steps, so that no write transaction is open while the artifact is stored (on SQLite it would stop
+    every other write for that long): take the next number (creating the model), store the tree under it,
+    then add the version's row. A failure after the first step removes what it stored and a model it
+    created; the number it took is not given again (numbers are never reused anyway)."""
+    model_id, number, created = _take_number(platform, caller, req, staged.digest.size)
+    key = version_key(caller.tenant_id, model_id, number)
+    try:
+        platform.objects.put_tree(key, staged.dir)
+        with platform.db.write() as s:
+            storage_quota.check_fits(s, caller.tenant_id, caller.tenant, staged.digest.size)
+            model = s.get(ModelRow, model_id, with_for_update=True)
+            if model is None:
+                raise ModelNotFound(f"model {req.name!r} was deleted while this version was stored")
+            row = ModelVersionRow(
+                id=new_id("mv-"),
+                model_id=model_id,
+                tenant_id=caller.tenant_id,
+                version=number,
+                format=req.format,
+                artifact_name=staged.name,
+                artifact_key=key,
+                sha256=staged.digest.sha256,
+                size_bytes=staged.digest.size,
+                signature=signature,
+                metrics=dict(req.metrics),
+                source_job_id=job.id if job else None,
+                source_job_name=job.name if job else None,
+                source_path=req.from_job.path if req.from_job else None,
+                description=req.description,
+                created_by=caller.user_id,
+                created_at=utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            [result] = _version_models(s, model, req.name, caller.tenant, [row], caller)
+        return result
+    except BaseException:
+        _remove_stored(platform, [key])
+        if created:
+            with platform.db.write() as s:
+                model = s.get(ModelRow, model_id, with_for_update=True)
+                if model is not None and not store.list_versions(s, caller.tenant_id, model_id):
+                    s.delete(model)
+        raise
+
+
+def _take_number(platform: Platform, caller: Caller, req: ModelRegister, size: int) -> tuple[str, int, bool]:
+    """(model id, the version number taken, whether the model was created now)."""
     for attempt in (1, 2):
-        stored: str | None = None
         try:
             with platform.db.write() as s:
-                now = utcnow()
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, staged.digest.size)
+                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
                 model = store.get_model(s, caller.tenant_id, req.name, for_update=True)
+                created = model is None
                 if model is None:
                     model = ModelRow(
                         id=new_id("m-"),
@@ -513,48 +560,16 @@ def _insert_version(
                         description=req.description,
                         last_version=0,
                         created_by=caller.user_id,
-                        created_at=now,
+                        created_at=utcnow(),
                     )
                     s.add(model)
                     s.flush()
                 model.last_version += 1
-                key = version_key(caller.tenant_id, model.id, model.last_version)
-                row = ModelVersionRow(
-                    id=new_id("mv-"),
-                    model_id=model.id,
-                    tenant_id=caller.tenant_id,
-                    version=model.last_version,
-                    format=req.format,
-                    artifact_name=staged.name,
-                    artifact_key=key,
-                    sha256=staged.digest.sha256,
-                    size_bytes=staged.digest.size,
-                    signature=signature,
-                    metrics=dict(req.metrics),
-                    source_job_id=job.id if job else None,
-                    source_job_name=job.name if job else None,
-                    source_path=req.from_job.path if req.from_job else None,
-                    description=req.description,
-                    created_by=caller.user_id,
-                    created_at=now,
-                )
-                s.add(row)
-                s.flush()
-                stored = key
-                platform.objects.put_tree(key, staged.dir)
-                [result] = _version_models(s, model, req.name, caller.tenant, [row], caller)
-            return result
+                return model.id, model.last_version, created
         except IntegrityError:
             # another request created the same model first (PostgreSQL): its row exists now, try once more
-            if stored is not None:
-                _remove_stored(platform, [stored])
-                raise
             if attempt == 2:
                 raise
-        except BaseException:
-            if stored is not None:
-                _remove_stored(platform, [stored])
-            raise
     raise AssertionError("unreachable")
 
 
