@@ -124,3 +124,23 @@ def test_jobs_read_datasets_through_this_hosts_cache(s3_env: tuple[Env, S3Server
     cache = env.settings.data_dir / "cache" / "datasets"
     assert paths[0] == paths[1] and Path(paths[0]).is_relative_to(cache)
     assert env.control is not None and env.control.data_cache.holders() == set()
+
+
+def test_an_unreachable_store_is_a_503_that_names_nothing_of_it(tmp_path: Path, db_url: str) -> None:
+    settings = make_settings(
+        tmp_path, db_url, storage_url="s3://hidden-bucket/secret-prefix", s3_endpoint_url="http://127.0.0.1:1",
+        s3_access_key_id="AKIDEXAMPLE", s3_secret_access_key="wJalrXUtnFEMI-not-a-real-secret", s3_region="us-east-1",
+    )  # fmt: skip
+    env = build_env(settings)
+    with env.http:
+        archive = tmp_path / "code.tar.gz"
+        with tarfile.open(archive, "w:gz") as tf:
+            tf.addfile(tarfile.TarInfo("train.py"), io.BytesIO(b""))
+        with pytest.raises(Exception) as err:
+            env.admin.code.upload(archive)
+    error = err.value
+    assert getattr(error, "code", None) == "storage_unavailable"
+    shown = f"{error} {getattr(error, 'details', {})}"
+    for hidden in ("127.0.0.1", "hidden-bucket", "secret-prefix", "wJalrXUtnFEMI", "AKIDEXAMPLE"):
+        assert hidden not in shown
+    env.platform.db.dispose()

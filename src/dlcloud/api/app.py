@@ -22,7 +22,13 @@ from dlcloud.services.platform import Platform
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
-_BODY_NOT_PARSED = "There was an error parsing the body"  # FastAPI's 400 when a JSON body cannot be decoded
+_BODY_NOT_PARSED = "There was an error parsing the body"
+# the object store's failures, as callers see them (the details go to the server log)
+_STORAGE_FAILURES = {
+    "storage_unavailable": "the server's storage cannot be reached right now; try again later",
+    "object_missing": "stored data this request needs is missing from the server's storage; ask an administrator",
+    "object_damaged": "stored data this request needs is damaged in the server's storage; ask an administrator",
+}  # FastAPI's 400 when a JSON body cannot be decoded
 
 
 def _error(
@@ -70,6 +76,10 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     async def _dlcloud_error(request: Request, exc: DlcloudError) -> JSONResponse:
         if isinstance(exc, AuthError) and exc.access_key:
             request.state.auth_access_key = exc.access_key[:40]
+        if exc.code in _STORAGE_FAILURES:
+            # where the store is and what it said (endpoints, buckets, keys) is for the operator's log only
+            log.error("%s %s: %s (%s)", request.method, request.url.path, exc.message, exc.details)
+            return _error(request, exc.http_status, exc.code, _STORAGE_FAILURES[exc.code], {})
         return _error(request, exc.http_status, exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
