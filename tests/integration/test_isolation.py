@@ -211,10 +211,11 @@ def test_code_of_another_tenant_cannot_be_used_in_a_job(world):
 def test_code_upload_is_stored_under_the_owning_tenant(world):
     tenant_a = world.env.admin.tenants.get("tenant-a")["id"]
     tenant_b = world.env.admin.tenants.get("tenant-b")["id"]
-    code_dir = world.env.settings.code_dir
-    a_files = [p for p in (code_dir / tenant_a).rglob("*") if p.is_file()]
-    assert len(a_files) == 1 and world.code_id in str(a_files[0])
-    assert not [p for p in (code_dir / tenant_b).rglob("*") if p.is_file()]
+    objects = world.env.platform.objects
+    [stored] = list(objects.list(f"code/{tenant_a}"))
+    assert stored.key == f"code/{tenant_a}/{world.code_id}/code.tar.gz"
+    assert list(objects.list(f"code/{tenant_b}")) == []
+    a_files = [objects.local_path(stored.key)]
     digest = hashlib.sha256(a_files[0].read_bytes()).hexdigest()
     assert world.a_member.transport.request("GET", f"{API}/code/{world.code_id}")["sha256"] == digest
 
