@@ -40,9 +40,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _entries(path: Path) -> list[tuple[str, Path]]:
-    """(relative POSIX path, full path) of every regular file; ValueError on links and special files."""
-    base = path.parent
+def _entries(path: Path, base: Path | None = None) -> list[tuple[str, Path]]:
+    """(POSIX path relative to ``base``, full path) of every regular file; ValueError on links and special
+    files. ``base``: the artifact's parent by default (paths start with the artifact's name)."""
+    base = path.parent if base is None else base
     st = os.lstat(path)
     if stat.S_ISREG(st.st_mode):
         return [(path.name, path)]
@@ -62,11 +63,14 @@ def _entries(path: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def artifact_digest(path: Path) -> ArtifactDigest:
-    """The checksum, total size and file count of the artifact at ``path`` (a file or a directory)."""
+def artifact_digest(path: Path, *, contents_only: bool = False) -> ArtifactDigest:
+    """The checksum, total size and file count of the artifact at ``path`` (a file or a directory).
+
+    ``contents_only``: paths relative to the directory ``path`` itself, not to its parent — a dataset
+    version's checksum, whose files have no common top-level name."""
     manifest = hashlib.sha256(MANIFEST_HEADER)
     size = 0
-    entries = _entries(path)
+    entries = _entries(path, path if contents_only else None)
     for rel, full in entries:
         file_size = full.stat().st_size
         size += file_size

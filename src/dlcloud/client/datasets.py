@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dlcloud import tarsafe
-from dlcloud.checksums import MANIFEST_HEADER, file_sha256
+from dlcloud.checksums import artifact_digest
 from dlcloud.client.base import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
@@ -141,28 +140,13 @@ def pack_data(source: Path | str) -> PackedData:
 
 
 def tree_checksum(root: Path) -> str:
-    """The checksum of the files under ``root``, paths relative to it: the manifest of ``dlcloud.checksums``
-    (what the server records as a version's ``sha256``).
+    """The checksum of the files under ``root``, paths relative to it (what the server records as a
+    version's ``sha256``).
 
     Raises:
         ValueError: a link or a special file is under ``root``.
     """
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            full = Path(dirpath) / name
-            mode = os.lstat(full).st_mode
-            rel = full.relative_to(root).as_posix()
-            if stat.S_ISREG(mode):
-                found.append((rel, full))
-            elif not stat.S_ISDIR(mode):
-                raise ValueError(f"{rel} is a link or special file")
-    found.sort(key=lambda e: e[0].encode("utf-8", "surrogateescape"))
-    digest = hashlib.sha256(MANIFEST_HEADER)
-    for rel, full in found:
-        line = f"{rel}\0{file_sha256(full)}\0{full.stat().st_size}\n"
-        digest.update(line.encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
+    return artifact_digest(root, contents_only=True).sha256
 
 
 def split_name(name: str) -> tuple[str, dict[str, Any]]:
