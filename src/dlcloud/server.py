@@ -30,6 +30,7 @@ from dlcloud.services.leader import Leadership
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
+from dlcloud.services.uploads import sweep_uploads
 from dlcloud.settings import Settings
 from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
@@ -175,8 +176,9 @@ def _housekeeping(server: Server) -> None:
             purge_nonces(server.platform.db, server.settings.clock_skew_seconds)
         except Exception:  # keep housekeeping alive across transient database errors
             log.exception("nonce purge failed")
-        try:  # what crashed writes left in the store, a day after
+        try:  # what crashed writes left in the store, a day after; uploads no request used, past their time
             server.platform.objects.sweep(24 * 3600.0)
+            sweep_uploads(server.platform.objects, server.settings.model_upload_ttl_seconds)
         except Exception:  # keep housekeeping alive across transient storage errors
             log.exception("storage sweep failed")
 

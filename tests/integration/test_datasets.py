@@ -406,3 +406,17 @@ def test_a_push_that_would_unpack_past_the_quota_writes_nothing(world: World, mo
     resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
     assert_api_error(resp, 429, "quota_exceeded", "storage quota")
     assert unpacked == []  # refused from the archive's declared sizes, before extraction
+
+
+def test_uploads_no_push_used_are_dropped_after_their_time(world: World) -> None:
+    from dlcloud.services.uploads import sweep_uploads
+
+    env = world.env
+    upload = _upload(env, world.alice, _tar_gz({"f": b"x"}))
+    objects = env.platform.objects
+    sweep_uploads(objects, 3600.0)  # young: kept
+    assert [i.key.rsplit("/", 1)[1] for i in objects.list("uploads")] == [f"{upload}.tar.gz"]
+    sweep_uploads(objects, 0.0)  # past its time: dropped, and a push then says so
+    assert list(objects.list("uploads")) == []
+    resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
+    assert_api_error(resp, 400, "invalid_argument", "expired")
