@@ -420,3 +420,26 @@ def test_uploads_no_push_used_are_dropped_after_their_time(world: World) -> None
     assert list(objects.list("uploads")) == []
     resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
     assert_api_error(resp, 400, "invalid_argument", "expired")
+
+
+def test_an_upload_in_use_by_one_push_is_refused_to_another(world: World, tmp_path) -> None:
+    """One upload never becomes two versions: while a push holds it, another push of it is a 409."""
+    from dlcloud.schemas.datasets import DATASET_UPLOAD_ID_RE
+    from dlcloud.services import uploads
+    from dlcloud.services.auth import Caller, Role
+
+    env = world.env
+    upload = _upload(env, world.alice, _tar_gz({"f": b"x"}))
+    from dlcloud.store.rows import TenantRow, UserRow
+
+    with env.platform.db.read() as s:
+        tenant = s.scalars(select(TenantRow).where(TenantRow.name == "acme")).one()
+        user = s.scalars(select(UserRow).where(UserRow.tenant_id == tenant.id, UserRow.name == "alice")).one()
+        caller = Caller(tenant.id, "acme", user.id, "alice", Role(user.role), world.alice.transport.creds.access_key)
+    with uploads.use_upload(env.platform, caller, upload, DATASET_UPLOAD_ID_RE, tmp_path, "a push", "the data"):
+        resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
+        assert_api_error(resp, 409, "invalid_state", "being used by another request")
+    # released: the upload is usable again, once
+    assert _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload}).status_code == 201
+    resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
+    assert_api_error(resp, 400, "invalid_argument", "used by a push already")

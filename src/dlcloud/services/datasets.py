@@ -278,10 +278,13 @@ def push_version(
         with platform.db.read() as s:
             _writable(s, caller, name, owner, "pushing versions")
     scratch_root = upload_scratch_dir(platform.settings)
-    with tempfile.TemporaryDirectory(dir=scratch_root) as scratch:
-        upload, archive = uploads.fetch_upload(
-            platform, caller, req.upload, DATASET_UPLOAD_ID_RE, Path(scratch), "a push", "the data"
-        )
+    with (
+        tempfile.TemporaryDirectory(dir=scratch_root) as scratch,
+        uploads.use_upload(platform, caller, req.upload, DATASET_UPLOAD_ID_RE, Path(scratch), "a push", "the data") as (
+            upload,
+            archive,
+        ),
+    ):
         # what it would unpack to must fit the storage quota before a byte of it is written
         declared = validate_tar(archive, _limits(platform))
         with platform.db.write() as s:
@@ -291,7 +294,7 @@ def push_version(
         manifest = _unpack(archive, tree, _limits(platform))
         archive.unlink()
         version = _insert_version(platform, caller, name, req, tree, manifest)
-    platform.objects.delete(upload)
+        platform.objects.delete(upload)
     return version
 
 

@@ -583,34 +583,37 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
         with platform.db.read() as s:
             _writable(s, caller, req.name, owner, "registering versions")
     artifacts = artifact_store(platform)
-    upload = None
-    job = None
-    if req.upload is not None:
-        with tempfile.TemporaryDirectory(dir=upload_scratch_dir(platform.settings)) as scratch:
-            upload, local = uploads.fetch_upload(
-                platform, caller, req.upload, UPLOAD_ID_RE, Path(scratch), "a register", "the artifact"
+    with contextlib.ExitStack() as stack:
+        upload = None
+        job = None
+        if req.upload is not None:
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(dir=upload_scratch_dir(platform.settings)))
+            upload, local = stack.enter_context(
+                uploads.use_upload(
+                    platform, caller, req.upload, UPLOAD_ID_RE, Path(scratch), "a register", "the artifact"
+                )
             )
             # what it would unpack to must fit the storage quota before a byte of it is written
             declared = validate_tar(local, artifacts.limits)
             with platform.db.write() as s:
                 storage_quota.check_fits(s, caller.tenant_id, caller.tenant, declared)
             staged = artifacts.stage_archive(local)
-    else:
-        assert req.from_job is not None  # the request model requires one source
-        staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
-    try:
-        if signature is None and executes_code(req.format) and platform.sandbox_prefix is None:
-            # inspecting it would run its author's code bare: only where that harms no other tenant
-            require_isolation(platform, caller, "inferring the signature of a model whose loading runs code")
-        if signature is None:
-            signature = infer_signature(
-                staged.path, req.format, platform.settings.model_inspect_timeout_seconds, platform.sandbox_prefix
-            )
-        version = _insert_version(platform, caller, req, signature, staged, job)
-    finally:
-        artifacts.discard(staged)
-    if upload is not None:
-        platform.objects.delete(upload)
+        else:
+            assert req.from_job is not None  # the request model requires one source
+            staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
+        try:
+            if signature is None and executes_code(req.format) and platform.sandbox_prefix is None:
+                # inspecting it would run its author's code bare: only where that harms no other tenant
+                require_isolation(platform, caller, "inferring the signature of a model whose loading runs code")
+            if signature is None:
+                signature = infer_signature(
+                    staged.path, req.format, platform.settings.model_inspect_timeout_seconds, platform.sandbox_prefix
+                )
+            version = _insert_version(platform, caller, req, signature, staged, job)
+        finally:
+            artifacts.discard(staged)
+        if upload is not None:
+            platform.objects.delete(upload)
     return version
 
 

@@ -9,22 +9,27 @@ one that no request used is dropped after ``model_upload_ttl_seconds``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
 
-from dlcloud.errors import InvalidArgument, NotFound, PayloadTooLarge
+from dlcloud.errors import InvalidArgument, InvalidState, NotFound, PayloadTooLarge
 from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
 from dlcloud.services.platform import Platform
 from dlcloud.storage.objects import ObjectMissing, ObjectStore
 from dlcloud.store.ids import new_id
+from dlcloud.store.rows import UploadClaimRow, utcnow
 
 T = TypeVar("T")
 
@@ -86,23 +91,49 @@ def _stored_key(platform: Platform, caller: Caller, upload_id: str, id_re: re.Pa
     return key if platform.objects.head(key) is not None else None
 
 
-def fetch_upload(
+@contextlib.contextmanager
+def use_upload(
     platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str], dest_dir: Path, used_by: str, what: str
-) -> tuple[str, Path]:
+) -> Iterator[tuple[str, Path]]:
     """(key, local copy in ``dest_dir``) of an upload of ``what`` (e.g. 'the artifact') waiting for the request
-    ``used_by`` (e.g. 'a register')."""
+    ``used_by`` (e.g. 'a register'), claimed for this request while the block runs: another request for the
+    same upload is refused meanwhile, so one upload never becomes two versions. The block deletes the upload
+    when it used it; a claim left by a crash is taken over once it is older than the upload's time to live."""
     key = _stored_key(platform, caller, upload_id, id_re)
-    if key is not None:
-        local = dest_dir / "upload.tar.gz"
-        try:
-            platform.objects.get_file(key, local)
-            return key, local
-        except ObjectMissing:  # used or expired just now
-            pass
-    raise InvalidArgument(
+    missing = InvalidArgument(
         f"upload {upload_id!r} not found: it was used by {used_by} already, expired or never existed; "
         f"upload {what} again"
     )
+    if key is None:
+        raise missing
+    _claim(platform, key, upload_id)
+    try:
+        local = dest_dir / "upload.tar.gz"
+        try:
+            platform.objects.get_file(key, local)
+        except ObjectMissing:  # used or expired just now
+            raise missing from None
+        yield key, local
+    finally:
+        with platform.db.write() as s:
+            s.execute(delete(UploadClaimRow).where(UploadClaimRow.key == key))
+
+
+def _claim(platform: Platform, key: str, upload_id: str) -> None:
+    now = utcnow()
+    stale = now - timedelta(seconds=platform.settings.model_upload_ttl_seconds)
+    busy = InvalidState(f"upload {upload_id!r} is being used by another request right now; an upload makes one version")
+    try:
+        with platform.db.write() as s:
+            row = s.get(UploadClaimRow, key, with_for_update=True)
+            if row is not None and row.claimed_at > stale:
+                raise busy
+            if row is None:
+                s.add(UploadClaimRow(key=key, claimed_at=now))
+            else:
+                row.claimed_at = now
+    except IntegrityError:  # another request claimed it between our read and our insert (PostgreSQL)
+        raise busy from None
 
 
 def delete_upload(platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str]) -> None:

@@ -407,6 +407,15 @@ class DatasetShareRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class UploadClaimRow(Base):
+    """An upload a request is using right now (a register or a push): a second request for the same upload
+    waits for none and is refused, so one upload never becomes two versions."""
+
+    __tablename__ = "upload_claims"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    claimed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class JobDatasetRow(Base):
     """A dataset version a job reads (resolved at submit): while the job has not ended the version cannot be
     deleted (the restriction on the foreign key makes that hold in the database too)."""

@@ -1,5 +1,5 @@
-"""datasets: the sample library (datasets, versions, labels, shares), the dataset versions jobs read, and a
-tenant's storage quota
+"""datasets: the sample library (datasets, versions, labels, shares), the dataset versions jobs read, a
+tenant's storage quota, and the uploads requests are using
 
 Revision ID: 0009
 Revises: 0008
@@ -80,9 +80,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "version_id"),
     )
     op.create_index("ix_job_datasets_version_id", "job_datasets", ["version_id"])
+    op.create_table(
+        "upload_claims",
+        sa.Column("key", sa.String(length=255), nullable=False),
+        sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("key"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("upload_claims")
     op.drop_index("ix_job_datasets_version_id", table_name="job_datasets")
     op.drop_table("job_datasets")
     op.drop_index("ix_dataset_shares_tenant_id", table_name="dataset_shares")
