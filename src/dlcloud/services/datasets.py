@@ -63,8 +63,8 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
-from dlcloud.storage.artifacts import iter_tar_gz_files
-from dlcloud.storage.objects import Manifest, ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry, scan_tree
+from dlcloud.storage.artifacts import iter_stored_tree
+from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
@@ -439,26 +439,7 @@ def open_version(
     version, key = _get_version(platform, caller, name, ref, owner)
     objects = platform.objects
     manifest = _manifest(objects, key, version)
-    files = [(e.path, e.size, _file_reader(objects, key, e)) for e in manifest.entries]
-    return version, iter_tar_gz_files(files, manifest.empty_dirs)
-
-
-def _file_reader(objects: ObjectStore, key: str, entry: TreeEntry):
-    """A stored file's bytes for a download; a damaged one is logged and padded or cut to its size, so the
-    archive stays well-formed and the client's checksum refuses it."""
-
-    def read() -> Iterator[bytes]:
-        sent = 0
-        try:
-            for data in objects.iter_tree_file(key, entry):
-                sent += len(data)
-                yield data
-        except ObjectDamaged as exc:
-            log.error("%s (in %s); the download will fail its checksum", exc.message, objects.url)
-            if sent < entry.size:
-                yield b"\0" * (entry.size - sent)
-
-    return read
+    return version, iter_stored_tree(objects, key, manifest)
 
 
 # -- labels and shares -----------------------------------------------------------------------------------

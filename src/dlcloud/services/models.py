@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -79,8 +79,8 @@ from dlcloud.services.isolation import require_isolation
 from dlcloud.services.jobs import job_dir
 from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
-from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_tar_gz_files
-from dlcloud.storage.objects import ObjectDamaged, ObjectMissing, ObjectStore, TreeEntry
+from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
+from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store
 from dlcloud.store import models as store
 from dlcloud.store import tenants as tenant_store
@@ -675,26 +675,7 @@ def open_artifact(
             f"the artifact of version {version.version} of model {version.model!r} is missing from the server's "
             "storage; ask an administrator"
         ) from None
-    files = [(e.path, e.size, _tree_file_reader(objects, key, e)) for e in manifest.entries]
-    return version, iter_tar_gz_files(files, manifest.empty_dirs)
-
-
-def _tree_file_reader(objects: ObjectStore, key: str, entry: TreeEntry) -> Callable[[], Iterator[bytes]]:
-    """A stored file's bytes for a download. A file damaged in the store is logged, and sent padded or cut
-    to its recorded size: the archive stays well-formed and the client's checksum check refuses it."""
-
-    def read() -> Iterator[bytes]:
-        sent = 0
-        try:
-            for data in objects.iter_tree_file(key, entry):
-                sent += len(data)
-                yield data
-        except ObjectDamaged as exc:
-            log.error("%s (in %s); the download will fail its checksum", exc.message, objects.url)
-            if sent < entry.size:
-                yield b"\0" * (entry.size - sent)
-
-    return read
+    return version, iter_stored_tree(objects, key, manifest)
 
 
 # -- labels and shares -----------------------------------------------------------------------------------
