@@ -61,9 +61,9 @@ class TimedControlLoop(ControlLoop):
 
     start_seconds = 0.0
 
-    def _start(self, w: Workload) -> None:
+    def _start(self, handle: str, w: Workload) -> None:
         t0 = time.perf_counter()
-        super()._start(w)
+        super()._start(handle, w)
         self.start_seconds += time.perf_counter() - t0
 
 
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             )
             box = SecretBox.from_file(settings.resolved_server_key_file)
             executor = SimulatedExecutor()
-            control = TimedControlLoop(Platform(settings, db, box, inventory), executor)
+            control = TimedControlLoop(Platform(settings, db, box, inventory, executor=executor), executor)
 
             t0 = time.perf_counter()
             populate(db, args.jobs, args.tenants, rng)
@@ -207,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
             for r in range(args.rounds):
                 if r:
                     t0 = time.perf_counter()
-                    for w in executor.running():
-                        executor.finish(w.attempt_dir, 0)
+                    for handle in executor.running():
+                        executor.finish(handle, 0)
                     control.supervise()
                     finish_times.append(time.perf_counter() - t0)
                 control.start_seconds = 0.0
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                     print("a placing pass placed nothing; check the setup", file=sys.stderr)
                     return 1
 
-            gpus_busy = sum(len(w.gpus) for w in executor.running())
+            gpus_busy = sum(len(w.gpus) for w in executor.running().values())
             idle: list[float] = []
             for _ in range(args.idle_passes):
                 t0 = time.perf_counter()

@@ -182,6 +182,7 @@ def build_env(settings: Settings, executor: Executor | None = None) -> Env:
         wake=lambda: holder["c"].wake() if "c" in holder else None,
         sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
         environments=executor.environments(settings) if executor else LocalVenvBackend.from_settings(settings),
+        executor=executor,
     )
     control = None
     if executor is not None:

@@ -110,6 +110,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         sandbox_prefix=executor.sandbox_prefix,
         objects=objects,
         environments=executor.environments(settings),
+        executor=executor,
     )
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)

@@ -151,7 +151,7 @@ def test_a_deposed_leader_writes_nothing(env: Env, nodes):
     assert c.jobs.get("queued")["reason"] != "written by the deposed leader"
     with pytest.raises(LeadershipLost):  # and it stays lost until it releases and wins an election again
         a.leadership.verify()
-    assert executor.running() == []
+    assert executor.running() == {}
 
     assert b.control.schedule() == 1
     assert c.jobs.get("queued")["state"] == "STARTING"
@@ -201,8 +201,8 @@ def test_the_same_failed_attempt_is_handled_once_across_a_takeover(env: Env, nod
     c = env.admin
     c.jobs.submit({"name": "flaky", "command": "exit 3", "restart": {"max_restarts": 3, "backoff_seconds": 0}})
     assert a.control.schedule() == 1
-    (workload,) = executor.running()
-    executor.finish(workload.attempt_dir, exit_code=3)
+    (handle,) = executor.running()
+    executor.finish(handle, exit_code=3)
 
     _break_lock(env)
     assert wait_for(b.leadership.try_acquire, timeout=10, what="the second node to lead")
@@ -224,7 +224,7 @@ def test_the_same_failed_attempt_is_handled_once_across_a_takeover(env: Env, nod
         assert [e.reason for e in restarts] == ["attempt 1 failed with exit code 3; restart 1 of 3 after 0 s"]
         assert (attempt.outcome, attempt.exit_code) == ("failed", 3)
     assert b.control.schedule() == 1  # attempt 2, by the new leader only
-    assert [w.attempt for w in executor.running()] == [2]
+    assert [w.attempt for w in executor.running().values()] == [2]
 
 
 def test_a_deposed_environment_builder_records_nothing(env: Env, nodes):

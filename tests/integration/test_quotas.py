@@ -128,7 +128,7 @@ def running_names(env: Env) -> list[str]:
     """Names of the jobs the executor runs, in start order."""
     with env.platform.db.read() as s:
         names = {i: n for i, n in s.execute(select(JobRow.id, JobRow.name))}
-    return [names[w.job_id] for w in executor(env).running()]
+    return [names[w.job_id] for w in executor(env).running().values()]
 
 
 def finish(env: Env, *names: str, exit_code: int = 0) -> None:
@@ -136,10 +136,10 @@ def finish(env: Env, *names: str, exit_code: int = 0) -> None:
     ex = executor(env)
     with env.platform.db.read() as s:
         ids = set(s.scalars(select(JobRow.id).where(JobRow.name.in_(names))))
-    ended = [w for w in ex.running() if w.job_id in ids]
+    ended = [h for h, w in ex.running().items() if w.job_id in ids]
     assert len(ended) == len(names), f"not all of {names} are running"
-    for w in ended:
-        ex.finish(w.attempt_dir, exit_code)
+    for handle in ended:
+        ex.finish(handle, exit_code)
     assert env.control is not None
     env.control.supervise()
 

@@ -19,6 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from dlcloud.errors import DlcloudError
+from dlcloud.storage.objects import Manifest, ObjectStore
+
 if TYPE_CHECKING:
     from dlcloud.executors.environments import EnvironmentBackend
     from dlcloud.settings import Settings
@@ -40,42 +43,70 @@ class Replica:
     memory_bytes: int = 0
     ports: tuple[int, ...] = ()
     decides: bool = True  # its exit 0 is needed for success (False: runs until the gang is stopped, e.g. TF ps)
-    files: tuple[tuple[str, str], ...] = ()  # (name, text) written into its directory first (an MPI hostfile)
+    # (name, text) written, read-only to it, into a directory of the executor's choosing before it starts (an
+    # MPI hostfile); an env value starting with REPLICA_FILES_REF names that directory
+    files: tuple[tuple[str, str], ...] = ()
+
+
+# in a Replica's env values, the directory its ``files`` were written to (the executor replaces it)
+REPLICA_FILES_REF = "${DLCLOUD_REPLICA_FILES}"
+
+
+@dataclass(frozen=True)
+class StoredCode:
+    """A job's code as the object store keeps it: the executor fetches it (``kind`` archive: a .tar.gz
+    unpacked into the work directory; package: a wheel or sdist installed onto PYTHONPATH)."""
+
+    storage_key: str
+    sha256: str
+    kind: Literal["archive", "package"]
+
+
+@dataclass(frozen=True)
+class DatasetMount:
+    """A dataset version the job reads: the stored tree at ``storage_key`` whose manifest hashes to
+    ``sha256`` (``Manifest.artifact_sha256``). The executor makes it a read-only directory and puts its path
+    in ``DLCLOUD_DATASET_<NAME>`` and ``DLCLOUD_DATASETS``."""
+
+    name: str
+    storage_key: str
+    sha256: str
+
+
+def dataset_env_name(name: str) -> str:
+    """DLCLOUD_DATASET_<NAME>, where a job finds a dataset: upper case, '-' as '_'."""
+    return "DLCLOUD_DATASET_" + name.upper().replace("-", "_")
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One attempt of a job, fully decided: what to run, where, with which resources."""
+    """One attempt of a job, fully decided above the executor: what to run, with which resources. It names
+    nothing of a host: code and data by storage key, the environment by spec hash, GPUs by the inventory's
+    indices. Where it runs (directories, uids, addresses, device files) is the executor's business, behind the
+    opaque handle it names the attempt with (``Executor.handle``)."""
 
     job_id: str
     tenant_id: str
     attempt: int
-    attempt_dir: Path  # created by the executor; holds code/, logs and the launcher's records
-    command: str  # the main command, run with /bin/sh -c in the code directory
-    env: dict[str, str] = field(default_factory=dict)  # added to a minimal base environment
-    code_archive: Path | None = None  # a validated .tar.gz unpacked into <attempt_dir>/code
-    package: Path | None = None  # a wheel or sdist installed into <attempt_dir>/packages (PYTHONPATH)
-    venv: Path | None = None  # a runtime environment to run in (activated: bin/ first on PATH, VIRTUAL_ENV)
-    gpus: tuple[int, ...] = ()  # exclusive GPU indices -> CUDA_VISIBLE_DEVICES
+    command: str  # the main command, run with /bin/sh -c in the job's work directory (its code)
+    env: dict[str, str] = field(default_factory=dict)  # added to the executor's minimal base environment
+    code: StoredCode | None = None
+    environment: str | None = None  # the spec hash of a READY runtime environment; None: the default one
+    datasets: tuple[DatasetMount, ...] = ()
+    gpus: tuple[int, ...] = ()  # exclusive GPUs (inventory indices) -> CUDA_VISIBLE_DEVICES
     cpus: float = 1.0
     memory_bytes: int = 0  # 0 = no limit
-    timeout_seconds: float | None = None  # enforced by the launcher, survives control-plane restarts
+    timeout_seconds: float | None = None  # enforced by the executor, survives control-plane restarts
     grace_seconds: float = 10.0  # SIGTERM -> SIGKILL on stop and timeout
     # Phases around the main command, each run like it (same env, directory, limits). pre failing skips main;
     # post runs after main whatever happened to it (also after a stop or timeout), within post_timeout_seconds.
     pre_command: str | None = None
     post_command: str | None = None
     post_timeout_seconds: float = 300.0
-    # a gang: each replica runs the phases in its own directory <attempt_dir>/replicas/<name>/ with its own
-    # env, GPUs and limits; gpus / cpus / memory_bytes above are then the gang's totals. Empty: one process.
+    # a gang: each replica runs the phases with its own env, GPUs and limits; gpus / cpus / memory_bytes above
+    # are then the gang's totals. Empty: one process.
     replicas: tuple[Replica, ...] = ()
     log_max_bytes: int = 256 * 1024 * 1024  # the cap of the log (of each replica's): its end is kept
-    # directories the job writes that outlive the attempt (checkpoints, outputs): created by the executor,
-    # the only ones besides its own work directory that a sandboxed job may write
-    data_dirs: tuple[Path, ...] = ()
-    # directories the job reads and never writes (dataset versions): in a sandbox, bound read-only at the
-    # same path
-    readonly_dirs: tuple[Path, ...] = ()
     # the tenant's sandbox number (TenantRow.sandbox_slot): the executor derives the Unix uid from it
     sandbox_slot: int | None = None
 
@@ -150,17 +181,95 @@ def log_segments(log: Path) -> list[Path]:
     return [log.with_name(log.name + ROTATED_LOG_SUFFIX), log]
 
 
+LAUNCH_FAILED = 125  # the exit code of an attempt whose workload could not be prepared or launched
+
+
+class InputsUnavailable(DlcloudError):
+    """A workload's code or dataset is missing from the store or does not hold what the workload names: the
+    attempt can never start (it ends with ``LAUNCH_FAILED`` and this message, which names no storage key)."""
+
+    code = "inputs_unavailable"
+
+
+def check_inputs(objects: ObjectStore, workload: Workload) -> list[tuple[DatasetMount, Manifest]]:
+    """Whether the store holds the workload's code and the dataset versions it names (each dataset's manifest
+    hashes to what the workload was given); the manifests, for fetching. Raises InputsUnavailable."""
+    if workload.code is not None and objects.head(workload.code.storage_key) is None:
+        raise InputsUnavailable("its code is missing from the server's storage; ask an administrator")
+    out = []
+    for d in workload.datasets:
+        try:
+            manifest = objects.tree_manifest(d.storage_key)
+        except DlcloudError as exc:
+            log.error("job %s: dataset %s: %s", workload.job_id, d.name, exc.message)
+            manifest = None
+        if manifest is None or manifest.artifact_sha256() != d.sha256:
+            raise InputsUnavailable(
+                f"its dataset {d.name!r} is missing or damaged in the server's storage; ask an administrator"
+            )
+        out.append((d, manifest))
+    return out
+
+
 class Executor(abc.ABC):
-    """Starts, polls and stops Workloads. Public methods log; implementations fill the ``_`` hooks."""
+    """Starts, polls and stops Workloads, each attempt named by an opaque handle; owns every host detail.
+
+    The contract (checked against every implementation by tests/unit/executors/test_contract.py):
+    - ``handle`` names an attempt before it starts (the control plane records it first, so a crash between
+      the record and ``start`` is seen as an attempt that never launched: ``poll`` says lost with
+      ``launched=False`` and it is started again). A handle starts at most once.
+    - ``start`` does not block on the workload's inputs: code and datasets are fetched from the object store
+      behind it, while ``poll`` says "pending". Inputs missing or damaged end the attempt with
+      ``LAUNCH_FAILED`` and a message that names no storage location.
+    - ``poll`` answers from what the executor recorded, so a new instance (a restarted control plane) reports
+      attempts an earlier one started.
+    - ``stop`` ends an attempt gracefully (SIGTERM, the grace period, the post command); stopping an ended or
+      unknown attempt does nothing.
+    - ``log_files`` reads an attempt's logs; ``save_outputs`` puts the job's outputs, as the attempt left them,
+      into the object store; ``remove_job`` forgets everything the executor keeps for a deleted job.
+    Public methods log; implementations fill the ``_`` hooks.
+    """
 
     name: str = "base"
+
+    def __init__(self) -> None:
+        self._objects: ObjectStore | None = None
+        self._environments: EnvironmentBackend | None = None
+        self._settings: Settings | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Executor:
         """The executor as ``dlcloud up`` builds it from the settings (``settings.executor`` names the class)."""
         return cls()
 
-    def start(self, workload: Workload) -> None:
+    def bind(self, settings: Settings, objects: ObjectStore, environments: EnvironmentBackend) -> None:
+        """Where this executor keeps what it owns and reads what workloads name: called once, at the
+        composition root (``Platform``), before any other method but ``environments``."""
+        self._settings, self._objects, self._environments = settings, objects, environments
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            raise RuntimeError(f"the {self.name} executor is not bound to a platform (Executor.bind)")
+        return self._settings
+
+    @property
+    def objects(self) -> ObjectStore:
+        if self._objects is None:
+            raise RuntimeError(f"the {self.name} executor is not bound to a platform (Executor.bind)")
+        return self._objects
+
+    @property
+    def environment_backend(self) -> EnvironmentBackend:
+        if self._environments is None:
+            raise RuntimeError(f"the {self.name} executor is not bound to a platform (Executor.bind)")
+        return self._environments
+
+    def handle(self, tenant_id: str, job_id: str, attempt: int) -> str:
+        """The opaque name of an attempt, recorded before it starts (at most 255 characters)."""
+        return f"{tenant_id}/{job_id}/attempt-{attempt}"
+
+    def start(self, handle: str, workload: Workload) -> None:
         log.info(
             "starting job %s attempt %d (gpus=%s cpus=%s)",
             workload.job_id,
@@ -168,14 +277,18 @@ class Executor(abc.ABC):
             list(workload.gpus),
             workload.cpus,
         )
-        self._start(workload)
+        self._start(handle, workload)
 
-    def poll(self, attempt_dir: Path) -> AttemptReport:
-        return self._poll(attempt_dir)
+    def poll(self, handle: str) -> AttemptReport:
+        return self._poll(handle)
 
-    def stop(self, attempt_dir: Path) -> None:
-        log.info("stopping attempt %s", attempt_dir)
-        self._stop(attempt_dir)
+    def stop(self, handle: str) -> None:
+        log.info("stopping attempt %s", handle)
+        self._stop(handle)
+
+    def replica_host(self, handle: str) -> str:
+        """The address at which the replicas of the attempt reach each other (the rendezvous host)."""
+        return "localhost"
 
     def isolation(self) -> tuple[bool, str]:
         """Whether user code this executor runs is sandboxed, and how, in words for the start-up banner."""
@@ -204,15 +317,25 @@ class Executor(abc.ABC):
     def reap(self) -> None:  # noqa: B027 - optional hook, most executors have nothing to reap
         """Collect finished child processes (called regularly by the supervisor)."""
 
-    def log_files(self, attempt_dir: Path) -> list[Path]:
-        """The attempt's log files in reading order (a gang: one per replica, see ``replica_log_files``)."""
-        return list(replica_log_files(attempt_dir).values())
+    @abc.abstractmethod
+    def log_files(self, handle: str) -> dict[str, Path]:
+        """The attempt's output.log files by replica name ("" for one process), readable by this process; each
+        may have an older half beside it (``log_segments``). Empty: no log (yet)."""
 
     @abc.abstractmethod
-    def _start(self, workload: Workload) -> None: ...
+    def save_outputs(self, handle: str, key: str) -> bool:
+        """Put the job's outputs directory, as the attempt left it, into the object store as a tree at ``key``;
+        False when the job wrote none. Idempotent (a crash after it is followed by another call)."""
 
     @abc.abstractmethod
-    def _poll(self, attempt_dir: Path) -> AttemptReport: ...
+    def remove_job(self, tenant_id: str, job_id: str) -> None:
+        """Forget everything kept for a deleted job (its attempts' directories, checkpoints, outputs)."""
 
     @abc.abstractmethod
-    def _stop(self, attempt_dir: Path) -> None: ...
+    def _start(self, handle: str, workload: Workload) -> None: ...
+
+    @abc.abstractmethod
+    def _poll(self, handle: str) -> AttemptReport: ...
+
+    @abc.abstractmethod
+    def _stop(self, handle: str) -> None: ...

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlcloud.errors import InvalidState, NotFound
-from dlcloud.executors.base import AttemptReport, Executor, Workload
+from dlcloud.executors.base import LAUNCH_FAILED, AttemptReport, Executor, InputsUnavailable, Workload, check_inputs
 from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
 from dlcloud.executors.local import venvs
 from dlcloud.executors.local.environments import LocalVenvBackend
@@ -54,30 +54,44 @@ class SimulatedEnvironments(LocalVenvBackend):
 
 
 class SimulatedExecutor(Executor):
-    """Runs nothing; attempts are dictionary entries. ``clock`` returns the current (maybe simulated) time."""
+    """Runs nothing; attempts are dictionary entries keyed by handle. ``clock`` returns the current (maybe
+    simulated) time. It keeps the executor contract: inputs are checked against the object store at start
+    (missing or damaged: the attempt ends with LAUNCH_FAILED), a handle starts once, stop is graceful."""
 
     name = "simulated"
 
     def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
+        super().__init__()
         self.clock = clock
-        self._attempts: dict[Path, _Attempt] = {}
+        self._attempts: dict[str, _Attempt] = {}
         self._next_pid = 100_000
 
     def environments(self, settings: Settings) -> SimulatedEnvironments:
         return SimulatedEnvironments(settings.envs_dir)
 
-    def _start(self, workload: Workload) -> None:
-        key = Path(workload.attempt_dir)
-        if key in self._attempts:
-            raise InvalidState(f"attempt directory {key} was already used; every attempt needs a new one")
+    def _start(self, handle: str, workload: Workload) -> None:
+        if handle in self._attempts:
+            raise InvalidState(f"attempt {handle} was already started; every attempt needs a new handle")
+        try:
+            if self._objects is not None:
+                check_inputs(self._objects, workload)
+        except InputsUnavailable as exc:
+            now = self.clock()
+            report = AttemptReport(
+                state="exited", exit_code=LAUNCH_FAILED, started_at=now, finished_at=now, message=exc.message
+            )
+            self._attempts[handle] = _Attempt(workload, report)
+            return
         self._next_pid += 1
         report = AttemptReport(state="running", started_at=self.clock(), pid=self._next_pid)
-        self._attempts[key] = _Attempt(workload, report)
+        self._attempts[handle] = _Attempt(workload, report)
 
-    def _poll(self, attempt_dir: Path) -> AttemptReport:
-        attempt = self._attempts.get(Path(attempt_dir))
+    def _poll(self, handle: str) -> AttemptReport:
+        attempt = self._attempts.get(handle)
         if attempt is None:
-            return AttemptReport(state="lost", message=f"attempt {attempt_dir} is unknown to this simulated executor")
+            return AttemptReport(
+                state="lost", message=f"attempt {handle} is unknown to this simulated executor", launched=False
+            )
         timeout = attempt.workload.timeout_seconds
         started = attempt.report.started_at
         expired = timeout is not None and started is not None and self.clock() >= started + timedelta(seconds=timeout)
@@ -85,22 +99,33 @@ class SimulatedExecutor(Executor):
             self._end(attempt, -signal.SIGTERM, timed_out=True, message=f"timed out after {timeout} s")
         return attempt.report
 
-    def _stop(self, attempt_dir: Path) -> None:
-        attempt = self._attempts.get(Path(attempt_dir))
+    def _stop(self, handle: str) -> None:
+        attempt = self._attempts.get(handle)
         if attempt is not None and attempt.report.state == "running":
             self._end(attempt, -signal.SIGTERM, stopped=True, message="stopped")
 
-    def finish(self, attempt_dir: Path, exit_code: int = 0, message: str = "") -> None:
+    def log_files(self, handle: str) -> dict[str, Path]:
+        return {}  # nothing runs, nothing writes a log
+
+    def save_outputs(self, handle: str, key: str) -> bool:
+        return False  # nothing runs, nothing writes outputs
+
+    def remove_job(self, tenant_id: str, job_id: str) -> None:
+        for handle in [h for h, a in self._attempts.items() if a.workload.job_id == job_id]:
+            if self._attempts[handle].report.state != "running":
+                del self._attempts[handle]
+
+    def finish(self, handle: str, exit_code: int = 0, message: str = "") -> None:
         """End a running attempt with ``exit_code`` (what a real process exiting would look like)."""
-        attempt = self._attempts.get(Path(attempt_dir))
+        attempt = self._attempts.get(handle)
         if attempt is None:
-            raise NotFound(f"attempt {attempt_dir} is unknown to this simulated executor")
+            raise NotFound(f"attempt {handle} is unknown to this simulated executor")
         if attempt.report.state == "running":
             self._end(attempt, exit_code, message=message)
 
-    def running(self) -> list[Workload]:
-        """The workloads currently running, in start order."""
-        return [a.workload for a in self._attempts.values() if a.report.state == "running"]
+    def running(self) -> dict[str, Workload]:
+        """The workloads currently running by handle, in start order."""
+        return {h: a.workload for h, a in self._attempts.items() if a.report.state == "running"}
 
     def _end(
         self, attempt: _Attempt, exit_code: int, *, timed_out: bool = False, stopped: bool = False, message: str = ""

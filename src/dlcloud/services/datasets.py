@@ -43,6 +43,7 @@ from dlcloud.errors import (
     PermissionDenied,
     Unavailable,
 )
+from dlcloud.executors.base import dataset_env_name as env_name
 from dlcloud.schemas.common import NAME_RE
 from dlcloud.schemas.datasets import (
     DATASET_REF_RE,
@@ -613,11 +614,6 @@ class ResolvedDataset:
             "sha256": self.sha256,
             "size_bytes": self.size_bytes,
         }
-
-
-def env_name(name: str) -> str:
-    """DLCLOUD_DATASET_<NAME>: upper case, '-' as '_'."""
-    return "DLCLOUD_DATASET_" + name.upper().replace("-", "_")
 
 
 def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[ResolvedDataset]:

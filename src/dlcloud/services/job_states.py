@@ -92,6 +92,22 @@ def transition(
         events.append(event)
 
 
+def note(s: Session, job: JobRow, reason: str, at: datetime | None = None) -> None:
+    """An event that changes no state (its from and to states are the job's current one), for what the job's
+    owner must learn, e.g. that its outputs could not be saved."""
+    s.add(
+        JobEventRow(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            time=at or utcnow(),
+            from_state=job.state,
+            to_state=job.state,
+            reason=reason,
+            attempt=job.attempt,
+        )
+    )
+
+
 def add_events(s: Session, events: list[dict[str, Any]]) -> None:
     """Insert the events that ``transition(..., events=...)`` collected."""
     if events:

@@ -6,16 +6,22 @@ State changes go through ``job_states.transition``; running attempts are driven 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied, QuotaExceeded
+from dlcloud.errors import (
+    AlreadyExists,
+    DlcloudError,
+    InvalidSpec,
+    InvalidState,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+)
 from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import (
     SECRET_MASK,
@@ -43,8 +49,15 @@ RESOLVED_DATASETS = "resolved_datasets"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
-def job_dir(platform: Platform, tenant_id: str, job_id: str) -> Path:
-    return platform.settings.runs_dir / tenant_id / job_id
+def outputs_key(tenant_id: str, job_id: str, attempt: int) -> str:
+    """Where the job's outputs, as attempt ``attempt`` left them, are kept in the object store (a tree, saved
+    by the executor when the attempt ends)."""
+    return f"{outputs_prefix(tenant_id, job_id)}/attempt-{attempt}"
+
+
+def outputs_prefix(tenant_id: str, job_id: str) -> str:
+    """Every saved outputs tree of a job is below this prefix."""
+    return f"jobs/{tenant_id}/{job_id}/outputs"
 
 
 def _job_model(row: JobRow, tenant: str, user: str) -> Job:
@@ -321,4 +334,9 @@ def delete_job(platform: Platform, caller: Caller, name_or_id: str) -> None:
             raise InvalidState(f"job {row.name!r} is {row.state}; cancel it first (dlcloud jobs cancel {row.name})")
         tenant_id, job_id = row.tenant_id, row.id
         s.delete(row)
-    shutil.rmtree(job_dir(platform, tenant_id, job_id), ignore_errors=True)
+    if platform.executor is not None:
+        platform.executor.remove_job(tenant_id, job_id)
+    try:
+        platform.objects.delete_prefix(outputs_prefix(tenant_id, job_id))
+    except DlcloudError as exc:  # the row is gone: what is left is unreachable, and swept by no one else
+        log.error("job %s deleted but its saved outputs could not be removed: %s", job_id, exc.message)

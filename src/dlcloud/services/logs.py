@@ -39,7 +39,7 @@ from pathlib import Path
 
 import anyio
 
-from dlcloud.executors.base import LOG_TRUNCATED, log_segments, replica_log_files
+from dlcloud.executors.base import LOG_TRUNCATED, log_segments
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
 from dlcloud.services.jobs import get_row
@@ -59,18 +59,21 @@ LogFile = tuple[int, str, Path]
 _MARKER = re.compile(rb"^(\S+) system " + re.escape(LOG_TRUNCATED.encode()) + rb"(\d+) ")
 
 
-def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[tuple[int, Path]]]:
+def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[tuple[int, str]]]:
     with platform.db.read() as s:
         row = get_row(s, caller, name)
-        attempts = job_store.attempt_dirs(s, row.id)
-        return row.id, JobState(row.state) in TERMINAL_STATES, [(n, Path(d)) for n, d in attempts]
+        attempts = job_store.attempt_handles(s, row.id)
+        return row.id, JobState(row.state) in TERMINAL_STATES, attempts
 
 
-def _files(attempts: list[tuple[int, Path]], replica: str | None) -> list[LogFile]:
-    """The log files of the attempts (of ``replica`` only, when given), attempt by attempt."""
+def _files(platform: Platform, attempts: list[tuple[int, str]], replica: str | None) -> list[LogFile]:
+    """The log files of the attempts (of ``replica`` only, when given), attempt by attempt, as the executor
+    that ran them keeps them."""
     out: list[LogFile] = []
-    for number, attempt_dir in attempts:
-        for name, path in replica_log_files(attempt_dir).items():
+    if platform.executor is None:
+        return out
+    for number, handle in attempts:
+        for name, path in platform.executor.log_files(handle).items():
             if replica is None or name == replica or name.startswith(replica + "."):
                 out.append((number, name, path))
     return out
@@ -422,16 +425,16 @@ def _check(
     platform: Platform,
     caller: Caller,
     job_id: str,
-    attempts: list[tuple[int, Path]],
+    attempts: list[tuple[int, str]],
     replica: str | None,
     known: set[Path],
-) -> tuple[bool, list[tuple[int, Path]], list[LogFile]]:
+) -> tuple[bool, list[tuple[int, str]], list[LogFile]]:
     """Whether the job has ended, its attempts, and the log files not ``known`` yet: of a new attempt, or a
     gang's replica directories that appeared since."""
     _, done, fresh = _snapshot(platform, caller, job_id)
     numbers = {n for n, _ in attempts}
     attempts = attempts + [a for a in fresh if a[0] not in numbers]
-    return done, attempts, [f for f in _files(attempts, replica) if f[2] not in known]
+    return done, attempts, [f for f in _files(platform, attempts, replica) if f[2] not in known]
 
 
 async def open_log_stream(
@@ -466,7 +469,7 @@ async def _stream(
     caller: Caller,
     job_id: str,
     done: bool,
-    attempts: list[tuple[int, Path]],
+    attempts: list[tuple[int, str]],
     *,
     follow: bool,
     tail: int | None,
@@ -474,7 +477,7 @@ async def _stream(
     replica: str | None = None,
     max_bytes: int,
 ) -> AsyncIterator[str]:
-    files = await anyio.to_thread.run_sync(_files, attempts, replica)
+    files = await anyio.to_thread.run_sync(_files, platform, attempts, replica)
     readers: Readers = [(number, name, _LogReader(path)) for number, name, path in files]
     label = _labeller(files)
     try:

@@ -76,7 +76,7 @@ from dlcloud.services import storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
-from dlcloud.services.jobs import job_dir
+from dlcloud.services.jobs import outputs_key
 from dlcloud.services.platform import Platform, SandboxPrefix
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
@@ -466,28 +466,29 @@ def _models(s: Session, rows: list[tuple[ModelRow, str, bool]]) -> list[Model]:
 def _stage_from_job(
     platform: Platform, artifacts: ArtifactStore, caller: Caller, src: FromJob
 ) -> tuple[StagedArtifact, JobRow]:
+    """The file or directory ``src.path`` of the job's outputs as its latest ended attempt left them (saved
+    into the object store by the executor when the attempt ended)."""
     rel = _check_output_path(src.path)
     with platform.db.read() as s:
         job = job_store.get_job(s, caller.tenant_id, src.job)
         if job is None:
             raise NotFound(f"job {src.job!r} not found")
         s.expunge(job)
-    outputs = job_dir(platform, caller.tenant_id, job.id) / "outputs"
-    if outputs.is_symlink() or not outputs.is_dir():
-        raise InvalidArgument(f"job {job.name!r} has no output directory (state {job.state}); nothing to register")
-    current = outputs
-    for part in rel.parts:  # no link anywhere on the way: a link could lead out of the outputs
-        current = current / part
-        if current.is_symlink():
-            raise InvalidArgument(
-                f"{(current.relative_to(outputs)).as_posix()!r} in the outputs of job {job.name!r} is a symbolic "
-                "link; register the file or directory itself"
-            )
-        if not current.exists():
-            raise InvalidArgument(f"no file or directory {src.path!r} in the outputs of job {job.name!r}")
-    if not os.path.realpath(current).startswith(os.path.realpath(outputs) + os.sep):
-        raise InvalidArgument(f"path {src.path!r} must stay inside the outputs of job {job.name!r}")
-    return artifacts.stage_copy(current, rel.parts[-1], src.path), job
+        ended = job_store.ended_attempts(s, job.id)
+    for number in reversed(ended):
+        key = outputs_key(job.tenant_id, job.id, number)
+        try:
+            manifest = platform.objects.tree_manifest(key)
+        except ObjectMissing:
+            continue
+        try:
+            return artifacts.stage_stored(platform.objects, key, manifest, rel.as_posix(), src.path), job
+        except InvalidArgument as exc:
+            if exc.message.startswith("no file or directory"):
+                raise InvalidArgument(f"no file or directory {src.path!r} in the outputs of job {job.name!r}") from None
+            raise
+    when = "" if ended else " (outputs are saved when an attempt ends)"
+    raise InvalidArgument(f"job {job.name!r} has no saved outputs (state {job.state}){when}; nothing to register")
 
 
 def _insert_version(

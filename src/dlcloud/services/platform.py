@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlcloud.executors.base import Executor
 from dlcloud.executors.environments import EnvironmentBackend, NoEnvironments
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.services.secrets import SecretBox
@@ -39,9 +40,14 @@ class Platform:
     objects: ObjectStore = field(default=None)  # type: ignore[assignment]
     # builds runtime environments and says where workloads find them: the executor's (Executor.environments)
     environments: EnvironmentBackend = field(default_factory=NoEnvironments)
+    # runs workloads, and is asked for their logs and to forget deleted jobs; None: this process runs none
+    # (then no job has attempts to read). Bound here to the settings, store and environments above.
+    executor: Executor | None = None
 
     def __post_init__(self) -> None:
         if self.objects is None:
             from dlcloud.storage.stores import open_object_store
 
             object.__setattr__(self, "objects", open_object_store(self.settings))
+        if self.executor is not None:
+            self.executor.bind(self.settings, self.objects, self.environments)

@@ -32,10 +32,9 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dlcloud.executors.base import REPLICAS_DIR, Replica
+from dlcloud.executors.base import REPLICA_FILES_REF, Replica
 
 TORCH_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 HOLD_COMMAND = "exec sleep 2147483647"  # an MPI worker on one host: holds its slot until the gang stops
@@ -89,10 +88,6 @@ def ports_needed(spec: Mapping[str, Any], groups: Sequence[Mapping[str, Any]] | 
     return 0
 
 
-def replica_dir(attempt_dir: Path, name: str) -> Path:
-    return attempt_dir / REPLICAS_DIR / name
-
-
 @dataclass(frozen=True)
 class Launch:
     """What a recipe decides for one attempt: env added to every process, and the processes of a gang
@@ -113,7 +108,6 @@ def build(
     host: str,
     ports: Sequence[int],
     gpus: Sequence[tuple[int, ...]],
-    attempt_dir: Path,
     as_root: bool = False,
 ) -> Launch:
     """The launch of one attempt.
@@ -147,7 +141,7 @@ def build(
             )
     ctx = _Context(spec, framework, command, job_id, attempt, max_restarts, host, list(ports), user_env, as_root)
     recipe = _RECIPES[framework]
-    built = [recipe(ctx, r, i, processes, attempt_dir) for i, r in enumerate(processes)]
+    built = [recipe(ctx, r, i, processes) for i, r in enumerate(processes)]
     common = {"DLCLOUD_NUM_REPLICAS": str(len(built))}
     if ports:
         common["DLCLOUD_PORTS"] = ",".join(map(str, ports))
@@ -184,7 +178,7 @@ def _with(r: Replica, env: dict[str, str], **changes: Any) -> Replica:
     return replace(r, env={**_base_env(r), **env}, **changes)
 
 
-def _none(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attempt_dir: Path) -> Replica:
+def _none(ctx: _Context, r: Replica, rank: int, all_: list[Replica]) -> Replica:
     return _with(r, {})
 
 
@@ -232,7 +226,7 @@ def torchrun_env(
     return env
 
 
-def _pytorch(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attempt_dir: Path) -> Replica:
+def _pytorch(ctx: _Context, r: Replica, rank: int, all_: list[Replica]) -> Replica:
     workers = sorted({p.index for p in all_})
     local_world = sum(1 for p in all_ if p.index == r.index)
     local_rank = int(r.name.rpartition(".")[2]) if "." in r.name else 0
@@ -263,7 +257,7 @@ def tf_cluster(all_: list[Replica], host: str, ports: list[int]) -> dict[str, li
     return cluster
 
 
-def _tensorflow(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attempt_dir: Path) -> Replica:
+def _tensorflow(ctx: _Context, r: Replica, rank: int, all_: list[Replica]) -> Replica:
     cluster = tf_cluster(all_, ctx.host, ctx.ports)
     has_chief = any(p.role == "chief" for p in all_)
     decides = r.role == "chief" or (not has_chief and r.role == "worker" and r.index == 0)
@@ -278,32 +272,33 @@ def _tensorflow(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attem
     return _with(r, {"TF_CONFIG": json.dumps(tf_config, separators=(",", ":"))}, decides=decides)
 
 
-def mpirun_command(command: str, hostfile: str, np: int, *, as_root: bool) -> str:
-    """The launcher's command: OpenMPI's mpirun over the hostfile, on the loopback interface."""
-    argv = ["mpirun", "--hostfile", hostfile, "-np", str(np)]
+def mpirun_command(command: str, np: int, *, as_root: bool) -> str:
+    """The launcher's command: OpenMPI's mpirun over the hostfile in ``$DLCLOUD_MPI_HOSTFILE`` (expanded by
+    the shell that runs the command), on the loopback interface."""
+    argv = ["mpirun", "--hostfile", '"$DLCLOUD_MPI_HOSTFILE"', "-np", str(np)]
     if as_root:
         argv.append("--allow-run-as-root")
     argv += ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
-    return f"{shlex.join(argv)} {command}"
+    return f"{' '.join(argv)} {command}"
 
 
-def _mpi(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attempt_dir: Path) -> Replica:
+def _mpi(ctx: _Context, r: Replica, rank: int, all_: list[Replica]) -> Replica:
     if r.role != "launcher":
         return _with(r, {}, command=HOLD_COMMAND, decides=False)
     slots_per_worker = int(ctx.spec.get("slots_per_worker") or 1)
     workers = [p for p in all_ if p.role == "worker"]
     np = len(workers) * slots_per_worker
-    hostfile = str(replica_dir(attempt_dir, r.name) / "hostfile")
+    hostfile = f"{REPLICA_FILES_REF}/hostfile"  # the executor writes it and says where
     # one line per host: on one machine every worker's slots are this host's (a cluster lists each worker)
     content = f"{ctx.host} slots={np}\n"
     env = {"DLCLOUD_MPI_HOSTFILE": hostfile, "DLCLOUD_MPI_NP": str(np)}
     command = ctx.command
     if (ctx.spec.get("mpi_launch") or "mpirun") == "mpirun":
-        command = mpirun_command(ctx.command, hostfile, np, as_root=ctx.as_root)
+        command = mpirun_command(ctx.command, np, as_root=ctx.as_root)
     return _with(r, env, command=command, files=(("hostfile", content),))
 
 
-def _jax(ctx: _Context, r: Replica, rank: int, all_: list[Replica], attempt_dir: Path) -> Replica:
+def _jax(ctx: _Context, r: Replica, rank: int, all_: list[Replica]) -> Replica:
     coordinator = f"{ctx.host}:{ctx.ports[0]}"
     env = {
         "JAX_COORDINATOR_ADDRESS": coordinator,

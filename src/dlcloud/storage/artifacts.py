@@ -177,6 +177,37 @@ class ArtifactStore:
             remove_tree(staging)
             raise
 
+    def stage_stored(self, objects: ObjectStore, key: str, manifest: Manifest, rel: str, shown: str) -> StagedArtifact:
+        """Copy the file or the directory ``rel`` of the stored tree at ``key`` (whose ``manifest`` is given)
+        into a staging dir, each file verified as it is read; the artifact limits apply. InvalidArgument
+        (naming ``shown``) when the tree has no such file or directory."""
+        name = rel.rsplit("/", 1)[-1]
+        check_artifact_name(name, InvalidArgument)
+        inside = [e for e in manifest.entries if e.path == rel or e.path.startswith(rel + "/")]
+        dirs = [d for d in manifest.empty_dirs if d == rel or d.startswith(rel + "/")]
+        if not inside and not dirs:
+            raise InvalidArgument(f"no file or directory {shown!r}")
+        if len(inside) + len(dirs) > self.limits.max_members:
+            raise InvalidArgument(f"{shown} has more than {self.limits.max_members} entries (the limit)")
+        total = sum(e.size for e in inside)
+        if total > self.limits.max_unpacked_bytes:
+            raise self._too_big(total)
+        parent = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+        staging = self._new_staging()
+        try:
+            for d in dirs:
+                (staging / d.removeprefix(parent)).mkdir(parents=True, exist_ok=True, mode=0o700)
+            for e in inside:
+                dest = staging / e.path.removeprefix(parent)
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with dest.open("wb") as f:
+                    for data in objects.iter_tree_file(key, e):
+                        f.write(data)
+            return StagedArtifact(staging, name, self._checked_digest(staging / name))
+        except BaseException:
+            remove_tree(staging)
+            raise
+
     def discard(self, staged: StagedArtifact) -> None:
         remove_tree(staged.dir)
 

@@ -64,9 +64,15 @@ def live_attempts(s: Session, tenant_id: str) -> list[tuple[list[int], float, in
     return [(list(g), float(c), int(m)) for g, c, m in s.execute(q)]
 
 
-def attempt_dirs(s: Session, job_id: str) -> list[tuple[int, str]]:
-    """(number, attempt directory) of a job's attempts, in order."""
-    q = select(AttemptRow.number, AttemptRow.attempt_dir).where(AttemptRow.job_id == job_id).order_by(AttemptRow.number)
+def ended_attempts(s: Session, job_id: str) -> list[int]:
+    """The numbers of a job's attempts that have ended, in order."""
+    q = select(AttemptRow.number).where(AttemptRow.job_id == job_id, AttemptRow.finished_at.is_not(None))
+    return [int(n) for (n,) in s.execute(q.order_by(AttemptRow.number))]
+
+
+def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str]]:
+    """(number, executor handle) of a job's attempts, in order."""
+    q = select(AttemptRow.number, AttemptRow.handle).where(AttemptRow.job_id == job_id).order_by(AttemptRow.number)
     return [(int(n), str(d)) for n, d in s.execute(q)]
 
 

@@ -165,7 +165,9 @@ class AttemptRow(Base):
     gpus: Mapped[list[int]] = mapped_column(JSON)
     cpus: Mapped[float] = mapped_column(Float)
     memory: Mapped[int] = mapped_column(BigInteger)
-    attempt_dir: Mapped[str] = mapped_column(Text)
+    # the executor's opaque name of the attempt (Executor.handle); the column keeps its first name: rows
+    # written before handles existed hold the local attempt directory, which the local executor still reads
+    handle: Mapped[str] = mapped_column("attempt_dir", Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     exit_code: Mapped[int | None] = mapped_column(Integer)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,7 @@ class FakeClock:
 
 
 def workload(name: str, **fields: object) -> Workload:
-    return Workload(job_id=name, tenant_id="t1", attempt=1, attempt_dir=Path("/sim") / name, command="x", **fields)  # type: ignore[arg-type]
+    return Workload(job_id=name, tenant_id="t1", attempt=1, command="x", **fields)  # type: ignore[arg-type]
 
 
 def test_registry_returns_simulated_executor() -> None:
@@ -32,34 +31,34 @@ def test_registry_returns_simulated_executor() -> None:
 def test_start_finish_poll() -> None:
     clock = FakeClock()
     ex = SimulatedExecutor(clock=clock)
-    ex.start(workload("a"))
-    report = ex.poll(Path("/sim/a"))
+    ex.start("t1/a/attempt-1", workload("a"))
+    report = ex.poll("t1/a/attempt-1")
     assert report.state == "running" and report.started_at == clock.now and report.pid is not None
-    assert [w.job_id for w in ex.running()] == ["a"]
+    assert [w.job_id for w in ex.running().values()] == ["a"]
     clock.now += timedelta(seconds=5)
-    ex.finish(Path("/sim/a"), 3)
-    report = ex.poll(Path("/sim/a"))
+    ex.finish("t1/a/attempt-1", 3)
+    report = ex.poll("t1/a/attempt-1")
     assert report.state == "exited" and report.exit_code == 3 and report.finished_at == clock.now
-    assert ex.running() == []
-    with pytest.raises(InvalidState, match="already used"):
-        ex.start(workload("a"))
+    assert ex.running() == {}
+    with pytest.raises(InvalidState, match="already started"):
+        ex.start("t1/a/attempt-1", workload("a"))
     with pytest.raises(NotFound, match="unknown"):
-        ex.finish(Path("/sim/other"))
+        ex.finish("t1/other/attempt-1")
 
 
 def test_stop_and_timeout() -> None:
     clock = FakeClock()
     ex = SimulatedExecutor(clock=clock)
-    ex.start(workload("a"))
-    ex.start(workload("b", timeout_seconds=60.0))
-    ex.stop(Path("/sim/a"))
-    report = ex.poll(Path("/sim/a"))
+    ex.start("t1/a/attempt-1", workload("a"))
+    ex.start("t1/b/attempt-1", workload("b", timeout_seconds=60.0))
+    ex.stop("t1/a/attempt-1")
+    report = ex.poll("t1/a/attempt-1")
     assert report.state == "exited" and report.stopped and report.exit_code == -signal.SIGTERM
-    assert ex.poll(Path("/sim/b")).state == "running"
+    assert ex.poll("t1/b/attempt-1").state == "running"
     clock.now += timedelta(seconds=60)
-    report = ex.poll(Path("/sim/b"))
+    report = ex.poll("t1/b/attempt-1")
     assert report.state == "exited" and report.timed_out and not report.stopped
 
 
 def test_unknown_attempt_is_lost() -> None:
-    assert SimulatedExecutor().poll(Path("/sim/nothing")).state == "lost"
+    assert SimulatedExecutor().poll("t1/nothing/attempt-1").state == "lost"

@@ -7,10 +7,13 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dlcloud.executors.local.launcher import Launcher
+from dlcloud.executors.local.runner import ProcessRunner
+from dlcloud.executors.local.sandbox import Sandbox
 from dlcloud.schemas.jobs import LogSection
 from dlcloud.services import logs
 
@@ -152,7 +155,9 @@ def test_replicas_are_interleaved_by_time_from_the_end(tmp_path: Path):
         writers.append(w)
     for i in range(600):
         writers[i % 2].write_line("stdout", f"line {i:05d} " + "x" * 60)
-    files = logs._files([(1, tmp_path)], None)
+    # the local executor's process layer reads an attempt's logs by its directory
+    platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
+    files = logs._files(platform, [(1, str(tmp_path))], None)  # type: ignore[arg-type]
     readers = [(n, name, logs._LogReader(path)) for n, name, path in files]
     lines = logs.read_tail(readers, 4, lambda line: True, logs._labeller(files), 1 << 20)
     assert numbers(lines) == [596, 597, 598, 599]
@@ -171,12 +176,13 @@ async def test_following_a_finished_job_streams_all_of_a_large_log(tmp_path: Pat
             f.write(line)
         f.write("2024-01-01T00:00:01.000000Z stdout the end\n")
     lines: list[str] = []
+    platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
     stream = logs._stream(
-        None,  # type: ignore[arg-type]  # a finished job: no state check
+        platform,  # type: ignore[arg-type]  # a finished job: no state check
         None,  # type: ignore[arg-type]
         "job",
         True,
-        [(1, d)],
+        [(1, str(d))],
         follow=True,
         tail=None,
         keep=lambda line: True,

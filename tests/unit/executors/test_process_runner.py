@@ -1,4 +1,5 @@
-"""LocalExecutor: start / poll / stop through the attempt directory, across control-plane restarts."""
+"""ProcessRunner (the local executor's process layer): start / poll / stop through the attempt directory,
+across control-plane restarts."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from typing import Any
 import pytest
 
 from dlcloud.errors import InvalidState
-from dlcloud.executors import AttemptReport, Workload, get_executor_class
-from dlcloud.executors.local import executor as executor_mod
+from dlcloud.executors import AttemptReport
 from dlcloud.executors.local import launcher
-from dlcloud.executors.local.executor import LocalExecutor, stop_deadline
+from dlcloud.executors.local import runner as runner_mod
+from dlcloud.executors.local.runner import ProcessRunner, Run, stop_deadline
 from dlcloud.executors.local.sandbox import Sandbox
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
@@ -41,20 +42,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
 
 
 @pytest.fixture(params=["sandboxed", "bare"])
-def executor(request: pytest.FixtureRequest) -> Iterator[LocalExecutor]:
+def executor(request: pytest.FixtureRequest) -> Iterator[ProcessRunner]:
     """Both ways of running: in bubblewrap sandboxes, and bare (``dlcloud up --sandbox off``)."""
-    ex = LocalExecutor(sandbox=Sandbox(False, "off in this test")) if request.param == "bare" else LocalExecutor()
+    ex = ProcessRunner(sandbox=Sandbox(False, "off in this test")) if request.param == "bare" else ProcessRunner()
     if request.param == "sandboxed":
         assert ex.sandbox.enabled, ex.sandbox.reason
     yield ex
     ex.reap()
 
 
-def workload(attempt_dir: Path, command: str, **fields: Any) -> Workload:
-    return Workload(job_id="job1", tenant_id="t1", attempt=1, attempt_dir=attempt_dir, command=command, **fields)
+def workload(attempt_dir: Path, command: str, **fields: Any) -> Run:
+    return Run(job_id="job1", tenant_id="t1", attempt=1, attempt_dir=attempt_dir, command=command, **fields)
 
 
-def wait_state(ex: LocalExecutor, attempt_dir: Path, state: str, timeout: float = 15.0) -> AttemptReport:
+def wait_state(ex: ProcessRunner, attempt_dir: Path, state: str, timeout: float = 15.0) -> AttemptReport:
     def check() -> AttemptReport | None:
         report = ex.poll(attempt_dir)
         return report if report.state == state else None
@@ -91,26 +92,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def test_registry_returns_local_executor() -> None:
-    assert get_executor_class("local") is LocalExecutor
-
-
-def test_executors_are_built_from_the_settings(tmp_path: Path) -> None:
-    from dlcloud.errors import InvalidArgument
-    from dlcloud.executors.simulated import SimulatedExecutor
-    from dlcloud.settings import Settings
-
-    off = Settings(data_dir=tmp_path, sandbox="off")
-    local = get_executor_class(off.executor).from_settings(off)
-    assert isinstance(local, LocalExecutor) and local.isolation()[0] is False
-    assert "--sandbox off" in local.isolation()[1]
-    simulated = Settings(data_dir=tmp_path, executor="simulated")
-    assert isinstance(get_executor_class(simulated.executor).from_settings(simulated), SimulatedExecutor)
-    with pytest.raises(InvalidArgument, match="valid executors: local, simulated"):
-        get_executor_class("kubernetes")
-
-
-def test_runs_command_and_reports_exit(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_runs_command_and_reports_exit(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "jobs" / "job1" / "1"
     executor.start(workload(attempt_dir, "echo to-out; echo to-err >&2"))
     assert executor.poll(attempt_dir).state in ("pending", "running", "exited")
@@ -121,25 +103,25 @@ def test_runs_command_and_reports_exit(executor: LocalExecutor, tmp_path: Path) 
     assert report.pid == json.loads((attempt_dir / "launcher.json").read_text())["pid"]
     assert output(attempt_dir, "stdout") == ["to-out"]
     assert output(attempt_dir, "stderr") == ["to-err"]
-    assert executor.log_files(attempt_dir) == [attempt_dir / "output.log"]
+    assert executor.log_files(attempt_dir) == {"": attempt_dir / "output.log"}
     for d in (tmp_path / "jobs", tmp_path / "jobs" / "job1", attempt_dir):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
     assert stat.S_IMODE((attempt_dir / "workload.json").stat().st_mode) == 0o600
 
 
-def test_exit_code_is_reported(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_exit_code_is_reported(executor: ProcessRunner, tmp_path: Path) -> None:
     executor.start(workload(tmp_path / "a", "exit 3"))
     assert wait_state(executor, tmp_path / "a", "exited").exit_code == 3
 
 
-def test_attempt_dir_cannot_be_reused(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_attempt_dir_cannot_be_reused(executor: ProcessRunner, tmp_path: Path) -> None:
     executor.start(workload(tmp_path / "a", "true"))
     with pytest.raises(InvalidState, match="already used"):
         executor.start(workload(tmp_path / "a", "true"))
     wait_state(executor, tmp_path / "a", "exited")
 
 
-def test_stop_delivers_sigterm(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_delivers_sigterm(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     script = "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
     executor.start(workload(attempt_dir, script))
@@ -153,7 +135,7 @@ def test_stop_delivers_sigterm(executor: LocalExecutor, tmp_path: Path) -> None:
     assert "got TERM" in output(attempt_dir, "stdout")
 
 
-def test_stop_ends_the_command_then_runs_post(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_ends_the_command_then_runs_post(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     post = 'echo "post $DLCLOUD_EXIT_CODE $DLCLOUD_PHASE"; exit 4'
     executor.start(workload(attempt_dir, "echo ready; exec sleep 30", pre_command="echo pre", post_command=post))
@@ -170,16 +152,16 @@ def test_stop_ends_the_command_then_runs_post(executor: LocalExecutor, tmp_path:
 def test_stop_deadline_leaves_room_for_the_grace_period_and_post() -> None:
     phase = 10 + launcher.PIPE_DRAIN_SECONDS + 1
     plain = stop_deadline({"grace_seconds": 10})
-    assert plain == phase + executor_mod.STOP_MARGIN_SECONDS
+    assert plain == phase + runner_mod.STOP_MARGIN_SECONDS
     assert stop_deadline({"grace_seconds": 10, "post_command": "x", "post_timeout_seconds": 60}) == plain + 60 + phase
     assert stop_deadline({"grace_seconds": 10, "post_command": "x"}) == plain + 300 + phase
 
 
 def test_a_launcher_stuck_after_a_stop_is_killed_with_its_command(
-    monkeypatch: pytest.MonkeyPatch, executor: LocalExecutor, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, executor: ProcessRunner, tmp_path: Path
 ) -> None:
     # the fallback of the stop protocol: past grace + post_timeout + margin the executor SIGKILLs itself
-    monkeypatch.setattr(executor_mod, "STOP_MARGIN_SECONDS", 0.0)
+    monkeypatch.setattr(runner_mod, "STOP_MARGIN_SECONDS", 0.0)
     monkeypatch.setattr(launcher, "PIPE_DRAIN_SECONDS", 0.0)  # only this process's arithmetic
     attempt_dir = tmp_path / "a"
     fields: dict[str, Any] = {"grace_seconds": 0.1, "post_command": "true", "post_timeout_seconds": 0.1}
@@ -194,7 +176,7 @@ def test_a_launcher_stuck_after_a_stop_is_killed_with_its_command(
     wait_for(lambda: not group_alive(pgid))
 
 
-def test_stop_kills_command_ignoring_sigterm_after_grace(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_kills_command_ignoring_sigterm_after_grace(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "trap '' TERM; echo ready; while :; do sleep 0.05; done", grace_seconds=0.5))
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
@@ -203,7 +185,7 @@ def test_stop_kills_command_ignoring_sigterm_after_grace(executor: LocalExecutor
     assert report.stopped and report.exit_code == -signal.SIGKILL
 
 
-def test_stop_right_after_start_is_not_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_right_after_start_is_not_lost(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "sleep 30"))
     executor.stop(attempt_dir)  # most likely before the launcher has written launcher.json
@@ -211,7 +193,7 @@ def test_stop_right_after_start_is_not_lost(executor: LocalExecutor, tmp_path: P
     assert report.stopped
 
 
-def test_stop_after_exit_is_harmless(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_after_exit_is_harmless(executor: ProcessRunner, tmp_path: Path) -> None:
     executor.start(workload(tmp_path / "a", "exit 0"))
     wait_state(executor, tmp_path / "a", "exited")
     executor.stop(tmp_path / "a")
@@ -220,7 +202,7 @@ def test_stop_after_exit_is_harmless(executor: LocalExecutor, tmp_path: Path) ->
     assert report.state == "exited" and not report.stopped
 
 
-def test_timeout(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_timeout(executor: ProcessRunner, tmp_path: Path) -> None:
     executor.start(workload(tmp_path / "a", "exec sleep 30", timeout_seconds=0.5, grace_seconds=1.0))
     report = wait_state(executor, tmp_path / "a", "exited")
     assert report.timed_out and not report.stopped
@@ -232,13 +214,12 @@ def test_attempt_survives_the_process_that_started_it(tmp_path: Path) -> None:
     starter = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from dlcloud.executors import Workload\n"
-        "from dlcloud.executors.local.executor import LocalExecutor\n"
-        "LocalExecutor().start(Workload('job1', 't1', 1, Path(sys.argv[1]),"
+        "from dlcloud.executors.local.runner import ProcessRunner, Run\n"
+        "ProcessRunner().start(Run('job1', 't1', 1, Path(sys.argv[1]),"
         " 'echo ready; while [ ! -f go ]; do sleep 0.02; done; echo done'))\n"
     )
     subprocess.run([sys.executable, "-c", starter, str(attempt_dir)], check=True, timeout=30)
-    restarted = LocalExecutor()  # a new control plane: nothing in memory about this attempt
+    restarted = ProcessRunner()  # a new control plane: nothing in memory about this attempt
     report = wait_state(restarted, attempt_dir, "running")
     assert report.pid is not None and report.started_at is not None
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
@@ -248,17 +229,17 @@ def test_attempt_survives_the_process_that_started_it(tmp_path: Path) -> None:
     assert output(attempt_dir, "stdout") == ["ready", "done"]
 
 
-def test_new_executor_can_stop_attempt_of_previous_one(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_new_executor_can_stop_attempt_of_previous_one(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "echo ready; exec sleep 30"))
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
-    restarted = LocalExecutor()
+    restarted = ProcessRunner()
     restarted.stop(attempt_dir)
     report = wait_state(restarted, attempt_dir, "exited")
     assert report.stopped and report.exit_code == -signal.SIGTERM
 
 
-def test_killed_launcher_and_command_are_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_killed_launcher_and_command_are_lost(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "echo ready; exec sleep 30"))
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
@@ -268,10 +249,10 @@ def test_killed_launcher_and_command_are_lost(executor: LocalExecutor, tmp_path:
     os.killpg(child["pgid"], signal.SIGKILL)
     report = wait_state(executor, attempt_dir, "lost")
     assert "gone" in report.message and report.exit_code is None
-    assert LocalExecutor().poll(attempt_dir).state == "lost"
+    assert ProcessRunner().poll(attempt_dir).state == "lost"
 
 
-def test_stop_kills_command_whose_launcher_died(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_stop_kills_command_whose_launcher_died(executor: ProcessRunner, tmp_path: Path) -> None:
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "trap '' TERM; echo ready; while :; do sleep 0.05; done", grace_seconds=0.3))
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
@@ -282,16 +263,16 @@ def test_stop_kills_command_whose_launcher_died(executor: LocalExecutor, tmp_pat
         wait_for(lambda: not group_alive(pgid))
         return
     assert group_alive(pgid)
-    LocalExecutor().stop(attempt_dir)  # SIGTERM is ignored: SIGKILL follows after the grace period
+    ProcessRunner().stop(attempt_dir)  # SIGTERM is ignored: SIGKILL follows after the grace period
     wait_for(lambda: not group_alive(pgid))
 
 
-def test_unknown_attempt_is_lost(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_unknown_attempt_is_lost(executor: ProcessRunner, tmp_path: Path) -> None:
     report = executor.poll(tmp_path / "nothing-here")
     assert report.state == "lost" and "never started" in report.message
 
 
-def test_reap_leaves_no_zombie_launcher(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_reap_leaves_no_zombie_launcher(executor: ProcessRunner, tmp_path: Path) -> None:
     executor.start(workload(tmp_path / "a", "true"))
     pid = wait_state(executor, tmp_path / "a", "exited").pid
     assert pid is not None
@@ -307,7 +288,7 @@ def test_reap_leaves_no_zombie_launcher(executor: LocalExecutor, tmp_path: Path)
 def test_env_has_workload_env_but_not_server_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DLCLOUD_SECRET_KEY", "server-secret")
     monkeypatch.setenv("SOME_SERVER_VAR", "server-only")
-    ex = LocalExecutor()
+    ex = ProcessRunner()
     attempt_dir = tmp_path / "a"
     ex.start(workload(attempt_dir, "env; echo ready; while [ ! -f go ]; do sleep 0.02; done", env={"FOO": "bar"}))
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
@@ -326,13 +307,13 @@ def test_env_has_workload_env_but_not_server_secrets(monkeypatch: pytest.MonkeyP
 
 
 def test_base_env_replaces_inherited_variables(tmp_path: Path) -> None:
-    ex = LocalExecutor(python="/opt/py/bin/python3", base_env={"PATH": "/usr/bin:/bin", "X": "1", "DLCLOUD_X": "2"})
+    ex = ProcessRunner(python="/opt/py/bin/python3", base_env={"PATH": "/usr/bin:/bin", "X": "1", "DLCLOUD_X": "2"})
     assert ex.base_env == {"PATH": "/opt/py/bin:/usr/bin:/bin", "X": "1"}
     job = workload(tmp_path / "a", "true", env={"X": "from-job", "DLCLOUD_JOB": "job1"})
     assert ex.build_env(job) == {"PATH": "/opt/py/bin:/usr/bin:/bin", "X": "from-job", "DLCLOUD_JOB": "job1"}
 
 
-def test_gpus_set_cuda_visible_devices(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_gpus_set_cuda_visible_devices(executor: ProcessRunner, tmp_path: Path) -> None:
     show = 'echo "[$CUDA_VISIBLE_DEVICES] [$DLCLOUD_GPUS]"'
     executor.start(workload(tmp_path / "a", show, gpus=(0, 2)))
     executor.start(workload(tmp_path / "b", show))
@@ -344,7 +325,7 @@ def test_gpus_set_cuda_visible_devices(executor: LocalExecutor, tmp_path: Path) 
     assert output(tmp_path / "b", "stdout") == ["[] []"]
 
 
-def test_code_archive_is_unpacked(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_code_archive_is_unpacked(executor: ProcessRunner, tmp_path: Path) -> None:
     archive = tmp_path / "code.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         data = b"print('trained')\n"
@@ -357,7 +338,7 @@ def test_code_archive_is_unpacked(executor: LocalExecutor, tmp_path: Path) -> No
     assert output(tmp_path / "a", "stdout") == ["trained"]
 
 
-def test_memory_limit_uses_rlimit_without_cgroup2(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_memory_limit_uses_rlimit_without_cgroup2(executor: ProcessRunner, tmp_path: Path) -> None:
     limit = 768 * 1024 * 1024
     attempt_dir = tmp_path / "a"
     executor.start(workload(attempt_dir, "grep 'Max data size' /proc/self/limits", memory_bytes=limit))
@@ -369,7 +350,7 @@ def test_memory_limit_uses_rlimit_without_cgroup2(executor: LocalExecutor, tmp_p
         assert record["limits"] in ("cgroup2", "cgroup1") and record["cgroup"]
 
 
-def test_a_job_over_its_memory_limit_fails_and_cannot_raise_it(executor: LocalExecutor, tmp_path: Path) -> None:
+def test_a_job_over_its_memory_limit_fails_and_cannot_raise_it(executor: ProcessRunner, tmp_path: Path) -> None:
     limit = 128 * 1024 * 1024
     attempt_dir = tmp_path / "a"
     grab = "python3 -c \"b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('grabbed')\""
@@ -381,7 +362,7 @@ def test_a_job_over_its_memory_limit_fails_and_cannot_raise_it(executor: LocalEx
 
 
 def test_launcher_that_cannot_be_spawned_is_reported_at_once(
-    monkeypatch: pytest.MonkeyPatch, executor: LocalExecutor, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, executor: ProcessRunner, tmp_path: Path
 ) -> None:
     def no_spawn(*args: Any, **kwargs: Any) -> None:
         raise OSError("no more processes")

@@ -1,0 +1,236 @@
+"""Supervision: polls every attempt that has not ended through the executor and applies what happened.
+
+RUNNING once the executor says so; the end of an attempt (exit, timeout, stop, loss) through ``job_states``
+(``end_attempt``, ``fail_or_restart``: the restart policy lives there); whole-gang semantics through
+``gangs``; the job's outputs saved into the object store before an attempt's end is recorded; an attempt that
+was recorded but never launched (a crash between the scheduling pass's commit and the start) started again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import DlcloudError
+from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
+from dlcloud.schemas.jobs import JobState
+from dlcloud.services import gangs, job_states, workloads
+from dlcloud.services.jobs import outputs_key
+from dlcloud.services.platform import Platform
+from dlcloud.services.ports import attempt_ports, release_ports
+from dlcloud.storage.objects import StorageError
+from dlcloud.store.rows import AttemptRow, JobRow, ReplicaRow, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def post_note(report: AttemptReport) -> str:
+    """What a failed post_command adds to the reason of the attempt's final event ('' when it succeeded or
+    none ran): post never changes the attempt's outcome, but its failure must not go unnoticed."""
+    if report.post_timed_out:
+        return f"; post_command timed out (exit code {report.post_exit_code})"
+    if report.post_exit_code:
+        return f"; post_command failed with exit code {report.post_exit_code}"
+    return ""
+
+
+class Supervisor:
+    """Applies what the executor reports; ``start`` starts a workload (the loop's, which logs failures)."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        executor: Executor,
+        write: Callable[[], contextlib.AbstractContextManager[Session]],
+        start: Callable[[str, Workload], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.p = platform
+        self.executor = executor
+        self.write = write
+        self.start = start
+        self.wake = wake
+        self._stopping: set[int] = set()  # attempt ids already sent a stop
+        self._relaunched: set[int] = set()
+
+    def run(self) -> None:
+        """Poll every attempt that has not ended and apply what happened to it."""
+        with self.p.db.read() as s:
+            live = s.execute(
+                select(
+                    AttemptRow.id,
+                    AttemptRow.handle,
+                    AttemptRow.tenant_id,
+                    AttemptRow.number,
+                    JobRow.id,
+                    JobRow.state,
+                    JobRow.cancel_requested,
+                )
+                .join(JobRow, JobRow.id == AttemptRow.job_id)
+                .where(AttemptRow.finished_at.is_(None))
+            ).all()
+        for attempt_id, handle, tenant_id, number, job_id, state, cancel in live:
+            report = self.executor.poll(handle)
+            if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
+                self._stopping.add(attempt_id)
+                self.executor.stop(handle)
+            if report.replicas:
+                report = self._gang(job_id, attempt_id, handle, report)
+            if report.state == "running" and state == JobState.STARTING.value:
+                self._mark_running(job_id, attempt_id, report)
+            elif report.state == "pending" and report.message and state == JobState.STARTING.value:
+                self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
+            elif report.state == "exited":
+                if self._save_outputs(job_id, tenant_id, number, handle):
+                    self._finish(job_id, attempt_id, report)
+            elif report.state == "lost":
+                self._save_outputs(job_id, tenant_id, number, handle)
+                self._lost(job_id, attempt_id, report)
+
+    def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str) -> bool:
+        """The job's outputs as the attempt left them, into the object store (``workloads.outputs_key``), before
+        the attempt's end is recorded; False: the store failed, try again at the next pass (the outputs stay
+        with the executor meanwhile)."""
+        key = outputs_key(tenant_id, job_id, number)
+        try:
+            self.executor.save_outputs(handle, key)
+        except StorageError as exc:
+            log.error("job %s attempt %d: outputs not saved yet (%s); trying again", job_id, number, exc.message)
+            return False
+        except DlcloudError as exc:  # e.g. a link among them: never followed, the job is told
+            log.warning("job %s attempt %d: %s", job_id, number, exc.message)
+            with self.write() as s:
+                job = s.get(JobRow, job_id)
+                if job is not None:
+                    job_states.note(s, job, f"attempt {number}: {exc.message}")
+        return True
+
+    def _gang(self, job_id: str, attempt_id: int, handle: str, report: AttemptReport) -> AttemptReport:
+        """Whole-gang semantics (``gangs``): once one replica failed, or the deciding ones are done, stop the
+        rest; once all ended, the attempt's report is the gang's summary."""
+        verdict = gangs.verdict(report.replicas)
+        if verdict.over and attempt_id not in self._stopping and report.state in ("pending", "running"):
+            self._stopping.add(attempt_id)
+            if verdict.culprit is not None:
+                why = gangs.failure_message(verdict.culprit) + ": stopping the other replicas"
+            elif verdict.timed_out:
+                why = "a replica timed out: stopping the gang"
+            else:
+                why = "the deciding replica(s) succeeded: stopping the rest of the gang"
+            log.info("job %s: %s", job_id, why)
+            self._note(job_id, why)
+            self.executor.stop(handle)
+        if report.state == "exited":
+            return gangs.summarize(report)
+        return report
+
+    def _note(self, job_id: str, reason: str) -> None:
+        """Show what the gang is doing in the job's reason (no state change)."""
+        with self.write() as s:
+            job = s.get(JobRow, job_id)
+            if job is not None and not job.cancel_requested:
+                job.reason = reason
+
+    def _record_replicas(self, s: Session, job: JobRow, report: AttemptReport, lost: bool = False) -> None:
+        """The end of each replica of the attempt that just ended, on its record."""
+        if not job.replica_groups:
+            return
+        by_name: dict[str, ReplicaReport] = {r.name: r for r in report.replicas}
+        rows = s.scalars(select(ReplicaRow).where(ReplicaRow.job_id == job.id, ReplicaRow.attempt == job.attempt))
+        for row in rows:
+            r = by_name.get(row.name)
+            if r is None:
+                row.state = "lost" if lost else row.state
+                continue
+            row.exit_code = r.exit_code
+            if r.state == "lost":
+                row.state = "lost"
+            elif r.stopped or r.timed_out:
+                row.state = "stopped"
+            elif r.state == "exited":
+                row.state = "succeeded" if r.exit_code == 0 else "failed"
+            else:
+                row.state = "lost"
+
+    def _mark_running(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        with self.write() as s:
+            job = s.get(JobRow, job_id)
+            if job is None or job.state != JobState.STARTING.value:
+                return
+            job_states.transition(
+                s, job, JobState.RUNNING, f"attempt {job.attempt} running (pid {report.pid})", at=report.started_at
+            )
+
+    def _finish(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        now = report.finished_at or utcnow()
+        with self.write() as s:
+            attempt = s.get(AttemptRow, attempt_id)
+            job = s.get(JobRow, job_id)
+            if attempt is None or job is None or attempt.finished_at is not None:
+                return
+            code = report.exit_code
+            attempt.finished_at = now
+            attempt.exit_code = code
+            job.exit_code = code
+            release_ports(s, job.id, attempt.number)
+            self._record_replicas(s, job, report)
+            detail = f" ({report.message})" if report.message else ""
+            if report.replicas:  # the message names the failing replica, its code and last lines
+                failure = f"attempt {job.attempt} failed: {report.message}"
+            else:
+                failure = f"attempt {job.attempt} failed with exit code {code}{detail}"
+            job_states.end_attempt(
+                s,
+                job,
+                attempt,
+                exit_code=code,
+                started_at=report.started_at,
+                now=now,
+                stopped=report.stopped,
+                timed_out=report.timed_out,
+                failure=failure,
+                note=post_note(report),
+            )
+        self._stopping.discard(attempt_id)
+        self.wake()
+
+    def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
+        if not report.launched and attempt_id not in self._relaunched:
+            # recorded but never launched (crash between commit and start): launch it now, if still leading
+            with self.write() as s:
+                job = s.get(JobRow, job_id)
+                attempt = s.get(AttemptRow, attempt_id)
+                if job is None or attempt is None or attempt.finished_at is not None:
+                    return
+                ports = attempt_ports(s, job.id, attempt.number)
+                handle = attempt.handle
+                w = workloads.build(self.p, self.executor, s, job, tuple(attempt.gpus), handle, ports)
+            self._relaunched.add(attempt_id)
+            log.warning("job %s attempt %d was recorded but never launched; launching it now", job_id, w.attempt)
+            self.start(handle, w)
+            return
+        now = utcnow()
+        with self.p.db.read() as s:
+            attempt_row = s.get(AttemptRow, attempt_id)
+            live_handle = attempt_row.handle if attempt_row else None
+        if live_handle is not None and report.launched:
+            self.executor.stop(live_handle)  # whatever the dead launcher left running must not hold on
+        with self.write() as s:
+            attempt = s.get(AttemptRow, attempt_id)
+            job = s.get(JobRow, job_id)
+            if attempt is None or job is None or attempt.finished_at is not None:
+                return
+            attempt.finished_at = now
+            attempt.outcome = "lost"
+            release_ports(s, job.id, attempt.number)
+            self._record_replicas(s, job, report, lost=True)
+            if job.cancel_requested:
+                job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
+            else:
+                why = f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}"
+                job_states.fail_or_restart(s, job, why, now)
+        self.wake()

@@ -1,0 +1,97 @@
+"""Workload building: what one attempt of a job runs, decided from its rows, in terms of no host.
+
+The control loop (``scheduling.py`` when it places an attempt, ``supervision.py`` when it starts again one
+that was recorded but never launched) turns a job row into a ``Workload``: its command and phases, its env
+(``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets), its code and datasets by
+storage key, its environment by spec hash, the replicas its recipe makes, its limits. Where the attempt runs
+(directories, local copies, addresses) the executor decides behind its handle.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from dlcloud.executors.base import DatasetMount, Executor, StoredCode, Workload
+from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
+from dlcloud.services import recipes
+from dlcloud.services.jobs import RESOLVED_DATASETS, job_env
+from dlcloud.services.platform import Platform
+from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
+
+
+def build(
+    platform: Platform,
+    executor: Executor,
+    s: Session,
+    job: JobRow,
+    gpus: tuple[int, ...],
+    handle: str,
+    ports: list[int],
+) -> Workload:
+    """The Workload of attempt ``job.attempt`` (already counted) on ``gpus`` with ``ports``. Reads the job's
+    code and tenant rows through ``s`` (``s.get``: the placing pass loads them beforehand, so no query runs)."""
+    code = None
+    if job.code_id:
+        row = s.get(CodeRow, job.code_id)
+        if row is not None:
+            code = StoredCode(row.storage_key, row.sha256, "archive" if row.kind == "archive" else "package")
+    env = job_env(platform, job)  # env and the decrypted secret_env
+    env.update(
+        {
+            "DLCLOUD_JOB": job.name,
+            "DLCLOUD_JOB_ID": job.id,
+            "DLCLOUD_ATTEMPT": str(job.attempt),
+            "DLCLOUD_ENVIRONMENT": job.environment or "default",
+        }
+    )
+    per_slot: list[tuple[int, ...]] = [gpus]
+    if job.replica_groups:
+        per_slot, rest = [], list(gpus)
+        for slot in recipes.slots(job.replica_groups):
+            per_slot.append(tuple(rest[: slot.gpus]))
+            rest = rest[slot.gpus :]
+    launch = None
+    if job.replica_groups or (job.spec.get("framework") or "none") != "none":
+        launch = recipes.build(
+            job.spec,
+            job.replica_groups,
+            command=job.command,
+            job_id=job.id,
+            attempt=job.attempt,
+            max_restarts=job.max_restarts,
+            host=executor.replica_host(handle),
+            ports=ports,
+            gpus=per_slot,
+            as_root=executor.jobs_run_as_root,
+        )
+        env.update(launch.env)
+    grace = job.spec.get("grace_period")
+    timeout = None
+    if job.timeout_seconds is not None:
+        elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
+        timeout = max(job.timeout_seconds - elapsed, 0.5)
+    tenant = s.get(TenantRow, job.tenant_id)
+    return Workload(
+        job_id=job.id,
+        tenant_id=job.tenant_id,
+        attempt=job.attempt,
+        command=job.command,
+        pre_command=job.spec.get("pre_command"),
+        post_command=job.spec.get("post_command"),
+        post_timeout_seconds=float(job.spec.get("post_timeout") or DEFAULT_POST_TIMEOUT_SECONDS),
+        env=env,
+        code=code,
+        environment=job.environment_hash,
+        datasets=tuple(
+            DatasetMount(str(d["name"]), str(d["storage_key"]), str(d["sha256"]))
+            for d in job.spec.get(RESOLVED_DATASETS) or []
+        ),
+        gpus=gpus,
+        cpus=job.cpus,
+        memory_bytes=job.memory,
+        timeout_seconds=timeout,
+        grace_seconds=float(grace) if grace is not None else platform.settings.stop_grace_seconds,
+        log_max_bytes=platform.settings.job_log_max_bytes,
+        replicas=launch.replicas if launch else (),
+        sandbox_slot=tenant.sandbox_slot if tenant is not None else None,
+    )
