@@ -27,6 +27,8 @@ from dlcloud.api.app import create_app
 from dlcloud.client import Client, Credentials
 from dlcloud.executors.base import Executor
 from dlcloud.executors.local.environments import LocalVenvBackend
+from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.executors.local.sandbox import Sandbox
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.platform import Platform
@@ -182,7 +184,8 @@ def build_env(settings: Settings, executor: Executor | None = None) -> Env:
         wake=lambda: holder["c"].wake() if "c" in holder else None,
         sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
         environments=executor.environments(settings) if executor else LocalVenvBackend.from_settings(settings),
-        executor=executor,
+        # as in ``dlcloud up``, every process has an executor, if only to read the logs of jobs that others ran
+        executor=executor or LocalExecutor(sandbox=Sandbox(False, "this process runs no jobs")),
     )
     control = None
     if executor is not None:
@@ -206,8 +209,6 @@ def env(tmp_path: Path, db_url: str) -> Iterator[Env]:
 @pytest.fixture
 def running_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     """Like ``env`` plus the control loop and the local executor running in a background thread."""
-    from dlcloud.executors.local.executor import LocalExecutor
-
     e = build_env(make_settings(tmp_path, db_url), LocalExecutor())
     assert e.control is not None
     stop = threading.Event()

@@ -298,7 +298,7 @@ def test_a_job_reads_its_dataset_read_only(running_env: Env, tmp_path) -> None:
     assert path == str(env.platform.objects.tree_local_path(key))
     # the attempt's pin is gone once it ended
     assert env.control is not None
-    assert env.control.data_cache.holders() == set()
+    assert env.control.executor.data_cache.holders() == set()
 
 
 def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_path) -> None:

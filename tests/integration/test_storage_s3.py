@@ -123,7 +123,7 @@ def test_jobs_read_datasets_through_this_hosts_cache(s3_env: tuple[Env, S3Server
     # one copy in this host's cache, shared by both jobs, no pin left
     cache = env.settings.data_dir / "cache" / "datasets"
     assert paths[0] == paths[1] and Path(paths[0]).is_relative_to(cache)
-    assert env.control is not None and env.control.data_cache.holders() == set()
+    assert env.control is not None and env.control.executor.data_cache.holders() == set()
 
 
 def test_an_unreachable_store_is_a_503_that_names_nothing_of_it(tmp_path: Path, db_url: str) -> None:

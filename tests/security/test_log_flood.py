@@ -7,9 +7,12 @@ import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from dlcloud.executors.local.runner import ProcessRunner
+from dlcloud.executors.local.sandbox import Sandbox
 from dlcloud.services import logs
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server, free_port
@@ -42,9 +45,11 @@ def test_the_end_of_a_50_mb_log_is_read_from_the_end(tmp_path: Path):
     attempt = tmp_path / "attempt"
     attempt.mkdir()
     last = _flood_file(attempt / "output.log", 50 * 1024 * 1024)
+    # the local executor's process layer reads an attempt's logs by its directory
+    platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
 
     def read(n: int | None, max_bytes: int = 4 * 1024 * 1024) -> list[str]:
-        files = logs._files([(1, attempt)], None)
+        files = logs._files(platform, [(1, str(attempt))], None)  # type: ignore[arg-type]
         readers = [(number, name, logs._LogReader(path)) for number, name, path in files]
         try:
             return logs.read_tail(readers, n, lambda line: True, logs._labeller(files), max_bytes)

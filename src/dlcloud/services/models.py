@@ -55,6 +55,7 @@ from dlcloud.errors import (
     Unavailable,
     UnknownFormat,
 )
+from dlcloud.executors.outputs import LINK, load_left_out
 from dlcloud.schemas.models import (
     FORMATS,
     LABEL_RE,
@@ -481,6 +482,7 @@ def _stage_from_job(
             manifest = platform.objects.tree_manifest(key)
         except ObjectMissing:
             continue
+        _refuse_left_out(load_left_out(platform.objects, key), rel, job.name)
         try:
             return artifacts.stage_stored(platform.objects, key, manifest, rel.as_posix(), src.path), job
         except InvalidArgument as exc:
@@ -489,6 +491,27 @@ def _stage_from_job(
             raise
     when = "" if ended else " (outputs are saved when an attempt ends)"
     raise InvalidArgument(f"job {job.name!r} has no saved outputs (state {job.state}){when}; nothing to register")
+
+
+def _refuse_left_out(left_out: dict[str, str], rel: PurePosixPath, job_name: str) -> None:
+    """A path that is, goes through or holds something the saved outputs left out (a link, a FIFO...) is
+    refused with what it was: links are never followed out of the outputs nor copied into an artifact."""
+    for i in range(1, len(rel.parts) + 1):
+        part = PurePosixPath(*rel.parts[:i]).as_posix()
+        kind = left_out.get(part)
+        if kind == LINK:
+            raise InvalidArgument(
+                f"{part!r} in the outputs of job {job_name!r} is a symbolic link; register the file or directory itself"
+            )
+        if kind is not None:
+            raise InvalidArgument(f"{part} is a device, FIFO or socket; only regular files and directories")
+    inside = sorted(p for p in left_out if p.startswith(rel.as_posix() + "/"))
+    if inside and left_out[inside[0]] == LINK:
+        raise InvalidArgument(
+            f"{inside[0]} is a symbolic link; links are not copied into a model artifact (write the file itself)"
+        )
+    if inside:
+        raise InvalidArgument(f"{inside[0]} is a device, FIFO or socket; only regular files and directories")
 
 
 def _insert_version(

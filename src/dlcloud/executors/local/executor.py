@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlcloud.errors import DlcloudError, InvalidArgument, InvalidState
+from dlcloud.errors import DlcloudError, InvalidState
 from dlcloud.executors.base import (
     LAUNCH_FAILED,
     REPLICA_FILES_REF,
@@ -43,8 +43,9 @@ from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.runner import ProcessRunner, Run, make_private_dirs
 from dlcloud.executors.local.sandbox import Sandbox, probe
 from dlcloud.executors.local.venvs import BuildSandbox
+from dlcloud.executors.outputs import save_left_out, scan_outputs
 from dlcloud.storage.cache import ObjectCache
-from dlcloud.storage.objects import ObjectStore, scan_tree
+from dlcloud.storage.objects import ObjectStore
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
 
 if TYPE_CHECKING:
@@ -318,13 +319,12 @@ class LocalExecutor(Executor):
         outputs = self.attempt_dir(handle).parent / OUTPUTS
         if outputs.is_symlink() or not outputs.is_dir():
             return False
-        try:
-            manifest = scan_tree(outputs)
-        except ValueError as exc:  # a link or a special file: never followed out of the outputs
-            raise InvalidArgument(f"its outputs were not saved: {exc}") from None
-        if not manifest.entries and not manifest.empty_dirs:
+        manifest, left_out = scan_outputs(outputs)
+        if not manifest.entries and not manifest.empty_dirs and not left_out:
             return False
         self.objects.put_tree(key, outputs, manifest)
+        if left_out:
+            save_left_out(self.objects, key, left_out)
         return True
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
