@@ -240,8 +240,8 @@ def test_bad_input_is_refused_and_stores_nothing(server: Server, tmp_path: Path)
         (["create", "clicks", "--from", str(tmp_path / "missing")], "error (invalid_argument): "),
         (
             ["create", "clicks", "--from", "s3://bucket/clicks/"],
-            "error (invalid_argument): s3://bucket/clicks/: registering objects already in a bucket is not "
-            "supported yet; download them and push the directory",
+            "error (source_not_allowed): registering datasets in place is off on this server: "
+            "dataset_source_urls is empty",
         ),
         (["create", "clicks", "--from", str(empty)], "holds no file"),
         (["create", "clicks", "--from", str(linked)], "link.txt is a link"),

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -37,6 +38,7 @@ from dlcloud.errors import (
     DatasetInUse,
     DatasetNotFound,
     DatasetVersionNotFound,
+    DatasetVersionNotReady,
     InvalidArchive,
     InvalidArgument,
     NotFound,
@@ -55,6 +57,7 @@ from dlcloud.schemas.datasets import (
     DatasetShare,
     DatasetUpload,
     DatasetVersion,
+    DatasetVersionState,
 )
 from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.models import LABEL_RE, check_label
@@ -227,6 +230,9 @@ def _version_models(
             created_at=r.created_at,
             labels=sorted(by_version.get(r.id, [])),
             in_use_by=_readers_shown(in_use[r.id], caller_tenant_id),
+            state=cast(DatasetVersionState, r.state),
+            state_reason=r.state_reason,
+            source=r.source_url,
         )
         for r in rows
     ]
@@ -263,10 +269,7 @@ def _datasets(s: Session, caller: Caller, rows: list[tuple[DatasetRow, str]]) ->
 # -- push ------------------------------------------------------------------------------------------------
 
 
-def push_version(
-    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
-) -> DatasetVersion:
-    """Add a version from an upload (creating the dataset with its first). Blocking: run it in a worker thread."""
+def check_name(name: str) -> None:
     if not NAME_RE.match(name):
         raise InvalidArgument(
             f"{name!r} is not a valid dataset name: use 1-63 lower-case letters, digits and '-', starting and "
@@ -274,6 +277,19 @@ def push_version(
         )
     if looks_like_id(name):
         raise InvalidArgument(reserved_name_message("dataset", name))
+
+
+def push_version(
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
+) -> DatasetVersion:
+    """Add a version from an upload (creating the dataset with its first), or register one in place from
+    ``req.source`` (``services/dataset_sources.py``). Blocking: run it in a worker thread."""
+    check_name(name)
+    if req.source is not None:
+        from dlcloud.services import dataset_sources
+
+        return dataset_sources.register_version(platform, caller, name, req, owner)
+    assert req.upload is not None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
             _writable(s, caller, name, owner, "pushing versions")
@@ -408,6 +424,25 @@ def _get_version(
         return version, row.storage_key
 
 
+def require_ready(version: DatasetVersion) -> None:
+    """A version's files can be read only once it is ready (409 ``dataset_version_not_ready`` otherwise)."""
+    if version.state == "ready":
+        return
+    shown = f"{version.dataset}@{version.version}"
+    if version.state == "pending":
+        raise DatasetVersionNotReady(
+            f"version {version.version} of dataset {version.dataset!r} is being registered in place from "
+            f"{version.source}: its manifest is computed by reading every object; wait until "
+            f"'dlcloud datasets describe {shown}' shows it ready",
+            details={"state": version.state},
+        )
+    raise DatasetVersionNotReady(
+        f"version {version.version} of dataset {version.dataset!r} failed to register from {version.source} and "
+        f"can never be read: {version.state_reason}; delete it and register the data again",
+        details={"state": version.state, "reason": version.state_reason},
+    )
+
+
 def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> DatasetVersion:
     return _get_version(platform, caller, name, ref, owner)[0]
 
@@ -428,6 +463,7 @@ def list_files(
 ) -> tuple[DatasetVersion, list[DatasetFile]]:
     """The version's manifest: every file with its size and SHA-256."""
     version, key = _get_version(platform, caller, name, ref, owner)
+    require_ready(version)
     manifest = _manifest(platform.objects, key, version)
     return version, [DatasetFile(path=e.path, size=e.size, sha256=e.sha256) for e in manifest.entries]
 
@@ -437,6 +473,7 @@ def open_version(
 ) -> tuple[DatasetVersion, Iterator[bytes]]:
     """The version and its files as a .tar.gz stream (paths as in the dataset; checksum ``version.sha256``)."""
     version, key = _get_version(platform, caller, name, ref, owner)
+    require_ready(version)
     objects = platform.objects
     manifest = _manifest(objects, key, version)
     return version, iter_stored_tree(objects, key, manifest)
@@ -639,7 +676,11 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
             )
         seen[variable] = ref
         dataset, owner_name = _readable(s, caller, name, owner)
-        row = _find_version(s, dataset, version_ref, _shown(name, owner_name, caller))
+        shown = _shown(name, owner_name, caller)
+        row = _find_version(s, dataset, version_ref, shown)
+        if row.state != "ready":
+            [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
+            require_ready(version)
         out.append(
             ResolvedDataset(
                 ref=ref,
