@@ -10,6 +10,8 @@ Rules (this module is the only writer of the dataset tables):
   deleted version's number is never given again. A version is a tree in the object store under
   ``datasets/<tenant>/<dataset>/<version>`` with its manifest (path, size, SHA-256 of every file); its
   checksum is the manifest's (``dlcloud.checksums``). A push that fails leaves no row and no stored tree.
+  A version registered in place from a bucket (``source_url``) has only its manifest there, naming the source
+  its files are read from; it is readable once ``ready`` (``services/dataset_sources.py`` owns that state).
 - A job names the data it reads (``NAME``, ``NAME@VERSION``, ``NAME@LABEL``, ``OWNER/`` for a shared one);
   the reference is resolved to one version when the job is submitted and recorded (``job_datasets``). A
   version a job that has not ended reads cannot be deleted (409 ``dataset_in_use``), nor its dataset.
