@@ -29,6 +29,7 @@ HTTP_STATUS: dict[str, int] = {
     "permission_denied": 403,
     "untrusted_code": 403,
     "isolation_unavailable": 403,
+    "source_not_allowed": 403,
     "not_found": 404,
     "model_not_found": 404,
     "model_version_not_found": 404,
@@ -39,6 +40,7 @@ HTTP_STATUS: dict[str, int] = {
     "invalid_state": 409,
     "model_deployed": 409,
     "dataset_in_use": 409,
+    "dataset_version_not_ready": 409,
     "payload_too_large": 413,
     "quota_exceeded": 429,
     "unavailable": 503,
@@ -170,6 +172,18 @@ class DatasetInUse(InvalidState):
     code = "dataset_in_use"
 
 
+class DatasetVersionNotReady(InvalidState):
+    """A dataset version registered in place whose manifest is still being computed, or failed."""
+
+    code = "dataset_version_not_ready"
+
+
+class SourceNotAllowed(PermissionDenied):
+    """A dataset source (``s3://bucket/prefix``) outside the admin's allow-list, or the platform's own store."""
+
+    code = "source_not_allowed"
+
+
 _BY_CODE: dict[str, type[DlcloudError]] = {
     cls.code: cls
     for cls in (
@@ -188,6 +202,8 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         DatasetNotFound,
         DatasetVersionNotFound,
         DatasetInUse,
+        DatasetVersionNotReady,
+        SourceNotAllowed,
         ModelVersionNotFound,
         ModelDeployed,
         UntrustedCode,

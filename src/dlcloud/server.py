@@ -26,6 +26,7 @@ from dlcloud.executors.base import Executor
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.services.auth import purge_nonces
 from dlcloud.services.control import ControlLoop
+from dlcloud.services.dataset_sources import SourceWorker
 from dlcloud.services.leader import Leadership
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
@@ -48,6 +49,7 @@ class Server:
     app: FastAPI
     bootstrap_file: Path
     stop_event: threading.Event
+    sources: SourceWorker  # computes the manifests of dataset versions registered in place
 
 
 def _write_bootstrap_file(path: Path, access: str, secret: str, endpoint: str) -> None:
@@ -99,12 +101,14 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
             else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs and build environments",
         )
     holder: dict[str, ControlLoop] = {}
+    workers: dict[str, SourceWorker] = {}
     platform = Platform(
         settings=settings,
         db=db,
         box=box,
         inventory=inventory,
         wake=lambda: holder["c"].wake(),
+        wake_sources=lambda: workers["w"].wake(),
         isolated=isolated,
         isolation=isolation,
         sandbox_prefix=executor.sandbox_prefix,
@@ -115,8 +119,9 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)
     holder["c"] = control
+    workers["w"] = SourceWorker(platform)
     stop_event = threading.Event()
-    server = Server(settings, platform, control, leadership, FastAPI(), bootstrap_file, stop_event)
+    server = Server(settings, platform, control, leadership, FastAPI(), bootstrap_file, stop_event, workers["w"])
 
     def ready() -> str | None:
         return None if server_state["leader"] or server_state["follower"] else "control loop not started"
@@ -133,6 +138,10 @@ def _lifespan(server: Server, state: dict[str, bool]):
         threads = [
             threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
             threading.Thread(target=_housekeeping, args=(server,), name="dlcloud-housekeeping", daemon=True),
+            # every process, leader or follower: claims keep two from computing one version
+            threading.Thread(
+                target=server.sources.run, args=(server.stop_event,), name="dlcloud-dataset-sources", daemon=True
+            ),
         ]
         for t in threads:
             t.start()
@@ -141,6 +150,7 @@ def _lifespan(server: Server, state: dict[str, bool]):
         finally:
             server.stop_event.set()
             server.control.wake()
+            server.sources.wake()
             for t in threads:
                 t.join(timeout=10)
             server.leadership.release()

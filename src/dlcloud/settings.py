@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     s3_multipart_threshold_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 64 * 1024 * 1024
     s3_multipart_chunk_bytes: Annotated[int, Field(ge=5 * 1024 * 1024)] = 16 * 1024 * 1024
 
+    # datasets registered in place (`datasets create NAME --from s3://BUCKET/PREFIX`, docs/datasets.md): the
+    # s3:// locations (each with everything below it) tenants may register objects from, read with the S3
+    # settings above and never written; empty: registering in place is off. Never the store's own prefix.
+    dataset_source_urls: list[str] = []
+
     # this host's cache of dataset versions read by jobs (a remote store's; a local store's are used in place):
     # least recently used versions are evicted beyond this size, never one a job reads
     dataset_cache_max_bytes: Annotated[int, Field(ge=1024 * 1024)] = 50 * 1024**3

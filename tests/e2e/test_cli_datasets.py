@@ -240,8 +240,8 @@ def test_bad_input_is_refused_and_stores_nothing(server: Server, tmp_path: Path)
         (["create", "clicks", "--from", str(tmp_path / "missing")], "error (invalid_argument): "),
         (
             ["create", "clicks", "--from", "s3://bucket/clicks/"],
-            "error (invalid_argument): s3://bucket/clicks/: registering objects already in a bucket is not "
-            "supported yet; download them and push the directory",
+            "error (source_not_allowed): registering datasets in place is off on this server: "
+            "dataset_source_urls is empty",
         ),
         (["create", "clicks", "--from", str(empty)], "holds no file"),
         (["create", "clicks", "--from", str(linked)], "link.txt is a link"),
@@ -299,3 +299,47 @@ def test_a_job_reads_a_dataset_named_on_the_command_line(server: Server, tmp_pat
     assert (resolved["name"], resolved["version"]) == ("clicks", 1)
     # the job ended: the version can go
     server.cli("datasets", "delete", "clicks", "--version", "1", "--yes")
+
+
+def test_create_from_objects_already_in_a_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """--from s3://...: registered in place on a real S3 server, pending until the server's worker has read
+    every object, then read and downloaded like any version; outside the allow-list refused cleanly."""
+    import secrets
+
+    from tests.e2e.conftest import free_port
+    from tests.s3server import s3_server_or_skip
+
+    s3 = s3_server_or_skip(request)
+    area = f"src-{secrets.token_hex(4)}"
+    objects = {"train/a.csv": b"x,y\n1,2\n", "labels.txt": b"no\nyes\n"}
+    for rel, data in objects.items():
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{area}/images/{rel}", Body=data)
+    env = {
+        "DLCLOUD_DATASET_SOURCE_URLS": json.dumps([f"s3://{s3.bucket}/{area}"]),
+        "DLCLOUD_S3_ADDRESSING_STYLE": "path",
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_REGION": s3.region,
+    }
+    server = Server(tmp_path / "srv", free_port(), extra_env=env)
+    server.start()
+    try:
+        source = f"s3://{s3.bucket}/{area}/images"
+        version = server.cli_json("datasets", "create", "images", "--from", source, "--wait")
+        assert isinstance(version, dict)
+        assert (version["state"], version["source"], version["file_count"]) == ("ready", source, 2)
+        res = server.cli("datasets", "push", "images", "--from", source)
+        assert "version 2 registered from" in res.stderr and "pending" in res.stderr
+        shown = server.cli("datasets", "describe", "images@1").stdout
+        assert "ready" in shown and source in shown
+        dest = tmp_path / "dl"
+        server.cli("datasets", "download", "images@1", "--dest", str(dest))
+        assert _files(dest) == objects
+        stderr = _fails(server, "datasets", "create", "other", "--from", f"s3://{s3.bucket}/elsewhere")
+        assert f"error (source_not_allowed): s3://{s3.bucket}/elsewhere is not a dataset source" in stderr
+        assert f"allowed: s3://{s3.bucket}/{area} (and below)" in stderr
+        stderr = _fails(server, "datasets", "create", "other", "--from", f"s3://{s3.bucket}/{area}/../x")
+        assert "error (invalid_argument)" in stderr
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 
 from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
-from dlcloud.errors import InvalidArgument
+from dlcloud.errors import DlcloudError, InvalidArgument
 
 app = typer.Typer(
     help="Push, version, label, share and download datasets: trees of files in numbered immutable versions "
@@ -48,11 +48,16 @@ def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
     return base, ref
 
 
+def _state(v: dict[str, Any]) -> str:
+    return str(v.get("state") or "ready")
+
+
 VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("VERSION", "version"),
+    ("STATE", _state),
     ("FILES", "file_count"),
     ("SIZE", lambda v: _size(v["size_bytes"])),
-    ("SHA256", lambda v: v["sha256"][:12]),
+    ("SHA256", lambda v: v["sha256"][:12] or "-"),
     ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
     ("IN USE BY", lambda v: ",".join(v["in_use_by"]) or "-"),
     ("BY", "created_by"),
@@ -66,16 +71,26 @@ def create(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Dataset name (DNS-1123 label); creating it again adds a version."),
     source: str = typer.Option(
-        ..., "--from", help="Local directory (its contents are pushed, paths relative to it) or a single file."
+        ...,
+        "--from",
+        help="Local directory (its contents are pushed, paths relative to it), a single file, or "
+        "s3://BUCKET/PREFIX: objects already in a bucket the server allows, registered in place without a copy.",
     ),
     description: str = typer.Option("", "--description", help="Free text kept with the version."),
+    wait: bool = typer.Option(
+        False, "--wait", help="With s3://...: wait until the server has read every object and the version is ready."
+    ),
     output: Output = OutputOption,
 ) -> None:
-    """Create a dataset with version 1, or add the next version, from a local directory or file.
+    """Create a dataset with version 1, or add the next version, from a local directory or file, or register
+    objects already in a bucket in place.
 
     Versions are numbered 1, 2, ... and immutable; a directory's contents are pushed whole, hidden files too.
+    Links and special files are refused.
 
-    Links and special files are refused. Objects already in a bucket (s3://...) cannot be pushed yet.
+    From s3://BUCKET/PREFIX nothing is copied: the version is pending until the server has read every object
+    under the prefix for its manifest (path, size, SHA-256), then ready; jobs read the objects from the
+    bucket, verified against that manifest. The server must allow the location (dataset_source_urls).
 
     Examples:
 
@@ -84,10 +99,15 @@ def create(
       dlcloud datasets create vocab --from vocab.txt
 
       dlcloud datasets create clicks --from ./data/clicks -o json
+
+      dlcloud datasets create images --from s3://ml-data/images/2026-11 --wait
     """
-    from dlcloud.client.datasets import pack_data, split_name
+    from dlcloud.client.datasets import is_bucket_source, pack_data, split_name
 
     split_name(name)  # a malformed OWNER/NAME fails before the upload
+    if is_bucket_source(source):
+        _register(ctx, name, source, description, wait, output)
+        return
     packed = pack_data(source)
     c = client(ctx)
     try:
@@ -104,6 +124,42 @@ def create(
         f"dataset [bold]{version['dataset']}[/bold] version {version['version']} created "
         f"({version['file_count']} files, {version['size_bytes']} bytes)"
     )
+
+
+app.command(
+    "push",
+    help="Add the next version of a dataset (creating it with version 1): the same as 'create'.\n\n"
+    "Examples:\n\n  dlcloud datasets push clicks --from ./data/clicks\n\n"
+    "  dlcloud datasets push images --from s3://ml-data/images/2026-12 --wait -o json",
+)(create)
+
+
+def _register(ctx: typer.Context, name: str, source: str, description: str, wait: bool, output: Output) -> None:
+    c = client(ctx)
+    version = c.datasets.push(name, source=source, description=description)
+    shown = f"{version['dataset']}@{version['version']}"
+    if wait:
+        with err_console.status(f"reading the objects under {source} for the manifest of {shown}"):
+            version = c.datasets.wait_ready(name, version["version"])
+    if output == Output.json:
+        render(version, output, [])
+    elif version["state"] == "ready":
+        err_console.print(
+            f"dataset [bold]{version['dataset']}[/bold] version {version['version']} registered in place from "
+            f"{source} ({version['file_count']} files, {version['size_bytes']} bytes)"
+        )
+    elif version["state"] == "pending":
+        err_console.print(
+            f"dataset [bold]{version['dataset']}[/bold] version {version['version']} registered from {source}: "
+            f"pending while the server reads every object for its manifest; 'dlcloud datasets describe {shown}' "
+            "shows when it is ready"
+        )
+    if version["state"] == "failed":
+        raise DlcloudError(
+            f"dataset {version['dataset']} version {version['version']} could not be registered from {source}: "
+            f"{version['state_reason']}",
+            code="dataset_version_not_ready",
+        )
 
 
 @app.command("list")
@@ -139,9 +195,11 @@ def _describe_version(v: dict[str, Any], output: Output) -> None:
         [
             ("Dataset", v["dataset"]),
             ("Version", v["version"]),
+            ("State", _state(v) + (f" ({v['state_reason']})" if v.get("state_reason") else "")),
+            ("Source", v.get("source") or "-"),
             ("Files", v["file_count"]),
             ("Size", f"{_size(v['size_bytes'])} ({v['size_bytes']} bytes)"),
-            ("SHA256", v["sha256"]),
+            ("SHA256", v["sha256"] or "-"),
             ("Labels", ", ".join(v["labels"]) or "-"),
             ("Description", v["description"] or "-"),
             ("Created by", v["created_by"]),

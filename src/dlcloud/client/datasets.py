@@ -45,18 +45,20 @@ class PackedData:
     bytes: int  # in the files, before compression
 
 
+def is_bucket_source(source: Path | str) -> bool:
+    """Whether ``source`` names objects in a bucket (``s3://...``), registered in place, not packed."""
+    return isinstance(source, str) and source.startswith("s3://")
+
+
 def check_local_source(source: Path | str) -> Path:
-    """``source`` as a local path; a URL (``s3://...``) is refused.
+    """``source`` as a local path; a URL is refused (``s3://...`` is registered in place: ``push(source=)``).
 
     Raises:
         InvalidArgument: ``source`` is a URL.
     """
     text = os.fspath(source)
     if text.startswith("s3://"):
-        raise InvalidArgument(
-            f"{text}: registering objects already in a bucket is not supported yet; download them and push the "
-            "directory"
-        )
+        raise InvalidArgument(f"{text} is registered in place, not packed: push it with source={text!r}")
     if URL_RE.match(text):
         raise InvalidArgument(f"{text} is not a local path; give a local directory or file")
     return Path(text)
@@ -217,6 +219,7 @@ class DatasetsAPI:
         path: Path | str | None = None,
         *,
         upload: str | None = None,
+        source: str | None = None,
         description: str = "",
         progress: Callable[[int], None] | None = None,
     ) -> dict[str, Any]:
@@ -225,22 +228,37 @@ class DatasetsAPI:
 
         Args:
             name: the dataset name (DNS-1123 label).
-            path: a local directory (its contents, paths relative to it) or a file: packed, uploaded, pushed.
+            path: a local directory (its contents, paths relative to it) or a file: packed, uploaded, pushed;
+                or an ``s3://BUCKET/PREFIX`` string, as ``source``.
             upload: an upload id from ``upload`` (instead of ``path``).
+            source: ``s3://BUCKET/PREFIX``: register the objects under it in place, without a copy (the server
+                must allow the bucket). The version is ``pending`` until the server has read every object for
+                its manifest; ``wait_ready`` waits for it.
             description: free text kept with the version.
             progress: called with the bytes of each chunk uploaded (with ``path``).
 
         Returns:
-            The new version (``version``, ``sha256``, ``file_count``, ``size_bytes``, ...).
+            The new version (``version``, ``state``, ``sha256``, ``file_count``, ``size_bytes``, ...).
 
         Raises:
-            InvalidArgument: neither or both of path and upload; a bad path (see ``pack_data``) or name.
+            InvalidArgument: not exactly one of path, upload and source; a bad path (see ``pack_data``), URL
+                or name.
             InvalidArchive / PayloadTooLarge: the data is refused.
-            PermissionDenied: ``name`` is another tenant's dataset shared with yours (read-only).
+            PermissionDenied: ``name`` is another tenant's dataset shared with yours (read-only); code
+                source_not_allowed: the server does not allow registering from that location.
         """
-        if (path is None) == (upload is None):
-            raise InvalidArgument("give exactly one of path or upload")
+        if path is not None and is_bucket_source(path):
+            path, source = None, str(path)
+        if sum(x is not None for x in (path, upload, source)) != 1:
+            raise InvalidArgument("give exactly one of path, upload or source")
         dataset, params = split_name(name)
+        if source is not None:
+            return self._t.request(
+                "POST",
+                f"{API}/datasets/{dataset}/versions",
+                params=params,
+                json_body={"source": source, "description": description},
+            )
         if upload is None:
             assert path is not None
             packed = pack_data(path)
@@ -255,6 +273,36 @@ class DatasetsAPI:
             with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
                 self.delete_upload(upload)
             raise
+
+    def wait_ready(self, name: str, version: int, timeout: float = 3600.0, interval: float = 1.0) -> dict[str, Any]:
+        """Wait until a version registered in place is no longer ``pending``.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+            version: its number.
+            timeout: seconds to wait at most.
+            interval: seconds between two looks.
+
+        Returns:
+            The version, ``ready`` or ``failed`` (``state_reason`` says why).
+
+        Raises:
+            DlcloudError (code timeout): still pending after ``timeout``.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.version(name, version)
+            if found.get("state", "ready") != "pending":
+                return found
+            if time.monotonic() > deadline:
+                raise DlcloudError(
+                    f"version {version} of {name} is still being prepared after {timeout:.0f} s; "
+                    f"'dlcloud datasets describe {name}@{version}' shows when it is ready",
+                    code="timeout",
+                )
+            time.sleep(interval)
 
     # -- reads -----------------------------------------------------------------------------------------
     def list(self) -> builtins.list[dict[str, Any]]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dlcloud.schemas.common import Request, Response
 from dlcloud.schemas.models import Label
@@ -24,14 +24,23 @@ DATASET_REF_RE = re.compile(
     r"^(?:(?P<owner>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)"
     r"(?:@(?P<ref>[0-9]{1,9}|[a-z]([-a-z0-9]{0,61}[a-z0-9])?))?$"
 )
+DatasetVersionState = Literal["pending", "ready", "failed"]
 DatasetRef = Annotated[str, Field(min_length=1, max_length=140, pattern=DATASET_REF_RE.pattern)]
 
 
 class DatasetPush(Request):
-    """Add a version to ``name`` (the dataset is created with its first version) from an upload."""
+    """Add a version to ``name`` (the dataset is created with its first version): from an upload, or from
+    objects already in a bucket (``source``, ``s3://BUCKET/PREFIX``), registered in place without a copy."""
 
-    upload: Annotated[str, Field(pattern=DATASET_UPLOAD_ID_RE.pattern)]
+    upload: Annotated[str, Field(pattern=DATASET_UPLOAD_ID_RE.pattern)] | None = None
+    source: Annotated[str, Field(min_length=1, max_length=1100)] | None = None
     description: Annotated[str, Field(max_length=4096)] = ""
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> DatasetPush:
+        if (self.upload is None) == (self.source is None):
+            raise ValueError("give exactly one of upload (an uploaded .tar.gz) or source (s3://BUCKET/PREFIX)")
+        return self
 
 
 class DatasetLabelSet(Request):
@@ -57,6 +66,11 @@ class DatasetVersion(Response):
     created_at: datetime
     labels: list[str]
     in_use_by: list[str]  # jobs (of the owner's tenant, by name) not yet ended that read it: it cannot be deleted
+    # ready: readable; pending: registered in place, its manifest being computed (sha256 "", sizes 0 until
+    # then); failed: it never will be (state_reason says why)
+    state: DatasetVersionState = "ready"
+    state_reason: str | None = None
+    source: str | None = None  # s3://BUCKET/PREFIX of a version registered in place (its files stay there)
 
 
 class Dataset(Response):

@@ -10,6 +10,8 @@ Rules (this module is the only writer of the dataset tables):
   deleted version's number is never given again. A version is a tree in the object store under
   ``datasets/<tenant>/<dataset>/<version>`` with its manifest (path, size, SHA-256 of every file); its
   checksum is the manifest's (``dlcloud.checksums``). A push that fails leaves no row and no stored tree.
+  A version registered in place from a bucket (``source_url``) has only its manifest there, naming the source
+  its files are read from; it is readable once ``ready`` (``services/dataset_sources.py`` owns that state).
 - A job names the data it reads (``NAME``, ``NAME@VERSION``, ``NAME@LABEL``, ``OWNER/`` for a shared one);
   the reference is resolved to one version when the job is submitted and recorded (``job_datasets``). A
   version a job that has not ended reads cannot be deleted (409 ``dataset_in_use``), nor its dataset.
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -37,6 +40,7 @@ from dlcloud.errors import (
     DatasetInUse,
     DatasetNotFound,
     DatasetVersionNotFound,
+    DatasetVersionNotReady,
     InvalidArchive,
     InvalidArgument,
     NotFound,
@@ -56,6 +60,7 @@ from dlcloud.schemas.datasets import (
     DatasetShare,
     DatasetUpload,
     DatasetVersion,
+    DatasetVersionState,
 )
 from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.models import LABEL_RE, check_label
@@ -228,6 +233,9 @@ def _version_models(
             created_at=r.created_at,
             labels=sorted(by_version.get(r.id, [])),
             in_use_by=_readers_shown(in_use[r.id], caller_tenant_id),
+            state=cast(DatasetVersionState, r.state),
+            state_reason=r.state_reason,
+            source=r.source_url,
         )
         for r in rows
     ]
@@ -264,10 +272,7 @@ def _datasets(s: Session, caller: Caller, rows: list[tuple[DatasetRow, str]]) ->
 # -- push ------------------------------------------------------------------------------------------------
 
 
-def push_version(
-    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
-) -> DatasetVersion:
-    """Add a version from an upload (creating the dataset with its first). Blocking: run it in a worker thread."""
+def check_name(name: str) -> None:
     if not NAME_RE.match(name):
         raise InvalidArgument(
             f"{name!r} is not a valid dataset name: use 1-63 lower-case letters, digits and '-', starting and "
@@ -275,6 +280,19 @@ def push_version(
         )
     if looks_like_id(name):
         raise InvalidArgument(reserved_name_message("dataset", name))
+
+
+def push_version(
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
+) -> DatasetVersion:
+    """Add a version from an upload (creating the dataset with its first), or register one in place from
+    ``req.source`` (``services/dataset_sources.py``). Blocking: run it in a worker thread."""
+    check_name(name)
+    if req.source is not None:
+        from dlcloud.services import dataset_sources
+
+        return dataset_sources.register_version(platform, caller, name, req, owner)
+    assert req.upload is not None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
             _writable(s, caller, name, owner, "pushing versions")
@@ -409,6 +427,25 @@ def _get_version(
         return version, row.storage_key
 
 
+def require_ready(version: DatasetVersion) -> None:
+    """A version's files can be read only once it is ready (409 ``dataset_version_not_ready`` otherwise)."""
+    if version.state == "ready":
+        return
+    shown = f"{version.dataset}@{version.version}"
+    if version.state == "pending":
+        raise DatasetVersionNotReady(
+            f"version {version.version} of dataset {version.dataset!r} is being registered in place from "
+            f"{version.source}: its manifest is computed by reading every object; wait until "
+            f"'dlcloud datasets describe {shown}' shows it ready",
+            details={"state": version.state},
+        )
+    raise DatasetVersionNotReady(
+        f"version {version.version} of dataset {version.dataset!r} failed to register from {version.source} and "
+        f"can never be read: {version.state_reason}; delete it and register the data again",
+        details={"state": version.state, "reason": version.state_reason},
+    )
+
+
 def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> DatasetVersion:
     return _get_version(platform, caller, name, ref, owner)[0]
 
@@ -429,6 +466,7 @@ def list_files(
 ) -> tuple[DatasetVersion, list[DatasetFile]]:
     """The version's manifest: every file with its size and SHA-256."""
     version, key = _get_version(platform, caller, name, ref, owner)
+    require_ready(version)
     manifest = _manifest(platform.objects, key, version)
     return version, [DatasetFile(path=e.path, size=e.size, sha256=e.sha256) for e in manifest.entries]
 
@@ -438,6 +476,7 @@ def open_version(
 ) -> tuple[DatasetVersion, Iterator[bytes]]:
     """The version and its files as a .tar.gz stream (paths as in the dataset; checksum ``version.sha256``)."""
     version, key = _get_version(platform, caller, name, ref, owner)
+    require_ready(version)
     objects = platform.objects
     manifest = _manifest(objects, key, version)
     return version, iter_stored_tree(objects, key, manifest)
@@ -635,7 +674,11 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
             )
         seen[variable] = ref
         dataset, owner_name = _readable(s, caller, name, owner)
-        row = _find_version(s, dataset, version_ref, _shown(name, owner_name, caller))
+        shown = _shown(name, owner_name, caller)
+        row = _find_version(s, dataset, version_ref, shown)
+        if row.state != "ready":
+            [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
+            require_ready(version)
         out.append(
             ResolvedDataset(
                 ref=ref,

@@ -1,5 +1,8 @@
 """A tenant's storage quota: the bytes of its dataset versions, model versions and code uploads.
 
+Dataset versions registered in place (objects left in their own bucket, ``source_url``) do not count: the
+platform stores only their manifest.
+
 Checked twice: before an upload's body is read (what is stored already plus the declared length must fit,
 so nothing is received that could not be kept; a body without a declared length is cut where it stops
 fitting), and when a version is added (its unpacked size is known then), in the transaction that adds it.
@@ -20,12 +23,15 @@ from dlcloud.store.rows import CodeRow, DatasetVersionRow, ModelVersionRow, Tena
 
 def storage_used(s: Session, tenant_id: str) -> int:
     total = 0
-    for column, tenant in (
-        (DatasetVersionRow.size_bytes, DatasetVersionRow.tenant_id),
-        (ModelVersionRow.size_bytes, ModelVersionRow.tenant_id),
-        (CodeRow.size, CodeRow.tenant_id),
+    for column, where in (
+        (
+            DatasetVersionRow.size_bytes,
+            (DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.source_url.is_(None)),
+        ),
+        (ModelVersionRow.size_bytes, (ModelVersionRow.tenant_id == tenant_id,)),
+        (CodeRow.size, (CodeRow.tenant_id == tenant_id,)),
     ):
-        total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(tenant == tenant_id)) or 0)
+        total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
     return total
 
 

@@ -58,27 +58,28 @@ def _check_name(name: str) -> None:
         raise InvalidArchive(f"archive entry {name!r} contains '..'; entries must stay inside the archive root")
 
 
-def _check_tree_name(name: str, dirs: set[str]) -> int:
+def check_tree_name(name: str, dirs: set[str], what: str = "archive entry") -> int:
     """The stricter rules of an archive that becomes a stored tree (code, model artifacts, datasets): UTF-8,
     no backslash, no reserved name, bounded length and depth. Adds the directories the entry implies to
-    ``dirs``; returns how many were new (they count as entries)."""
+    ``dirs``; returns how many were new (they count as entries). ``what`` names the entry in messages
+    (the objects of a dataset registered in place follow the same rules)."""
     try:
         raw = name.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidArchive(f"archive entry {name!r} is not valid UTF-8; name files in UTF-8") from None
+        raise InvalidArchive(f"{what} {name!r} is not valid UTF-8; name files in UTF-8") from None
     shown = name if len(name) <= 80 else name[:77] + "..."
     if "\\" in name:
-        raise InvalidArchive(f"archive entry {shown!r} contains a backslash; use '/' between directories")
+        raise InvalidArchive(f"{what} {shown!r} contains a backslash; use '/' between directories")
     if len(raw) > MAX_PATH_BYTES:
-        raise InvalidArchive(f"archive entry {shown!r} has a path of {len(raw)} bytes; at most {MAX_PATH_BYTES}")
+        raise InvalidArchive(f"{what} {shown!r} has a path of {len(raw)} bytes; at most {MAX_PATH_BYTES}")
     parts = [p for p in PurePosixPath(name).parts if p not in (".", "")]
     if len(parts) > MAX_PATH_DEPTH:
-        raise InvalidArchive(f"archive entry {shown!r} is {len(parts)} levels deep; at most {MAX_PATH_DEPTH}")
+        raise InvalidArchive(f"{what} {shown!r} is {len(parts)} levels deep; at most {MAX_PATH_DEPTH}")
     for part in parts:
         if len(part.encode("utf-8")) > MAX_SEGMENT_BYTES:
-            raise InvalidArchive(f"archive entry {shown!r} has a name longer than {MAX_SEGMENT_BYTES} bytes")
+            raise InvalidArchive(f"{what} {shown!r} has a name longer than {MAX_SEGMENT_BYTES} bytes")
         if part.startswith(RESERVED_PREFIX):
-            raise InvalidArchive(f"archive entry {shown!r}: names starting with {RESERVED_PREFIX!r} are reserved")
+            raise InvalidArchive(f"{what} {shown!r}: names starting with {RESERVED_PREFIX!r} are reserved")
     new = 0
     for i in range(1, len(parts)):
         d = "/".join(parts[:i])
@@ -216,7 +217,7 @@ def validate_tar(path: Path, limits: ArchiveLimits) -> int:
         with tarfile.open(path, mode="r:*") as tf:
             for member in tf:
                 _check_name(member.name)
-                count += 1 + _check_tree_name(member.name, dirs)  # the directories it implies count too
+                count += 1 + check_tree_name(member.name, dirs)  # the directories it implies count too
                 if count > limits.max_members:
                     raise InvalidArchive(
                         f"archive has more than {limits.max_members} entries (the limit; directories count)"

@@ -317,7 +317,7 @@ def iter_stored_tree(objects: ObjectStore, key: str, manifest: Manifest) -> Iter
         def read() -> Iterator[bytes]:
             sent = 0
             try:
-                for data in objects.iter_tree_file(key, entry):
+                for data in objects.iter_tree_file(key, entry, source=manifest.source):
                     sent += len(data)
                     yield data
             except ObjectDamaged as exc:

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dlcloud.storage.objects import (
@@ -199,16 +199,29 @@ class LocalObjectStore(ObjectStore):
         for e in manifest.entries:
             if e.path.split("/")[0].startswith(INTERNAL):
                 raise ValueError(f"{e.path!r}: names starting with {INTERNAL!r} are reserved")
-        staging = self._staging()
-        try:
-            tree = staging / "tree"
-            tree.mkdir(mode=0o700)
+
+        def fill(tree: Path) -> None:
             for e in manifest.entries:
                 dest = tree / e.path
                 dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 _copy_verified(src / e.path, dest, e, f"{prefix}/{e.path}")
             for d in manifest.empty_dirs:
                 (tree / d).mkdir(parents=True, exist_ok=True, mode=0o700)
+
+        self._install_tree(prefix, manifest, fill)
+        return manifest
+
+    def _put_tree_manifest(self, prefix: str, manifest: Manifest) -> None:
+        self._install_tree(prefix, manifest, lambda tree: None)  # the files stay at manifest.source
+
+    def _install_tree(self, prefix: str, manifest: Manifest, fill: Callable[[Path], None]) -> None:
+        """Build the tree in a staging directory (``fill`` writes its files), its manifest last, and rename it
+        into place: visible whole or not at all."""
+        staging = self._staging()
+        try:
+            tree = staging / "tree"
+            tree.mkdir(mode=0o700)
+            fill(tree)
             (tree / MANIFEST_NAME).write_bytes(manifest.to_json())
             make_read_only(tree)
             # a directory moved to another parent needs write permission on itself (its '..' changes):
@@ -221,7 +234,6 @@ class LocalObjectStore(ObjectStore):
             target.chmod(0o555)
         finally:
             remove_tree(staging)
-        return manifest
 
     def _tree_manifest(self, prefix: str) -> Manifest:
         tree = self._path(prefix)

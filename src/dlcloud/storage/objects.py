@@ -111,10 +111,16 @@ class TreeEntry:
 @dataclass(frozen=True)
 class Manifest:
     """The files of a tree, sorted by path (as ``dlcloud.checksums`` sorts them), and its empty directories
-    (kept so that a tree comes back as it was; they do not count in the checksum)."""
+    (kept so that a tree comes back as it was; they do not count in the checksum).
+
+    ``source``: where the files are when they are not beside the manifest in the store — the
+    ``s3://bucket/prefix`` of a dataset version registered in place, whose objects dlcloud reads (verified
+    against this manifest) and never writes. None: the files are the store's own, under the tree's prefix.
+    """
 
     entries: tuple[TreeEntry, ...]
     empty_dirs: tuple[str, ...] = ()
+    source: str | None = None
 
     @property
     def size(self) -> int:
@@ -129,15 +135,21 @@ class Manifest:
 
     def content_sha256(self) -> str:
         """The SHA-256 of everything the tree holds: its files (paths, sizes, checksums) and its empty
-        directories, which ``artifact_sha256`` leaves out. Two trees with the same value look the same."""
-        return hashlib.sha256(self.to_json()).hexdigest()
+        directories, which ``artifact_sha256`` leaves out. Two trees with the same value look the same
+        (wherever their files are read from: ``source`` does not count)."""
+        return hashlib.sha256(self._body_json(with_source=False)).hexdigest()
 
     def to_json(self) -> bytes:
-        body = {
+        return self._body_json(with_source=True)
+
+    def _body_json(self, *, with_source: bool) -> bytes:
+        body: dict[str, object] = {
             "format": MANIFEST_FORMAT,
             "files": [[e.path, e.size, e.sha256] for e in self.entries],
             "empty_dirs": list(self.empty_dirs),
         }
+        if with_source and self.source is not None:
+            body["source"] = self.source
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -147,14 +159,33 @@ class Manifest:
             raise ValueError("not a dlcloud tree manifest")
         entries = tuple(TreeEntry(check_rel_path(str(p)), int(n), str(h)) for p, n, h in body["files"])
         dirs = tuple(check_rel_path(str(d)) for d in body.get("empty_dirs") or ())
-        return cls(entries, dirs)
+        source = body.get("source")
+        if source is not None and not (isinstance(source, str) and source.startswith("s3://")):
+            raise ValueError(f"a tree manifest's source must be an s3:// URL, got {source!r}")
+        return cls(entries, dirs, source)
 
     @classmethod
-    def of(cls, entries: Iterable[TreeEntry], empty_dirs: Iterable[str] = ()) -> Manifest:
+    def of(cls, entries: Iterable[TreeEntry], empty_dirs: Iterable[str] = (), source: str | None = None) -> Manifest:
         return cls(
             tuple(sorted(entries, key=lambda e: e.path.encode("utf-8", "surrogateescape"))),
             tuple(sorted(empty_dirs)),
+            source,
         )
+
+
+class TreeSources(abc.ABC):
+    """Read-only access to the places trees registered in place keep their files (``Manifest.source``).
+    The store is given one where such trees may exist (``storage/sources.py``); every read is verified
+    against the manifest by the caller's store."""
+
+    @abc.abstractmethod
+    def get_tree(self, manifest: Manifest, dest: Path) -> None:
+        """Write the manifest's files, read from ``manifest.source``, under ``dest``, each verified (size and
+        SHA-256): ObjectDamaged for a file that changed there, ObjectMissing for one that is gone."""
+
+    @abc.abstractmethod
+    def iter_file(self, source: str, entry: TreeEntry, chunk: int) -> Iterator[bytes]:
+        """One file's bytes from ``source`` (unverified: ``ObjectStore.iter_tree_file`` checks them)."""
 
 
 def scan_tree(root: Path) -> Manifest:
@@ -184,6 +215,9 @@ class ObjectStore(abc.ABC):
     in a worker thread from async code)."""
 
     url: str  # where it stores: file:///path or s3://bucket/prefix (no credentials)
+    # where the files of trees registered in place are read (``Manifest.source``); None: no such tree can
+    # be read through this store (``open_object_store`` gives one from the settings)
+    sources: TreeSources | None = None
 
     # -- single objects ----------------------------------------------------------------------------------
     def put_file(self, key: str, src: Path, *, sha256: str | None = None) -> ObjectInfo:
@@ -242,20 +276,47 @@ class ObjectStore(abc.ABC):
         """Write the tree's files under the directory ``dest`` (created), each verified against ``manifest``
         (the caller's, e.g. from a record it trusts; default: the stored one); returns the manifest used."""
         manifest = manifest or self.tree_manifest(prefix)
-        self._get_tree(check_key(prefix), manifest, dest)
+        check_key(prefix)
+        if manifest.source is not None:
+            self._sources(manifest.source).get_tree(manifest, dest)
+        else:
+            self._get_tree(prefix, manifest, dest)
         return manifest
+
+    def put_tree_manifest(self, prefix: str, manifest: Manifest) -> None:
+        """Store the manifest of a tree registered in place (its files stay at ``manifest.source``) as the
+        tree ``prefix``: readers see it like any tree, and read its files from the source."""
+        if manifest.source is None:
+            raise ValueError("put_tree_manifest stores manifests whose files are elsewhere; use put_tree")
+        self._put_tree_manifest(check_key(prefix), manifest)
+
+    def _sources(self, source: str) -> TreeSources:
+        if self.sources is None:
+            raise StorageError(
+                f"the tree's files are at {source}, and this server reads no dataset sources "
+                "(dataset_source_urls is empty)"
+            )
+        return self.sources
 
     def tree_manifest(self, prefix: str) -> Manifest:
         """The manifest of a stored tree; ObjectMissing when there is no (complete) tree at ``prefix``."""
         return self._tree_manifest(check_key(prefix))
 
-    def iter_tree_file(self, prefix: str, entry: TreeEntry, chunk: int = CHUNK) -> Iterator[bytes]:
+    def iter_tree_file(
+        self, prefix: str, entry: TreeEntry, chunk: int = CHUNK, *, source: str | None = None
+    ) -> Iterator[bytes]:
         """One file of a tree, in chunks, verified against its manifest entry as it is read (ObjectDamaged
-        as soon as it is longer, or after the last chunk if its size or SHA-256 differ)."""
+        as soon as it is longer, or after the last chunk if its size or SHA-256 differ). ``source``: the
+        manifest's, for a tree registered in place (the file is read there)."""
         key = f"{check_key(prefix)}/{check_rel_path(entry.path)}"
+        if source is not None:
+            key = f"{source.rstrip('/')}/{entry.path}"
+            chunks = self._sources(source).iter_file(source, entry, chunk)
+        else:
+            chunks = self._iter_bytes(key, chunk)
         digest = hashlib.sha256()
         size = 0
-        for data in self._iter_bytes(key, chunk):
+        for data in chunks:
             size += len(data)
             if size > entry.size:
                 raise ObjectDamaged(key, "is longer than its manifest says")
@@ -316,3 +377,6 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def _delete_tree(self, prefix: str) -> None: ...
+
+    @abc.abstractmethod
+    def _put_tree_manifest(self, prefix: str, manifest: Manifest) -> None: ...

@@ -155,6 +155,11 @@ class S3ObjectStore(ObjectStore):
     def _full(self, key: str) -> str:
         return self._root + key
 
+    @staticmethod
+    def _join(prefix: str, path: str) -> str:
+        """A tree file's key; the tree at the store's root (prefix ``""``: a dataset source) has none."""
+        return f"{prefix}/{path}" if prefix else path
+
     def _where(self) -> str:
         return f"the object store {self.url} at {self.endpoint}"
 
@@ -291,10 +296,12 @@ class S3ObjectStore(ObjectStore):
                     raise self._error(exc, f"read {key!r}", key) from None
 
     def _raw_keys(self, prefix: str) -> Iterator[dict[str, Any]]:
-        """The listing entries of every S3 object under ``<prefix>/`` (the store's own names included)."""
+        """The listing entries of every S3 object under ``<prefix>/`` (the store's own names included; prefix
+        ``""``: everything under the store's root)."""
         paginator = self._client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._full(prefix) + "/"):
+            where = self._full(prefix) + "/" if prefix else self._root
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=where):
                 yield from page.get("Contents") or ()
         except self._failures() as exc:
             raise self._error(exc, f"list {prefix!r}") from None
@@ -436,10 +443,10 @@ class S3ObjectStore(ObjectStore):
                 fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=target.parent)
                 os.close(fd)
                 parts.append((e, Path(tmp_name), target))
-            self._download([(f"{prefix}/{e.path}", tmp, e.size, None) for e, tmp, _ in parts])
+            self._download([(self._join(prefix, e.path), tmp, e.size, None) for e, tmp, _ in parts])
             for e, tmp, _ in parts:
                 if tmp.stat().st_size != e.size or file_sha256(tmp) != e.sha256:
-                    raise ObjectDamaged(f"{prefix}/{e.path}", "does not match its manifest entry")
+                    raise ObjectDamaged(self._join(prefix, e.path), "does not match its manifest entry")
             for _, tmp, target in parts:
                 os.replace(tmp, target)
         finally:
@@ -451,6 +458,45 @@ class S3ObjectStore(ObjectStore):
     def _delete_tree(self, prefix: str) -> None:
         self._delete(f"{prefix}/{MANIFEST_NAME}")
         self._delete_prefix(prefix)
+
+    def _put_tree_manifest(self, prefix: str, manifest: Manifest) -> None:
+        self._delete_tree(prefix)
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._full(f"{prefix}/{MANIFEST_NAME}"),
+                Body=manifest.to_json(),
+                ContentType="application/json",
+            )
+        except self._failures() as exc:
+            raise self._error(exc, f"store the manifest of {prefix!r}") from None
+
+    # -- objects something else wrote (the source of a dataset registered in place: read, never written) --
+    def list_source(self) -> Iterator[ObjectInfo]:
+        """Every object under the store's root as S3 names it, relative to the root, unchecked (the caller
+        checks the names), in key order; folder markers (``a/``, left by consoles) left out."""
+        found = []
+        for obj in self._raw_keys(""):
+            rel = obj["Key"][len(self._root) :]
+            if rel and not rel.endswith("/"):
+                found.append(ObjectInfo(rel, int(obj["Size"]), None, obj["LastModified"].timestamp()))
+        yield from sorted(found, key=lambda i: i.key.encode("utf-8", "surrogateescape"))
+
+    def has_source_objects(self) -> bool:
+        """Whether any object is under the store's root (one short listing)."""
+        try:
+            r = self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._root, MaxKeys=2)
+        except self._failures() as exc:
+            raise self._error(exc, "list the objects") from None
+        return any(not o["Key"].endswith("/") for o in r.get("Contents") or ())
+
+    def iter_source_object(self, rel: str, chunk: int = 1024 * 1024) -> Iterator[bytes]:
+        """The bytes of the object ``rel`` under the root (unverified; ObjectMissing when it is gone)."""
+        return self._iter_bytes(check_rel_path(rel), chunk)
+
+    def get_source_tree(self, manifest: Manifest, dest: Path) -> None:
+        """The files of ``manifest``, read from under the store's root, each verified as ``get_tree`` does."""
+        self._get_tree("", manifest, dest)
 
     # -- upkeep ------------------------------------------------------------------------------------------
     def sweep(self, max_age_seconds: float) -> None:

@@ -38,6 +38,11 @@ Invariants:
 - Lock files may be unlinked while held (when their entry goes): a locker checks that the file it locked is
   still the one at its path, and tries again if not, so an unlinked lock never lets two lockers in.
 
+A tree registered in place (``Manifest.source``: a dataset version whose files stay in their own bucket) is
+fetched from its source by ``ObjectStore.get_tree`` and verified file by file like any other, whatever the
+store's backend: an object changed there since the manifest was computed is ObjectDamaged, and nothing is
+cached.
+
 With a store that keeps its trees on this host (``tree_local_path`` is not None: the local backend) nothing
 is copied and nothing counts against the cap: the store's own read-only tree directory is returned (which
 also holds the store's ``.dlcloud-manifest.json``), and the pin is recorded all the same.
@@ -218,7 +223,8 @@ class TreeCache:
         """
         check_holder(holder)
         sha = manifest.content_sha256()
-        local = self.store.tree_local_path(prefix)
+        # a tree registered in place keeps its files at its source, not in the store's directory
+        local = self.store.tree_local_path(prefix) if manifest.source is None else None
         if local is not None:
             stored = self.store.tree_manifest(prefix)  # ObjectMissing where there is no tree
             if stored.content_sha256() != sha:

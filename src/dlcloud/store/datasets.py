@@ -87,6 +87,13 @@ def get_version(s: Session, tenant_id: str, dataset_id: str, version: int) -> Da
     return s.scalars(q).first()
 
 
+def pending_versions(s: Session) -> list[DatasetVersionRow]:
+    """Every tenant's versions registered in place whose manifest is not computed yet, oldest first (for the
+    worker that computes them: ``services/dataset_sources.py``)."""
+    q = select(DatasetVersionRow).where(DatasetVersionRow.state == "pending").order_by(DatasetVersionRow.created_at)
+    return list(s.scalars(q))
+
+
 def labels_of(s: Session, dataset_ids: Iterable[str]) -> dict[str, dict[str, tuple[str, int]]]:
     """dataset id -> {label: (version id, version number)}."""
     ids = list(dataset_ids)
@@ -155,6 +162,8 @@ def reading_jobs(s: Session, version_ids: Iterable[str], tenant_id: str) -> list
 
 
 def tenant_bytes(s: Session, tenant_id: str) -> int:
-    """Bytes of every dataset version the tenant owns."""
-    q = select(func.coalesce(func.sum(DatasetVersionRow.size_bytes), 0)).where(DatasetVersionRow.tenant_id == tenant_id)
+    """Bytes of every dataset version the tenant owns and the platform stores (not those registered in place)."""
+    q = select(func.coalesce(func.sum(DatasetVersionRow.size_bytes), 0)).where(
+        DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.source_url.is_(None)
+    )
     return int(s.scalar(q) or 0)

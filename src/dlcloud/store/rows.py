@@ -374,7 +374,12 @@ class DatasetRow(Base):
 
 
 class DatasetVersionRow(Base):
-    """An immutable version: a tree in the object store (``storage_key``) with its manifest's checksum."""
+    """An immutable version: a tree in the object store (``storage_key``) with its manifest's checksum.
+
+    Registered in place (``source_url`` set), its files stay in that bucket and the store holds only its
+    manifest; it is ``pending`` until a worker has read every object for the manifest (``claimed_by`` /
+    ``claimed_at``: the server process doing it and its last sign of life), then ``ready`` or ``failed``
+    (``state_reason`` says why). ``services/dataset_sources.py`` owns that state machine."""
 
     __tablename__ = "dataset_versions"
     __table_args__ = (UniqueConstraint("dataset_id", "version"),)
@@ -389,6 +394,11 @@ class DatasetVersionRow(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     created_by: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready", index=True)
+    state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class DatasetLabelRow(Base):

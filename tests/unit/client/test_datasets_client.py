@@ -79,7 +79,7 @@ def test_refused_directories_leave_no_archive(tmp_path, monkeypatch, make, messa
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("s3://bucket/clicks", "registering objects already in a bucket is not supported yet"),
+        ("s3://bucket/clicks", "is registered in place, not packed"),
         ("https://example.com/x.tar", "is not a local path"),
     ],
 )
@@ -160,7 +160,7 @@ def test_a_failed_push_deletes_its_upload(env, tmp_path):
     with pytest.raises(InvalidArgument):
         env.admin.datasets.push("ds-0123456789abcdef", upload=up["id"])
     assert _uploads(env) == []
-    with pytest.raises(InvalidArgument, match="exactly one of path or upload"):
+    with pytest.raises(InvalidArgument, match="exactly one of path, upload or source"):
         env.admin.datasets.push("clicks")
 
 
