@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -195,3 +196,104 @@ def test_kill9_during_a_large_upload_leaves_nothing_visible_and_the_retry_comple
             raise KnownBug("; ".join(known))
     finally:
         server.stop()
+
+
+VERIFY = r"""
+import hashlib, json, os, pathlib, sys
+
+root = pathlib.Path(os.environ["DLCLOUD_DATASET_CORPUS"])
+expected = json.loads(pathlib.Path("expected.json").read_text())
+seen = {
+    p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(root.rglob("*"))
+    if p.is_file() and not p.name.startswith(".dlcloud-")
+}
+print(json.dumps({"root": str(root), "files": seen}))
+sys.exit(0 if seen == expected else "the dataset's files are not the ones pushed")
+"""
+
+
+class _CacheWatch:
+    """Checks, every few milliseconds until ``stop()``, that each entry of the dataset cache that is complete
+    (its ``.size`` marker is there) holds every file of the tree at its full size; counts the fetches in
+    progress it saw."""
+
+    def __init__(self, cache: Path, sizes: dict[str, int]) -> None:
+        self.trees, self.staging, self.sizes = cache / "trees", cache / "staging", sizes
+        self.violations: list[str] = []
+        self.fetching_seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _check(self) -> None:
+        if self.staging.is_dir() and any(self.staging.glob("fetch-*/tree")):
+            self.fetching_seen += 1
+        if not self.trees.is_dir():
+            return
+        for marker in self.trees.glob("*.size"):
+            entry = marker.with_suffix("")
+            try:
+                found = {p.relative_to(entry).as_posix(): p.stat().st_size for p in entry.rglob("*") if p.is_file()}
+            except FileNotFoundError:  # evicted between the two looks: nothing was shown half
+                continue
+            if marker.exists() and found != self.sizes:
+                self.violations.append(f"{entry.name}: complete by its marker, yet holds {found}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.003):
+            self._check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_kill9_while_the_dataset_cache_fetches_shows_no_partial_entry_and_the_job_succeeds(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    s3 = s3_server_or_skip(request)
+    server = s3_storage_server(tmp_path / "server", s3, **SMALL_PARTS)
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(4):  # 48 MiB to fetch; a repeated random block packs small, so the push itself is quick
+        block = os.urandom(16 * 1024)
+        (src / f"shard-{i}.bin").write_bytes(block * (12 * 64))
+    expected = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()}
+    code = tmp_path / "verify"
+    code.mkdir()
+    (code / "verify.py").write_text(VERIFY)
+    (code / "expected.json").write_text(json.dumps(expected))
+    cache = server.data_dir / "cache" / "datasets"
+    server.start()
+    watch = _CacheWatch(cache, {p.name: p.stat().st_size for p in src.iterdir()})
+    try:
+        server.cli("datasets", "create", "corpus", "--from", str(src))
+        server.cli("jobs", "submit", "--name", "verify", "--code", str(code), "--command", "python verify.py",
+                   "--dataset", "corpus")  # fmt: skip
+        wait_for(lambda: any(cache.glob("staging/fetch-*/tree/*")), timeout=120, interval=0.002,
+                 what="the dataset cache to fetch the version")  # fmt: skip
+        server.kill9()
+        assert list(cache.glob("trees/*.size")) == []  # killed mid-fetch: no entry is complete
+        assert list(cache.glob("staging/fetch-*")), "the crash left no fetch in progress behind?"
+
+        server.start()
+        server.cli("jobs", "logs", "verify", "--follow", timeout=300)
+        job = server.cli_json("jobs", "describe", "verify")
+        lines = server.cli("jobs", "logs", "verify").stdout.splitlines()
+        assert isinstance(job, dict) and job["state"] == "SUCCEEDED", (job.get("reason"), lines)
+        seen = json.loads(next(line for line in lines if line.startswith("{")))
+        assert seen["files"] == expected
+        # one complete entry, the one the job read, holding exactly the version's bytes; the fetch the crash
+        # cut short is gone, and so is the job's pin once it ended
+        (marker,) = cache.glob("trees/*.size")
+        entry = marker.with_suffix("")
+        assert Path(seen["root"]).resolve() == entry.resolve()
+        assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in entry.iterdir()} == expected
+        assert list(cache.glob("staging/*")) == []
+        wait_for(lambda: not any(cache.glob("pins/*/*")), timeout=60, what="the job's pin to be released")
+    finally:
+        watch.stop()
+        server.stop()
+    assert watch.violations == []
+    assert watch.fetching_seen > 0
