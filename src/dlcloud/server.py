@@ -25,6 +25,7 @@ from dlcloud.executors import get_executor_class
 from dlcloud.executors.base import Executor
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.services.auth import purge_nonces
+from dlcloud.services.code import sweep_upload_scratch
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.dataset_sources import SourceWorker
 from dlcloud.services.leader import Leadership
@@ -187,8 +188,10 @@ def _housekeeping(server: Server) -> None:
             purge_nonces(server.platform.db, server.settings.clock_skew_seconds)
         except Exception:  # keep housekeeping alive across transient database errors
             log.exception("nonce purge failed")
-        try:  # what crashed writes left in the store, a day after; uploads no request used, past their time
+        try:  # what crashed writes left in the store and in the scratch directory, a day after; uploads no
+            # request used, past their time
             server.platform.objects.sweep(24 * 3600.0)
+            sweep_upload_scratch(server.settings, 24 * 3600.0)
             sweep_uploads(server.platform.objects, server.settings.model_upload_ttl_seconds)
         except Exception:  # keep housekeeping alive across transient storage errors
             log.exception("storage sweep failed")

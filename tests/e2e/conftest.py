@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import wait_for
+from tests.s3server import S3Server
 
 DLCLOUD = str(Path(sys.executable).parent / "dlcloud")
 
@@ -173,3 +175,34 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield s
     finally:
         s.stop()
+
+
+def s3_storage_server(root: Path, s3: S3Server, **env: str) -> Server:
+    """A ``Server`` (not started) whose store is a fresh prefix of the session's SeaweedFS bucket, with the
+    endpoint and credentials in AWS_* variables as an operator gives them (docs/storage.md); ``env`` adds
+    DLCLOUD_* settings. Its store's URL is ``server.extra_args[1]``."""
+    prefix = "e2e-" + secrets.token_hex(6)
+    aws = {
+        "AWS_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_REGION": s3.region,
+        "DLCLOUD_S3_ADDRESSING_STYLE": "path",
+    }
+    return Server(root, free_port(), ["--storage-url", f"s3://{s3.bucket}/{prefix}"], extra_env={**aws, **env})
+
+
+def bucket_keys(s3: S3Server, server: Server) -> list[str]:
+    """The keys of every object under the server's prefix, relative to it, sorted."""
+    prefix = server.extra_args[1].split("/", 3)[3] + "/"
+    keys: list[str] = []
+    for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
+        keys += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+    return sorted(keys)
+
+
+def bucket_multipart_uploads(s3: S3Server, server: Server) -> list[str]:
+    """The keys (relative to the server's prefix) of unfinished multipart uploads under it."""
+    prefix = server.extra_args[1].split("/", 3)[3] + "/"
+    listed = s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
+    return sorted(u["Key"][len(prefix) :] for u in listed.get("Uploads") or ())

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -137,6 +138,21 @@ def upload_scratch_dir(settings: Settings) -> Path:
     scratch = settings.data_dir / "tmp" / "uploads"
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     return scratch
+
+
+def sweep_upload_scratch(settings: Settings, max_age_seconds: float) -> None:
+    """Remove what requests that died with their process (a kill -9 mid-upload or mid-push) left in the
+    scratch directory: files and directories not changed for ``max_age_seconds``. A live request's file is
+    being written and its push directory is new, so they are younger."""
+    from dlcloud.storage.local import remove_tree
+
+    cutoff = time.time() - max_age_seconds
+    for entry in upload_scratch_dir(settings).iterdir():
+        try:
+            if entry.lstat().st_mtime < cutoff:
+                remove_tree(entry)
+        except OSError:  # gone meanwhile, or not ours to remove: the next sweep tries again
+            continue
 
 
 def get_code(db: Database, caller: Caller, code_id: str) -> CodeUpload:

@@ -23,7 +23,10 @@ Invariants:
   died with their process: the next fetch or start removes them.
 - **Only verified content is cached.** ``ObjectStore.get_tree`` checks every file against the store's
   manifest; that manifest must have the caller's artifact checksum, and the staged tree exactly its files
-  and sizes. An entry is not verified again on later acquires (that would read the whole dataset each time).
+  and sizes. Every later acquire checks the entry's files and directories against the manifest again, by
+  their sizes (one ``lstat`` each: reading them all would cost as much as the fetch, so a change that keeps
+  every size goes unnoticed): an entry found damaged is discarded and fetched again, or, while other holders
+  pin it, refused (ObjectDamaged) until they release it.
 - **A pinned entry is never evicted.** A pin is created under the entry's lock before the entry is used,
   and eviction removes an entry only under its lock after checking that it has no pin. Eviction only tries
   an entry's lock: an entry someone is pinning or fetching right now is busy and stays.
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import stat
@@ -67,6 +71,8 @@ from pathlib import Path
 from dlcloud.errors import DlcloudError
 from dlcloud.storage.local import make_read_only, remove_tree
 from dlcloud.storage.objects import Manifest, ObjectDamaged, ObjectStore
+
+log = logging.getLogger(__name__)
 
 HOLDER_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -235,6 +241,8 @@ class TreeCache:
         with self._entry_locked(sha):
             new_pin = self._pin(sha, holder)
             try:
+                if self._entry_size(sha) is not None:
+                    self._check_entry(prefix, manifest, sha, holder)
                 if self._entry_size(sha) is None:
                     self._discard(sha)  # a directory that a crash left without its marker
                     self._fetch(prefix, manifest, sha)
@@ -309,6 +317,22 @@ class TreeCache:
         """Remove the entry, its marker first (so it is absent at once). Under the entry's lock."""
         self._marker(sha).unlink(missing_ok=True)
         remove_tree(self._trees / sha)
+
+    def _check_entry(self, prefix: str, manifest: Manifest, sha: str, holder: str) -> None:
+        """The complete entry still holds the tree's files at their sizes; a damaged one that no other holder
+        pins is discarded (to be fetched again). Under the entry's lock."""
+        try:
+            _check_files(self._trees / sha, manifest, prefix)
+        except (ObjectDamaged, OSError) as exc:
+            others = set(os.listdir(self._pins / sha)) - {holder}
+            log.error("the dataset cache's copy %s of %s is damaged (%s)", self._trees / sha, prefix, exc)
+            if others:
+                raise ObjectDamaged(
+                    prefix,
+                    f"has a damaged copy in this node's dataset cache, which {len(others)} other job(s) still "
+                    "use; it is fetched again once they end",
+                ) from None
+            self._discard(sha)
 
     def _fetch(self, prefix: str, manifest: Manifest, sha: str) -> None:
         """Download, verify and install the entry ``sha``. Under the entry's lock."""

@@ -457,3 +457,45 @@ def test_trees_that_differ_in_an_empty_directory_are_two_entries(s3: CountingSto
     assert seen_a != seen_b
     assert sorted(p.name for p in seen_a.iterdir()) == ["cats", "dogs"]
     assert sorted(p.name for p in seen_b.iterdir()) == ["cats", "dogs", "zebras"]
+
+
+def _damage(entry: Path, how: str) -> None:
+    """Change a cached entry behind the cache's back (as root could, or a failing disk)."""
+    entry.chmod(0o755)
+    (entry / "sub").chmod(0o755)
+    target = entry / "sub" / "b"
+    if how == "truncated":
+        target.chmod(0o644)
+        os.truncate(target, 10)
+    elif how == "removed":
+        target.unlink()
+    elif how == "added":
+        (entry / "planted").write_bytes(b"x")
+    elif how == "replaced by a link":
+        target.unlink()
+        target.symlink_to(entry / "a")
+    (entry / "sub").chmod(0o555)
+    entry.chmod(0o555)
+
+
+@pytest.mark.parametrize("how", ["truncated", "removed", "added", "replaced by a link"])
+def test_a_damaged_entry_is_detected_and_fetched_again(s3: CountingStore, tmp_path: Path, how: str) -> None:
+    files = {"a": os.urandom(5000), "sub/b": os.urandom(3000)}
+    manifest = _put(s3, "datasets/t/d/1", tmp_path / "src", files)
+    root = tmp_path / "cache"
+    cache = TreeCache(root, s3, max_bytes=100_000)
+    entry = cache.acquire("datasets/t/d/1", manifest, "h-1")
+    cache.release("h-1")
+    _damage(entry, how)
+    assert cache.acquire("datasets/t/d/1", manifest, "h-2") == entry
+    assert _files(entry) == files and not (entry / "sub" / "b").is_symlink()
+    assert _fetches(s3.count_file) == 2 and cache.usage() == (8000, 8000) and _staged(root) == []
+
+    # damaged while another holder still reads it: refused, left to that holder, fetched once it is released
+    _damage(entry, how)
+    with pytest.raises(ObjectDamaged, match="damaged copy in this node's dataset cache.*1 other job"):
+        cache.acquire("datasets/t/d/1", manifest, "h-3")
+    assert cache.holders() == {"h-2"} and _fetches(s3.count_file) == 2
+    cache.release("h-2")
+    assert _files(cache.acquire("datasets/t/d/1", manifest, "h-3")) == files
+    assert _fetches(s3.count_file) == 3
