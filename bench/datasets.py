@@ -12,14 +12,17 @@ hundred KiB, a few files of tens of MiB, in a few directories), and stores it wi
     every file's SHA-256, flush to disk, rename into the cache;
   - peer: a boto3 client on the same endpoint (path style, same credentials) calling ``download_file`` for
     each object in turn into an empty directory. Nothing verified, nothing flushed.
+  - reference (no target): the same ``download_file`` calls from ``--threads`` threads.
   Throughput = dataset bytes / wall time; the ratio is ours / peer (target >= 0.9).
 * cache hit, ``--hits`` times: the same ``acquire`` again (a pin on a cached entry; released after each,
   untimed), and the control loop's whole path for a cached dataset (manifest read + checksum check +
   acquire). Next to nothing: the time is what a cached dataset adds (target <= 50 ms).
-* job start (skip with ``--no-jobs``): two ``dlcloud up`` servers are not needed: one server on the same
-  SeaweedFS (``--storage-url s3://...``), a dataset of the same file count pushed through the API, and
-  trivial jobs submitted in turns with and without it (``datasets: [NAME]``), after a first job that
-  fetched it: submit -> first line of user code, as bench/job_latency.py measures it.
+* job start (skip with ``--no-jobs``): one ``dlcloud up`` storing in the same SeaweedFS
+  (``--storage-url s3://...``, ``--sandbox auto`` by default), a dataset of ``--files`` files and
+  ``--job-size-mib`` pushed through the API (a cache hit costs the same whatever the bytes: an entry is not
+  verified again), a first job that fetches it (not measured), then trivial jobs in turns without and with it
+  (``datasets: [NAME]``): submit -> first line of user code, as bench/job_latency.py measures it, with the
+  same breakdown by stage.
 
 Example:
 
