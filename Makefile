@@ -58,6 +58,7 @@ bench: install bench-deps
 	$(PY) bench/api_throughput.py
 	$(PY) bench/scheduler.py
 	$(PY) bench/ddp_overhead.py
+	$(PY) bench/datasets.py
 	$(PY) bench/serving.py --ray-venv $(RAY_VENV)
 
 clean:

@@ -65,8 +65,11 @@ class Process:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _spawn(self, argv: list[str], ready_path: str, timeout: float = 60.0) -> None:
+    def _spawn(
+        self, argv: list[str], ready_path: str, timeout: float = 60.0, extra_env: dict[str, str] | None = None
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
+        env.update(extra_env or {})
         env["HOME"] = str(self.root / "home")
         env["XDG_CONFIG_HOME"] = str(self.root / "config")
         (self.root / "home").mkdir(parents=True, exist_ok=True)
@@ -103,11 +106,18 @@ class DlcloudServer(Process):
         self.data_dir = root / name
         self.isolation = ""  # what it printed at start
 
-    def start(self, log_level: str = "warning", sandbox: str = "auto") -> tuple[str, str]:
-        """Returns the bootstrap admin's (access_key, secret_key). ``sandbox``: ``auto`` or ``off``."""
+    def start(
+        self,
+        log_level: str = "warning",
+        sandbox: str = "auto",
+        extra_args: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> tuple[str, str]:
+        """Returns the bootstrap admin's (access_key, secret_key). ``sandbox``: ``auto`` or ``off``;
+        ``extra_args``: more options of ``dlcloud up``; ``extra_env``: settings (``DLCLOUD_...``) for it."""
         argv = [sys.executable, "-m", "dlcloud.cli.main", "up", "--port", str(self.port)]
         argv += ["--data-dir", str(self.data_dir), "--no-profile", "--log-level", log_level, "--sandbox", sandbox]
-        self._spawn(argv, "/readyz")
+        self._spawn(argv + (extra_args or []), "/readyz", extra_env=extra_env)
         self.isolation = self._isolation_line()
         if sandbox != "off" and not self.isolation.startswith("bubblewrap"):
             self.stop()

@@ -16,6 +16,9 @@ How the invariants of ``objects.py`` hold here:
   manifest, then everything under the prefix.
 - ``get_file`` pins the object it read with HEAD (size, SHA-256, ETag): large objects are fetched in ranged
   parts, each sent with ``If-Match`` on that ETag, into a temporary file renamed into place when complete.
+- ``get_tree`` downloads a tree's files concurrently into temporary files, checks each against its manifest
+  entry as soon as it is complete (while the next ones still download), and renames them into place only
+  once every file passed: a bad file cancels the rest and leaves nothing in the destination.
 - Names with a segment starting with ``.dlcloud-`` are the store's own; ``list`` never shows them.
 
 Errors: a missing key is ObjectMissing; anything else the server or the network answers (connection refused,
@@ -30,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,19 +284,25 @@ class S3ObjectStore(ObjectStore):
             stored.append(head[0])
         return stored
 
-    def _download(self, items: list[tuple[str, Path, int, str | None]]) -> None:
+    def _download(
+        self, items: list[tuple[str, Path, int, str | None]], check: Callable[[int], None] | None = None
+    ) -> None:
         """Download each ``(key, file, size, etag)`` concurrently into ``file`` (s3transfer writes a temporary
-        file beside it and renames it when complete)."""
+        file beside it and renames it when complete). ``check(i)`` runs as soon as item ``i`` is complete, in
+        order, while later items still download (verifying a file overlaps the next ones' transfer); what it
+        raises cancels the downloads left."""
         with self._transfer() as manager:
             futures = [
                 manager.download(self.bucket, self._full(key), str(dest), subscribers=[_KnownObject(size, etag)])
                 for key, dest, size, etag in items
             ]
-            for (key, *_), future in zip(items, futures, strict=True):
+            for i, ((key, *_), future) in enumerate(zip(items, futures, strict=True)):
                 try:
                     future.result()
                 except self._failures() as exc:
                     raise self._error(exc, f"read {key!r}", key) from None
+                if check is not None:
+                    check(i)
 
     def _raw_keys(self, prefix: str) -> Iterator[dict[str, Any]]:
         """The listing entries of every S3 object under ``<prefix>/`` (the store's own names included; prefix
@@ -443,10 +452,14 @@ class S3ObjectStore(ObjectStore):
                 fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=target.parent)
                 os.close(fd)
                 parts.append((e, Path(tmp_name), target))
-            self._download([(self._join(prefix, e.path), tmp, e.size, None) for e, tmp, _ in parts])
-            for e, tmp, _ in parts:
+
+            def verify(i: int) -> None:
+                e, tmp, _ = parts[i]
                 if tmp.stat().st_size != e.size or file_sha256(tmp) != e.sha256:
                     raise ObjectDamaged(self._join(prefix, e.path), "does not match its manifest entry")
+
+            # every file is verified before the first one is renamed into place
+            self._download([(self._join(prefix, e.path), tmp, e.size, None) for e, tmp, _ in parts], verify)
             for _, tmp, target in parts:
                 os.replace(tmp, target)
         finally:

@@ -359,6 +359,27 @@ def test_a_tree_file_damaged_in_the_bucket_is_detected(
         store.get_tree("datasets/t/d/1", tmp_path / "dest2")
 
 
+def test_a_damaged_first_file_stops_the_tree_download_and_leaves_nothing(
+    s3_server: S3Server,  # noqa: F811
+    store: S3ObjectStore,
+    tmp_path: Path,
+) -> None:
+    """Files are verified as they arrive, while the next ones download: the first bad one cancels the rest,
+    and neither a good file nor a partial one is left in the destination."""
+    src = tmp_path / "src"
+    (src / "parts").mkdir(parents=True)
+    (src / "a-first").write_bytes(b"the original")
+    for i in range(24):
+        (src / "parts" / f"p-{i:02d}").write_bytes(os.urandom(MiB))
+    store.put_tree("datasets/t/d/1", src)
+    key = f"{store.prefix}/datasets/t/d/1/a-first"
+    s3_server.client().put_object(Bucket=store.bucket, Key=key, Body=b"the altered!")  # same size
+    dest = tmp_path / "dest"
+    with pytest.raises(ObjectDamaged, match="a-first"):
+        store.get_tree("datasets/t/d/1", dest)
+    assert [p for p in dest.rglob("*") if p.is_file()] == []
+
+
 def test_a_manifest_naming_unsafe_paths_is_refused(store: S3ObjectStore, tmp_path: Path) -> None:
     bad = Manifest((TreeEntry("../escape", 1, "0" * 64),))
     with pytest.raises(ValueError):
