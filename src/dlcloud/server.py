@@ -28,6 +28,7 @@ from dlcloud.services.auth import purge_nonces
 from dlcloud.services.code import sweep_upload_scratch
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.dataset_sources import SourceWorker
+from dlcloud.services.datasets import sweep_abandoned_pushes
 from dlcloud.services.leader import Leadership
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
@@ -192,6 +193,9 @@ def _housekeeping(server: Server) -> None:
             # request used, past their time
             server.platform.objects.sweep(24 * 3600.0)
             sweep_upload_scratch(server.settings, 24 * 3600.0)
+            sweep_abandoned_pushes(
+                server.platform.db, server.platform.objects, server.settings.model_upload_ttl_seconds
+            )
             sweep_uploads(server.platform.objects, server.settings.model_upload_ttl_seconds)
         except Exception:  # keep housekeeping alive across transient storage errors
             log.exception("storage sweep failed")

@@ -270,7 +270,7 @@ def test_a_job_reads_a_version_registered_in_place(request, tmp_path, db_url, mo
             path = Path(seen["datasets"]["click-log"])
             # the source's objects, in this host's cache: not the local store's directory, which holds the manifest
             assert path.is_relative_to(env.settings.data_dir / "cache" / "datasets")
-            assert env.control.data_cache.holders() == set()
+            assert env.control.executor.data_cache.holders() == set()
     finally:
         stop.set()
         env.control.wake()

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import DatasetNotFound, DlcloudError, SourceNotAllowed
+from dlcloud.errors import DlcloudError, SourceNotAllowed
 from dlcloud.schemas.datasets import DatasetPush, DatasetVersion
 from dlcloud.services import datasets
 from dlcloud.services.auth import Caller
@@ -80,37 +80,25 @@ def register_version(
         with platform.db.read() as s:
             datasets._writable(s, caller, name, owner, "pushing versions")
     reader.check_not_empty(src)
-    dataset_id, number, created = datasets._take_number(platform, caller, name, req, 0)
-    try:
-        with platform.db.write() as s:
-            dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
-            if dataset is None:
-                raise DatasetNotFound(f"dataset {name!r} was deleted while this version was registered")
-            row = DatasetVersionRow(
-                id=new_id("dv-"),
-                dataset_id=dataset_id,
-                tenant_id=caller.tenant_id,
-                version=number,
-                storage_key=datasets.version_key(caller.tenant_id, dataset_id, number),
-                sha256="",
-                size_bytes=0,
-                file_count=0,
-                description=req.description,
-                created_by=caller.user_id,
-                created_at=utcnow(),
-                state="pending",
-                source_url=src.url,
-            )
-            s.add(row)
-            s.flush()
-            [result] = datasets._version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
-    except BaseException:
-        if created:
-            with platform.db.write() as s:
-                dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
-                if dataset is not None and not store.list_versions(s, caller.tenant_id, dataset_id):
-                    s.delete(dataset)
-        raise
+
+    def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
+        return DatasetVersionRow(
+            id=new_id("dv-"),
+            dataset_id=dataset.id,
+            tenant_id=caller.tenant_id,
+            version=number,
+            storage_key=datasets.version_key(caller.tenant_id, dataset.id, number),
+            sha256="",
+            size_bytes=0,
+            file_count=0,
+            description=req.description,
+            created_by=caller.user_id,
+            created_at=utcnow(),
+            state="pending",
+            source_url=src.url,
+        )
+
+    result = datasets.add_version(platform, caller, name, req, 0, row)
     platform.wake_sources()
     return result
 

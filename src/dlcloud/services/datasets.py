@@ -25,13 +25,13 @@ import logging
 import re
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -73,6 +73,7 @@ from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
 from dlcloud.store import tenants as tenant_store
+from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
 from dlcloud.store.rows import (
@@ -81,15 +82,51 @@ from dlcloud.store.rows import (
     DatasetShareRow,
     DatasetVersionRow,
     JobDatasetRow,
+    UploadClaimRow,
     utcnow,
 )
 
 log = logging.getLogger(__name__)
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+# the claim of a dataset upload (uploads.upload_key): tenant id, upload id
+UPLOAD_KEY_RE = re.compile(r"^uploads/([A-Za-z0-9_-]{1,64})/(du-[a-z0-9]{16})\.tar\.gz$")
 
 
 def version_key(tenant_id: str, dataset_id: str, version: int) -> str:
+    """Where a version registered in place keeps its manifest (and where pushed versions were stored before
+    pushes were named by their upload: rows keep the key they were given)."""
     return f"datasets/{tenant_id}/{dataset_id}/{version}"
+
+
+def push_key(tenant_id: str, upload_id: str) -> str:
+    """Where the version pushed from upload ``upload_id`` is stored. Named by the upload, which the push holds
+    claimed (``uploads.use_upload``) from before its files are stored until its row is committed: a claim
+    left by a crash names the files that no version references (``sweep_abandoned_pushes``)."""
+    return f"datasets/{tenant_id}/pushes/{upload_id}"
+
+
+def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: float) -> int:
+    """Remove what pushes killed mid-way stored (the files of no version) and their claims, once the claim is
+    older than ``max_age_seconds`` (the uploads' time to live: a live push renews nothing, so the age must
+    exceed the longest push). Returns how many were removed."""
+    cutoff = utcnow() - timedelta(seconds=max_age_seconds)
+    with db.read() as s:
+        stale = list(s.scalars(select(UploadClaimRow.key).where(UploadClaimRow.claimed_at <= cutoff)))
+    removed = 0
+    for claim in stale:
+        m = UPLOAD_KEY_RE.match(claim)
+        with db.write() as s:
+            row = s.get(UploadClaimRow, claim, with_for_update=True)
+            if row is None or row.claimed_at > cutoff:
+                continue  # released or taken over meanwhile
+            if m is not None:
+                key = push_key(m.group(1), m.group(2))
+                used = s.scalars(select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key == key)).first()
+                if used is None:
+                    objects.delete_prefix(key)  # before the claim goes: a failure retries next sweep
+                    removed += 1
+            s.delete(row)
+    return removed
 
 
 def _limits(platform: Platform) -> ArchiveLimits:
@@ -312,62 +349,57 @@ def push_version(
         tree.mkdir()
         manifest = _unpack(archive, tree, _limits(platform))
         archive.unlink()
-        version = _insert_version(platform, caller, name, req, tree, manifest)
+        version = _insert_version(platform, caller, name, req, tree, manifest, req.upload)
         platform.objects.delete(upload)
     return version
 
 
 def _insert_version(
-    platform: Platform, caller: Caller, name: str, req: DatasetPush, tree: Path, manifest: Manifest
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, tree: Path, manifest: Manifest, upload_id: str
 ) -> DatasetVersion:
-    """Three steps, so that no write transaction is open while the files are stored (on SQLite it would stop
-    every other write for that long): take the next number (creating the dataset), store the tree under it,
-    then add the version's row. A failure after the first step removes what it stored and a dataset it
-    created; the number it took is not given again (numbers are never reused anyway)."""
-    dataset_id, number, created = _take_number(platform, caller, name, req, manifest.size)
-    key = version_key(caller.tenant_id, dataset_id, number)
+    """Store the tree (under the upload's name, no write transaction open meanwhile: on SQLite it would stop
+    every other write for that long), then add the version (``add_version``). Nothing of it is visible before
+    that commit; a failure before it removes what was stored, a crash leaves it to ``sweep_abandoned_pushes``."""
+    key = push_key(caller.tenant_id, upload_id)
+
+    def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
+        return DatasetVersionRow(
+            id=new_id("dv-"),
+            dataset_id=dataset.id,
+            tenant_id=caller.tenant_id,
+            version=number,
+            storage_key=key,
+            sha256=manifest.artifact_sha256(),
+            size_bytes=manifest.size,
+            file_count=len(manifest.entries),
+            description=req.description,
+            created_by=caller.user_id,
+            created_at=utcnow(),
+        )
+
     try:
         platform.objects.put_tree(key, tree, manifest)
-        with platform.db.write() as s:
-            storage_quota.check_fits(s, caller.tenant_id, caller.tenant, manifest.size)
-            dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
-            if dataset is None:
-                raise DatasetNotFound(f"dataset {name!r} was deleted while this version was stored")
-            row = DatasetVersionRow(
-                id=new_id("dv-"),
-                dataset_id=dataset_id,
-                tenant_id=caller.tenant_id,
-                version=number,
-                storage_key=key,
-                sha256=manifest.artifact_sha256(),
-                size_bytes=manifest.size,
-                file_count=len(manifest.entries),
-                description=req.description,
-                created_by=caller.user_id,
-                created_at=utcnow(),
-            )
-            s.add(row)
-            s.flush()
-            [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
-        return result
+        return add_version(platform, caller, name, req, manifest.size, row)
     except BaseException:
         _remove_stored(platform, [key])
-        if created:
-            with platform.db.write() as s:
-                dataset = s.get(DatasetRow, dataset_id, with_for_update=True)
-                if dataset is not None and not store.list_versions(s, caller.tenant_id, dataset_id):
-                    s.delete(dataset)
         raise
 
 
-def _take_number(platform: Platform, caller: Caller, name: str, req: DatasetPush, size: int) -> tuple[str, int, bool]:
-    """(dataset id, the version number taken, whether the dataset was created now)."""
+def add_version(
+    platform: Platform,
+    caller: Caller,
+    name: str,
+    req: DatasetPush,
+    size: int,
+    make_row: Callable[[DatasetRow, int], DatasetVersionRow],
+) -> DatasetVersion:
+    """In one write transaction: the storage quota checked for ``size`` more bytes, the dataset created if it
+    does not exist, the next number taken, and the row ``make_row(dataset, number)`` added."""
     for attempt in (1, 2):
         try:
             with platform.db.write() as s:
                 storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
                 dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
-                created = dataset is None
                 if dataset is None:
                     dataset = DatasetRow(
                         id=new_id("ds-"),
@@ -381,7 +413,11 @@ def _take_number(platform: Platform, caller: Caller, name: str, req: DatasetPush
                     s.add(dataset)
                     s.flush()
                 dataset.last_version += 1
-                return dataset.id, dataset.last_version, created
+                row = make_row(dataset, dataset.last_version)
+                s.add(row)
+                s.flush()
+                [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
+            return result
         except IntegrityError:
             # another request created the same dataset first (PostgreSQL): its row exists now, try once more
             if attempt == 2:

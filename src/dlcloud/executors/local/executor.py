@@ -216,8 +216,13 @@ class LocalExecutor(Executor):
                     threading.Event().wait(CACHE_RETRY_SECONDS)
                 except DlcloudError as exc:
                     log.error("attempt %s: dataset %s: %s", handle, mount.storage_key, exc.message)
+                    where = (
+                        "its files changed or vanished in the bucket it was registered from"
+                        if manifest.source
+                        else "it is damaged in the server's storage"
+                    )
                     raise InputsUnavailable(
-                        f"its dataset {mount.name!r} is damaged in the server's storage; ask an administrator"
+                        f"its dataset {mount.name!r} cannot be read: {where}; ask an administrator"
                     ) from None
         with self._lock:
             self._preparing[handle] = ""
