@@ -144,3 +144,31 @@ def test_an_unreachable_store_is_a_503_that_names_nothing_of_it(tmp_path: Path, 
     for hidden in ("127.0.0.1", "hidden-bucket", "secret-prefix", "wJalrXUtnFEMI", "AKIDEXAMPLE"):
         assert hidden not in shown
     env.platform.db.dispose()
+
+
+def test_outputs_and_logs_are_kept_in_the_bucket_and_outlive_the_host(
+    s3_env: tuple[Env, S3Server], tmp_path: Path
+) -> None:
+    """When an attempt ends its outputs and logs go to the store: registering a model and reading the logs
+    work after the host lost every file of the job; deleting the job removes them from the bucket."""
+    env, server = s3_env
+    prefix = env.platform.objects.url.split("/", 3)[3]
+    c = env.admin
+    command = 'echo "line $DLCLOUD_ATTEMPT"; printf weights > "$DLCLOUD_OUTPUT_DIR/model.onnx"'
+    job = c.jobs.submit({"name": "keeps", "command": command})
+    done = wait_for(lambda: (j := c.jobs.get("keeps"))["state"] in TERMINAL and j, 60, what="the job to end")
+    assert done["state"] == "SUCCEEDED", done
+    tenant_id = c.tenants.get("default")["id"]
+    kept = _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job['id']}")
+    assert "outputs/attempt-1/model.onnx" in kept and "logs/attempt-1/main/output.log" in kept, kept
+
+    # the host loses the job's directories (a disk replaced, the job run elsewhere)
+    import shutil
+
+    shutil.rmtree(env.settings.runs_dir / tenant_id / job["id"])
+    assert [line.text for line in c.jobs.logs("keeps") if line.stream == "stdout"] == ["line 1"]
+    v = c.models.register("kept", "onnx", from_job="keeps", path="model.onnx", signature=SIG)
+    assert v["source_job"] == "keeps"
+
+    c.jobs.delete("keeps")
+    assert _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job['id']}") == []

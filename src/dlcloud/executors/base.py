@@ -157,6 +157,7 @@ def replica_sort_key(name: str) -> tuple[str, int, int]:
 
 
 REPLICAS_DIR = "replicas"
+MAIN_LOG = "main"  # in archived logs (Executor.archive_logs), the directory of a one-process attempt's log
 
 
 # A job log is capped (Workload.log_max_bytes) by keeping its end: past half the cap, output.log becomes
@@ -225,8 +226,9 @@ class Executor(abc.ABC):
       attempts an earlier one started.
     - ``stop`` ends an attempt gracefully (SIGTERM, the grace period, the post command); stopping an ended or
       unknown attempt does nothing.
-    - ``log_files`` reads an attempt's logs; ``save_outputs`` puts the job's outputs, as the attempt left them,
-      into the object store; ``remove_job`` forgets everything the executor keeps for a deleted job.
+    - ``log_files`` reads an attempt's logs; when it ends, ``save_outputs`` puts the job's outputs as the attempt
+      left them, and ``archive_logs`` its logs, into the object store (so neither depends on the host that ran
+      it); ``remove_job`` forgets everything the executor keeps for a deleted job.
     Public methods log; implementations fill the ``_`` hooks.
     """
 
@@ -326,6 +328,11 @@ class Executor(abc.ABC):
     def save_outputs(self, handle: str, key: str) -> bool:
         """Put the job's outputs directory, as the attempt left it, into the object store as a tree at ``key``;
         False when the job wrote none. Idempotent (a crash after it is followed by another call)."""
+
+    @abc.abstractmethod
+    def archive_logs(self, handle: str, key: str) -> bool:
+        """Put the ended attempt's logs into the object store as a tree at ``key`` (``<replica or "main">/``
+        holding ``output.log`` and its older half); False when it has none. Idempotent."""
 
     @abc.abstractmethod
     def remove_job(self, tenant_id: str, job_id: str) -> None:

@@ -110,6 +110,9 @@ class SimulatedExecutor(Executor):
     def save_outputs(self, handle: str, key: str) -> bool:
         return False  # nothing runs, nothing writes outputs
 
+    def archive_logs(self, handle: str, key: str) -> bool:
+        return False  # nothing runs, nothing writes a log
+
     def remove_job(self, tenant_id: str, job_id: str) -> None:
         for handle in [h for h, a in self._attempts.items() if a.workload.job_id == job_id]:
             if self._attempts[handle].report.state != "running":

@@ -6,6 +6,7 @@ State changes go through ``job_states.transition``; running attempts are driven 
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -49,15 +50,21 @@ RESOLVED_DATASETS = "resolved_datasets"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
+def job_prefix(tenant_id: str, job_id: str) -> str:
+    """Everything the object store keeps of a job (its saved outputs and archived logs) is below this prefix."""
+    return f"jobs/{tenant_id}/{job_id}"
+
+
 def outputs_key(tenant_id: str, job_id: str, attempt: int) -> str:
     """Where the job's outputs, as attempt ``attempt`` left them, are kept in the object store (a tree, saved
     by the executor when the attempt ends)."""
-    return f"{outputs_prefix(tenant_id, job_id)}/attempt-{attempt}"
+    return f"{job_prefix(tenant_id, job_id)}/outputs/attempt-{attempt}"
 
 
-def outputs_prefix(tenant_id: str, job_id: str) -> str:
-    """Every saved outputs tree of a job is below this prefix."""
-    return f"jobs/{tenant_id}/{job_id}/outputs"
+def logs_key(tenant_id: str, job_id: str, attempt: int) -> str:
+    """Where the logs of attempt ``attempt`` are archived in the object store when it ends (a tree:
+    ``<replica or "main">/output.log`` and its older half)."""
+    return f"{job_prefix(tenant_id, job_id)}/logs/attempt-{attempt}"
 
 
 def _job_model(row: JobRow, tenant: str, user: str) -> Job:
@@ -336,7 +343,8 @@ def delete_job(platform: Platform, caller: Caller, name_or_id: str) -> None:
         s.delete(row)
     if platform.executor is not None:
         platform.executor.remove_job(tenant_id, job_id)
+    shutil.rmtree(platform.settings.data_dir / "cache" / "logs" / job_prefix(tenant_id, job_id), ignore_errors=True)
     try:
-        platform.objects.delete_prefix(outputs_prefix(tenant_id, job_id))
+        platform.objects.delete_prefix(job_prefix(tenant_id, job_id))
     except DlcloudError as exc:  # the row is gone: what is left is unreachable, and swept by no one else
-        log.error("job %s deleted but its saved outputs could not be removed: %s", job_id, exc.message)
+        log.error("job %s deleted but its saved outputs and logs could not be removed: %s", job_id, exc.message)

@@ -31,6 +31,8 @@ import asyncio
 import heapq
 import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -39,11 +41,12 @@ from pathlib import Path
 
 import anyio
 
-from dlcloud.executors.base import LOG_TRUNCATED, log_segments
+from dlcloud.executors.base import LOG_TRUNCATED, MAIN_LOG, log_segments, replica_sort_key
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
-from dlcloud.services.jobs import get_row
+from dlcloud.services.jobs import get_row, logs_key
 from dlcloud.services.platform import Platform
+from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store
 
 POLL_SECONDS = 0.25
@@ -55,25 +58,53 @@ OPEN_RETRIES = 50  # opening a log while the launcher rotates it: tries, 1 ms ap
 
 # one log file: (attempt number, replica name or "", path of its output.log)
 LogFile = tuple[int, str, Path]
+LOG_CACHE = ("cache", "logs")  # below the data dir: archived logs fetched to be read here
+# one attempt: (number, executor handle, the key of its archived logs once it ended, else None)
+Attempt = tuple[int, str, str | None]
 
 _MARKER = re.compile(rb"^(\S+) system " + re.escape(LOG_TRUNCATED.encode()) + rb"(\d+) ")
 
 
-def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[tuple[int, str]]]:
+def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[Attempt]]:
     with platform.db.read() as s:
         row = get_row(s, caller, name)
-        attempts = job_store.attempt_handles(s, row.id)
+        attempts = [
+            (n, handle, logs_key(row.tenant_id, row.id, n) if ended else None)
+            for n, handle, ended in job_store.attempt_handles(s, row.id)
+        ]
         return row.id, JobState(row.state) in TERMINAL_STATES, attempts
 
 
-def _files(platform: Platform, attempts: list[tuple[int, str]], replica: str | None) -> list[LogFile]:
+def _archived(platform: Platform, key: str) -> dict[str, Path]:
+    """An ended attempt's logs from their archive in the object store (the executor no longer has them: the
+    host that ran it is gone, or its files were removed), fetched once into this host's cache of logs."""
+    local = platform.objects.tree_local_path(key)
+    if local is None:
+        local = platform.settings.data_dir.joinpath(*LOG_CACHE) / key
+        if not local.is_dir():
+            local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = local.with_name(f".{local.name}.{os.getpid()}.{threading.get_ident()}")
+            try:
+                platform.objects.get_tree(key, tmp)
+            except ObjectMissing:
+                return {}
+            try:
+                os.rename(tmp, local)
+            except OSError:  # another reader fetched it first
+                shutil.rmtree(tmp, ignore_errors=True)
+    names = sorted((d.name for d in local.iterdir() if d.is_dir()), key=replica_sort_key)
+    return {("" if n == MAIN_LOG else n): local / n / "output.log" for n in names}
+
+
+def _files(platform: Platform, attempts: list[Attempt], replica: str | None) -> list[LogFile]:
     """The log files of the attempts (of ``replica`` only, when given), attempt by attempt, as the executor
-    that ran them keeps them."""
+    that ran them keeps them, or else from their archive once they ended."""
     out: list[LogFile] = []
-    if platform.executor is None:
-        return out
-    for number, handle in attempts:
-        for name, path in platform.executor.log_files(handle).items():
+    for number, handle, archive in attempts:
+        files = platform.executor.log_files(handle) if platform.executor is not None else {}
+        if archive is not None and not any(p.exists() for p in files.values()):
+            files = _archived(platform, archive)
+        for name, path in files.items():
             if replica is None or name == replica or name.startswith(replica + "."):
                 out.append((number, name, path))
     return out
@@ -425,14 +456,14 @@ def _check(
     platform: Platform,
     caller: Caller,
     job_id: str,
-    attempts: list[tuple[int, str]],
+    attempts: list[Attempt],
     replica: str | None,
     known: set[Path],
-) -> tuple[bool, list[tuple[int, str]], list[LogFile]]:
+) -> tuple[bool, list[Attempt], list[LogFile]]:
     """Whether the job has ended, its attempts, and the log files not ``known`` yet: of a new attempt, or a
     gang's replica directories that appeared since."""
     _, done, fresh = _snapshot(platform, caller, job_id)
-    numbers = {n for n, _ in attempts}
+    numbers = {n for n, _, _ in attempts}
     attempts = attempts + [a for a in fresh if a[0] not in numbers]
     return done, attempts, [f for f in _files(platform, attempts, replica) if f[2] not in known]
 
@@ -469,7 +500,7 @@ async def _stream(
     caller: Caller,
     job_id: str,
     done: bool,
-    attempts: list[tuple[int, str]],
+    attempts: list[Attempt],
     *,
     follow: bool,
     tail: int | None,

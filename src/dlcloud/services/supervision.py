@@ -19,7 +19,7 @@ from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import gangs, job_states, workloads
-from dlcloud.services.jobs import outputs_key
+from dlcloud.services.jobs import logs_key, outputs_key
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import attempt_ports, release_ports
 from dlcloud.storage.objects import StorageError
@@ -92,12 +92,12 @@ class Supervisor:
                 self._lost(job_id, attempt_id, report)
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str) -> bool:
-        """The job's outputs as the attempt left them, into the object store (``workloads.outputs_key``), before
-        the attempt's end is recorded; False: the store failed, try again at the next pass (the outputs stay
-        with the executor meanwhile)."""
-        key = outputs_key(tenant_id, job_id, number)
+        """The job's outputs as the attempt left them, and the attempt's logs, into the object store
+        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; False: the store failed,
+        try again at the next pass (they stay with the executor meanwhile)."""
         try:
-            self.executor.save_outputs(handle, key)
+            self.executor.archive_logs(handle, logs_key(tenant_id, job_id, number))
+            self.executor.save_outputs(handle, outputs_key(tenant_id, job_id, number))
         except StorageError as exc:
             log.error("job %s attempt %d: outputs not saved yet (%s); trying again", job_id, number, exc.message)
             return False

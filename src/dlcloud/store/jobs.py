@@ -70,10 +70,10 @@ def ended_attempts(s: Session, job_id: str) -> list[int]:
     return [int(n) for (n,) in s.execute(q.order_by(AttemptRow.number))]
 
 
-def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str]]:
-    """(number, executor handle) of a job's attempts, in order."""
-    q = select(AttemptRow.number, AttemptRow.handle).where(AttemptRow.job_id == job_id).order_by(AttemptRow.number)
-    return [(int(n), str(d)) for n, d in s.execute(q)]
+def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str, bool]]:
+    """(number, executor handle, whether it ended) of a job's attempts, in order."""
+    q = select(AttemptRow.number, AttemptRow.handle, AttemptRow.finished_at).where(AttemptRow.job_id == job_id)
+    return [(int(n), str(d), f is not None) for n, d, f in s.execute(q.order_by(AttemptRow.number))]
 
 
 _jobs, _users = JobRow.__table__, UserRow.__table__

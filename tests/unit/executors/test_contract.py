@@ -117,6 +117,15 @@ def test_a_handle_starts_once(executor: Executor) -> None:
     _state(executor, handle, "exited")
 
 
+def test_nothing_to_save_is_said_not_saved(executor: Executor) -> None:
+    handle = executor.handle("t1", "quiet", 1)
+    executor.start(handle, _workload("quiet"))
+    _state(executor, handle, "running")
+    executor.stop(handle)
+    _state(executor, handle, "exited")
+    assert executor.save_outputs(handle, "jobs/t1/quiet/outputs/attempt-1") is False  # it wrote none
+
+
 def test_an_attempt_never_started_is_lost_before_launch(executor: Executor) -> None:
     report = executor.poll(executor.handle("t1", "never", 1))
     assert report.state == "lost" and report.launched is False
@@ -163,6 +172,9 @@ def test_local_runs_code_and_datasets_from_the_store_and_saves_outputs(
     manifest = objects.tree_manifest("jobs/t1/job1/outputs/attempt-1")
     assert [e.path for e in manifest.entries] == ["copy.txt"]
     assert b"".join(objects.iter_tree_file("jobs/t1/job1/outputs/attempt-1", manifest.entries[0])) == b"rows"
+    assert ex.archive_logs(handle, "jobs/t1/job1/logs/attempt-1") is True
+    logs = objects.tree_manifest("jobs/t1/job1/logs/attempt-1")
+    assert [e.path for e in logs.entries] == ["main/output.log"]
     ex.remove_job("t1", "job1")
     assert ex.log_files(handle) == {"": ex.attempt_dir(handle) / "output.log"}
     assert not ex.attempt_dir(handle).parent.exists()

@@ -157,7 +157,7 @@ def test_replicas_are_interleaved_by_time_from_the_end(tmp_path: Path):
         writers[i % 2].write_line("stdout", f"line {i:05d} " + "x" * 60)
     # the local executor's process layer reads an attempt's logs by its directory
     platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
-    files = logs._files(platform, [(1, str(tmp_path))], None)  # type: ignore[arg-type]
+    files = logs._files(platform, [(1, str(tmp_path), None)], None)  # type: ignore[arg-type]
     readers = [(n, name, logs._LogReader(path)) for n, name, path in files]
     lines = logs.read_tail(readers, 4, lambda line: True, logs._labeller(files), 1 << 20)
     assert numbers(lines) == [596, 597, 598, 599]
@@ -182,7 +182,7 @@ async def test_following_a_finished_job_streams_all_of_a_large_log(tmp_path: Pat
         None,  # type: ignore[arg-type]
         "job",
         True,
-        [(1, str(d))],
+        [(1, str(d), None)],
         follow=True,
         tail=None,
         keep=lambda line: True,

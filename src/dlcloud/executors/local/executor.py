@@ -20,6 +20,7 @@ import logging
 import re
 import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from dlcloud.errors import DlcloudError, InvalidState
 from dlcloud.executors.base import (
     LAUNCH_FAILED,
+    MAIN_LOG,
     REPLICA_FILES_REF,
     REPLICAS_DIR,
     AttemptReport,
@@ -37,6 +39,7 @@ from dlcloud.executors.base import (
     Workload,
     check_inputs,
     dataset_env_name,
+    log_segments,
 )
 from dlcloud.executors.local import launcher as launcher_mod
 from dlcloud.executors.local.environments import LocalVenvBackend
@@ -45,7 +48,7 @@ from dlcloud.executors.local.sandbox import Sandbox, probe
 from dlcloud.executors.local.venvs import BuildSandbox
 from dlcloud.executors.outputs import save_left_out, scan_outputs
 from dlcloud.storage.cache import ObjectCache
-from dlcloud.storage.objects import ObjectStore
+from dlcloud.storage.objects import ObjectStore, scan_tree
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
 
 if TYPE_CHECKING:
@@ -330,6 +333,23 @@ class LocalExecutor(Executor):
         self.objects.put_tree(key, outputs, manifest)
         if left_out:
             save_left_out(self.objects, key, left_out)
+        return True
+
+    def archive_logs(self, handle: str, key: str) -> bool:
+        files = {
+            f"{replica or MAIN_LOG}/{segment.name}": segment
+            for replica, log_file in self.log_files(handle).items()
+            for segment in log_segments(log_file)
+            if segment.is_file() and not segment.is_symlink()  # written by the launcher, never by the job
+        }
+        if not files:
+            return False
+        with tempfile.TemporaryDirectory(dir=self.settings.data_dir) as tmp:
+            tree = Path(tmp)
+            for rel, src in files.items():
+                (tree / rel).parent.mkdir(exist_ok=True)
+                shutil.copyfile(src, tree / rel)  # a snapshot: the files could still grow (a stop's post phase)
+            self.objects.put_tree(key, tree, scan_tree(tree))
         return True
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
