@@ -7,7 +7,7 @@ hundred KiB, a few files of tens of MiB, in a few directories), and stores it wi
 ``datasets/...`` prefix as the platform stores a dataset version. Then:
 
 * first use, in turns, ``--reps`` times each (the order alternates per round):
-  - dlcloud: what the control loop does for a job's dataset on a host that has not cached it: read the
+  - dlcloud: what the executor does for a job's dataset on a host that has not cached it: read the
     version's manifest (``tree_manifest``), then ``TreeCache.acquire`` into an empty cache: fetch, verify
     every file's SHA-256, flush to disk, rename into the cache;
   - peer: a boto3 client on the same endpoint (path style, same credentials) calling ``download_file`` for
@@ -15,7 +15,7 @@ hundred KiB, a few files of tens of MiB, in a few directories), and stores it wi
   - reference (no target): the same ``download_file`` calls from ``--threads`` threads.
   Throughput = dataset bytes / wall time; the ratio is ours / peer (target >= 0.9).
 * cache hit, ``--hits`` times: the same ``acquire`` again (a pin on a cached entry; released after each,
-  untimed), and the control loop's whole path for a cached dataset (manifest read + checksum check +
+  untimed), and the executor's whole path for a cached dataset (manifest read + checksum check +
   acquire). Next to nothing: the time is what a cached dataset adds (target <= 50 ms).
 * job start (skip with ``--no-jobs``): one ``dlcloud up`` storing in the same SeaweedFS
   (``--storage-url s3://...``, ``--sandbox auto`` by default), a dataset of ``--files`` files and

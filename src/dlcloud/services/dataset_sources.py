@@ -41,7 +41,6 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.storage.sources import Progress, SourceReader, check_source
 from dlcloud.store import datasets as store
-from dlcloud.store.ids import new_id
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -82,18 +81,15 @@ def register_version(
     reader.check_not_empty(src)
 
     def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
-        return DatasetVersionRow(
-            id=new_id("dv-"),
-            dataset_id=dataset.id,
-            tenant_id=caller.tenant_id,
-            version=number,
+        return datasets.version_row(
+            caller,
+            req,
+            dataset,
+            number,
             storage_key=datasets.version_key(caller.tenant_id, dataset.id, number),
             sha256="",
             size_bytes=0,
             file_count=0,
-            description=req.description,
-            created_by=caller.user_id,
-            created_at=utcnow(),
             state="pending",
             source_url=src.url,
         )

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -363,18 +363,15 @@ def _insert_version(
     key = push_key(caller.tenant_id, upload_id)
 
     def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
-        return DatasetVersionRow(
-            id=new_id("dv-"),
-            dataset_id=dataset.id,
-            tenant_id=caller.tenant_id,
-            version=number,
+        return version_row(
+            caller,
+            req,
+            dataset,
+            number,
             storage_key=key,
             sha256=manifest.artifact_sha256(),
             size_bytes=manifest.size,
             file_count=len(manifest.entries),
-            description=req.description,
-            created_by=caller.user_id,
-            created_at=utcnow(),
         )
 
     try:
@@ -383,6 +380,20 @@ def _insert_version(
     except BaseException:
         _remove_stored(platform, [key])
         raise
+
+
+def version_row(caller: Caller, req: DatasetPush, dataset: DatasetRow, number: int, **fields: Any) -> DatasetVersionRow:
+    """A new version row of ``dataset`` numbered ``number``, by the caller, with ``fields`` (key, checksum...)."""
+    return DatasetVersionRow(
+        id=new_id("dv-"),
+        dataset_id=dataset.id,
+        tenant_id=caller.tenant_id,
+        version=number,
+        description=req.description,
+        created_by=caller.user_id,
+        created_at=utcnow(),
+        **fields,
+    )
 
 
 def add_version(

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 HANDLE_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
 CHECKPOINTS, OUTPUTS = "checkpoints", "outputs"
+# what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
+RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas"}
 
 
 class LocalExecutor(Executor):
@@ -240,29 +243,17 @@ class LocalExecutor(Executor):
         )
         env.update({dataset_env_name(name): str(path) for name, path in data})
         replicas = tuple(self._replica(r, attempt_dir) for r in w.replicas)
+        same = {f.name: getattr(w, f.name) for f in fields(Workload) if f.name in RUN_FIELDS}  # limits, phases...
         return Run(
-            job_id=w.job_id,
-            tenant_id=w.tenant_id,
-            attempt=w.attempt,
+            **same,
             attempt_dir=attempt_dir,
-            command=w.command,
             env=env,
             code_archive=code_archive,
             package=package,
             venv=self.environment_backend.location(w.environment) if w.environment else None,
-            gpus=w.gpus,
-            cpus=w.cpus,
-            memory_bytes=w.memory_bytes,
-            timeout_seconds=w.timeout_seconds,
-            grace_seconds=w.grace_seconds,
-            pre_command=w.pre_command,
-            post_command=w.post_command,
-            post_timeout_seconds=w.post_timeout_seconds,
             replicas=replicas,
-            log_max_bytes=w.log_max_bytes,
             data_dirs=(jd / CHECKPOINTS, jd / OUTPUTS),
             readonly_dirs=tuple(path for _name, path in data),
-            sandbox_slot=w.sandbox_slot,
         )
 
     @staticmethod
@@ -276,19 +267,7 @@ class LocalExecutor(Executor):
             for k, v in r.env.items()
         }
         env["DLCLOUD_REPLICA_FILES"] = files_dir
-        return Replica(
-            name=r.name,
-            role=r.role,
-            index=r.index,
-            env=env,
-            command=r.command,
-            gpus=r.gpus,
-            cpus=r.cpus,
-            memory_bytes=r.memory_bytes,
-            ports=r.ports,
-            decides=r.decides,
-            files=r.files,
-        )
+        return replace(r, env=env)
 
     def _record_end(self, attempt_dir: Path, code: int, message: str, stopped: bool = False) -> None:
         """An attempt that ends before its launcher: exit.json, as the launcher writes it."""
