@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from dlcloud.errors import DlcloudError
-from dlcloud.storage.objects import Manifest, ObjectStore
+from dlcloud.storage.objects import Manifest, ObjectStore, StorageError
 
 if TYPE_CHECKING:
     from dlcloud.executors.environments import EnvironmentBackend
@@ -194,13 +194,16 @@ class InputsUnavailable(DlcloudError):
 
 def check_inputs(objects: ObjectStore, workload: Workload) -> list[tuple[DatasetMount, Manifest]]:
     """Whether the store holds the workload's code and the dataset versions it names (each dataset's manifest
-    hashes to what the workload was given); the manifests, for fetching. Raises InputsUnavailable."""
+    hashes to what the workload was given); the manifests, for fetching. Raises InputsUnavailable, or
+    StorageError when the store cannot answer."""
     if workload.code is not None and objects.head(workload.code.storage_key) is None:
         raise InputsUnavailable("its code is missing from the server's storage; ask an administrator")
     out = []
     for d in workload.datasets:
         try:
             manifest = objects.tree_manifest(d.storage_key)
+        except StorageError:
+            raise  # the store is down, not the data: the caller may try again
         except DlcloudError as exc:
             log.error("job %s: dataset %s: %s", workload.job_id, d.name, exc.message)
             manifest = None

@@ -2,7 +2,7 @@
 
 The regular files and directories of the outputs directory become a stored tree; what is neither (symbolic
 links, FIFOs, sockets, devices) is never followed nor copied: it is left out, and named in a small record
-beside the tree (``<key>.left-out``, JSON ``{path: "link" | "special"}``) so that registering a model from it
+beside the tree (``<key>.left-out``, JSON ``{path: "link" | "special" | "name"}``) so that registering a model from it
 says what the path was instead of "no such file".
 """
 
@@ -15,40 +15,73 @@ import tempfile
 from pathlib import Path
 
 from dlcloud.checksums import file_sha256
+from dlcloud.errors import DlcloudError, InvalidArchive
+from dlcloud.storage.archives import check_tree_name
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, TreeEntry, check_rel_path
 
 LEFT_OUT_SUFFIX = ".left-out"
-LINK, SPECIAL = "link", "special"
+LINK, SPECIAL, BAD_NAME = "link", "special", "name"
+MAX_DEPTH = 32  # as archives.MAX_PATH_DEPTH: deeper directories are left out, never walked
 
 
-def scan_outputs(root: Path) -> tuple[Manifest, dict[str, str]]:
-    """The manifest of the regular files and empty directories under ``root``, and what was left out."""
+class OutputsTooLarge(DlcloudError):
+    """The outputs are over the limits of what is saved (files, bytes): nothing of them is saved."""
+
+    code = "outputs_too_large"
+
+
+def scan_outputs(root: Path, max_files: int, max_bytes: int) -> tuple[Manifest, dict[str, str]]:
+    """The manifest of the regular files and empty directories under ``root``, and what was left out: links
+    and special files (never followed nor opened), names a stored tree cannot hold (``archives.check_tree_name``:
+    not UTF-8, too long, too deep, reserved). Walks without recursion and without following links. Raises
+    OutputsTooLarge past ``max_files`` entries or ``max_bytes`` (apparent size: a sparse file counts whole)."""
     entries: list[TreeEntry] = []
     empty: list[str] = []
     left_out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):  # os.walk does not follow links to directories
-        dirnames.sort()
-        here = Path(dirpath)
-        names = sorted([*dirnames, *filenames])
+    dirs: set[str] = set()
+    total = 0
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        here = root / rel_dir if rel_dir else root
+        try:
+            names = sorted(os.listdir(here))
+        except OSError:
+            left_out[rel_dir or "."] = SPECIAL
+            continue
         kept = 0
         for name in names:
-            full = here / name
-            rel = full.relative_to(root).as_posix()
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if len(left_out) + len(entries) + len(dirs) >= max_files:
+                raise OutputsTooLarge(f"its outputs hold more than {max_files} files and directories (the limit)")
             try:
+                check_tree_name(rel, set(), "output")
                 check_rel_path(rel)
-            except ValueError:
+            except (InvalidArchive, ValueError):
+                left_out[rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")] = BAD_NAME
+                continue
+            try:
+                st = os.lstat(here / name)
+            except OSError:
                 left_out[rel] = SPECIAL
                 continue
-            st = os.lstat(full)
             if stat.S_ISREG(st.st_mode):
-                entries.append(TreeEntry(rel, st.st_size, file_sha256(full)))
+                total += st.st_size
+                if total > max_bytes:
+                    raise OutputsTooLarge(f"its outputs hold more than {max_bytes} bytes (the limit)")
+                entries.append(TreeEntry(rel, st.st_size, file_sha256(here / name)))
                 kept += 1
             elif stat.S_ISDIR(st.st_mode):
+                dirs.add(rel)
                 kept += 1
+                if rel.count("/") + 1 < MAX_DEPTH:
+                    stack.append(rel)
+                else:
+                    left_out[rel] = BAD_NAME
             else:
                 left_out[rel] = LINK if stat.S_ISLNK(st.st_mode) else SPECIAL
-        if not kept and here != root:
-            empty.append(here.relative_to(root).as_posix())
+        if not kept and rel_dir:
+            empty.append(rel_dir)
     return Manifest.of(entries, empty), left_out
 
 

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import Executor, Workload
 from dlcloud.services.env_builds import EnvironmentBuilder
 from dlcloud.services.leader import Leadership, LeadershipLost
@@ -104,5 +103,5 @@ class ControlLoop:
     def _start(self, handle: str, w: Workload) -> None:
         try:
             self.executor.start(handle, w)
-        except (OSError, DlcloudError):
+        except Exception:  # recorded, not launched: supervision sees it lost before launch and tries again
             log.exception("could not start job %s attempt %d", w.job_id, w.attempt)

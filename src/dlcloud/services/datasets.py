@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,6 +42,7 @@ from dlcloud.errors import (
     DatasetNotFound,
     DatasetVersionNotFound,
     DatasetVersionNotReady,
+    DlcloudError,
     InvalidArchive,
     InvalidArgument,
     NotFound,
@@ -98,10 +100,11 @@ def version_key(tenant_id: str, dataset_id: str, version: int) -> str:
     return f"datasets/{tenant_id}/{dataset_id}/{version}"
 
 
-def push_key(tenant_id: str, upload_id: str) -> str:
-    """Where the version pushed from upload ``upload_id`` is stored. Named by the upload, which the push holds
-    claimed (``uploads.use_upload``) from before its files are stored until its row is committed: a claim
-    left by a crash names the files that no version references (``sweep_abandoned_pushes``)."""
+def push_prefix(tenant_id: str, upload_id: str) -> str:
+    """Below this prefix a push from upload ``upload_id`` stores its version (at a name of its own, so that two
+    pushes of one upload never share files). Named by the upload, which the push holds claimed
+    (``uploads.use_upload``) from before its files are stored until its row is committed: a claim left by a
+    crash names the files that no version references (``sweep_abandoned_pushes``)."""
     return f"datasets/{tenant_id}/pushes/{upload_id}"
 
 
@@ -120,11 +123,13 @@ def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: 
             if row is None or row.claimed_at > cutoff:
                 continue  # released or taken over meanwhile
             if m is not None:
-                key = push_key(m.group(1), m.group(2))
-                used = s.scalars(select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key == key)).first()
-                if used is None:
-                    objects.delete_prefix(key)  # before the claim goes: a failure retries next sweep
+                prefix = push_prefix(m.group(1), m.group(2))
+                q = select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key.startswith(prefix + "/"))
+                if s.scalars(q).first() is None:
+                    objects.delete_prefix(prefix)  # before the claim goes: a failure retries next sweep
                     removed += 1
+                else:  # a push of it committed (its upload's deletion failed): what else is there stays
+                    log.warning("upload %s made a version; files of other pushes of it are left", m.group(2))
             s.delete(row)
     return removed
 
@@ -350,7 +355,10 @@ def push_version(
         manifest = _unpack(archive, tree, _limits(platform))
         archive.unlink()
         version = _insert_version(platform, caller, name, req, tree, manifest, req.upload)
-        platform.objects.delete(upload)
+        try:
+            platform.objects.delete(upload)
+        except DlcloudError as exc:  # the version exists: the upload goes with the housekeeping instead
+            log.error("dataset upload %s used but not deleted: %s", req.upload, exc.message)
     return version
 
 
@@ -360,7 +368,7 @@ def _insert_version(
     """Store the tree (under the upload's name, no write transaction open meanwhile: on SQLite it would stop
     every other write for that long), then add the version (``add_version``). Nothing of it is visible before
     that commit; a failure before it removes what was stored, a crash leaves it to ``sweep_abandoned_pushes``."""
-    key = push_key(caller.tenant_id, upload_id)
+    key = f"{push_prefix(caller.tenant_id, upload_id)}/{secrets.token_hex(8)}"
 
     def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
         return version_row(

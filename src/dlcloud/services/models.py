@@ -55,7 +55,7 @@ from dlcloud.errors import (
     Unavailable,
     UnknownFormat,
 )
-from dlcloud.executors.outputs import LINK, load_left_out
+from dlcloud.executors.outputs import BAD_NAME, LINK, load_left_out
 from dlcloud.schemas.models import (
     FORMATS,
     LABEL_RE,
@@ -504,14 +504,23 @@ def _refuse_left_out(left_out: dict[str, str], rel: PurePosixPath, job_name: str
                 f"{part!r} in the outputs of job {job_name!r} is a symbolic link; register the file or directory itself"
             )
         if kind is not None:
-            raise InvalidArgument(f"{part} is a device, FIFO or socket; only regular files and directories")
+            raise InvalidArgument(_left_out_message(part, kind))
     inside = sorted(p for p in left_out if p.startswith(rel.as_posix() + "/"))
     if inside and left_out[inside[0]] == LINK:
         raise InvalidArgument(
             f"{inside[0]} is a symbolic link; links are not copied into a model artifact (write the file itself)"
         )
     if inside:
-        raise InvalidArgument(f"{inside[0]} is a device, FIFO or socket; only regular files and directories")
+        raise InvalidArgument(_left_out_message(inside[0], left_out[inside[0]]))
+
+
+def _left_out_message(path: str, kind: str) -> str:
+    if kind == BAD_NAME:
+        return (
+            f"{path!r} was not saved with the job's outputs: its name is not UTF-8, too long or too deep, or "
+            "reserved (.dlcloud-*); rename it"
+        )
+    return f"{path} is a device, FIFO or socket; only regular files and directories"
 
 
 def _insert_version(

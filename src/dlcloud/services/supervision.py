@@ -17,15 +17,18 @@ from sqlalchemy.orm import Session
 
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
+from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import gangs, job_states, workloads
 from dlcloud.services.jobs import logs_key, outputs_key
+from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import attempt_ports, release_ports
 from dlcloud.storage.objects import StorageError
 from dlcloud.store.rows import AttemptRow, JobRow, ReplicaRow, utcnow
 
 log = logging.getLogger(__name__)
+SAVE_TRIES = 20  # passes that may fail to save an ended attempt's outputs (the store down) before it ends anyway
 
 
 def post_note(report: AttemptReport) -> str:
@@ -56,6 +59,7 @@ class Supervisor:
         self.wake = wake
         self._stopping: set[int] = set()  # attempt ids already sent a stop
         self._relaunched: set[int] = set()
+        self._save_tries: dict[str, int] = {}  # handle -> failed saves of its outputs
 
     def run(self) -> None:
         """Poll every attempt that has not ended and apply what happened to it."""
@@ -74,40 +78,67 @@ class Supervisor:
                 .where(AttemptRow.finished_at.is_(None))
             ).all()
         for attempt_id, handle, tenant_id, number, job_id, state, cancel in live:
-            report = self.executor.poll(handle)
-            if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
-                self._stopping.add(attempt_id)
-                self.executor.stop(handle)
-            if report.replicas:
-                report = self._gang(job_id, attempt_id, handle, report)
-            if report.state == "running" and state == JobState.STARTING.value:
-                self._mark_running(job_id, attempt_id, report)
-            elif report.state == "pending" and report.message and state == JobState.STARTING.value:
-                self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
-            elif report.state == "exited":
-                if self._save_outputs(job_id, tenant_id, number, handle):
-                    self._finish(job_id, attempt_id, report)
-            elif report.state == "lost":
-                self._save_outputs(job_id, tenant_id, number, handle)
-                self._lost(job_id, attempt_id, report)
+            try:
+                self._supervise(attempt_id, handle, tenant_id, number, job_id, state, cancel)
+            except LeadershipLost:
+                raise
+            except Exception:  # one attempt's trouble must not stop the supervision of the others
+                log.exception("job %s attempt %d: supervision failed; trying again at the next pass", job_id, number)
 
-    def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str) -> bool:
+    def _supervise(
+        self, attempt_id: int, handle: str, tenant_id: str, number: int, job_id: str, state: str, cancel: bool
+    ) -> None:
+        report = self.executor.poll(handle)
+        if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
+            self._stopping.add(attempt_id)
+            self.executor.stop(handle)
+        if report.replicas:
+            report = self._gang(job_id, attempt_id, handle, report)
+        if report.state == "running" and state == JobState.STARTING.value:
+            self._mark_running(job_id, attempt_id, report)
+        elif report.state == "pending" and report.message and state == JobState.STARTING.value:
+            self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
+        elif report.state == "exited":
+            if self._save_outputs(job_id, tenant_id, number, handle):
+                self._finish(job_id, attempt_id, report)
+        elif report.state == "lost":
+            if report.launched:
+                self.executor.stop(handle)  # whatever the dead launcher left running stops before the save
+                self._save_outputs(job_id, tenant_id, number, handle, retry=False)
+            self._lost(job_id, attempt_id, report)
+
+    def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:
         """The job's outputs as the attempt left them, and the attempt's logs, into the object store
-        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; False: the store failed,
-        try again at the next pass (they stay with the executor meanwhile)."""
+        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; the previous attempt's
+        saved outputs go (registering reads the latest). False: the store failed, try again at the next pass
+        (they stay with the executor meanwhile), at most ``SAVE_TRIES`` times; then the job is told."""
         try:
             self.executor.archive_logs(handle, logs_key(tenant_id, job_id, number))
             self.executor.save_outputs(handle, outputs_key(tenant_id, job_id, number))
+            if number > 1:
+                previous = outputs_key(tenant_id, job_id, number - 1)
+                self.p.objects.delete_prefix(previous)
+                self.p.objects.delete(previous + LEFT_OUT_SUFFIX)
         except StorageError as exc:
-            log.error("job %s attempt %d: outputs not saved yet (%s); trying again", job_id, number, exc.message)
-            return False
-        except DlcloudError as exc:  # e.g. a link among them: never followed, the job is told
-            log.warning("job %s attempt %d: %s", job_id, number, exc.message)
-            with self.write() as s:
-                job = s.get(JobRow, job_id)
-                if job is not None:
-                    job_states.note(s, job, f"attempt {number}: {exc.message}")
+            tries = self._save_tries[handle] = self._save_tries.get(handle, 0) + 1
+            if retry and tries < SAVE_TRIES:
+                log.error("job %s attempt %d: outputs not saved yet (%s); trying again", job_id, number, exc.message)
+                return False
+            self._tell(job_id, number, "its outputs and logs could not be saved: the server's storage failed")
+        except DlcloudError as exc:  # over the limits: the job is told
+            self._tell(job_id, number, exc.message)
+        except Exception:  # whatever the outputs hold, the attempt ends
+            log.exception("job %s attempt %d: outputs not saved", job_id, number)
+            self._tell(job_id, number, "its outputs could not be saved (see the server log)")
+        self._save_tries.pop(handle, None)
         return True
+
+    def _tell(self, job_id: str, number: int, what: str) -> None:
+        log.warning("job %s attempt %d: %s", job_id, number, what)
+        with self.write() as s:
+            job = s.get(JobRow, job_id)
+            if job is not None:
+                job_states.note(s, job, f"attempt {number}: {what}")
 
     def _gang(self, job_id: str, attempt_id: int, handle: str, report: AttemptReport) -> AttemptReport:
         """Whole-gang semantics (``gangs``): once one replica failed, or the deciding ones are done, stop the
@@ -213,12 +244,7 @@ class Supervisor:
             log.warning("job %s attempt %d was recorded but never launched; launching it now", job_id, w.attempt)
             self.start(handle, w)
             return
-        now = utcnow()
-        with self.p.db.read() as s:
-            attempt_row = s.get(AttemptRow, attempt_id)
-            live_handle = attempt_row.handle if attempt_row else None
-        if live_handle is not None and report.launched:
-            self.executor.stop(live_handle)  # whatever the dead launcher left running must not hold on
+        now = utcnow()  # whatever the dead launcher left running was stopped (``_supervise``)
         with self.write() as s:
             attempt = s.get(AttemptRow, attempt_id)
             job = s.get(JobRow, job_id)

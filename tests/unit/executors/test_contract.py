@@ -201,3 +201,23 @@ def test_local_handles_name_only_attempt_directories(settings: Settings, objects
             ex.attempt_dir(bad)
     legacy = settings.runs_dir / "t1" / "job1" / "attempt-1"
     assert ex.attempt_dir(str(legacy)) == legacy  # rows written before handles existed
+
+
+def test_local_datasets_that_can_never_fit_this_hosts_cache_end_the_attempt(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """On a remote store datasets are copied into the host's cache: more than it may ever hold ends the attempt
+    (it would wait forever, holding its GPUs), saying which setting bounds it."""
+    from tests.s3server import s3_server_or_skip
+
+    store = s3_server_or_skip(request).new_store()
+    data = tmp_path / "data"
+    data.mkdir()
+    settings = Settings(data_dir=data, dataset_cache_max_bytes=1024 * 1024)
+    ex = LocalExecutor()
+    ex.bind(settings, store, ex.environments(settings))
+    mount = _dataset(store, tmp_path, "x" * (1024 * 1024 + 1))
+    handle = ex.handle("t1", "big", 1)
+    ex.start(handle, _workload("big", datasets=(mount,)))
+    report = _state(ex, handle, "exited")
+    assert report.exit_code == LAUNCH_FAILED and "dataset_cache_max_bytes" in report.message, report

@@ -372,3 +372,19 @@ def test_launcher_that_cannot_be_spawned_is_reported_at_once(
     report = executor.poll(tmp_path / "a")
     assert report.state == "exited" and report.exit_code == launcher.LAUNCH_FAILED
     assert "no more processes" in report.message
+
+
+def test_a_stop_before_a_gang_starts_reaches_every_replica(executor: ProcessRunner, tmp_path: Path) -> None:
+    """A stop that came while the attempt was prepared (the marker in the attempt directory, before gang.json
+    existed) stops every replica, also those that a later read of gang.json would not have found yet."""
+    from dlcloud.executors.base import Replica
+
+    attempt_dir = tmp_path / "gang"
+    attempt_dir.mkdir()
+    (attempt_dir / launcher.STOP_REQUEST_FILE).touch()
+    replicas = tuple(Replica(name=f"worker-{i}", role="worker", index=i, decides=i == 0) for i in range(3))
+    executor.start(workload(attempt_dir, "exec sleep 30", replicas=replicas, grace_seconds=1.0))
+    report = wait_state(executor, attempt_dir, "exited")
+    assert [(r.name, r.stopped or r.exit_code == launcher.LAUNCH_FAILED) for r in report.replicas] == [
+        (f"worker-{i}", True) for i in range(3)
+    ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -34,6 +35,7 @@ from dlcloud.executors.base import (
     REPLICA_FILES_REF,
     REPLICAS_DIR,
     AttemptReport,
+    DatasetMount,
     Executor,
     InputsUnavailable,
     Replica,
@@ -49,7 +51,7 @@ from dlcloud.executors.local.sandbox import Sandbox, probe
 from dlcloud.executors.local.venvs import BuildSandbox
 from dlcloud.executors.outputs import save_left_out, scan_outputs
 from dlcloud.storage.cache import ObjectCache
-from dlcloud.storage.objects import ObjectStore, scan_tree
+from dlcloud.storage.objects import Manifest, ObjectStore, StorageError, scan_tree
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 
 HANDLE_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
+PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
 CHECKPOINTS, OUTPUTS = "checkpoints", "outputs"
 # what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
 RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas"}
@@ -166,25 +169,41 @@ class LocalExecutor(Executor):
             if (attempt_dir / launcher_mod.EXIT_FILE).exists():
                 raise InvalidState(f"attempt {handle} already ended")
             self._preparing[handle] = ""
-        make_private_dirs(attempt_dir)  # a stop while preparing leaves its marker here
-        thread = threading.Thread(
-            target=self._prepare_and_run, args=(handle, workload), name=f"prepare-{handle}", daemon=True
-        )
-        thread.start()
+        try:
+            make_private_dirs(attempt_dir)  # a stop while preparing leaves its marker here
+            thread = threading.Thread(
+                target=self._prepare_and_run, args=(handle, workload), name=f"prepare-{handle}", daemon=True
+            )
+            thread.start()
+        except BaseException:
+            with self._lock:
+                self._preparing.pop(handle, None)
+            raise
 
     def _prepare_and_run(self, handle: str, workload: Workload) -> None:
         attempt_dir = self.attempt_dir(handle)
         try:
-            run = self._prepare(handle, workload, attempt_dir)
-            if run is None:
+            for tries in range(1, PREPARE_TRIES + 1):
+                try:
+                    run = self._prepare(handle, workload, attempt_dir)
+                    break
+                except StorageError as exc:  # the store is down or slow: wait for it, within bounds
+                    log.error("attempt %s: its inputs cannot be read yet (try %d): %s", handle, tries, exc.message)
+                    with self._lock:
+                        self._preparing[handle] = "waiting for the server's storage to read the job's inputs"
+                    if self._stopped_before_start(attempt_dir):
+                        return
+                    threading.Event().wait(CACHE_RETRY_SECONDS * tries)
+            else:
+                why = "its code or datasets could not be read: the server's storage failed; ask an administrator"
+                self._record_end(attempt_dir, LAUNCH_FAILED, why)
                 return
-            if (attempt_dir / launcher_mod.STOP_REQUEST_FILE).exists():
-                self._record_end(attempt_dir, -15, "stopped before it started", stopped=True)
+            if run is None or self._stopped_before_start(attempt_dir):
                 return
             self.runner.start(run)
         except InvalidState:  # another control plane started it meanwhile (a deposed leader and its successor)
             log.warning("attempt %s was started elsewhere meanwhile", handle)
-        except DlcloudError as exc:
+        except InputsUnavailable as exc:
             log.error("attempt %s cannot start: %s", handle, exc.message)
             self._record_end(attempt_dir, LAUNCH_FAILED, exc.message)
         except Exception as exc:  # an executor thread must leave a record, whatever happened
@@ -202,34 +221,15 @@ class LocalExecutor(Executor):
         if w.code is not None:
             try:
                 local = self.code_cache.path(w.code.storage_key, w.code.sha256)
+            except StorageError:
+                raise  # the store is down: tried again
             except DlcloudError as exc:
                 log.error("attempt %s: code %s: %s", handle, w.code.storage_key, exc.message)
                 raise InputsUnavailable("its code is damaged in the server's storage; ask an administrator") from None
             code_archive, package = (local, None) if w.code.kind == "archive" else (None, local)
-        data: list[tuple[str, Path]] = []
-        holder = self._holder(handle)
-        for mount, manifest in manifests:
-            while True:
-                try:
-                    data.append((mount.name, self.data_cache.acquire(mount.storage_key, manifest, holder)))
-                    break
-                except CacheFull as exc:  # waits until attempts that hold the cache end
-                    with self._lock:
-                        self._preparing[handle] = f"waiting for room in the dataset cache: {exc.message}"
-                    if (attempt_dir / launcher_mod.STOP_REQUEST_FILE).exists():
-                        self._record_end(attempt_dir, -15, "stopped before it started", stopped=True)
-                        return None
-                    threading.Event().wait(CACHE_RETRY_SECONDS)
-                except DlcloudError as exc:
-                    log.error("attempt %s: dataset %s: %s", handle, mount.storage_key, exc.message)
-                    where = (
-                        "its files changed or vanished in the bucket it was registered from"
-                        if manifest.source
-                        else "it is damaged in the server's storage"
-                    )
-                    raise InputsUnavailable(
-                        f"its dataset {mount.name!r} cannot be read: {where}; ask an administrator"
-                    ) from None
+        data = self._acquire_all(handle, manifests, attempt_dir)
+        if data is None:
+            return None
         with self._lock:
             self._preparing[handle] = ""
         jd = attempt_dir.parent
@@ -256,6 +256,58 @@ class LocalExecutor(Executor):
             readonly_dirs=tuple(path for _name, path in data),
         )
 
+    def _acquire_all(
+        self, handle: str, manifests: list[tuple[DatasetMount, Manifest]], attempt_dir: Path
+    ) -> list[tuple[str, Path]] | None:
+        """(name, local directory) of each dataset, all pinned for the attempt, or None when it was stopped
+        meanwhile. All or nothing: while the cache has no room the attempt pins none (two attempts each holding
+        one of the other's datasets would wait for each other forever); datasets that can never fit together
+        end it."""
+        assert self.data_cache is not None
+        cache = self.data_cache
+        need = sum(m.size for d, m in manifests if self.objects.tree_local_path(d.storage_key) is None)
+        if need > cache.max_bytes:
+            raise InputsUnavailable(
+                f"its datasets need {need} bytes in this host's dataset cache, which holds {cache.max_bytes} "
+                "(dataset_cache_max_bytes); ask an administrator"
+            )
+        holder = self._holder(handle)
+        while True:
+            data: list[tuple[str, Path]] = []
+            try:
+                for mount, manifest in manifests:
+                    try:
+                        data.append((mount.name, cache.acquire(mount.storage_key, manifest, holder)))
+                    except CacheFull:
+                        raise
+                    except StorageError:
+                        raise  # the store is down: tried again by the caller
+                    except DlcloudError as exc:
+                        log.error("attempt %s: dataset %s: %s", handle, mount.storage_key, exc.message)
+                        where = (
+                            "its files changed or vanished in the bucket it was registered from"
+                            if manifest.source
+                            else "it is damaged in the server's storage"
+                        )
+                        raise InputsUnavailable(
+                            f"its dataset {mount.name!r} cannot be read: {where}; ask an administrator"
+                        ) from None
+                return data
+            except CacheFull as exc:  # waits, pinning nothing, until attempts that hold the cache end
+                cache.release(holder)
+                with self._lock:
+                    self._preparing[handle] = f"waiting for room in the dataset cache: {exc.message}"
+                if self._stopped_before_start(attempt_dir):
+                    return None
+                threading.Event().wait(CACHE_RETRY_SECONDS)
+
+    def _stopped_before_start(self, attempt_dir: Path) -> bool:
+        """Whether a stop came while the attempt was being prepared (then its end is recorded)."""
+        if not (attempt_dir / launcher_mod.STOP_REQUEST_FILE).exists():
+            return False
+        self._record_end(attempt_dir, -15, "stopped before it started", stopped=True)
+        return True
+
     @staticmethod
     def _replica(r: Replica, attempt_dir: Path) -> Replica:
         """The replica with the directory of its files (its own directory) in place of REPLICA_FILES_REF."""
@@ -270,9 +322,13 @@ class LocalExecutor(Executor):
         return replace(r, env=env)
 
     def _record_end(self, attempt_dir: Path, code: int, message: str, stopped: bool = False) -> None:
-        """An attempt that ends before its launcher: exit.json, as the launcher writes it."""
+        """An attempt that ends before its launcher: exit.json, as the launcher writes it. Never over a record
+        that exists, nor for an attempt launched meanwhile (by another control plane)."""
+        if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
+            return
+        tmp = attempt_dir / f"{launcher_mod.EXIT_FILE}.new.{os.getpid()}.{threading.get_ident()}"
         launcher_mod.write_json_atomic(
-            str(attempt_dir / launcher_mod.EXIT_FILE),
+            str(tmp),
             {
                 "exit_code": code,
                 "finished_at": launcher_mod.utc_now_iso(),
@@ -281,6 +337,12 @@ class LocalExecutor(Executor):
                 "message": message,
             },
         )
+        try:
+            os.link(tmp, attempt_dir / launcher_mod.EXIT_FILE)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
 
     # ---- poll / stop
 
@@ -306,7 +368,10 @@ class LocalExecutor(Executor):
         outputs = self.attempt_dir(handle).parent / OUTPUTS
         if outputs.is_symlink() or not outputs.is_dir():
             return False
-        manifest, left_out = scan_outputs(outputs)
+        # what a model artifact may hold: the bound that keeps a job from making the control plane copy
+        # terabytes (a sparse file counts whole) or walk millions of files
+        limits = self.settings.max_archive_members, self.settings.max_unpacked_bytes
+        manifest, left_out = scan_outputs(outputs, *limits)
         if not manifest.entries and not manifest.empty_dirs and not left_out:
             return False
         self.objects.put_tree(key, outputs, manifest)

@@ -394,14 +394,19 @@ class ProcessRunner:
         if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
             raise _used(attempt_dir)
         make_private_dirs(attempt_dir / REPLICAS_DIR)
+        for r in workload.replicas:  # before gang.json: a stop that reads it finds every replica's directory
+            make_private_dirs(attempt_dir / REPLICAS_DIR / r.name)
         shm = self._gang_shm(workload, attempt_dir)
         members = [{"name": r.name, "role": r.role, "index": r.index, "decides": r.decides} for r in workload.replicas]
         launcher_mod.write_json_atomic(
             str(attempt_dir / GANG_FILE), {"replicas": members, "shm": str(shm) if shm is not None else None}
         )
+        if (attempt_dir / launcher_mod.STOP_REQUEST_FILE).exists():  # a stop came before gang.json was there
+            for r in workload.replicas:
+                fd = os.open(attempt_dir / REPLICAS_DIR / r.name / launcher_mod.STOP_REQUEST_FILE, os.O_CREAT, 0o600)
+                os.close(fd)
         for r in workload.replicas:
             rdir = attempt_dir / REPLICAS_DIR / r.name
-            make_private_dirs(rdir)
             for name, text in r.files:
                 fd = os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
