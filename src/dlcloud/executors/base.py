@@ -271,7 +271,7 @@ class Executor(abc.ABC):
         return self._environments
 
     def handle(self, tenant_id: str, job_id: str, attempt: int) -> str:
-        """The opaque name of an attempt, recorded before it starts (at most 255 characters)."""
+        """The opaque name of an attempt, recorded before it starts."""
         return f"{tenant_id}/{job_id}/attempt-{attempt}"
 
     def start(self, handle: str, workload: Workload) -> None:

@@ -98,7 +98,7 @@ def test_both_executors_are_in_the_registry_and_built_from_the_settings(tmp_path
 
 def test_start_poll_stop_by_handle(executor: Executor) -> None:
     handle = executor.handle("t1", "job1", 1)
-    assert "/" not in handle.replace("t1/job1/attempt-1", "") and len(handle) <= 255
+    assert handle.endswith("t1/job1/attempt-1")
     executor.start(handle, _workload("job1"))
     _state(executor, handle, "running")
     executor.stop(handle)
@@ -196,11 +196,15 @@ def test_local_attempt_is_readopted_by_a_new_instance(settings: Settings, object
 def test_local_handles_name_only_attempt_directories(settings: Settings, objects: ObjectStore) -> None:
     ex = LocalExecutor()
     ex.bind(settings, objects, ex.environments(settings))
-    for bad in ["../t1/job1/attempt-1", "t1/../../etc/attempt-1", "/etc/passwd", "t1/job1/attempt-0", "t1/job1"]:
+    for bad in ["../t1/job1/attempt-1", "/runs/t1/../../etc/attempt-1", "/etc/passwd", "t1/job1/attempt-0", "t1/job1"]:
         with pytest.raises(ValueError, match="not an attempt handle"):
             ex.attempt_dir(bad)
-    legacy = settings.runs_dir / "t1" / "job1" / "attempt-1"
-    assert ex.attempt_dir(str(legacy)) == legacy  # rows written before handles existed
+    mine = settings.runs_dir / "t1" / "job1" / "attempt-1"
+    assert ex.handle("t1", "job1", 1) == str(mine) and ex.attempt_dir(str(mine)) == mine
+    assert ex.attempt_dir("t1/job1/attempt-1") == mine
+    # another control plane's attempt on this host (its own data dir, the same database): found where it runs
+    other = Path("/srv/other/runs/t1/job1/attempt-2")
+    assert ex.attempt_dir(str(other)) == other
 
 
 def test_local_datasets_that_can_never_fit_this_hosts_cache_end_the_attempt(

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HANDLE_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
+HANDLE_TAIL_RE = re.compile(r"(?:^|/)([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
 PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
 CHECKPOINTS, OUTPUTS = "checkpoints", "outputs"
@@ -138,26 +138,31 @@ class LocalExecutor(Executor):
     def _job_dir(self, tenant_id: str, job_id: str) -> Path:
         return self.settings.runs_dir / tenant_id / job_id
 
+    def handle(self, tenant_id: str, job_id: str, attempt: int) -> str:
+        """The attempt's directory, absolute: every control plane on this host that shares the database (a
+        successor with its own data dir, see leader.py) finds the attempt where it runs, and adopts it."""
+        return str(self._job_dir(tenant_id, job_id) / f"attempt-{attempt}")
+
     def attempt_dir(self, handle: str) -> Path:
-        """The directory of the attempt ``handle`` names. Handles recorded before they were opaque are the
-        absolute attempt directories themselves (below ``runs_dir``)."""
-        m = HANDLE_RE.match(handle)
-        if m is not None:
-            return self._job_dir(m.group(1), m.group(2)) / f"attempt-{m.group(3)}"
+        """The directory of the attempt ``handle`` names: an absolute path ending in
+        ``<tenant-id>/<job-id>/attempt-<n>`` (no ``..``), or that tail alone (under this ``runs_dir``)."""
+        m = HANDLE_TAIL_RE.search(handle)
         path = Path(handle)
-        runs = self.settings.runs_dir
-        if path.is_absolute() and ".." not in path.parts and path.is_relative_to(runs):
-            return path
-        raise ValueError(f"not an attempt handle of the local executor: {handle!r}")
+        if m is None or ".." in path.parts or (path.is_absolute() and m.start() == 0):
+            raise ValueError(f"not an attempt handle of the local executor: {handle!r}")
+        if not path.is_absolute():
+            if m.start() != 0:
+                raise ValueError(f"not an attempt handle of the local executor: {handle!r}")
+            return self._job_dir(m.group(1), m.group(2)) / f"attempt-{m.group(3)}"
+        return path
 
     @staticmethod
     def _holder(handle: str) -> str:
-        """Who pins the attempt's datasets in the cache: ``<job id>.<attempt>``, as before handles existed."""
-        m = HANDLE_RE.match(handle)
-        if m is not None:
-            return f"{m.group(2)}.{m.group(3)}"
-        path = Path(handle)
-        return f"{path.parent.name}.{path.name.removeprefix('attempt-')}"
+        """Who pins the attempt's datasets in the cache: ``<job id>.<attempt>``."""
+        m = HANDLE_TAIL_RE.search(handle)
+        if m is None:
+            raise ValueError(f"not an attempt handle of the local executor: {handle!r}")
+        return f"{m.group(2)}.{m.group(3)}"
 
     # ---- start
 
