@@ -111,13 +111,14 @@ def test_a_whole_job_on_s3_code_dataset_checkpoint_model_registered_and_served(
         assert job["state"] == "SUCCEEDED", (job.get("reason"), _stdout(server, "train", *alice))
         seen = json.loads(next(line for line in _stdout(server, "train", *alice) if line.startswith("{")))
         assert seen["rows"] == 200
-        # the job read this host's cached copy, which it could not change in any way
+        # the job read this host's cached copy, bound at a neutral path, which it could not change in any way
+        assert seen["dataset"] == "/datasets/clicks"
         cache = (server.data_dir / "cache" / "datasets").resolve()
-        assert Path(seen["dataset"]).is_relative_to(cache), seen["dataset"]
+        (entry,) = (p for p in (cache / "trees").iterdir() if p.is_dir())
         writes = ("create", "append", "truncate", "chmod", "unlink", "rename", "mkdir")
         assert seen["refused"] == dict.fromkeys(writes, True)
-        assert sorted(p.name for p in Path(seen["dataset"]).iterdir()) == ["train.csv"]
-        assert hashlib.sha256((Path(seen["dataset"]) / "train.csv").read_bytes()).hexdigest() == csv_sha
+        assert sorted(p.name for p in entry.iterdir()) == ["train.csv"]
+        assert hashlib.sha256((entry / "train.csv").read_bytes()).hexdigest() == csv_sha
         assert seen["server_env"] == []  # the server's S3 credentials never reach a job
         # the checkpoint is in the job's directory on this host
         (checkpoint,) = (server.data_dir / "runs").glob(f"*/{job['id']}/checkpoints/epoch-1.json")
@@ -130,7 +131,8 @@ def test_a_whole_job_on_s3_code_dataset_checkpoint_model_registered_and_served(
         # code, dataset and model live in the bucket, and nowhere in the data dir
         keys = bucket_keys(s3, server)
         code_keys = [k for k in keys if k.startswith("code/") and k.endswith("/code.tar.gz")]
-        dataset_keys = [k.split("/", 4)[-1] for k in keys if k.startswith("datasets/")]
+        # datasets/<tenant>/pushes/<upload>/<push>/<file>
+        dataset_keys = [k.split("/", 5)[-1] for k in keys if k.startswith("datasets/")]
         model_keys = [k.split("/", 4)[-1] for k in keys if k.startswith("models/")]
         assert len(code_keys) == 1, keys
         assert sorted(dataset_keys) == [".dlcloud-manifest.json", "train.csv"], keys
@@ -192,10 +194,11 @@ def test_another_tenant_cannot_mount_a_dataset_or_read_its_cached_copy(
             "--command", "python peek.py $DLCLOUD_DATASET_PRIVATE/secret.csv", "--dataset", "private", "--follow",
         )  # fmt: skip
         own = json.loads(next(li for li in _stdout(server, "own", "--profile", "alice") if li.startswith("{")))
-        (cached,) = (p for p in own if p.endswith("/secret.csv"))
-        assert own[cached].startswith("acme-private-rows")
+        (seen,) = (p for p in own if p.endswith("/secret.csv"))
+        assert own[seen].startswith("acme-private-rows")
+        assert seen == "/datasets/private/secret.csv"  # where the host keeps it is not the job's business
         cache = server.data_dir / "cache" / "datasets"
-        assert Path(cached).resolve().is_relative_to(cache.resolve())
+        (cached,) = (str(p) for p in cache.glob("trees/*/secret.csv"))  # where it is on this host
 
         # bob's tenant has no share: the reference is 404 and no job is made
         refused = server.cli(

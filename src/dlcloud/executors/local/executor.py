@@ -65,7 +65,8 @@ CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the datase
 PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
 CHECKPOINTS, OUTPUTS = "checkpoints", "outputs"
 # what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
-RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas"}
+RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas", "mounts"}
+DATASETS_MOUNT = "/datasets"  # where a sandboxed job finds its datasets, each at /datasets/<name>
 
 
 class LocalExecutor(Executor):
@@ -239,14 +240,17 @@ class LocalExecutor(Executor):
             self._preparing[handle] = ""
         jd = attempt_dir.parent
         env = dict(w.env)
+        # in a sandbox each dataset is at /datasets/<name> (where the host keeps it is none of the job's business);
+        # bare, the job reads the host's directory
+        seen = {name: f"{DATASETS_MOUNT}/{name}" if self.sandbox.enabled else str(path) for name, path in data}
         env.update(
             {
                 "DLCLOUD_CHECKPOINT_DIR": str(jd / CHECKPOINTS),
                 "DLCLOUD_OUTPUT_DIR": str(jd / OUTPUTS),
-                "DLCLOUD_DATASETS": json.dumps({name: str(path) for name, path in data}),
+                "DLCLOUD_DATASETS": json.dumps(seen),
             }
         )
-        env.update({dataset_env_name(name): str(path) for name, path in data})
+        env.update({dataset_env_name(name): path for name, path in seen.items()})
         replicas = tuple(self._replica(r, attempt_dir) for r in w.replicas)
         same = {f.name: getattr(w, f.name) for f in fields(Workload) if f.name in RUN_FIELDS}  # limits, phases...
         return Run(
@@ -258,7 +262,8 @@ class LocalExecutor(Executor):
             venv=self.environment_backend.location(w.environment) if w.environment else None,
             replicas=replicas,
             data_dirs=(jd / CHECKPOINTS, jd / OUTPUTS),
-            readonly_dirs=tuple(path for _name, path in data),
+            readonly_dirs=() if self.sandbox.enabled else tuple(path for _name, path in data),
+            mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
         )
 
     def _acquire_all(

@@ -270,6 +270,8 @@ class Run:
     # directories the job reads and never writes (dataset versions): in a sandbox, bound read-only at the
     # same path
     readonly_dirs: tuple[Path, ...] = ()
+    # in a sandbox, read-only at another path: (host path, path in the sandbox)
+    mounts: tuple[tuple[Path, str], ...] = ()
     sandbox_slot: int | None = None  # the tenant's sandbox number: the uid derives from it
 
 
@@ -453,6 +455,7 @@ class ProcessRunner:
             python=self.python_for(workload),
             data_dirs=[str(d) for d in workload.data_dirs],
             readonly_dirs=[str(d) for d in workload.readonly_dirs],
+            mounts=[[str(src), dest] for src, dest in workload.mounts],
             sandbox=sandbox,
         )
         # created exclusively (link fails if it exists): two control planes starting one attempt at once (a
@@ -521,6 +524,7 @@ class ProcessRunner:
         view = View(
             writable=(*work, *workload.data_dirs),
             readonly=tuple(readonly),
+            mounts=workload.mounts,
             tmp=tmp,
             shm=shm,
             gpus=workload.gpus,

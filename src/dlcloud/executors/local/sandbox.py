@@ -52,6 +52,9 @@ class View:
 
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
+    # read-only, at another path: (host path, path in the sandbox), e.g. a dataset at /datasets/<name>, so the
+    # job learns nothing of where the host keeps it
+    mounts: tuple[tuple[Path, str], ...] = ()
     tmp: Path | None = None  # mounted at /tmp (private when None: an empty directory on the sandbox's root)
     shm: Path | None = None  # mounted at /dev/shm (a gang's replicas share one); None: private
     gpus: tuple[int, ...] = ()
@@ -137,10 +140,18 @@ class Sandbox:
                     continue
                 argv += ["--perms", "0755", "--dir", q]
                 made.add(q)
+        for _, dest in view.mounts:
+            for parent in reversed(Path(dest).parents):
+                q = str(parent)
+                if q not in made and not any(q.startswith(b.rstrip("/") + "/") for b in bound):
+                    argv += ["--perms", "0755", "--dir", q]
+                    made.add(q)
         for p in readonly:
             argv += ["--ro-bind", p, p]
         for p in writable:
             argv += ["--bind", p, p]
+        for src, dest in view.mounts:
+            argv += ["--ro-bind", os.path.realpath(src), dest]
         if view.shm is not None:
             argv += ["--bind", str(view.shm), "/dev/shm"]
         for dev in (*(f"/dev/nvidia{g}" for g in view.gpus), *GPU_CONTROL_DEVICES) if view.gpus else ():
