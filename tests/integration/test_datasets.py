@@ -447,3 +447,24 @@ def test_an_upload_in_use_by_one_push_is_refused_to_another(world: World, tmp_pa
     assert _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload}).status_code == 201
     resp = _raw(env, world.alice, "POST", f"{API}/datasets/clicks/versions", {"upload": upload})
     assert_api_error(resp, 400, "invalid_argument", "used by a push already")
+
+
+def test_a_versions_files_are_listed_a_page_at_a_time(world: World, monkeypatch) -> None:
+    env = world.env
+    files = {f"part-{i:03d}.csv": b"x" * i for i in range(25)}
+    _push(env, world.alice, "paged", files)
+    url = f"{API}/datasets/paged/versions/1/files"
+    first = _raw(env, world.alice, "GET", url, query="limit=10").json()
+    assert [f["path"] for f in first] == sorted(files)[:10]
+    rest = _raw(env, world.alice, "GET", url, query=f"limit=10&after={first[-1]['path']}").json()
+    assert [f["path"] for f in rest] == sorted(files)[10:20]
+    last = _raw(env, world.alice, "GET", url, query="limit=10&after=part-019.csv").json()
+    assert [f["path"] for f in last] == sorted(files)[20:]
+    assert _raw(env, world.alice, "GET", url, query="after=zzz").json() == []
+    for bad in ("limit=0", "limit=10001", "limit=x"):
+        assert_api_error(_raw(env, world.alice, "GET", url, query=bad), 422, "validation_error")
+    # the SDK (and so the CLI) pages through them all
+    from dlcloud.client import datasets as client_datasets
+
+    monkeypatch.setattr(client_datasets, "FILES_PAGE", 7)
+    assert [f["path"] for f in world.alice.datasets.files("paged", 1)] == sorted(files)

@@ -6,7 +6,7 @@ write it ``OWNER/NAME``); without ``owner`` a name is the caller's tenant's.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Request, status
+from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud import signing
@@ -28,6 +28,7 @@ from dlcloud.schemas.datasets import (
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, VERSION_HEADER
 from dlcloud.services import datasets as svc
 from dlcloud.services.auth import Caller
+from dlcloud.services.datasets import FILES_PAGE, FILES_PAGE_MAX
 from dlcloud.services.platform import Platform
 
 router = APIRouter()
@@ -141,10 +142,14 @@ def list_files(
     name: DatasetName,
     version: VersionRef,
     owner: Owner = None,
+    limit: int = Query(FILES_PAGE, ge=1, le=FILES_PAGE_MAX, description="at most this many files"),
+    after: str | None = Query(None, max_length=4096, description="the files whose path sorts after this one"),
     c: Caller = Depends(caller),
     p: Platform = Depends(get_platform),
 ) -> list[DatasetFile]:
-    return svc.list_files(p, c, name, version, owner)[1]
+    """The version's files sorted by path, a page at a time: fewer than ``limit`` means the last page; the
+    next page starts ``after`` the last path of this one."""
+    return svc.list_files(p, c, name, version, owner, limit=limit, after=after)[1]
 
 
 @router.get("/datasets/{name}/versions/{version}/data", name="datasets.download", response_class=StreamingResponse)

@@ -34,6 +34,8 @@ from dlcloud.client.base import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
 
+FILES_PAGE = 5000  # the files asked for per request of a version's listing (the server allows up to 10,000)
+
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 RESERVED_PREFIX = ".dlcloud-"  # names the server keeps for itself inside a stored tree
 
@@ -375,7 +377,16 @@ class DatasetsAPI:
             DlcloudError (code dataset_not_found / dataset_version_not_found): no such dataset or version.
         """
         dataset, params = split_name(name)
-        return self._t.request("GET", f"{API}/datasets/{dataset}/versions/{ref}/files", params=params)
+        out: builtins.list[dict[str, Any]] = []
+        while True:  # the server answers a page at a time
+            page = self._t.request(
+                "GET",
+                f"{API}/datasets/{dataset}/versions/{ref}/files",
+                params={**params, "limit": FILES_PAGE, **({"after": out[-1]["path"]} if out else {})},
+            )
+            out += page
+            if len(page) < FILES_PAGE:
+                return out
 
     def download(
         self,

@@ -90,6 +90,7 @@ from dlcloud.store.rows import (
 
 log = logging.getLogger(__name__)
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
 # the claim of a dataset upload (uploads.upload_key): tenant id, upload id
 UPLOAD_KEY_RE = re.compile(r"^uploads/([A-Za-z0-9_-]{1,64})/(du-[a-z0-9]{16})\.tar\.gz$")
 
@@ -517,13 +518,34 @@ def _manifest(objects: ObjectStore, key: str, version: DatasetVersion) -> Manife
 
 
 def list_files(
-    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
+    platform: Platform,
+    caller: Caller,
+    name: str,
+    ref: str,
+    owner: str | None = None,
+    *,
+    limit: int | None = None,
+    after: str | None = None,
 ) -> tuple[DatasetVersion, list[DatasetFile]]:
-    """The version's manifest: every file with its size and SHA-256."""
+    """The version's manifest: its files with their size and SHA-256, sorted by path (as the manifest keeps
+    them: by the path's UTF-8 bytes); at most ``limit`` of them, those after the path ``after``."""
     version, key = _get_version(platform, caller, name, ref, owner)
     require_ready(version)
     manifest = _manifest(platform.objects, key, version)
-    return version, [DatasetFile(path=e.path, size=e.size, sha256=e.sha256) for e in manifest.entries]
+    entries = manifest.entries
+    if after is not None:
+        start = after.encode("utf-8", "surrogateescape")
+        lo, hi = 0, len(entries)
+        while lo < hi:  # the first entry sorting after ``after``
+            mid = (lo + hi) // 2
+            if entries[mid].path.encode("utf-8", "surrogateescape") <= start:
+                lo = mid + 1
+            else:
+                hi = mid
+        entries = entries[lo:]
+    if limit is not None:
+        entries = entries[:limit]
+    return version, [DatasetFile(path=e.path, size=e.size, sha256=e.sha256) for e in entries]
 
 
 def open_version(
