@@ -345,6 +345,16 @@ def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_pat
         k.rsplit("/", 1)[1] for k in uploads_before
     ] + [f"{upload}.tar.gz"]
     assert world.alice.accounting.quota()["usage"]["storage"] == used
+    # the upload waiting for a push takes room: a length that fits the quota but not beside it is refused
+    n = 1
+    while len(also := _tar_gz({"h": random.Random(2).randbytes(n)})) <= 600 - len(small):
+        n += 8
+    assert len(also) <= 600 < len(also) + len(small)
+    headers = signing.sign_request(
+        creds.access_key, creds.secret_key, "POST", f"{API}/dataset-uploads", "", hashlib.sha256(also).hexdigest()
+    )
+    resp = env.http.post(f"{API}/dataset-uploads", content=also, headers=headers.headers)
+    assert_api_error(resp, 429, "quota_exceeded", "storage quota")
     # another tenant is not limited by it
     _push(env, world.bob, "clicks", {"z": b"\0" * 100_000})
 

@@ -90,7 +90,7 @@ async def upload_code(
     if kind == "sdist" and not filename.endswith((".tar.gz", ".tgz")):
         raise InvalidArgument("an sdist's filename must end in .tar.gz or .tgz")
     check_content_length(content_length, settings.max_upload_bytes)
-    limit = storage_quota.upload_allowance(db, caller, content_length, settings.max_upload_bytes)
+    limit = storage_quota.upload_allowance(db, objects, caller, content_length, settings.max_upload_bytes)
     scratch = upload_scratch_dir(settings)
     fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=scratch)
     tmp = Path(tmp_name)

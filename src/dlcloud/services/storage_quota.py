@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from dlcloud.errors import QuotaExceeded
 from dlcloud.schemas.common import format_memory
 from dlcloud.services.auth import Caller
+from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
 from dlcloud.store.rows import CodeRow, DatasetVersionRow, ModelVersionRow, TenantRow
 
@@ -51,15 +52,17 @@ def over_quota_while_receiving(db: Database, caller: Caller) -> QuotaExceeded | 
         return None if quota is None else _refuse(caller.tenant, storage_used(s, caller.tenant_id), None, quota)
 
 
-def upload_allowance(db: Database, caller: Caller, content_length: int | None, limit: int) -> int:
+def upload_allowance(db: Database, objects: ObjectStore, caller: Caller, content_length: int | None, limit: int) -> int:
     """The most bytes an upload of the caller's tenant may send now: ``limit`` (the upload limit) or less
-    where the storage quota leaves less; QuotaExceeded before the body is read when the declared length
-    (or any byte, when the quota is used up) would not fit."""
+    where the storage quota leaves less — counting the tenant's uploads that wait for a push or a register
+    (they take room until they are used or expire); QuotaExceeded before the body is read when the declared
+    length (or any byte, when the quota is used up) would not fit."""
     with db.read() as s:
         quota = s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == caller.tenant_id))
         if quota is None:
             return limit
         used = storage_used(s, caller.tenant_id)
+    used += sum(info.size for info in objects.list(f"uploads/{caller.tenant_id}"))
     room = quota - used
     if room <= 0 or (content_length is not None and content_length > room):
         raise _refuse(caller.tenant, used, content_length, quota)

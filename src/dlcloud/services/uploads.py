@@ -60,7 +60,9 @@ async def store_upload(
     (upload id, size, what ``check`` returned)."""
     settings = platform.settings
     check_content_length(content_length, settings.max_upload_bytes)
-    limit = storage_quota.upload_allowance(platform.db, caller, content_length, settings.max_upload_bytes)
+    limit = storage_quota.upload_allowance(
+        platform.db, platform.objects, caller, content_length, settings.max_upload_bytes
+    )
     objects = platform.objects
     await anyio.to_thread.run_sync(sweep_uploads, objects, settings.model_upload_ttl_seconds)
     fd, tmp_name = tempfile.mkstemp(prefix=".receiving-", dir=upload_scratch_dir(settings))
