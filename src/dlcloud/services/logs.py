@@ -101,7 +101,10 @@ def _files(platform: Platform, attempts: list[Attempt], replica: str | None) -> 
     that ran them keeps them, or else from their archive once they ended."""
     out: list[LogFile] = []
     for number, handle, archive in attempts:
-        files = platform.executor.log_files(handle) if platform.executor is not None else {}
+        try:
+            files = platform.executor.log_files(handle) if platform.executor is not None else {}
+        except ValueError:  # a handle this executor does not know (recorded by another kind): the archive then
+            files = {}
         if archive is not None and not any(p.exists() for p in files.values()):
             files = _archived(platform, archive)
         for name, path in files.items():
