@@ -26,6 +26,7 @@ HTTP_STATUS: dict[str, int] = {
     "bad_signature": 401,
     "clock_skew": 401,
     "replayed_nonce": 401,
+    "invalid_token": 401,
     "permission_denied": 403,
     "untrusted_code": 403,
     "isolation_unavailable": 403,
@@ -106,6 +107,12 @@ class PermissionDenied(DlcloudError):
 
 class Unauthenticated(DlcloudError):
     code = "unauthenticated"
+
+
+class InvalidToken(Unauthenticated):
+    """A job's metrics token that is not valid for the request, or whose attempt ended (docs/metrics.md)."""
+
+    code = "invalid_token"
 
 
 class PayloadTooLarge(DlcloudError):
@@ -195,6 +202,7 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         InvalidState,
         PermissionDenied,
         Unauthenticated,
+        InvalidToken,
         PayloadTooLarge,
         QuotaExceeded,
         Unavailable,

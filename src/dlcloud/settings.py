@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8420
     data_dir: Path = Path("~/.dlcloud").expanduser()
+    # the API's address as jobs reach it (DLCLOUD_METRICS_URL, docs/metrics.md); None: http://<host>:<port>,
+    # with a wildcard host (0.0.0.0, ::) read as 127.0.0.1: jobs share the host's network namespace
+    job_api_url: str | None = None
 
     @field_validator("data_dir")
     @classmethod
@@ -124,6 +127,18 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url[len("postgres://") :]
             return url
         return f"sqlite:///{self.data_dir / 'dlcloud.db'}"
+
+    @property
+    def resolved_job_api_url(self) -> str:
+        """The base URL (no trailing '/') jobs send their metrics to."""
+        if self.job_api_url:
+            return self.job_api_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
 
     @property
     def resolved_server_key_file(self) -> Path:

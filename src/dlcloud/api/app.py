@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
-from dlcloud.api import accounting, code, datasets, environments, jobs, models, openapi, tenants
+from dlcloud.api import accounting, code, datasets, environments, jobs, metrics, models, openapi, tenants
 from dlcloud.api.deps import streaming_caller
 from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
@@ -69,8 +69,8 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     )
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
-    metrics = Metrics()
-    app.state.metrics = metrics
+    prometheus_metrics = Metrics()
+    app.state.metrics = prometheus_metrics
 
     @app.exception_handler(DlcloudError)
     async def _dlcloud_error(request: Request, exc: DlcloudError) -> JSONResponse:
@@ -129,16 +129,16 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False, name="metrics")
     def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return PlainTextResponse(generate_latest(prometheus_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    routers = [module.router for module in (jobs, tenants, accounting, code, models, datasets, environments)]
+    routers = [module.router for module in (jobs, metrics, tenants, accounting, code, models, datasets, environments)]
     for router in routers:
         app.include_router(router, prefix=API_PREFIX)
     settings = platform.settings
     uploads = upload_routes(API_PREFIX, routers, streaming_caller)
     limits = BodyLimits(settings.max_request_bytes, settings.max_upload_bytes, uploads)
     app.add_middleware(RequestGuard, limits=limits)  # inside RequestMiddleware: refusals get ids and metrics
-    app.add_middleware(RequestMiddleware, metrics=metrics, platform=platform)
+    app.add_middleware(RequestMiddleware, metrics=prometheus_metrics, platform=platform)
     openapi.install(app)
     return app

@@ -9,8 +9,11 @@ from typing import Any, TypeVar
 import anyio
 from fastapi import Request
 
+from dlcloud import signing
 from dlcloud.api.guard import signed_path
+from dlcloud.errors import Unauthenticated
 from dlcloud.services.auth import BatchVerifier, Caller, SignedRequest
+from dlcloud.services.metrics import JobToken, read_token
 from dlcloud.services.platform import Platform
 
 T = TypeVar("T")
@@ -46,6 +49,19 @@ async def caller(request: Request) -> Caller:
 async def streaming_caller(request: Request) -> Caller:
     """The caller of a streamed upload: the declared body hash is signed and checked by the service."""
     return await _authenticate(request, None)
+
+
+async def job_token(request: Request) -> JobToken:
+    """The job attempt of a metrics push (``Authorization: Bearer <DLCLOUD_METRICS_TOKEN>``), the only credential
+    that route takes: a signed user request is refused, and no other route reads a bearer token."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        signed = signing.HEADER_SIGNATURE.lower() in request.headers
+        raise Unauthenticated(
+            "this endpoint takes only a job's metrics token (Authorization: Bearer $DLCLOUD_METRICS_TOKEN), "
+            + ("not a signed user request; users read metrics with GET" if signed else "and none was sent")
+        )
+    return read_token(request.app.state.platform, token.strip())
 
 
 async def run_read(platform: Platform, call: Callable[..., T], *args: Any) -> T:

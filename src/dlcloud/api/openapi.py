@@ -46,6 +46,8 @@ ERRORS: dict[str, tuple[int, ...]] = {
     "jobs.cancel": (403, 404, 409),
     "jobs.delete": (403, 404, 409),
     "jobs.logs": (404,),
+    "jobs.metrics": (404,),
+    "jobs.metrics_push": (400,),  # 401 invalid_token: another job's, an ended attempt's (docs/metrics.md)
     "whoami": (),
     "tenants.create": (403, 409),
     "tenants.list": (),
@@ -100,6 +102,9 @@ ERRORS: dict[str, tuple[int, ...]] = {
     "environments.delete": (400, 403, 404, 409),
     "environments.logs": (400, 404),
 }
+
+# routes that take a bearer token instead of a signed request
+BEARER_ROUTES: dict[str, str] = {"jobs.metrics_push": "jobMetricsToken"}
 
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
@@ -187,10 +192,15 @@ def document(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
             "see docs/api-auth.md",
         }
     }
+    components["securitySchemes"]["jobMetricsToken"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a job attempt's DLCLOUD_METRICS_TOKEN: only for pushing that job's metrics (docs/metrics.md)",
+    }
     for item in schema["paths"].values():
         for op in item.values():
             name = op["operationId"]  # the route name: see ``operation_id``
-            op["security"] = [{"dlcloudSignature": []}]
+            op["security"] = [{BEARER_ROUTES.get(name, "dlcloudSignature"): []}]
             responses = op.setdefault("responses", {})
             validated = responses.pop("422", None) is not None
             statuses = {400, 401, 413, *ERRORS[name]}  # 400, 413: api/guard.py, before routing

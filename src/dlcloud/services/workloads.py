@@ -2,9 +2,10 @@
 
 The control loop (``scheduling.py`` when it places an attempt, ``supervision.py`` when it starts again one
 that was recorded but never launched) turns a job row into a ``Workload``: its command and phases, its env
-(``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets), its code and datasets by
-storage key, its environment by spec hash, the replicas its recipe makes, its limits. Where the attempt runs
-(directories, local copies, addresses) the executor decides behind its handle.
+(``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets, the attempt's metrics
+token among them), its code and datasets by storage key, its environment by spec hash, the replicas its
+recipe makes, its limits. Where the attempt runs (directories, local copies, addresses) the executor decides
+behind its handle.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import DatasetMount, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
-from dlcloud.services import recipes
+from dlcloud.services import metrics, recipes
 from dlcloud.services.jobs import RESOLVED_DATASETS, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
@@ -42,6 +43,9 @@ def build(
             "DLCLOUD_JOB_ID": job.id,
             "DLCLOUD_ATTEMPT": str(job.attempt),
             "DLCLOUD_ENVIRONMENT": job.environment or "default",
+            # where and with what this attempt pushes its metrics (docs/metrics.md): never a user's key
+            "DLCLOUD_METRICS_URL": f"{platform.settings.resolved_job_api_url}/api/v1/jobs/{job.id}/metrics",
+            "DLCLOUD_METRICS_TOKEN": metrics.issue_token(platform, job.tenant_id, job.id, job.attempt),
         }
     )
     per_slot: list[tuple[int, ...]] = [gpus]

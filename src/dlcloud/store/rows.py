@@ -437,3 +437,22 @@ class JobDatasetRow(Base):
     version_id: Mapped[str] = mapped_column(
         ForeignKey("dataset_versions.id", ondelete="RESTRICT"), primary_key=True, index=True
     )
+
+
+class JobMetricRow(Base):
+    """One value of one metric at one step of one replica of one job attempt (docs/metrics.md).
+
+    The primary key is the point's identity, so a retried push overwrites instead of adding; it starts with
+    ``job_id``, which makes it the index of reads by job. Deleting the job deletes its metrics (the cascade).
+    ``replica`` is '' for a job of one process. Metrics count against no quota.
+    """
+
+    __tablename__ = "job_metrics"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    replica: Mapped[str] = mapped_column(String(64), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(128), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[datetime] = mapped_column(UTCDateTime())

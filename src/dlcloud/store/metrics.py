@@ -1,0 +1,65 @@
+"""Job metric queries. Reads take the job's id, found beforehand through its tenant (services/metrics.py).
+
+Points are upserted: storing a (job, attempt, replica, metric, step) again overwrites its value and time, so
+a retried push never adds rows. The dialect's own ``INSERT ... ON CONFLICT DO UPDATE`` does it on SQLite and
+PostgreSQL alike, in one executemany.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow
+
+_KEY = ("job_id", "attempt", "replica", "metric", "step")
+
+
+def attempt_end(s: Session, tenant_id: str, job_id: str, attempt: int) -> tuple[bool, datetime | None]:
+    """(whether the job exists in the tenant with that attempt, when the attempt ended: None while it runs)."""
+    q = (
+        select(AttemptRow.finished_at)
+        .join(JobRow, JobRow.id == AttemptRow.job_id)
+        .where(
+            AttemptRow.job_id == job_id,
+            AttemptRow.number == attempt,
+            JobRow.tenant_id == tenant_id,
+            AttemptRow.tenant_id == tenant_id,
+        )
+    )
+    found = s.execute(q).first()
+    return (False, None) if found is None else (True, found[0])
+
+
+def upsert_points(s: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Store ``rows`` (JobMetricRow's columns each; no two with the same key), overwriting earlier values."""
+    if not rows:
+        return
+    dialect = s.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(JobMetricRow)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(_KEY), set_={"value": stmt.excluded.value, "time": stmt.excluded.time}
+    )
+    s.execute(stmt, list(rows))
+
+
+def read_points(
+    s: Session, job_id: str, metrics: Sequence[str], attempt: int | None, replica: str | None
+) -> list[tuple[str, int, str, int, float, datetime]]:
+    """(metric, attempt, replica, step, value, time) of a job's points, ordered by series then step."""
+    m = JobMetricRow
+    q = select(m.metric, m.attempt, m.replica, m.step, m.value, m.time).where(m.job_id == job_id)
+    if metrics:
+        q = q.where(m.metric.in_(list(metrics)))
+    if attempt is not None:
+        q = q.where(m.attempt == attempt)
+    if replica is not None:
+        q = q.where(m.replica == replica)
+    rows = s.execute(q.order_by(m.metric, m.attempt, m.replica, m.step))
+    return [(r.metric, r.attempt, r.replica, r.step, r.value, r.time) for r in rows]
