@@ -167,7 +167,7 @@ def test_a_job_pushes_with_its_two_variables_and_the_owner_reads_them_back(runni
     assert_api_error(_push(env, job["id"], token, late), 401, "invalid_token", "expired")
 
 
-def test_each_attempt_has_its_own_token_and_an_ended_attempts_stops_working(running_env, monkeypatch):
+def test_each_attempt_has_its_own_token_and_an_ended_attempts_token_stops_working(running_env, monkeypatch):
     env, c = running_env, running_env.admin
     monkeypatch.setattr(metrics_svc, "TOKEN_GRACE_SECONDS", 0.0)
     # attempt 1 pushes and fails; attempt 2 pushes and waits for the test
@@ -363,3 +363,20 @@ def test_the_job_api_url_defaults_to_the_servers_address(tmp_path: Path):
     assert Settings(host="::1", port=9000, data_dir=tmp_path).resolved_job_api_url == "http://[::1]:9000"
     given = Settings(job_api_url="http://10.0.0.5:8420/", data_dir=tmp_path)
     assert given.resolved_job_api_url == "http://10.0.0.5:8420"
+
+
+def test_pushes_are_not_audited_and_the_document_names_the_token(env):
+    job = _job(env, "quiet")
+    token = _attempt(env, job)
+    for step in range(3):
+        assert _push(env, job, token, {"points": [{**_OK, "step": step}]}).status_code == 204
+    resp = env.signed(env.admin_creds, "GET", f"{API}/audit", query="all=true&limit=10000")
+    assert [e for e in resp.json() if e["action"] == "jobs.metrics_push"] == []  # routine, like lease renewals
+    doc = env.http.get(f"{API}/openapi.json").json()
+    push = doc["paths"][f"{API}/jobs/{{name}}/metrics"]["post"]
+    assert push["security"] == [{"jobMetricsToken": []}]
+    assert doc["components"]["securitySchemes"]["jobMetricsToken"]["scheme"] == "bearer"
+    assert "invalid_token" in push["responses"]["401"]["description"]
+    assert {"204", "400", "401", "413", "422"} <= set(push["responses"])
+    read = doc["paths"][f"{API}/jobs/{{name}}/metrics"]["get"]
+    assert read["security"] == [{"dlcloudSignature": []}] and "404" in read["responses"]
