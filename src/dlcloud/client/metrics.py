@@ -17,6 +17,9 @@ Invariants:
 - After ``fork`` the child starts afresh (no inherited lock, buffer, thread or connection), so forked
   DataLoader workers can report without deadlocks.
 
+The process's reporter is the one module-level object here, on purpose: ``report`` is a process-wide call with
+no object to hang it on. It is built on the first ``report`` from the environment, never at import.
+
 Vocabulary: a *point* is one step of one or more metrics of this process (``{"step", "metrics", "time",
 "replica"}``); a *batch* is the points of one request (at most 1000).
 """
@@ -121,8 +124,12 @@ class Reporter:
         self.give_up_after = give_up_after
         self.retry_initial = retry_initial
         self.retry_max = retry_max
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._timeout = httpx.Timeout(request_timeout, connect=min(5.0, request_timeout))
+        # built here, in the reporting thread, so that httpx has imported all it needs before the sender thread
+        # exists: a fork while that thread imported would leave the child half-imported modules
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(request_timeout, connect=min(5.0, request_timeout)),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         self._cond = threading.Condition(threading.Lock())
         self._buffer: deque[_Point] = deque()
         self._inflight = 0
@@ -233,7 +240,17 @@ class Reporter:
             )
 
     def _run(self) -> None:
-        http = httpx.Client(timeout=self._timeout, headers=self._headers)
+        try:
+            self._loop(self._http)
+        except Exception as exc:  # a bug here must not grow the buffer for ever: stop, say so once
+            log.warning("dlcloud.report: the metrics sender stopped: %r; metrics are no longer sent", exc)
+            with self._cond:
+                self._stopped = True
+                self._buffer.clear()
+                self._inflight = 0
+                self._cond.notify_all()
+
+    def _loop(self, http: httpx.Client) -> None:
         delay = self.flush_interval
         failures = 0
         while True:

@@ -3,6 +3,7 @@ bounds, a refused token, bad names, no job environment, forked workers and the f
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -254,6 +255,7 @@ def test_a_forked_child_reports_while_the_parent_is_reporting(stub, job_env):
                 code = 0 if dlcloud.flush(10) else 2
             finally:
                 os._exit(code)
+        stop.set()  # the parent's busy loop would starve the test server (in this process) of the GIL
         deadline = time.monotonic() + 20
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -271,6 +273,25 @@ def test_a_forked_child_reports_while_the_parent_is_reporting(stub, job_env):
     assert dlcloud.flush(10)
     assert stub.steps("child") == [5]
     assert stub.steps("parent")
+
+
+def _report_in_worker() -> None:
+    import dlcloud
+
+    dlcloud.report(step=9, worker=1.0)  # no flush: the process ends through os._exit, past atexit
+
+
+def test_a_multiprocessing_worker_flushes_when_it_ends(stub, job_env):
+    import dlcloud
+
+    dlcloud.report(step=0, parent=1.0)
+    proc = multiprocessing.get_context("fork").Process(target=_report_in_worker)
+    proc.start()
+    proc.join(20)
+    assert proc.exitcode == 0
+    assert stub.steps("worker") == [9]  # sent before the worker was gone
+    assert dlcloud.flush(10)
+    assert stub.steps("parent") == [0]
 
 
 def _run_python(code: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
