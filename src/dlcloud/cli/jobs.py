@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from dlcloud.schemas.jobs import LogSection
 
 app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
+FOLLOW_SECONDS = 3.0
 CODE_ID_RE = re.compile(r"^c-[a-z0-9]{16}$")
 
 
@@ -440,3 +443,67 @@ def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Job name or
     """
     client(ctx).jobs.delete(name)
     err_console.print(f"job {name} deleted")
+
+
+class MetricsOutput(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@app.command("metrics")
+def metrics(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Job name or id."),
+    metric: list[str] = typer.Option([], "-m", "--metric", help="Only this metric (repeatable); default all."),
+    attempt: int | None = typer.Option(None, "--attempt", min=1, help="Only this attempt; default all."),
+    replica: str | None = typer.Option(
+        None, "--replica", help="Only this replica of a distributed job (worker-1); default all."
+    ),
+    max_points: int = typer.Option(
+        1000, "--max-points", min=1, max=10000, help="At most this many points per series; longer ones downsampled."
+    ),
+    output: MetricsOutput = typer.Option(
+        MetricsOutput.table, "-o", "--output", help="table (a chart per metric and a summary), json or csv."
+    ),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Redraw every few seconds until the job ends."),
+) -> None:
+    """Show a job's metrics (reported with dlcloud.report): a line chart per metric, one line per attempt and
+    replica, and a table of each series' last value, min and max.
+
+    On a terminal narrower than 60 columns, or when the output is not a terminal, only the table is printed.
+    -o csv prints the rows metric,attempt,replica,step,value,time; -o json the API's answer.
+
+    Examples:
+
+      dlcloud jobs metrics mnist
+
+      dlcloud jobs metrics mnist -m loss -m val_accuracy --follow
+
+      dlcloud jobs metrics mnist-ddp --replica worker-1 --attempt 2
+
+      dlcloud jobs metrics mnist -o csv > metrics.csv
+    """
+    from dlcloud.cli import metrics as view
+
+    if follow and output != MetricsOutput.table:
+        raise typer.BadParameter("--follow redraws the chart: use it without -o json/csv", param_hint="--follow")
+    c = client(ctx)
+    while True:
+        # the state first: metrics that arrive before the job ends are in the last drawing
+        state = c.jobs.get(name)["state"] if follow else None
+        answer = c.jobs.metrics(name, metrics=metric, attempt=attempt, replica=replica, max_points=max_points)
+        if output == MetricsOutput.json:
+            render(answer, Output.json, [])
+        elif output == MetricsOutput.csv:
+            view.write_csv(answer, sys.stdout)
+        else:
+            if follow and console.is_terminal:
+                console.clear()
+            view.show(answer)
+        if not follow:
+            return
+        if state in TERMINAL:
+            err_console.print(f"job {name}: {state}")
+            return
+        time.sleep(FOLLOW_SECONDS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,3 +112,31 @@ class JobsAPI:
         for raw in self._t.stream_lines(f"{API}/jobs/{name}/logs", params=params, timeout=None if follow else 60):
             if raw:
                 yield LogLine.parse(raw)
+
+    def metrics(
+        self,
+        name: str,
+        metrics: Sequence[str] | None = None,
+        attempt: int | None = None,
+        replica: str | None = None,
+        max_points: int = 1000,
+    ) -> dict[str, Any]:
+        """The job's metric series: ``{"job", "series": [{"metric", "attempt", "replica", "points": [{"step",
+        "value", "time"}], "downsampled"}]}``, one series per metric, attempt and replica.
+
+        Args:
+            metrics: only these metric names; default all.
+            attempt: only this attempt (1, 2, ...); default all.
+            replica: only this replica of a distributed job (``worker-1``); default all.
+            max_points: at most this many points per series (1..10000); longer series come downsampled.
+
+        Raises:
+            NotFound: no such job in your tenant.
+        """
+        params = {
+            "metric": [*metrics] if metrics else None,
+            "attempt": attempt,
+            "replica": replica,
+            "max_points": max_points,
+        }
+        return self._t.request("GET", f"{API}/jobs/{name}/metrics", params=params)

@@ -55,6 +55,7 @@ def test_read_commands_offer_json_output():
     readers = {
         ("jobs", "list"),
         ("jobs", "describe"),
+        ("jobs", "metrics"),
         ("models", "list"),
         ("models", "describe"),
         ("models", "versions"),
