@@ -29,9 +29,10 @@ TRAIN = textwrap.dedent(
     (out / "first-half").touch()
     while not (out / "go").exists():  # the test kills and restarts the control plane meanwhile
         time.sleep(0.05)
-    for step in range(5, 10):
+    for step in range(5, 10):  # while the control plane is down: the reporter keeps them and tries again
         dlcloud.report(step=step, loss=1.0 / (step + 1), acc=step / 10)
-    # the token reads nothing and writes no other job
+    (out / "second-half").touch()
+    # the token reads nothing and writes no other job (asked once the API answers again)
     token = os.environ["DLCLOUD_METRICS_TOKEN"]
     base = os.environ["DLCLOUD_METRICS_URL"].split("/api/v1/")[0]
     answers = {}
@@ -40,10 +41,14 @@ TRAIN = textwrap.dedent(
         if method == "POST":
             req.data = json.dumps({"points": [{"step": 0, "metrics": {"x": 1}}]}).encode()
             req.add_header("Content-Type", "application/json")
-        try:
-            answers[path] = urllib.request.urlopen(req, timeout=10).status
-        except urllib.error.HTTPError as exc:
-            answers[path] = exc.code
+        while path not in answers:
+            try:
+                answers[path] = urllib.request.urlopen(req, timeout=10).status
+            except urllib.error.HTTPError as exc:
+                answers[path] = exc.code
+            except urllib.error.URLError:
+                time.sleep(0.2)
+    dlcloud.flush(60.0)
     print(json.dumps(answers), flush=True)
     """
 )
@@ -74,6 +79,7 @@ def test_a_job_reports_through_an_outage_and_its_owner_reads_the_series(server: 
 
     server.kill9()  # the job keeps running and reporting into the void
     (outputs / "go").touch()
+    wait_for(lambda: (outputs / "second-half").exists(), timeout=60, what="5 steps reported during the outage")
     server.start()
     job = wait_for(
         lambda: (j := server.cli_json("--profile", "alice", "jobs", "describe", "fit"))["state"] in TERMINAL and j,
