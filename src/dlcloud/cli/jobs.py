@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sys
 import time
 from enum import StrEnum
@@ -112,6 +113,58 @@ def upload_code(c: Client, code: str, base: Path) -> str:
     return str(result["id"])
 
 
+def _parse_hparams(items: list[str]) -> dict[str, Any]:
+    """``--hparam NAME=VALUE``: numbers and true/false as such (YAML scalars), anything else as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise InvalidSpec(f"--hparam takes NAME=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else text
+        except yaml.YAMLError:
+            value = text
+        out[key] = value if isinstance(value, bool | int | float) else text
+    return out
+
+
+def upload_template_data(c: Client, template: dict[str, Any], dataset: str, base: Path) -> dict[str, Any]:
+    """A template section whose ``data`` is a local file (or directory), with that data pushed as the next
+    version of the dataset ``dataset`` (the job's name) and ``data`` naming it (``dataset@N``, ``path`` the
+    file's name). ``data`` that is no local path is a dataset reference (``REF`` or ``REF:PATH``) and kept."""
+    out = dict(template)
+    data = str(out.get("data") or "")
+    if not data:
+        raise InvalidSpec("a template job needs data: --data FILE (uploaded) or --data NAME@VERSION (a dataset)")
+    local = (base / data).expanduser() if not Path(data).is_absolute() else Path(data)
+    if local.exists():
+        size = local.stat().st_size if local.is_file() else None
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err_console,
+            transient=not err_console.is_terminal,
+        ) as progress:
+            task = progress.add_task(f"uploading {local.name} to dataset {dataset}", total=size)
+            version = c.datasets.push(
+                dataset,
+                path=local,
+                description=f"data of job {dataset}",
+                progress=lambda n: progress.advance(task, n),
+            )
+        err_console.print(f"data {local.name} pushed as dataset {dataset} version {version['version']}")
+        out["data"] = f"{dataset}@{version['version']}"
+        if local.is_file():
+            out["path"] = local.name
+        return out
+    ref, sep, path = data.partition(":")
+    if sep:
+        out["data"], out["path"] = ref, path
+    return out
+
+
 def _print_log_line(line: Any, timestamps: bool, show_section: bool = True) -> None:
     """stdout lines to stdout, stderr and system lines to stderr; pre/post lines marked [pre] / [post]."""
     prefix = f"{line.time} " if timestamps and line.time else ""
@@ -174,6 +227,37 @@ def submit(
     environment: str | None = typer.Option(
         None, "--environment", help="Runtime environment: a built-in or one of 'dlcloud envs list'."
     ),
+    template: str | None = typer.Option(
+        None,
+        "--template",
+        help="A no-code template instead of code: mlp, logreg, wide-deep, cnn1d, cnn2d, rnn, lstm (docs/templates.md).",
+    ),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="Template data: a local CSV/LibSVM file (pushed as a version of the dataset named after the job), "
+        "or a dataset NAME@VERSION (NAME@VERSION:PATH for one file of several).",
+    ),
+    label: str | None = typer.Option(None, "--label", help="Template, CSV: the label column (default: the last)."),
+    data_format: str | None = typer.Option(
+        None, "--data-format", help="Template: csv or libsvm (default: libsvm for .libsvm/.svm files, else csv)."
+    ),
+    validation_split: float | None = typer.Option(
+        None, "--validation-split", help="Template: share of the examples held out for validation (default 0.2)."
+    ),
+    task: str | None = typer.Option(None, "--task", help="Template: classification (default) or regression."),
+    hparam: list[str] = typer.Option(
+        [],
+        "--hparam",
+        help="Hyperparameter NAME=VALUE (repeatable): a template's (layers=3), or any job's, which gets them as "
+        "$DLCLOUD_HPARAMS (JSON).",
+    ),
+    register_model: str | None = typer.Option(
+        None,
+        "--register-model",
+        help="Register a model version under this name when the job succeeds: a template's export, or "
+        "'register_model.path' of the spec for other jobs.",
+    ),
     follow: bool = typer.Option(False, "--follow", help="Stream the logs until the job ends."),
     output: Output = OutputOption,
 ) -> None:
@@ -192,6 +276,10 @@ def submit(
       dlcloud jobs submit -f job.yaml --secret-env HF_TOKEN --secret-env WANDB_API_KEY=abc123
 
       dlcloud jobs submit --name train --code . --command "python train.py" --dataset clicks@production
+
+      dlcloud jobs submit --template mlp --data train.csv --label y --hparam layers=3 --register-model churn
+
+      dlcloud jobs submit --name ctr --template wide-deep --data clicks@3 --data-format libsvm
 
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
 
@@ -241,9 +329,30 @@ def submit(
         restart["backoff_seconds"] = backoff
     if restart:
         spec["restart"] = restart
+    if hparam:
+        spec["hparams"] = {**(spec.get("hparams") or {}), **_parse_hparams(hparam)}
+    section = dict(spec.get("template") or {})
+    for key, value in (
+        ("name", template),
+        ("data", data),
+        ("label", label),
+        ("data_format", data_format),
+        ("validation_split", validation_split),
+        ("task", task),
+    ):
+        if value is not None:
+            section[key] = value
+    if section:
+        spec["template"] = section
+        if not spec.get("name") and section.get("name"):
+            spec["name"] = f"{section['name']}-{secrets.token_hex(3)}"
+    if register_model is not None:
+        spec["register_model"] = {**(spec.get("register_model") or {}), "name": register_model}
     if not spec.get("name"):
         raise InvalidSpec("a job needs a name: use --name or 'name:' in the spec")
     c = client(ctx)
+    if section:
+        spec["template"] = upload_template_data(c, section, str(spec["name"]), base)
     if code is not None:
         spec["code"] = code
     if spec.get("code"):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dlcloud.schemas.common import DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
 from dlcloud.schemas.datasets import DatasetRef
+from dlcloud.schemas.models import ModelFormat
 
 MAX_COMMAND = 16_384
 EnvKey = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -106,10 +108,50 @@ FRAMEWORK_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-class JobSpec(Request):
-    """What a user submits. ``code`` is an uploaded code id (the CLI uploads directories first)."""
+HParamName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
+HParamValue = bool | int | float | Annotated[str, Field(max_length=1024)]
 
-    model_config = exactly_one_of(command="string", module="string")  # checked by _command_or_module
+
+class TemplateSpec(Request):
+    """A no-code template job (docs/templates.md): the platform's trainer on a dataset version. The template's
+    name and its hyperparameters (the spec's ``hparams``) are checked at submit against
+    ``dlcloud.templates.catalog`` (400 naming what is allowed)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=32)]
+    data: DatasetRef  # added to the job's datasets; the trainer reads it at $DLCLOUD_DATASET_<NAME>
+    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^/]")] | None = None  # file in it
+    label: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # CSV label column (default: last)
+    data_format: Literal["csv", "libsvm"] | None = None  # default: libsvm for .libsvm/.svm, else csv
+    num_features: Annotated[int, Field(ge=1, le=10_000_000)] | None = None  # LibSVM width (default: max index)
+    validation_split: Annotated[float, Field(ge=0, le=0.9)] = 0.2
+    task: Literal["classification", "regression"] = "classification"
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+
+    @field_validator("path")
+    @classmethod
+    def _path_inside(cls, v: str | None) -> str | None:
+        if v is not None and ".." in v.split("/"):
+            raise ValueError(f"template.path {v!r} must stay inside the dataset; '..' is not allowed")
+        return v
+
+
+class RegisterModelSpec(Request):
+    """Register a model version from the job's outputs when the job succeeds (docs/jobs.md#registering-a-model)."""
+
+    name: Name
+    # in DLCLOUD_OUTPUT_DIR; a template job's default is its export directory, ``model``
+    path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    format: ModelFormat | None = None  # default: torchscript for a template, else from the path's suffix
+    signature: dict[str, Any] | None = None  # default: the one inferred (a template's signature.json)
+    description: Annotated[str, Field(max_length=4096)] = ""
+
+
+class JobSpec(Request):
+    """What a user submits. ``code`` is an uploaded code id (the CLI uploads directories first). A ``template``
+    job gives neither ``command`` nor ``module``: its command is the platform's trainer."""
+
+    # checked by _command_or_module
+    model_config = exactly_one_of(command="string", module="string", template="object")
 
     name: Name
     code: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -142,6 +184,20 @@ class JobSpec(Request):
     pre_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     post_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     post_timeout: DurationSeconds | None = None  # None: DEFAULT_POST_TIMEOUT_SECONDS
+    # hyperparameters: $DLCLOUD_HPARAMS (JSON) in the job; also --name=value arguments with hparams_as_args;
+    # a template's are checked against its table
+    hparams: Annotated[dict[HParamName, HParamValue], Field(max_length=256)] = {}
+    hparams_as_args: bool = False
+    template: TemplateSpec | None = None
+    register_model: RegisterModelSpec | None = None
+
+    @field_validator("hparams")
+    @classmethod
+    def _finite_hparams(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, value in v.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"hparam {key} must be a finite number, got {value}")
+        return v
 
     @field_validator("post_timeout")
     @classmethod
@@ -163,8 +219,20 @@ class JobSpec(Request):
 
     @model_validator(mode="after")
     def _command_or_module(self) -> JobSpec:
-        if bool(self.command) == bool(self.module):
-            raise ValueError("give exactly one of 'command' (a shell command) or 'module' (a Python module to run)")
+        if self.template is not None:
+            if self.command or self.module:
+                raise ValueError("a 'template' job runs the platform's trainer; leave 'command' and 'module' out")
+            if self.hparams_as_args:
+                raise ValueError("'hparams_as_args' goes with 'command' or 'module'; a template reads its hparams")
+            if self.code is not None:
+                raise ValueError("a 'template' job takes no 'code'; its data comes from 'template.data'")
+        elif bool(self.command) == bool(self.module):
+            raise ValueError(
+                "give exactly one of 'command' (a shell command), 'module' (a Python module to run) or 'template' "
+                "(a no-code template)"
+            )
+        if self.register_model is not None and self.register_model.path is None and self.template is None:
+            raise ValueError("register_model.path is required: the file or directory in DLCLOUD_OUTPUT_DIR to register")
         if self.args and not self.module:
             raise ValueError("'args' goes with 'module'; put arguments into 'command' instead")
         if self.post_timeout is not None and not self.post_command:
@@ -221,11 +289,23 @@ class JobSpec(Request):
             memory += r.memory * n
         return gpus, cpus, memory
 
+    def hparam_args(self) -> list[str]:
+        """``--name=value`` for each hyperparameter when ``hparams_as_args`` (booleans as true/false)."""
+        if not self.hparams_as_args:
+            return []
+        shown = {True: "true", False: "false"}
+        return [f"--{k}={shown[v] if isinstance(v, bool) else v}" for k, v in self.hparams.items()]
+
     def shell_command(self) -> str:
-        """The main command as one shell string."""
+        """The main command as one shell string: a template's trainer, the command, or ``python -m MODULE``."""
+        if self.template is not None:
+            from dlcloud.templates.catalog import command_for
+
+            return command_for(self.template.model_dump())
+        extra = self.hparam_args()
         if self.command:
-            return self.command
-        return shlex.join(["python", "-m", str(self.module), *self.args])
+            return self.command + (" " + shlex.join(extra) if extra else "")
+        return shlex.join(["python", "-m", str(self.module), *self.args, *extra])
 
 
 class LogSection(StrEnum):

@@ -5,6 +5,7 @@ State changes go through ``job_states.transition``; running attempts are driven 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from dlcloud.schemas.jobs import (
     JobSpec,
     JobState,
 )
+from dlcloud.schemas.models import FORMATS
 from dlcloud.services import datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
@@ -169,9 +171,66 @@ def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
         raise QuotaExceeded(f"tenant {tenant.name!r} may not run jobs (max_running_jobs is 0)")
 
 
+def _check_template(spec: JobSpec) -> None:
+    """A template job's template and hyperparameters, against the catalog (400 naming what is allowed)."""
+    from dlcloud.templates import catalog
+
+    if spec.template is None:
+        return
+    try:
+        catalog.get_template(spec.template.name).resolve(spec.hparams)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+def hparams_env(spec: dict[str, Any]) -> str | None:
+    """``DLCLOUD_HPARAMS`` of a stored spec: a template's every hyperparameter (defaults filled in), else the
+    spec's ``hparams`` as given; None for a job with neither."""
+    hparams = spec.get("hparams") or {}
+    template = spec.get("template")
+    if template:
+        from dlcloud.templates import catalog
+
+        hparams = catalog.get_template(str(template["name"])).resolve(hparams)
+    return json.dumps(hparams, sort_keys=True) if hparams or template else None
+
+
+def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
+    """``register_model`` as stored: path and format filled in (a template's export; else the path's suffix)."""
+    from dlcloud.client.models import infer_format
+    from dlcloud.templates import catalog
+
+    r = spec.register_model
+    if r is None:
+        return None
+    path = r.path or catalog.EXPORT_DIR
+    fmt = r.format.value if r.format is not None else None
+    if fmt is None:
+        fmt = catalog.EXPORT_FORMAT if spec.template is not None and r.path is None else infer_format(path, local=False)
+    if fmt is None:
+        raise InvalidSpec(
+            f"register_model.format is needed: the format of {path!r} cannot be told from its name; "
+            f"give one of {', '.join(FORMATS)}"
+        )
+    from dlcloud.services.models import check_signature  # models imports this module
+
+    signature = check_signature(r.signature) if r.signature is not None else None
+    return {"name": r.name, "path": path, "format": fmt, "signature": signature, "description": r.description}
+
+
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("job", spec.name))
+    _check_template(spec)
+    register = _register_model_spec(spec)
+    if register is not None and looks_like_id(register["name"]):
+        raise InvalidSpec(reserved_name_message("model", register["name"]))
+    refs = list(spec.datasets)
+    if spec.template is not None:
+        from dlcloud.templates.catalog import dataset_name
+
+        if dataset_name(spec.template.data) not in {dataset_name(r) for r in refs}:
+            refs.append(spec.template.data)
     require_isolation(platform, caller, "running jobs")
     both = sorted(set(spec.env) & set(spec.secret_env))
     if both:
@@ -190,7 +249,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
                 raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
         elif spec.module is not None:
             pass  # a module from the environment itself (e.g. a library's CLI module)
-        resolved = datasets.resolve_for_job(s, caller, spec.datasets)
+        resolved = datasets.resolve_for_job(s, caller, refs)
         if job_store.name_taken(s, tenant.id, spec.name):
             raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
         if tenant.quota_max_queued_jobs is not None:
@@ -205,6 +264,7 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
         groups = spec.groups()
         stored = _stored_spec(platform, spec)
         stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
+        stored["register_model"] = register
         replica_groups = None
         if spec.process_count() > 1:
             replica_groups = recipes.replica_groups(stored, groups, {g: spec.group_resources(g) for g in groups})

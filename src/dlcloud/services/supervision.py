@@ -2,7 +2,8 @@
 
 RUNNING once the executor says so; the end of an attempt (exit, timeout, stop, loss) through ``job_states``
 (``end_attempt``, ``fail_or_restart``: the restart policy lives there); whole-gang semantics through
-``gangs``; the job's outputs saved into the object store before an attempt's end is recorded; an attempt that
+``gangs``; the job's outputs saved into the object store before an attempt's end is recorded (and, for a job
+that succeeded with ``register_model``, a model registered from them: ``job_models``); an attempt that
 was recorded but never launched (a crash between the scheduling pass's commit and the start) started again.
 """
 
@@ -19,7 +20,7 @@ from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import gangs, job_states, workloads
+from dlcloud.services import gangs, job_models, job_states, workloads
 from dlcloud.services.jobs import logs_key, outputs_key
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
@@ -226,7 +227,10 @@ class Supervisor:
                 failure=failure,
                 note=post_note(report),
             )
+            register = job.state == JobState.SUCCEEDED.value and bool(job.spec.get("register_model"))
         self._stopping.discard(attempt_id)
+        if register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
+            job_models.register_after_success(self.p, job_id)
         self.wake()
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from dlcloud.executors.base import DatasetMount, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
-from dlcloud.services.jobs import RESOLVED_DATASETS, job_env
+from dlcloud.services.jobs import RESOLVED_DATASETS, hparams_env, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
 
@@ -48,6 +48,9 @@ def build(
             "DLCLOUD_METRICS_TOKEN": metrics.issue_token(platform, job.tenant_id, job.id, job.attempt),
         }
     )
+    hparams = hparams_env(job.spec)
+    if hparams is not None:
+        env["DLCLOUD_HPARAMS"] = hparams
     per_slot: list[tuple[int, ...]] = [gpus]
     if job.replica_groups:
         per_slot, rest = [], list(gpus)
