@@ -72,8 +72,9 @@ def test_no_two_paths_are_the_same_template(document):
 def test_the_rules_the_server_enforces_are_in_the_document(document):
     schemas = document["components"]["schemas"]
     assert schemas["TenantCreate"]["properties"]["name"]["pattern"] == NAME_RE.pattern
-    # exactly one of command / module, upload / from_job
-    assert {tuple(b["required"]) for b in schemas["JobSpec"]["oneOf"]} == {("command",), ("module",)}
+    # exactly one of command / module / template, upload / from_job
+    one_of = {tuple(b["required"]) for b in schemas["JobSpec"]["oneOf"]}
+    assert one_of == {("command",), ("module",), ("template",)}
     assert {tuple(b["required"]) for b in schemas["ModelRegister"]["oneOf"]} == {("upload",), ("from_job",)}
     gpus = schemas["QuotaSpec-Input"]["properties"]["gpus"]["anyOf"][0]
     assert gpus == {"type": "integer", "minimum": 0, "maximum": 100_000}

@@ -54,6 +54,7 @@ def _last_metrics(rows: list[tuple[str, int, str, int, float, Any]], attempt: in
 
 def register_from_job(platform: Platform, job_id: str) -> str:
     """Register the model ``register_model`` names from the job's outputs; the event's reason (recorded)."""
+    caller: Caller | None = None
     with platform.db.read() as s:
         job = s.get(JobRow, job_id)
         if job is None:
@@ -61,20 +62,21 @@ def register_from_job(platform: Platform, job_id: str) -> str:
         spec: dict[str, Any] = dict(job.spec.get("register_model") or {})
         user = s.get(UserRow, job.user_id)
         tenant = s.get(TenantRow, job.tenant_id)
+        if user is not None and tenant is not None:
+            caller = Caller(
+                tenant_id=tenant.id,
+                tenant=tenant.name,
+                user_id=user.id,
+                user=user.name,
+                role=Role(user.role),
+                access_key=f"job:{job_id}",
+            )
         rows = metric_store.read_points(s, job.id, (), job.attempt, "")
-        attempt, job_name = job.attempt, job.name
+        attempt, job_name, user_id = job.attempt, job.name, job.user_id
     name = str(spec.get("name"))
     try:
-        if user is None or tenant is None:
-            raise DlcloudError(f"the job's user {job.user_id} no longer exists", "not_found")
-        caller = Caller(
-            tenant_id=tenant.id,
-            tenant=tenant.name,
-            user_id=user.id,
-            user=user.name,
-            role=Role(user.role),
-            access_key=f"job:{job_id}",
-        )
+        if caller is None:
+            raise DlcloudError(f"the job's user {user_id} no longer exists", "not_found")
         req = ModelRegister(
             name=name,
             format=str(spec["format"]),

@@ -155,7 +155,8 @@ def read_libsvm(path: Path, num_features: int | None = None) -> Table:
 
 
 def find_file(root: Path, path: str | None) -> Path:
-    """The data file: ``root/path``, ``root`` itself when it is a file, else the one file under ``root``."""
+    """The data file: ``root/path``, ``root`` itself when it is a file, else the one file under ``root``
+    (``.dlcloud-*`` bookkeeping aside)."""
     if path:
         target = root / path
         if not target.is_file():
@@ -165,7 +166,8 @@ def find_file(root: Path, path: str | None) -> Path:
         return root
     if not root.is_dir():
         raise DataError(f"the data {root} does not exist")
-    files = sorted(p for p in root.rglob("*") if p.is_file())
+    # ``.dlcloud-*`` files are the store's bookkeeping (a dataset's manifest), never data
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".dlcloud-"))
     if len(files) != 1:
         found = ", ".join(str(p.relative_to(root)) for p in files[:10]) or "none"
         raise DataError(f"the data holds {len(files)} files ({found}); name one with the template's 'path'")
