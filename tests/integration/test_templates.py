@@ -227,3 +227,39 @@ def test_submit_refuses_bad_template_specs(env: Env, spec: dict, status: int, co
     env.admin.datasets.push("d", path=Path(__file__))
     resp = env.signed(env.admin_creds, "POST", f"{API}/jobs", {"name": "t", **spec})
     assert_api_error(resp, status, code, fragment)
+
+
+def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env, tmp_path: Path) -> None:
+    from dlcloud.cli.jobs import _parse_hparams, upload_template_data
+
+    c = env.admin
+    data = dense_csv(tmp_path / "train.csv", n=20)
+    section = upload_template_data(c, {"name": "mlp", "data": "train.csv", "label": "y"}, "churn", tmp_path)
+    assert section == {"name": "mlp", "data": "churn@1", "path": "train.csv", "label": "y"}
+    assert [f["path"] for f in c.datasets.files("churn", 1)] == ["train.csv"]
+    assert upload_template_data(c, {"name": "mlp", "data": str(data)}, "churn", Path("/"))["data"] == "churn@2"
+    # a dataset reference is kept, REF:PATH names one file of it
+    assert upload_template_data(c, {"data": "clicks@3:part/0.svm"}, "x", tmp_path) == {
+        "data": "clicks@3",
+        "path": "part/0.svm",
+    }
+    assert _parse_hparams(["layers=3", "lr=1e-3", "wide=true", "act=relu", "tag=007"]) == {
+        "layers": 3,
+        "lr": 0.001,
+        "wide": True,
+        "act": "relu",
+        "tag": "007",
+    }
+    job = c.jobs.submit(
+        {"name": "churn", "template": section, "hparams": {"layers": 3}, "register_model": {"name": "churn"}}
+    )
+    detail = c.jobs.get("churn")
+    assert detail["spec"]["register_model"] == {
+        "name": "churn",
+        "path": "model",
+        "format": "torchscript",
+        "signature": None,
+        "description": "",
+    }
+    assert [d["name"] for d in detail["spec"]["resolved_datasets"]] == ["churn"]
+    assert '--data="${DLCLOUD_DATASET_CHURN}" --path train.csv --label y' in job["command"]

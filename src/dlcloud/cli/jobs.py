@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -114,15 +115,15 @@ def upload_code(c: Client, code: str, base: Path) -> str:
 
 
 def _parse_hparams(items: list[str]) -> dict[str, Any]:
-    """``--hparam NAME=VALUE``: numbers and true/false as such (YAML scalars), anything else as text."""
+    """``--hparam NAME=VALUE``: JSON numbers and true/false as such, anything else as text (``007`` too)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise InvalidSpec(f"--hparam takes NAME=VALUE, got {item!r}")
         try:
-            value = yaml.safe_load(text) if text.strip() else text
-        except yaml.YAMLError:
+            value = json.loads(text)
+        except ValueError:
             value = text
         out[key] = value if isinstance(value, bool | int | float) else text
     return out
