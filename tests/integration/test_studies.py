@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
+import yaml
 
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services.control import ControlLoop
@@ -106,21 +107,42 @@ def served(running_env):
         yield running_env
 
 
-def test_grid_covers_its_grid_exactly_once(served):
+def cli(env, monkeypatch, *args: str) -> str:
+    """``dlcloud ARGS`` as the admin, against the served API; its stdout."""
+    from typer.testing import CliRunner
+
+    from dlcloud.cli.main import app
+
+    monkeypatch.setenv("DLCLOUD_ENDPOINT", env.settings.job_api_url)
+    monkeypatch.setenv("DLCLOUD_ACCESS_KEY", env.admin_creds.access_key)
+    monkeypatch.setenv("DLCLOUD_SECRET_KEY", env.admin_creds.secret_key)
+    monkeypatch.delenv("DLCLOUD_PROFILE", raising=False)
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_grid_covers_its_grid_exactly_once(served, tmp_path, monkeypatch):
     c = served.admin
-    c.studies.submit(
-        {
-            "name": "grid",
-            "algorithm": "grid",
-            "objective": {"metric": "score", "direction": "maximize"},
-            "max_trials": 100,
-            "parallel_trials": 2,
-            "trial": trial("p['a'] * 10 + len(p['b']) + step"),
-            "search_space": {
-                "a": {"type": "int", "low": 0, "high": 4, "step": 2},
-                "b": {"type": "categorical", "values": ["x", "yy"]},
-            },
-        }
+    study = {
+        "name": "grid",
+        "algorithm": "grid",
+        "objective": {"metric": "score", "direction": "maximize"},
+        "max_trials": 100,
+        "parallel_trials": 2,
+        "trial": trial("p['a'] * 10 + len(p['b']) + step"),
+        "search_space": {
+            "a": {"type": "int", "low": 0, "high": 4, "step": 2},
+            "b": {"type": "categorical", "values": ["x", "yy"]},
+        },
+    }
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert (
+        json.loads(cli(served, monkeypatch, "tune", "submit", "-f", str(tmp_path / "study.yaml"), "-o", "json"))[
+            "state"
+        ]
+        == "RUNNING"
     )
     s = wait_study(c, "grid")
     assert s["state"] == "COMPLETED", s
@@ -137,6 +159,11 @@ def test_grid_covers_its_grid_exactly_once(served):
     best = c.studies.best("grid")
     assert best["params"] == {"a": 4, "b": "yy"} and best["value"] == 44.0  # at the last step (2)
     assert s["best"]["number"] == best["number"]
+    assert json.loads(cli(served, monkeypatch, "tune", "best", "grid", "-o", "json")) == {"a": 4, "b": "yy"}
+    described = cli(served, monkeypatch, "tune", "describe", "grid")
+    assert "6/100 started: 0 running, 6 completed" in described and "a=4 b=yy" in described
+    assert len(json.loads(cli(served, monkeypatch, "tune", "trials", "grid", "-o", "json"))) == 6
+    assert "COMPLETED" in cli(served, monkeypatch, "tune", "list")
 
 
 @pytest.mark.parametrize("algorithm", ["random", "tpe"])
