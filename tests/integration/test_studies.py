@@ -265,6 +265,28 @@ def test_stop_cancels_running_trials_and_resume_continues(served):
     assert wait_study(c, "halt", timeout=60)["state"] == "STOPPED"
 
 
+def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served):
+    c = served.admin
+    c.studies.submit(
+        {
+            "name": "budget",
+            "algorithm": "random",
+            "objective": {"metric": "score"},
+            "max_trials": 10,
+            "parallel_trials": 2,
+            "budget": {"seconds": 2},
+            "trial": trial("p['x']", steps=400, pause=0.05),
+            "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
+        }
+    )
+    s = wait_study(c, "budget", timeout=60)
+    assert s["state"] == "COMPLETED" and "time budget of 2 s is spent" in s["reason"], s
+    assert 2 <= s["elapsed_seconds"] < 30
+    trials = c.studies.trials("budget")
+    assert len(trials) == 2 and {t["state"] for t in trials} == {"STOPPED"}, trials
+    assert {c.jobs.get(t["job"])["state"] for t in trials} == {"CANCELLED"}
+
+
 def test_control_loop_restart_mid_study_loses_no_trial_and_runs_none_twice(tmp_path, db_url):
     env = build_env(make_settings(tmp_path, db_url), LocalExecutor())
     stop = threading.Event()

@@ -60,6 +60,7 @@ class ControlLoop:
         interval = self.p.settings.supervisor_interval_seconds
         if self.builds.closed:  # shut down at the end of a former term of leadership
             self.builds = EnvironmentBuilder(self.p, self.leadership)
+        self.studies.reset()
         try:
             while not stop.is_set():
                 try:

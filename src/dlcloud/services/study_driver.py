@@ -159,6 +159,11 @@ class StudyDriver:
         self.write = write
         self._live: dict[str, _Live] = {}
 
+    def reset(self) -> None:
+        """Forget the Optuna studies: at the start of a term of leadership (another leader may have driven
+        them meanwhile), they are rebuilt from the database."""
+        self._live.clear()
+
     def run(self) -> None:
         with self.p.db.read() as s:
             ids = store.driven_study_ids(s, [StudyState.RUNNING.value, StudyState.STOPPING.value])
