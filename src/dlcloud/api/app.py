@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlcloud import __version__
-from dlcloud.api import accounting, code, datasets, environments, jobs, metrics, models, openapi, tenants
+from dlcloud.api import accounting, code, datasets, environments, jobs, metrics, models, openapi, studies, tenants
 from dlcloud.api.deps import streaming_caller
 from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
@@ -132,7 +132,9 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         return PlainTextResponse(generate_latest(prometheus_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    routers = [module.router for module in (jobs, metrics, tenants, accounting, code, models, datasets, environments)]
+    routers = [
+        module.router for module in (jobs, metrics, tenants, accounting, code, models, datasets, environments, studies)
+    ]
     for router in routers:
         app.include_router(router, prefix=API_PREFIX)
     settings = platform.settings

@@ -48,6 +48,13 @@ ERRORS: dict[str, tuple[int, ...]] = {
     "jobs.logs": (404,),
     "jobs.metrics": (404,),
     "jobs.metrics_push": (400,),  # 401 invalid_token: another job's, an ended attempt's (docs/metrics.md)
+    "studies.submit": (400, 403, 404, 409, 429),
+    "studies.list": (),
+    "studies.describe": (404,),
+    "studies.trials": (404,),
+    "studies.best": (404,),  # 404 too while no trial has completed
+    "studies.stop": (403, 404, 409),
+    "studies.resume": (403, 404, 409),
     "whoami": (),
     "tenants.create": (403, 409),
     "tenants.list": (),

@@ -32,6 +32,7 @@ _LABEL = LABEL_RE.pattern.removeprefix("^").removesuffix("$")
 # ``Text`` refuses a NUL (422): PostgreSQL cannot even compare one, so it would be a 500 there
 Name = Annotated[Text, Path(description="A DNS-1123 label (1-63 of a-z, 0-9, '-').", json_schema_extra=_NAME)]
 JobName = Annotated[Text, Path(description="The job's name or id.", json_schema_extra=_NAME)]
+StudyName = Annotated[Text, Path(description="The study's name or id.", json_schema_extra=_NAME)]
 TenantName = Annotated[Text, Path(description="A tenant name.", json_schema_extra=_NAME)]
 Label = Annotated[
     Text,

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from dlcloud import __version__
-from dlcloud.cli import admin, datasets, environments, jobs, models, serve
+from dlcloud.cli import admin, datasets, environments, jobs, models, serve, tune
 from dlcloud.cli.output import Output, OutputOption, err_console, render_fields
 from dlcloud.errors import DlcloudError
 
@@ -24,6 +24,7 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(models.app, name="models")
 app.add_typer(datasets.app, name="datasets")
 app.add_typer(environments.app, name="envs")
+app.add_typer(tune.app, name="tune")
 app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.users_app, name="users")
 app.add_typer(admin.keys_app, name="keys")

@@ -159,7 +159,7 @@ class Client:
     """Entry point of the SDK.
 
     Sub-APIs: ``jobs``, ``environments``, ``models``, ``datasets``, ``tenants``, ``users``, ``keys``, ``code``,
-    ``accounting``.
+    ``accounting``, ``studies``.
     """
 
     def __init__(self, creds: Credentials, *, timeout: float = 60.0, http_client: httpx.Client | None = None):
@@ -168,6 +168,7 @@ class Client:
         from dlcloud.client.environments import EnvironmentsAPI
         from dlcloud.client.jobs import CodeAPI, JobsAPI
         from dlcloud.client.models import ModelsAPI
+        from dlcloud.client.studies import StudiesAPI
         from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
 
         self.transport = Transport(creds, timeout=timeout, client=http_client)
@@ -180,6 +181,7 @@ class Client:
         self.users = UsersAPI(self.transport)
         self.keys = KeysAPI(self.transport)
         self.accounting = AccountingAPI(self.transport)
+        self.studies = StudiesAPI(self.transport)
 
     @classmethod
     def from_env(cls, profile: str | None = None, **kwargs: Any) -> Client:

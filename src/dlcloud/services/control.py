@@ -5,7 +5,9 @@ It runs in the leader control-plane process only (``leader.py``). Each tick:
    (RUNNING, exit, timeout, cancellation, restart policy) through ``job_states``;
 2. schedule (``scheduling.py``): plan placements inside one write transaction, record the new attempts
    (STARTING) with their Workloads (``workloads.py``), commit, then start the workloads;
-3. dispatch environment builds.
+3. drive the studies (``study_driver.py``): record the trials that ended, prune, submit new trial jobs
+   (scheduled by the next pass);
+4. dispatch environment builds.
 
 Recording the attempt before starting it means a crash in between leaves an attempt that never
 launched; the supervisor sees it as lost-before-launch and starts it then, so nothing is lost and
@@ -29,6 +31,7 @@ from dlcloud.services.env_builds import EnvironmentBuilder
 from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.scheduling import SchedulingPass
+from dlcloud.services.study_driver import StudyDriver
 from dlcloud.services.supervision import Supervisor
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class ControlLoop:
         self.builds = EnvironmentBuilder(platform, leadership)
         self.scheduling = SchedulingPass(platform, executor, self._write)
         self.supervisor = Supervisor(platform, executor, self._write, self._start, self.wake)
+        self.studies = StudyDriver(platform, self._write)
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -56,6 +60,7 @@ class ControlLoop:
         interval = self.p.settings.supervisor_interval_seconds
         if self.builds.closed:  # shut down at the end of a former term of leadership
             self.builds = EnvironmentBuilder(self.p, self.leadership)
+        self.studies.reset()
         try:
             while not stop.is_set():
                 try:
@@ -76,6 +81,7 @@ class ControlLoop:
         self.executor.reap()
         self.supervise()
         self.schedule()
+        self.studies.run()
         self.builds.dispatch()
 
     @contextlib.contextmanager

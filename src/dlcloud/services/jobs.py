@@ -133,7 +133,7 @@ def job_env(platform: Platform, job: JobRow) -> dict[str, str]:
     return env
 
 
-def _check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
+def check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
     """Refuse a job that could never start, instead of letting it wait forever. A gang is counted whole."""
     inv = platform.inventory
     groups = spec.groups()
@@ -219,6 +219,20 @@ def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
 
 
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
+    require_isolation(platform, caller, "running jobs")
+    with platform.db.write() as s:
+        row = create_job_row(s, platform, caller, spec)
+        job = _job_model(row, caller.tenant, caller.user)
+    platform.wake()
+    return job
+
+
+def create_job_row(
+    s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
+) -> JobRow:
+    """Check ``spec`` and add its QUEUED job row in the caller's transaction ``s`` (a study records a trial and
+    its job in one). ``platform_env``: DLCLOUD_* variables the platform itself gives the job (a trial's
+    DLCLOUD_HPARAMS), which a user's spec may not set. The caller checks isolation and wakes the loop."""
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("job", spec.name))
     _check_template(spec)
@@ -231,76 +245,74 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
 
         if dataset_name(spec.template.data) not in {dataset_name(r) for r in refs}:
             refs.append(spec.template.data)
-    require_isolation(platform, caller, "running jobs")
     both = sorted(set(spec.env) & set(spec.secret_env))
     if both:
         raise InvalidSpec(f"{', '.join(both)} given in both env and secret_env; give each variable in one of them")
-    with platform.db.write() as s:
-        tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
-        if tenant is None:
-            raise NotFound("your tenant no longer exists")
-        _check_fits(platform, tenant, spec)
-        environment, environment_hash = environments.resolve_for_job(platform, s, caller, spec.environment)
-        if spec.code is not None:
-            code = s.get(CodeRow, spec.code)
-            if code is None or code.tenant_id != caller.tenant_id:
-                raise InvalidSpec(f"code {spec.code!r} not found; upload it first (the CLI does this for directories)")
-            if spec.module is None and code.kind != "archive":
-                raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
-        elif spec.module is not None:
-            pass  # a module from the environment itself (e.g. a library's CLI module)
-        resolved = datasets.resolve_for_job(s, caller, refs)
-        if job_store.name_taken(s, tenant.id, spec.name):
-            raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
-        if tenant.quota_max_queued_jobs is not None:
-            queued = job_store.count_queued(s, tenant.id)
-            if queued >= tenant.quota_max_queued_jobs:
-                raise QuotaExceeded(
-                    f"tenant {tenant.name!r} already has {queued} queued job(s), the limit is "
-                    f"{tenant.quota_max_queued_jobs}; wait for some to start or cancel some",
-                    details={"resource": "max_queued_jobs", "limit": tenant.quota_max_queued_jobs},
-                )
-        gpus, cpus, memory = spec.total_resources()
-        groups = spec.groups()
-        stored = _stored_spec(platform, spec)
-        stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
-        stored["register_model"] = register
-        replica_groups = None
-        if spec.process_count() > 1:
-            replica_groups = recipes.replica_groups(stored, groups, {g: spec.group_resources(g) for g in groups})
-        row = JobRow(
-            id=new_id("j-"),
-            tenant_id=tenant.id,
-            user_id=caller.user_id,
-            name=spec.name,
-            spec=stored,
-            command=spec.shell_command(),
-            code_id=spec.code,
-            state=JobState.QUEUED.value,
-            reason="submitted",
-            priority=spec.priority,
-            gpus=gpus,
-            cpus=cpus,
-            memory=memory,
-            gpu_type=spec.resources.gpu_type,
-            replica_groups=replica_groups,
-            timeout_seconds=spec.timeout,
-            max_restarts=spec.restart.max_restarts,
-            backoff_seconds=spec.restart.backoff_seconds,
-            attempt=0,
-            restarts=0,
-            cancel_requested=False,
-            environment=environment,
-            environment_hash=environment_hash,
-            created_at=utcnow(),
-        )
-        s.add(row)
-        s.flush()
-        datasets.record_readers(s, row.id, resolved)
-        job_states.record_created(s, row, f"submitted by {caller.user}")
-        job = _job_model(row, tenant.name, caller.user)
-    platform.wake()
-    return job
+    tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
+    if tenant is None:
+        raise NotFound("your tenant no longer exists")
+    check_fits(platform, tenant, spec)
+    environment, environment_hash = environments.resolve_for_job(platform, s, caller, spec.environment)
+    if spec.code is not None:
+        code = s.get(CodeRow, spec.code)
+        if code is None or code.tenant_id != caller.tenant_id:
+            raise InvalidSpec(f"code {spec.code!r} not found; upload it first (the CLI does this for directories)")
+        if spec.module is None and code.kind != "archive":
+            raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
+    elif spec.module is not None:
+        pass  # a module from the environment itself (e.g. a library's CLI module)
+    resolved = datasets.resolve_for_job(s, caller, refs)
+    if job_store.name_taken(s, tenant.id, spec.name):
+        raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
+    if tenant.quota_max_queued_jobs is not None:
+        queued = job_store.count_queued(s, tenant.id)
+        if queued >= tenant.quota_max_queued_jobs:
+            raise QuotaExceeded(
+                f"tenant {tenant.name!r} already has {queued} queued job(s), the limit is "
+                f"{tenant.quota_max_queued_jobs}; wait for some to start or cancel some",
+                details={"resource": "max_queued_jobs", "limit": tenant.quota_max_queued_jobs},
+            )
+    gpus, cpus, memory = spec.total_resources()
+    groups = spec.groups()
+    stored = _stored_spec(platform, spec)
+    if platform_env:
+        stored["env"] = {**stored["env"], **platform_env}
+    stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
+    stored["register_model"] = register
+    replica_groups = None
+    if spec.process_count() > 1:
+        replica_groups = recipes.replica_groups(stored, groups, {g: spec.group_resources(g) for g in groups})
+    row = JobRow(
+        id=new_id("j-"),
+        tenant_id=tenant.id,
+        user_id=caller.user_id,
+        name=spec.name,
+        spec=stored,
+        command=spec.shell_command(),
+        code_id=spec.code,
+        state=JobState.QUEUED.value,
+        reason="submitted",
+        priority=spec.priority,
+        gpus=gpus,
+        cpus=cpus,
+        memory=memory,
+        gpu_type=spec.resources.gpu_type,
+        replica_groups=replica_groups,
+        timeout_seconds=spec.timeout,
+        max_restarts=spec.restart.max_restarts,
+        backoff_seconds=spec.restart.backoff_seconds,
+        attempt=0,
+        restarts=0,
+        cancel_requested=False,
+        environment=environment,
+        environment_hash=environment_hash,
+        created_at=utcnow(),
+    )
+    s.add(row)
+    s.flush()
+    datasets.record_readers(s, row.id, resolved)
+    job_states.record_created(s, row, f"submitted by {caller.user}")
+    return row
 
 
 def get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> JobRow:
@@ -383,14 +395,23 @@ def cancel_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
         state = JobState(row.state)
         if state in TERMINAL_STATES:
             raise InvalidState(f"job {row.name!r} already ended ({state.value}); nothing to cancel")
-        if state in (JobState.QUEUED, JobState.RESTARTING):
-            job_states.transition(s, row, JobState.CANCELLED, f"cancelled by {caller.user} while {state.value}")
-        else:
-            row.cancel_requested = True
-            row.reason = f"cancellation requested by {caller.user}"
+        request_cancel(s, row, caller.user)
         job = _job_model(row, caller.tenant, _user_name(s, row.user_id))
     platform.wake()
     return job
+
+
+def request_cancel(s: Session, row: JobRow, by: str) -> None:
+    """Cancel a job that has not ended (``row`` locked in ``s``): a queued one at once; a running one's attempt
+    is stopped by the control loop (SIGTERM, then SIGKILL after its grace period)."""
+    state = JobState(row.state)
+    if state in TERMINAL_STATES:
+        return
+    if state in (JobState.QUEUED, JobState.RESTARTING):
+        job_states.transition(s, row, JobState.CANCELLED, f"cancelled by {by} while {state.value}")
+    else:
+        row.cancel_requested = True
+        row.reason = f"cancellation requested by {by}"
 
 
 def delete_job(platform: Platform, caller: Caller, name_or_id: str) -> None:

@@ -456,3 +456,56 @@ class JobMetricRow(Base):
     tenant_id: Mapped[str] = mapped_column(String(32))
     value: Mapped[float] = mapped_column(Float)
     time: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class StudyRow(Base):
+    """A hyperparameter study (docs/tuning.md); its state changes only through ``services/study_states.py``.
+
+    ``spec`` is the study file as submitted (the trial's ``secret_env`` values encrypted, as a job row keeps
+    them). ``elapsed_seconds`` is the time it spent RUNNING before ``running_since`` (None while not RUNNING).
+    """
+
+    __tablename__ = "studies"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"), Index("ix_studies_state", "state"))
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    user_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    algorithm: Mapped[str] = mapped_column(String(16))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    elapsed_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    running_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class StudyTrialRow(Base):
+    """One trial of a study: written with its job in one transaction, so a trial is never lost nor run twice.
+
+    ``number`` is the Optuna trial number; ``distributions`` and ``system_attrs`` are Optuna's (the JSON of
+    each distribution; the sampler's and pruner's attributes), enough to rebuild the Optuna study from these
+    rows after a restart. ``intermediate`` maps a step (as a string) to the objective's value there.
+    ``job_id`` is None for a duplicate (no job) and after the trial's job was deleted.
+    """
+
+    __tablename__ = "study_trials"
+    __table_args__ = (UniqueConstraint("study_id", "number"), Index("ix_study_trials_job", "job_id"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study_id: Mapped[str] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    distributions: Mapped[dict[str, Any]] = mapped_column(JSON)
+    system_attrs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    intermediate: Mapped[dict[str, Any]] = mapped_column(JSON)
+    value: Mapped[float | None] = mapped_column(Float)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    job_name: Mapped[str | None] = mapped_column(String(63))
+    duplicate_of: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,0 +1,242 @@
+"""Hyperparameter studies (docs/tuning.md): the study file, and what reads show of a study and its trials."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from dlcloud.schemas.common import Name, Request, Response
+from dlcloud.schemas.metrics import MetricName
+
+ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
+Scalar = str | int | float | bool
+MAX_STUDY_NAME = 56  # trial jobs are named <study>-<number>, a job name is at most 63
+MAX_GRID = 10_000
+
+
+class Algorithm(StrEnum):
+    GRID = "grid"
+    RANDOM = "random"
+    TPE = "tpe"
+    ASHA = "asha"
+
+
+class Direction(StrEnum):
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
+
+
+class ParamType(StrEnum):
+    UNIFORM = "uniform"
+    LOGUNIFORM = "loguniform"
+    INT = "int"
+    CATEGORICAL = "categorical"
+
+
+class ParamSpec(Request):
+    """One hyperparameter: a range (uniform, loguniform, int with an optional step) or a list (categorical);
+    ``when``: sampled only in trials where the named earlier parameters have these values."""
+
+    type: ParamType
+    low: float | None = None
+    high: float | None = None
+    step: Annotated[float, Field(gt=0)] | None = None
+    values: Annotated[list[Scalar], Field(min_length=1, max_length=1000)] | None = None
+    when: Annotated[dict[ParamName, Scalar], Field(min_length=1, max_length=16)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ParamSpec:
+        t = self.type
+        if t == ParamType.CATEGORICAL:
+            if self.values is None:
+                raise ValueError("a categorical parameter needs values: [...]")
+            if self.low is not None or self.high is not None or self.step is not None:
+                raise ValueError("a categorical parameter takes values, not low/high/step")
+            if len({repr(v) for v in self.values}) != len(self.values):
+                raise ValueError("the values of a categorical parameter must be distinct")
+            return self
+        if self.values is not None:
+            raise ValueError(f"a {t.value} parameter takes low and high, not values")
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {t.value} parameter needs low and high")
+        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low >= self.high:
+            raise ValueError(f"low must be < high, got low={self.low:g} high={self.high:g}")
+        if t == ParamType.LOGUNIFORM:
+            if self.low <= 0:
+                raise ValueError(f"a loguniform parameter needs low > 0, got {self.low:g}")
+            if self.step is not None:
+                raise ValueError("a loguniform parameter takes no step")
+        if t == ParamType.INT:
+            step = self.step if self.step is not None else 1
+            if self.low != int(self.low) or self.high != int(self.high) or step != int(step):
+                raise ValueError("an int parameter needs integer low, high and step")
+        return self
+
+    def grid_values(self) -> list[Scalar] | None:
+        """Every value of a finite parameter (categorical, int); None for a continuous range."""
+        if self.type == ParamType.CATEGORICAL:
+            return list(self.values or [])
+        if self.type == ParamType.INT:
+            assert self.low is not None and self.high is not None
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        return None
+
+
+class Objective(Request):
+    """The metric a trial reports with ``dlcloud.report``, its direction, and which step's value counts:
+    ``last`` (the last step reported), ``best`` (the best of all steps) or a step number."""
+
+    metric: MetricName
+    direction: Direction = Direction.MINIMIZE
+    step: Literal["last", "best"] | Annotated[int, Field(ge=0)] = "last"
+
+
+class Budget(Request):
+    """Stop the study after this much wall-clock time running, or this many GPU-hours used by its trials."""
+
+    seconds: Annotated[float, Field(gt=0, le=365 * 86400)] | None = None
+    gpu_hours: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Budget:
+        if self.seconds is None and self.gpu_hours is None:
+            raise ValueError("a budget needs seconds or gpu_hours")
+        return self
+
+
+class EarlyStopping(Request):
+    """ASHA's rungs: a trial is judged at steps min_resource * reduction_factor^k; ``hyperband`` runs several
+    brackets of ASHA (then ``max_resource`` is the last step a trial reports; default: the longest seen)."""
+
+    min_resource: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    reduction_factor: Annotated[int, Field(ge=2, le=100)] = 3
+    hyperband: bool = False
+    max_resource: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+
+class StudySpec(Request):
+    """A study file (``dlcloud tune submit -f study.yaml``)."""
+
+    name: Annotated[Name, Field(max_length=MAX_STUDY_NAME)]
+    algorithm: Algorithm
+    objective: Objective
+    max_trials: Annotated[int, Field(ge=1, le=10_000)]
+    parallel_trials: Annotated[int, Field(ge=1, le=64)] = 1
+    budget: Budget | None = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None  # None: one is drawn at submit and kept
+    args: bool = False  # also pass each parameter as --name=value to the trial's command (or module args)
+    early_stopping: EarlyStopping | None = None  # asha only
+    trial: Annotated[dict[str, Any], Field(min_length=1)]  # a job spec without a name
+    search_space: Annotated[dict[ParamName, ParamSpec], Field(min_length=1, max_length=64)]
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        names = list(self.search_space)
+        for i, (name, p) in enumerate(self.search_space.items()):
+            for ref in p.when or {}:
+                if ref not in names[:i]:
+                    raise ValueError(
+                        f"search_space.{name}.when names {ref!r}, which is not a parameter listed before {name!r}"
+                    )
+        if self.early_stopping is not None and self.algorithm != Algorithm.ASHA:
+            raise ValueError("early_stopping is for algorithm: asha only")
+        if self.algorithm == Algorithm.GRID:
+            size = 1
+            for name, p in self.search_space.items():
+                if p.when:
+                    raise ValueError(f"search_space.{name}: algorithm grid takes no conditional parameters (when:)")
+                values = p.grid_values()
+                if values is None:
+                    raise ValueError(
+                        f"search_space.{name} is {p.type.value}: algorithm grid needs categorical or int parameters"
+                    )
+                size *= len(values)
+            if size > MAX_GRID:
+                raise ValueError(f"the grid has {size} points; at most {MAX_GRID}")
+        return self
+
+    def grid_size(self) -> int | None:
+        """How many configurations a grid has; None for other algorithms."""
+        if self.algorithm != Algorithm.GRID:
+            return None
+        return math.prod(len(p.grid_values() or []) for p in self.search_space.values())
+
+
+class StudyState(StrEnum):
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"  # `stop` asked: its running trials are being cancelled
+    STOPPED = "STOPPED"  # `resume` continues it
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class TrialState(StrEnum):
+    RUNNING = "RUNNING"  # its job is queued or running
+    PRUNING = "PRUNING"  # early stopping judged it: its job is being cancelled
+    STOPPING = "STOPPING"  # the study stops (stop, budget): its job is being cancelled
+    COMPLETED = "COMPLETED"
+    PRUNED = "PRUNED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    DUPLICATE = "DUPLICATE"  # the sampler proposed a configuration already run: not run again, no job
+
+
+ALIVE_TRIAL_STATES = frozenset({TrialState.RUNNING, TrialState.PRUNING, TrialState.STOPPING})
+
+
+class Trial(Response):
+    number: int
+    state: TrialState
+    params: dict[str, Any]
+    value: float | None
+    job: str | None  # the trial job's name; None for a duplicate
+    reason: str
+    duplicate_of: int | None
+    last_step: int | None  # the last step of the objective metric it reported
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class BestTrial(Response):
+    number: int
+    value: float
+    params: dict[str, Any]
+    job: str | None
+
+
+class TrialCounts(Response):
+    running: int = 0
+    completed: int = 0
+    pruned: int = 0
+    failed: int = 0
+    stopped: int = 0
+    duplicate: int = 0
+
+
+class Study(Response):
+    id: str
+    name: str
+    tenant: str
+    user: str
+    state: StudyState
+    reason: str
+    algorithm: Algorithm
+    objective: dict[str, Any]
+    max_trials: int
+    parallel_trials: int
+    seed: int
+    trials_started: int  # trials that got a job (duplicates are not)
+    trials: TrialCounts
+    best: BestTrial | None
+    elapsed_seconds: float  # time spent RUNNING (a time budget counts it)
+    gpu_hours: float  # used by its trials' attempts so far (a GPU-hour budget counts it)
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class StudyDetail(Study):
+    spec: dict[str, Any]  # the study file as submitted (secret_env values masked)

@@ -1,0 +1,293 @@
+"""Studies as users see them: submit, list, describe, trials, best, stop, resume (docs/tuning.md).
+
+The study driver (``study_driver.py``, in the leader) runs the trials; this module only records what users
+ask. State changes go through ``study_states``. A trial's job spec is built here (``trial_job_spec``), for the
+check at submit and for the driver alike.
+
+Invariants:
+- Trial jobs are ordinary jobs of the study's user, named ``<study>-<number>``: they count against the
+  tenant's quotas and wait in the same queue.
+- A trial's parameters reach its job as ``DLCLOUD_HPARAMS`` (JSON, set by the platform in the job's
+  environment), as the job spec's ``hparams`` where the job spec has that field, and as ``--name=value``
+  arguments when the study says ``args: true``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied
+from dlcloud.schemas.jobs import SECRET_MASK, JobSpec
+from dlcloud.schemas.studies import (
+    ALIVE_TRIAL_STATES,
+    BestTrial,
+    Direction,
+    ParamType,
+    Study,
+    StudyDetail,
+    StudySpec,
+    StudyState,
+    Trial,
+    TrialCounts,
+    TrialState,
+)
+from dlcloud.services import jobs, study_states
+from dlcloud.services.auth import Caller
+from dlcloud.services.isolation import require_isolation
+from dlcloud.services.platform import Platform
+from dlcloud.store import studies as store
+from dlcloud.store import tenants as tenant_store
+from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
+from dlcloud.store.rows import StudyRow, StudyTrialRow, UserRow, utcnow
+
+
+def trial_job_name(study: str, number: int) -> str:
+    return f"{study}-{number}"
+
+
+def _flag_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def trial_job_spec(
+    platform: Platform, stored: dict[str, Any], study: str, number: int, params: dict[str, Any]
+) -> tuple[JobSpec, dict[str, str]]:
+    """The job spec of trial ``number`` with ``params``, and the DLCLOUD_* variables the platform adds to it.
+    ``stored``: the study spec as stored (the trial's ``secret_env`` encrypted). InvalidSpec names the field."""
+    trial = dict(stored["trial"])
+    if "name" in trial:
+        raise InvalidSpec(f"trial.name: leave it out; trial jobs are named {study}-<trial number>")
+    if secret := trial.get("secret_env"):
+        trial["secret_env"] = {k: platform.box.decrypt(str(v).encode()) for k, v in secret.items()}
+    hparams = trial.pop("hparams", None) or {}
+    if not isinstance(hparams, dict):
+        raise InvalidSpec("trial.hparams must be a mapping of fixed hyperparameters")
+    hparams = {**hparams, **params}
+    if "hparams" in JobSpec.model_fields:  # the job spec carries them itself (no-code templates)
+        trial["hparams"] = hparams
+    if stored.get("args"):
+        flags = [f"--{k}={_flag_value(v)}" for k, v in params.items()]
+        if isinstance(trial.get("command"), str):
+            trial["command"] = " ".join([trial["command"], *map(shlex.quote, flags)])
+        else:
+            trial["args"] = [*(trial.get("args") or []), *flags]
+    trial["name"] = trial_job_name(study, number)
+    try:
+        spec = JobSpec.model_validate(trial)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidSpec(f"trial{'.' + where if where else ''}: {first['msg']}") from None
+    env = {"DLCLOUD_HPARAMS": json.dumps(hparams, sort_keys=True), "DLCLOUD_STUDY": study, "DLCLOUD_TRIAL": str(number)}
+    return spec, env
+
+
+def _example_params(spec: StudySpec) -> dict[str, Any]:
+    """A value of every parameter, to check the trial's job spec at submit."""
+    out: dict[str, Any] = {}
+    for name, p in spec.search_space.items():
+        if p.type == ParamType.CATEGORICAL:
+            out[name] = (p.values or [""])[0]
+        elif p.type == ParamType.INT:
+            out[name] = int(p.low or 0)
+        else:
+            out[name] = p.low
+    return out
+
+
+def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
+    if looks_like_id(spec.name):
+        raise InvalidSpec(reserved_name_message("study", spec.name))
+    require_isolation(platform, caller, "running studies")
+    stored = spec.model_dump(mode="json")
+    if secret := stored["trial"].get("secret_env"):
+        if not isinstance(secret, dict):
+            raise InvalidSpec("trial.secret_env must be a mapping of NAME: value")
+        stored["trial"]["secret_env"] = {k: platform.box.encrypt(str(v)).decode() for k, v in secret.items()}
+    job_spec, _ = trial_job_spec(platform, stored, spec.name, 0, _example_params(spec))
+    if stored["seed"] is None:
+        stored["seed"] = secrets.randbelow(2**31)
+    with platform.db.write() as s:
+        tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
+        if tenant is None:
+            raise NotFound("your tenant no longer exists")
+        jobs.check_fits(platform, tenant, job_spec)
+        if store.name_taken(s, tenant.id, spec.name):
+            raise AlreadyExists(f"study {spec.name!r} already exists; choose another name")
+        row = StudyRow(
+            id=new_id("s-"),
+            tenant_id=tenant.id,
+            user_id=caller.user_id,
+            name=spec.name,
+            spec=stored,
+            algorithm=spec.algorithm.value,
+            seed=stored["seed"],
+            elapsed_seconds=0.0,
+            created_at=utcnow(),
+        )
+        study_states.start_study(row, f"submitted by {caller.user}")
+        s.add(row)
+        s.flush()
+        study = _study_model(s, row, caller.tenant, caller.user)
+    platform.wake()
+    return study
+
+
+def best_of(trials: Sequence[StudyTrialRow], direction: Direction) -> StudyTrialRow | None:
+    """The completed trial with the best value (the earliest of equals)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETED.value and t.value is not None]
+    if not done:
+        return None
+    sign = 1.0 if direction == Direction.MINIMIZE else -1.0
+    return min(done, key=lambda t: (sign * (t.value or 0.0), t.number))
+
+
+def gpu_hours(s: Session, trials: Sequence[StudyTrialRow]) -> float:
+    """GPU-hours held by the attempts of the study's trial jobs so far."""
+    now = utcnow()
+    spans = store.job_spans(s, [t.job_id for t in trials if t.job_id])
+    return sum(g * ((end or now) - start).total_seconds() for _, g, start, end in spans) / 3600.0
+
+
+def _public_spec(stored: dict[str, Any]) -> dict[str, Any]:
+    shown = json.loads(json.dumps(stored))
+    if secret := shown["trial"].get("secret_env"):
+        shown["trial"]["secret_env"] = dict.fromkeys(secret, SECRET_MASK)
+    return shown
+
+
+def _study_model(s: Session, row: StudyRow, tenant: str, user: str, *, detail: bool = False) -> Study:
+    trials = store.list_trials(s, row.id)
+    counts = TrialCounts()
+    for t in trials:
+        state = TrialState(t.state)
+        key = "running" if state in ALIVE_TRIAL_STATES else state.value.lower()
+        setattr(counts, key, getattr(counts, key) + 1)
+    objective = row.spec["objective"]
+    best = best_of(trials, Direction(objective["direction"]))
+    fields: dict[str, Any] = dict(
+        id=row.id,
+        name=row.name,
+        tenant=tenant,
+        user=user,
+        state=StudyState(row.state),
+        reason=row.reason,
+        algorithm=row.algorithm,
+        objective=objective,
+        max_trials=row.spec["max_trials"],
+        parallel_trials=row.spec["parallel_trials"],
+        seed=row.seed,
+        trials_started=sum(1 for t in trials if t.state != TrialState.DUPLICATE.value),
+        trials=counts,
+        best=None if best is None else _best_model(best),
+        elapsed_seconds=round(study_states.elapsed(row), 3),
+        gpu_hours=round(gpu_hours(s, trials), 6),
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+    )
+    if detail:
+        return StudyDetail(**fields, spec=_public_spec(row.spec))
+    return Study(**fields)
+
+
+def _best_model(t: StudyTrialRow) -> BestTrial:
+    assert t.value is not None
+    return BestTrial(number=t.number, value=t.value, params=t.params, job=t.job_name)
+
+
+def _trial_model(t: StudyTrialRow) -> Trial:
+    steps = [int(k) for k in t.intermediate]
+    return Trial(
+        number=t.number,
+        state=TrialState(t.state),
+        params=t.params,
+        value=t.value,
+        job=t.job_name,
+        reason=t.reason,
+        duplicate_of=t.duplicate_of,
+        last_step=max(steps) if steps else None,
+        created_at=t.created_at,
+        finished_at=t.finished_at,
+    )
+
+
+def _get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = False) -> StudyRow:
+    row = store.get_study(s, caller.tenant_id, name_or_id, for_update=for_update)
+    if row is None:
+        raise NotFound(f"study {name_or_id!r} not found")
+    return row
+
+
+def _user_name(s: Session, user_id: str) -> str:
+    u = s.get(UserRow, user_id)
+    return u.name if u else user_id
+
+
+def list_studies(platform: Platform, caller: Caller, *, limit: int = 100, offset: int = 0) -> list[Study]:
+    with platform.db.read() as s:
+        rows = store.list_studies(s, caller.tenant_id, limit, offset)
+        return [_study_model(s, r, caller.tenant, _user_name(s, r.user_id)) for r in rows]
+
+
+def describe_study(platform: Platform, caller: Caller, name_or_id: str) -> StudyDetail:
+    with platform.db.read() as s:
+        row = _get_row(s, caller, name_or_id)
+        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id), detail=True)
+    assert isinstance(study, StudyDetail)
+    return study
+
+
+def list_trials(platform: Platform, caller: Caller, name_or_id: str) -> list[Trial]:
+    with platform.db.read() as s:
+        row = _get_row(s, caller, name_or_id)
+        return [_trial_model(t) for t in store.list_trials(s, row.id)]
+
+
+def best_trial(platform: Platform, caller: Caller, name_or_id: str) -> BestTrial:
+    """The best completed trial so far; NotFound while none has completed."""
+    with platform.db.read() as s:
+        row = _get_row(s, caller, name_or_id)
+        best = best_of(store.list_trials(s, row.id), Direction(row.spec["objective"]["direction"]))
+        if best is None:
+            raise NotFound(f"study {row.name!r} has no completed trial yet")
+        return _best_model(best)
+
+
+def _require_owner_or_admin(caller: Caller, row: StudyRow, what: str) -> None:
+    if row.user_id != caller.user_id and not caller.is_tenant_admin:
+        raise PermissionDenied(f"only the study's owner or a tenant admin can {what} study {row.name!r}")
+
+
+def stop_study(platform: Platform, caller: Caller, name_or_id: str) -> Study:
+    """RUNNING -> STOPPING: the driver cancels its running trials, then it is STOPPED."""
+    with platform.db.write() as s:
+        row = _get_row(s, caller, name_or_id, for_update=True)
+        _require_owner_or_admin(caller, row, "stop")
+        if row.state != StudyState.RUNNING.value:
+            raise InvalidState(f"study {row.name!r} is {row.state}; only a RUNNING study can be stopped")
+        study_states.transition_study(row, StudyState.STOPPING, f"stopped by {caller.user}")
+        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id))
+    platform.wake()
+    return study
+
+
+def resume_study(platform: Platform, caller: Caller, name_or_id: str) -> Study:
+    """STOPPED -> RUNNING: it goes on where it stopped; its stopped trials are not run again."""
+    require_isolation(platform, caller, "running studies")
+    with platform.db.write() as s:
+        row = _get_row(s, caller, name_or_id, for_update=True)
+        _require_owner_or_admin(caller, row, "resume")
+        if row.state != StudyState.STOPPED.value:
+            hint = "; wait until it is STOPPED" if row.state == StudyState.STOPPING.value else ""
+            raise InvalidState(f"study {row.name!r} is {row.state}; only a STOPPED study can be resumed{hint}")
+        study_states.transition_study(row, StudyState.RUNNING, f"resumed by {caller.user}")
+        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id))
+    platform.wake()
+    return study

@@ -1,0 +1,85 @@
+"""The study and trial state machines. Every change of ``studies.state`` and ``study_trials.state`` goes
+through ``transition_study`` / ``transition_trial`` in this module.
+
+Study::
+
+    RUNNING ──> COMPLETED      max_trials reached (or the grid covered, or the budget spent) and no trial alive
+       │  └──> FAILED          a trial job could not be created (its spec no longer fits, its name is taken)
+       └──> STOPPING ──> STOPPED ──> RUNNING   (stop: its alive trials are cancelled; resume)
+
+Trial::
+
+    RUNNING ──> COMPLETED | FAILED            its job ended (the objective read, or none: FAILED)
+       ├──> PRUNING ──> PRUNED                early stopping cancelled its job
+       └──> STOPPING ──> STOPPED | COMPLETED | FAILED   the study stopped while it ran
+    DUPLICATE                                 created ended: its configuration had been run already
+
+A transition not in the tables is a programming error (InvalidState). RUNNING time is counted in
+``elapsed_seconds`` (a time budget spends it): entering RUNNING sets ``running_since``, leaving adds to it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from dlcloud.errors import InvalidState
+from dlcloud.schemas.studies import StudyState, TrialState
+from dlcloud.store.rows import StudyRow, StudyTrialRow, utcnow
+
+S, T = StudyState, TrialState
+STUDY_ALLOWED: dict[StudyState, frozenset[StudyState]] = {
+    S.RUNNING: frozenset({S.STOPPING, S.COMPLETED, S.FAILED}),
+    S.STOPPING: frozenset({S.STOPPED, S.FAILED}),
+    S.STOPPED: frozenset({S.RUNNING}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+}
+TRIAL_ALLOWED: dict[TrialState, frozenset[TrialState]] = {
+    T.RUNNING: frozenset({T.COMPLETED, T.FAILED, T.PRUNING, T.STOPPING}),
+    T.PRUNING: frozenset({T.PRUNED}),
+    T.STOPPING: frozenset({T.STOPPED, T.COMPLETED, T.FAILED}),
+    T.COMPLETED: frozenset(),
+    T.PRUNED: frozenset(),
+    T.FAILED: frozenset(),
+    T.STOPPED: frozenset(),
+    T.DUPLICATE: frozenset(),
+}
+STUDY_ENDED = frozenset({S.COMPLETED, S.FAILED})
+TRIAL_ENDED = frozenset({T.COMPLETED, T.PRUNED, T.FAILED, T.STOPPED, T.DUPLICATE})
+
+
+def elapsed(study: StudyRow, now: datetime | None = None) -> float:
+    """Seconds the study has spent RUNNING, up to ``now``."""
+    extra = 0.0
+    if study.running_since is not None:
+        extra = max(0.0, ((now or utcnow()) - study.running_since).total_seconds())
+    return study.elapsed_seconds + extra
+
+
+def start_study(study: StudyRow, reason: str) -> None:
+    """A new study row's first state."""
+    study.state, study.reason, study.running_since = S.RUNNING.value, reason, utcnow()
+
+
+def transition_study(study: StudyRow, to: StudyState, reason: str) -> None:
+    current = StudyState(study.state)
+    if to not in STUDY_ALLOWED[current]:
+        raise InvalidState(f"study {study.name!r} cannot go from {current.value} to {to.value}")
+    now = utcnow()
+    if current == S.RUNNING:
+        study.elapsed_seconds, study.running_since = elapsed(study, now), None
+    if to == S.RUNNING:
+        study.running_since = now
+    if to in STUDY_ENDED:
+        study.finished_at = now
+    study.state, study.reason = to.value, reason
+
+
+def transition_trial(trial: StudyTrialRow, to: TrialState, reason: str, value: float | None = None) -> None:
+    current = TrialState(trial.state)
+    if to not in TRIAL_ALLOWED[current]:
+        raise InvalidState(f"trial {trial.number} cannot go from {current.value} to {to.value}")
+    trial.state, trial.reason = to.value, reason
+    if to in TRIAL_ENDED:
+        trial.finished_at = utcnow()
+        trial.value = value
