@@ -15,9 +15,36 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow
+from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, ReplicaRow, TenantRow
 
 _KEY = ("job_id", "attempt", "replica", "metric", "step")
+
+
+def live_attempts(s: Session) -> list[tuple[int, str, str, str, int, datetime, int | None]]:
+    """(attempt id, handle, job id, tenant id, number, started at, the tenant's sandbox slot) of every attempt
+    that has not ended, its job still there."""
+    q = (
+        select(
+            AttemptRow.id,
+            AttemptRow.handle,
+            AttemptRow.job_id,
+            AttemptRow.tenant_id,
+            AttemptRow.number,
+            AttemptRow.started_at,
+            TenantRow.sandbox_slot,
+        )
+        .join(JobRow, JobRow.id == AttemptRow.job_id)
+        .join(TenantRow, TenantRow.id == AttemptRow.tenant_id)
+        .where(AttemptRow.finished_at.is_(None))
+        .order_by(AttemptRow.id)
+    )
+    return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+
+def replica_names(s: Session, job_id: str, attempt: int) -> list[str]:
+    """The names of a gang attempt's replicas (none for an attempt of one process)."""
+    q = select(ReplicaRow.name).where(ReplicaRow.job_id == job_id, ReplicaRow.attempt == attempt)
+    return list(s.scalars(q))
 
 
 def attempt_end(s: Session, tenant_id: str, job_id: str, attempt: int) -> tuple[bool, datetime | None]:
