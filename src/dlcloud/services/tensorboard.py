@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 FINAL_PASSES = 10  # passes of an attempt's last reading, at most
 FINAL_WAIT_SECONDS = 120.0  # how long supervision waits for the last reading before it records the end anyway
 MORE_SECONDS = 1.0  # the next pass of an attempt whose last pass left data behind
+ROUND_SECONDS = 1.0  # rounds over the live attempts (one query of them each) are at least this far apart
 MAX_PROBLEMS_LOGGED = 20  # per attempt
 
 
@@ -146,7 +147,8 @@ class TensorBoardIngester:
                 log.exception("TensorBoard ingestion pass failed")
             with self._lock:
                 due = min((s.next_at for s in self._states.values()), default=time.monotonic() + interval)
-            self._wake.wait(max(0.05, min(interval, due - time.monotonic())))
+            # rounds at most every ROUND_SECONDS (or interval): attempts falling due meanwhile wait for the round
+            self._wake.wait(max(min(interval, ROUND_SECONDS), min(interval, due - time.monotonic())))
 
     # -- passes ------------------------------------------------------------------------------------------
 
@@ -170,19 +172,20 @@ class TensorBoardIngester:
     def _live(self) -> list[_Attempt]:
         with self.p.db.read() as s:
             rows = store.live_attempts(s)
-            return [
-                _Attempt(
-                    id=row[0],
-                    handle=row[1],
-                    job_id=row[2],
-                    tenant_id=row[3],
-                    number=row[4],
-                    since=row[5].timestamp(),
-                    slot=row[6],
-                    replicas=tuple(store.replica_names(s, row[2], row[4])),
-                )
-                for row in rows
-            ]
+            replicas = store.replica_names(s, [(row[2], row[4]) for row in rows])
+        return [
+            _Attempt(
+                id=row[0],
+                handle=row[1],
+                job_id=row[2],
+                tenant_id=row[3],
+                number=row[4],
+                since=row[5].timestamp(),
+                slot=row[6],
+                replicas=tuple(replicas.get((row[2], row[4]), ())),
+            )
+            for row in rows
+        ]
 
     def _state(self, attempt_id: int) -> _State:
         with self._lock:

@@ -41,10 +41,18 @@ def live_attempts(s: Session) -> list[tuple[int, str, str, str, int, datetime, i
     return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
 
 
-def replica_names(s: Session, job_id: str, attempt: int) -> list[str]:
-    """The names of a gang attempt's replicas (none for an attempt of one process)."""
-    q = select(ReplicaRow.name).where(ReplicaRow.job_id == job_id, ReplicaRow.attempt == attempt)
-    return list(s.scalars(q))
+def replica_names(s: Session, attempts: Sequence[tuple[str, int]]) -> dict[tuple[str, int], list[str]]:
+    """The names of the replicas of each (job id, attempt) that is a gang's (an attempt of one process has none)."""
+    wanted = set(attempts)
+    out: dict[tuple[str, int], list[str]] = {}
+    jobs = sorted({job for job, _ in wanted})
+    for i in range(0, len(jobs), 500):  # bounded IN lists
+        r = ReplicaRow
+        q = select(r.job_id, r.attempt, r.name).where(r.job_id.in_(jobs[i : i + 500]))
+        for job_id, attempt, name in s.execute(q):
+            if (job_id, attempt) in wanted:
+                out.setdefault((job_id, attempt), []).append(name)
+    return out
 
 
 def attempt_end(s: Session, tenant_id: str, job_id: str, attempt: int) -> tuple[bool, datetime | None]:

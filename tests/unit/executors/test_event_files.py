@@ -7,6 +7,9 @@ executor, the reader in its sandbox as the tenant's uid."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -192,6 +195,24 @@ def test_the_local_executor_reads_as_the_tenants_uid_in_its_sandbox_and_opens_no
     assert prefix is not None and prefix[0] == ex.sandbox.bwrap
     if uid is not None:
         assert f"--reuid={uid}" in prefix
+    # what a parser made to run the attacker's code could do in there: read the directory; nothing else
+    secret = settings.data_dir / "server.key"
+    secret.write_text("not for tenants")
+    listener = socket.create_server(("127.0.0.1", 0))
+    probe = f"""
+import os, socket, sys
+print(sorted(os.listdir({str(top)!r})))
+for i, attempt in enumerate((lambda: open({str(top / "x")!r}, "w"), lambda: open({str(secret)!r}),
+                lambda: socket.create_connection(("127.0.0.1", {listener.getsockname()[1]}), timeout=2))):
+    try:
+        attempt()
+        sys.exit(f"allowed: {{i}}")
+    except OSError:
+        pass
+"""
+    done = subprocess.run([*prefix, sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    listener.close()
+    assert done.returncode == 0 and done.stdout.strip() == "['train']", done.stderr
     read = ex.read_event_files(handle, ef.EventCursor(), since=0, sandbox_slot=7, replicas=())
     assert _points(read) == [("", "train/loss", 3, 0.5)]
     assert (f.stat().st_mode & 0o777, f.parent.stat().st_mode & 0o777) == (0o600, 0o700)  # nothing opened up
