@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import shlex
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,9 +21,11 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.executors import event_files
+from dlcloud.executors.event_files import EventScalar
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.services import metrics
 from dlcloud.services.control import ControlLoop
-from dlcloud.store.rows import AttemptRow, JobMetricRow
+from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, utcnow
 from tests import tensorboard_files
 from tests.conftest import Env, build_env, make_settings, release, wait_for
 
@@ -267,3 +271,31 @@ def test_each_gang_replica_writes_its_own_tensorboard_dir(platform):
     env.admin.jobs.submit(spec)
     _wait_end(env, "tb-gang")
     assert _series(env, "tb-gang") == {("loss", 1, "worker-0"): [(0, 0.0)], ("loss", 1, "worker-1"): [(0, 1.0)]}
+
+
+def test_scalars_read_from_event_files_are_checked_like_a_push(env):
+    job = env.admin.jobs.submit({"name": "tb-names", "command": "true"})  # no control loop: it stays queued
+    with env.platform.db.write() as s:
+        row = s.get(JobRow, job["id"])
+        tenant = row.tenant_id
+        s.add(AttemptRow(job_id=row.id, tenant_id=tenant, user_id=row.user_id, number=1, host="h", gpus=[],
+                         cpus=1.0, memory=0, handle="t/j/attempt-1", started_at=utcnow()))  # fmt: skip
+    now = time.time()
+    scalars = [
+        EventScalar("", "validation/epoch loss (val)", 1, 0.5, now),  # characters a name may not hold: "_"
+        EventScalar("", "run/" + "x" * 130, 1, 1.0, now),  # no name can hold it
+        EventScalar("", "nan", 1, math.nan, now),
+        EventScalar("", "negative", -1, 1.0, now),
+        EventScalar("", "no-time", 2, 2.0, 1e15),  # no plausible wall time: the time it was read
+        EventScalar("worker-1", "loss", 3, 3.0, now),
+        EventScalar("worker-1", "loss", 3, 4.0, now),  # the same point again: the last wins
+    ]
+    stored, dropped = metrics.store_event_scalars(env.platform.db.write, tenant, job["id"], 1, scalars)
+    assert stored == 3 and sum(dropped.values()) == 3 and len(dropped) == 3
+    assert _series(env, "tb-names") == {
+        ("validation/epoch_loss__val_", 1, ""): [(1, 0.5)],
+        ("no-time", 1, ""): [(2, 2.0)],
+        ("loss", 1, "worker-1"): [(3, 4.0)],
+    }
+    answer = env.admin.jobs.metrics("tb-names", metrics=["no-time"])
+    assert datetime.fromisoformat(answer["series"][0]["points"][0]["time"]).year == utcnow().year

@@ -226,7 +226,11 @@ class TensorBoardIngester:
         except LeadershipLost:
             raise
         except Exception:  # one attempt's trouble must not stop the ingestion of the others
-            log.exception("job %s attempt %d: TensorBoard ingestion failed; trying again later", a.job_id, a.number)
+            if "failed" not in state.logged:  # the trace once, then a line per failed pass
+                state.logged.add("failed")
+                log.exception("job %s attempt %d: TensorBoard ingestion failed; trying again", a.job_id, a.number)
+            else:
+                log.warning("job %s attempt %d: TensorBoard ingestion failed again", a.job_id, a.number)
         with self._lock:
             state.stored += stored
             state.passes += 1

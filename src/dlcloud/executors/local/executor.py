@@ -416,8 +416,11 @@ class LocalExecutor(Executor):
             self.objects.put_tree(key, tree, scan_tree(tree))
         return True
 
-    def _tensorboard_dir(self, handle: str) -> Path:
-        return self.attempt_dir(handle).parent / TENSORBOARD
+    def _tensorboard_dir(self, handle: str) -> Path | None:
+        try:
+            return self.attempt_dir(handle).parent / TENSORBOARD
+        except ValueError:  # not a handle of this executor: it has no directory of that attempt
+            return None
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
         shutil.rmtree(self._job_dir(tenant_id, job_id), ignore_errors=True)
