@@ -132,8 +132,9 @@ class _Budget:
         return self.bytes <= 0 or self.points <= 0 or time.monotonic() > self.deadline
 
 
-def _read_file(tb: types.SimpleNamespace, top: str, entry: dict[str, Any], since: float, limits: dict[str, Any],
-               budget: _Budget) -> dict[str, Any]:  # fmt: skip
+def _read_file(
+    tb: types.SimpleNamespace, top: str, entry: dict[str, Any], since: float, limits: dict[str, Any], budget: _Budget
+) -> dict[str, Any]:
     path, offset = str(entry["path"]), int(entry["offset"])
     known = set(entry.get("tags") or ())
     out: dict[str, Any] = {"path": path, "offset": offset, "tags": [], "points": [], "state": "eof", "why": ""}
@@ -172,7 +173,10 @@ def _read_file(tb: types.SimpleNamespace, top: str, entry: dict[str, Any], since
             try:
                 reader.GetNext()
             except tb.errors.DataLossError:
-                out.update(state="corrupt", why=f"the record at byte {pos} fails its checksum")
+                if os.fstat(fd).st_size < pos + HEADER + length + FOOTER:  # cut short under it: read again later
+                    out["state"] = "truncated"
+                else:
+                    out.update(state="corrupt", why=f"the record at byte {pos} fails its checksum")
                 break
             except tb.errors.OutOfRangeError:
                 out["state"] = "truncated"
@@ -190,8 +194,9 @@ def _read_file(tb: types.SimpleNamespace, top: str, entry: dict[str, Any], since
     return out
 
 
-def _scalars(tb: types.SimpleNamespace, record: bytes, since: float, known: set[str], out: dict[str, Any],
-             budget: _Budget) -> int | None:  # fmt: skip
+def _scalars(
+    tb: types.SimpleNamespace, record: bytes, since: float, known: set[str], out: dict[str, Any], budget: _Budget
+) -> int | None:
     """Add the record's scalars to ``out``; their number, or None to leave the record for the next pass."""
     try:
         event = tb.Event.FromString(record)
