@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     executor: Literal["local", "simulated"] = "local"
     scheduler_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     supervisor_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 0.2
+    # how often the TensorBoard event files of a running attempt are read into its metrics (docs/metrics.md)
+    tensorboard_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     stop_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
     gpu_inventory: list[GpuSpec] | None = None  # declared inventory; None = detect
     cpu_capacity: Annotated[float, Field(gt=0)] | None = None  # None = os.cpu_count()

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from dlcloud.errors import DlcloudError
+from dlcloud.executors import event_files
+from dlcloud.executors.event_files import EventCursor, EventRead
 from dlcloud.storage.objects import Manifest, ObjectStore, StorageError
 
 if TYPE_CHECKING:
@@ -156,6 +158,7 @@ def replica_sort_key(name: str) -> tuple[str, int, int]:
     return (role, int(index) if index.isdigit() else 0, int(local) if local.isdigit() else 0)
 
 
+TENSORBOARD_ENV = "DLCLOUD_TENSORBOARD_DIR"  # where an attempt writes TensorBoard event files (docs/metrics.md)
 REPLICAS_DIR = "replicas"
 MAIN_LOG = "main"  # in archived logs (Executor.archive_logs), the directory of a one-process attempt's log
 
@@ -232,6 +235,11 @@ class Executor(abc.ABC):
     - ``log_files`` reads an attempt's logs; when it ends, ``save_outputs`` puts the job's outputs as the attempt
       left them, and ``archive_logs`` its logs, into the object store (so neither depends on the host that ran
       it); ``remove_job`` forgets everything the executor keeps for a deleted job.
+    - Every attempt gets ``DLCLOUD_TENSORBOARD_DIR`` (``TENSORBOARD_ENV``), a directory of the job it may write,
+      kept across attempts: a one-process attempt's is the job's TensorBoard directory, a gang replica's the
+      subdirectory of it named after the replica. ``read_event_files`` reads the scalars appended there, parsing
+      the files in a sandboxed one-off process (``reader_prefix``), never in the caller's. An executor without
+      such a directory (``_tensorboard_dir`` None) reads nothing.
     Public methods log; implementations fill the ``_`` hooks.
     """
 
@@ -302,6 +310,30 @@ class Executor(abc.ABC):
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         """The argv prefix that runs a one-off process on user input (model inspection) sandboxed, able to
         write only ``writable`` and to read, beyond the system, only ``readable``; None: no sandbox here."""
+        return None
+
+    def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
+        """The argv prefix that runs a one-off process on files a tenant's jobs wrote (its event files)
+        sandboxed as those jobs run (the uid of tenant ``slot``: it reads what they wrote and gains nothing they
+        lack), able to read, beyond the system, only ``readable``, and to write nothing; None: no sandbox here."""
+        return None
+
+    def read_event_files(
+        self, handle: str, cursor: EventCursor, *, since: float, sandbox_slot: int | None, replicas: Sequence[str]
+    ) -> EventRead:
+        """The scalars appended to the attempt's TensorBoard event files since ``cursor`` (which it advances),
+        from files modified after ``since`` (a Unix time: when the attempt started); ``replicas``: the names of a
+        gang attempt's replicas, whose own directories say which replica wrote a file. Bounded per call
+        (``event_files``); ``EventRead.more`` says data is left for another call."""
+        top = self._tensorboard_dir(handle)
+        if top is None or top.is_symlink() or not top.is_dir():
+            return EventRead()
+        return event_files.read(
+            top, cursor, since=since, replicas=replicas, prefix=lambda: self.reader_prefix([top], sandbox_slot)
+        )
+
+    def _tensorboard_dir(self, handle: str) -> Path | None:
+        """The job's TensorBoard directory on this host, for the attempt ``handle`` names; None: none here."""
         return None
 
     def build_sandbox(self) -> Any:

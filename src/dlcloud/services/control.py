@@ -9,6 +9,9 @@ It runs in the leader control-plane process only (``leader.py``). Each tick:
    (scheduled by the next pass);
 4. dispatch environment builds.
 
+Beside it, for the same term of leadership, a thread of its own reads the TensorBoard event files of running
+attempts into their metrics (``tensorboard.py``); supervision asks it for a last pass before it records an end.
+
 Recording the attempt before starting it means a crash in between leaves an attempt that never
 launched; the supervisor sees it as lost-before-launch and starts it then, so nothing is lost and
 nothing runs twice. Attempts hold their resources until ``finished_at`` is set.
@@ -33,6 +36,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.services.scheduling import SchedulingPass
 from dlcloud.services.study_driver import StudyDriver
 from dlcloud.services.supervision import Supervisor
+from dlcloud.services.tensorboard import TensorBoardIngester
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,10 @@ class ControlLoop:
         # builds environments while this loop runs
         self.builds = EnvironmentBuilder(platform, leadership)
         self.scheduling = SchedulingPass(platform, executor, self._write)
-        self.supervisor = Supervisor(platform, executor, self._write, self._start, self.wake)
+        self.ingester = TensorBoardIngester(platform, executor, self._write)
+        self.supervisor = Supervisor(
+            platform, executor, self._write, self._start, self.wake, final_pass=self.ingester.final_pass
+        )
         self.studies = StudyDriver(platform, self._write)
 
     # -- driving -----------------------------------------------------------------------------------
@@ -61,6 +68,7 @@ class ControlLoop:
         if self.builds.closed:  # shut down at the end of a former term of leadership
             self.builds = EnvironmentBuilder(self.p, self.leadership)
         self.studies.reset()
+        self.ingester.start()
         try:
             while not stop.is_set():
                 try:
@@ -73,6 +81,7 @@ class ControlLoop:
                 self._wake.wait(interval)
                 self._wake.clear()
         finally:
+            self.ingester.shutdown()  # the next leader reads the event files again, from their start
             self.builds.shutdown()  # running builds stop; the next leader builds them again
 
     def tick(self) -> None:

@@ -11,18 +11,23 @@ Invariants:
 - Storing the same (job, attempt, replica, metric, step) again overwrites it: a retried push adds nothing.
 - A push is all or nothing: one bad point refuses the whole request, and nothing of it is stored.
 - Metrics live until their job is deleted (the foreign key cascades) and count against no quota.
+- Scalars read from a job's TensorBoard event files (``services/tensorboard.py``) are stored by the same upsert
+  as a push, after the same checks: a name the push API would refuse is mapped (``metric_name``) or dropped.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from hashlib import sha256
 from typing import Any, TypeVar
 
@@ -30,7 +35,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidArgument, InvalidToken, NotFound
-from dlcloud.schemas.metrics import JobMetrics, MetricSeries, MetricsPush, SeriesPoint
+from dlcloud.executors.event_files import EventScalar
+from dlcloud.schemas.metrics import MAX_STEP, METRIC_NAME_RE, JobMetrics, MetricSeries, MetricsPush, SeriesPoint
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.store import jobs as job_store
@@ -44,6 +50,9 @@ _MAX_TOKEN_LENGTH = 512
 INVALID_TOKEN = "the metrics token is invalid: use the DLCLOUD_METRICS_TOKEN given to this job attempt"
 EXPIRED_TOKEN = "the metrics token has expired: the job attempt it was given to has ended"
 P = TypeVar("P", bound=tuple)
+_NAME = re.compile(METRIC_NAME_RE)
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.\-/]")
+_LATEST_TIME = datetime(2100, 1, 1, tzinfo=UTC).timestamp()  # a later event time is no time: the read's is used
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,60 @@ def push_metrics(platform: Platform, token: JobToken, job_id: str, push: Metrics
     except IntegrityError:  # the job was deleted after the check (its metrics with it)
         raise InvalidToken(EXPIRED_TOKEN) from None
     return len(rows)
+
+
+def metric_name(name: str) -> str | None:
+    """The metric name of a TensorBoard tag with its run (``validation/epoch accuracy``): each character the push
+    API refuses in a name becomes ``_`` (``validation/epoch_accuracy``); None when that is no name either
+    (empty, or longer than 128 characters)."""
+    mapped = _NOT_IN_NAMES.sub("_", name)
+    return mapped if _NAME.match(mapped) else None
+
+
+def store_event_scalars(
+    write: Callable[[], contextlib.AbstractContextManager[Session]],
+    tenant_id: str,
+    job_id: str,
+    attempt: int,
+    scalars: Sequence[EventScalar],
+) -> tuple[int, Counter[str]]:
+    """Store scalars read from the event files of a running attempt as its metrics, with the checks of a push:
+    names as ``metric_name`` maps them, steps 0..2^62, finite values, the event's wall time as the point's time
+    (the time of this call when it is no plausible time). Returns (values stored, dropped by reason). ``write``
+    opens the caller's write transaction (the control loop's, fenced)."""
+    now = utcnow()
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    dropped: Counter[str] = Counter()
+    for p in scalars:
+        name = metric_name(p.metric)
+        if name is None:
+            dropped["a tag that is no metric name (longer than 128 characters with its run)"] += 1
+            continue
+        if not 0 <= p.step <= MAX_STEP:
+            dropped["a step outside 0..2^62"] += 1
+            continue
+        if not math.isfinite(p.value):
+            dropped["a value that is not finite"] += 1
+            continue
+        when = datetime.fromtimestamp(p.wall_time, UTC) if 0 < p.wall_time < _LATEST_TIME else now
+        rows[(p.replica, name, p.step)] = {
+            "job_id": job_id,
+            "tenant_id": tenant_id,
+            "attempt": attempt,
+            "replica": p.replica,
+            "metric": name,
+            "step": p.step,
+            "value": float(p.value),
+            "time": when,
+        }
+    if not rows:
+        return 0, dropped
+    try:
+        with write() as s:
+            store.upsert_points(s, list(rows.values()))
+    except IntegrityError:  # the job was deleted meanwhile, its metrics with it
+        return 0, dropped
+    return len(rows), dropped
 
 
 def _check_live(s: Session, token: JobToken) -> None:

@@ -2,8 +2,9 @@
 
 RUNNING once the executor says so; the end of an attempt (exit, timeout, stop, loss) through ``job_states``
 (``end_attempt``, ``fail_or_restart``: the restart policy lives there); whole-gang semantics through
-``gangs``; the job's outputs saved into the object store before an attempt's end is recorded (and, for a job
-that succeeded with ``register_model``, a model registered from them: ``job_models``); an attempt that
+``gangs``; the last reading of its TensorBoard event files (``final_pass``, asked for and waited on tick by
+tick, never blocking) and the job's outputs saved into the object store before an attempt's end is recorded
+(and, for a job that succeeded with ``register_model``, a model registered from them: ``job_models``); an attempt that
 was recorded but never launched (a crash between the scheduling pass's commit and the start) started again.
 """
 
@@ -52,14 +53,17 @@ class Supervisor:
         write: Callable[[], contextlib.AbstractContextManager[Session]],
         start: Callable[[str, Workload], None],
         wake: Callable[[], None],
+        final_pass: Callable[[int], bool] = lambda attempt_id: True,
     ) -> None:
         self.p = platform
+        self.final_pass = final_pass  # whether the attempt's event files had their last reading
         self.executor = executor
         self.write = write
         self.start = start
         self.wake = wake
         self._stopping: set[int] = set()  # attempt ids already sent a stop
         self._relaunched: set[int] = set()
+        self._lost_stopped: set[int] = set()  # lost attempts whose leftovers were stopped
         self._save_tries: dict[str, int] = {}  # handle -> failed saves of its outputs
 
     def run(self) -> None:
@@ -100,12 +104,17 @@ class Supervisor:
         elif report.state == "pending" and report.message and state == JobState.STARTING.value:
             self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
         elif report.state == "exited":
-            if self._save_outputs(job_id, tenant_id, number, handle):
+            if self.final_pass(attempt_id) and self._save_outputs(job_id, tenant_id, number, handle):
                 self._finish(job_id, attempt_id, report)
         elif report.state == "lost":
             if report.launched:
-                self.executor.stop(handle)  # whatever the dead launcher left running stops before the save
+                if attempt_id not in self._lost_stopped:
+                    self._lost_stopped.add(attempt_id)
+                    self.executor.stop(handle)  # whatever the dead launcher left running stops before the save
+                if not self.final_pass(attempt_id):
+                    return
                 self._save_outputs(job_id, tenant_id, number, handle, retry=False)
+            self._lost_stopped.discard(attempt_id)
             self._lost(job_id, attempt_id, report)
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:

@@ -15,9 +15,44 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow
+from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, ReplicaRow, TenantRow
 
 _KEY = ("job_id", "attempt", "replica", "metric", "step")
+
+
+def live_attempts(s: Session) -> list[tuple[int, str, str, str, int, datetime, int | None]]:
+    """(attempt id, handle, job id, tenant id, number, started at, the tenant's sandbox slot) of every attempt
+    that has not ended, its job still there."""
+    q = (
+        select(
+            AttemptRow.id,
+            AttemptRow.handle,
+            AttemptRow.job_id,
+            AttemptRow.tenant_id,
+            AttemptRow.number,
+            AttemptRow.started_at,
+            TenantRow.sandbox_slot,
+        )
+        .join(JobRow, JobRow.id == AttemptRow.job_id)
+        .join(TenantRow, TenantRow.id == AttemptRow.tenant_id)
+        .where(AttemptRow.finished_at.is_(None))
+        .order_by(AttemptRow.id)
+    )
+    return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+
+def replica_names(s: Session, attempts: Sequence[tuple[str, int]]) -> dict[tuple[str, int], list[str]]:
+    """The names of the replicas of each (job id, attempt) that is a gang's (an attempt of one process has none)."""
+    wanted = set(attempts)
+    out: dict[tuple[str, int], list[str]] = {}
+    jobs = sorted({job for job, _ in wanted})
+    for i in range(0, len(jobs), 500):  # bounded IN lists
+        r = ReplicaRow
+        q = select(r.job_id, r.attempt, r.name).where(r.job_id.in_(jobs[i : i + 500]))
+        for job_id, attempt, name in s.execute(q):
+            if (job_id, attempt) in wanted:
+                out.setdefault((job_id, attempt), []).append(name)
+    return out
 
 
 def attempt_end(s: Session, tenant_id: str, job_id: str, attempt: int) -> tuple[bool, datetime | None]:

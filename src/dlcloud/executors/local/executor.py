@@ -1,7 +1,8 @@
 """LocalExecutor: the executor contract (``executors/base.py``) on this host.
 
 It owns every host detail the control plane must not know: the attempt directory behind a handle
-(``<runs_dir>/<tenant>/<job>/attempt-<n>``), the job's checkpoint and output directories beside it, the local
+(``<runs_dir>/<tenant>/<job>/attempt-<n>``), the job's checkpoint, output and TensorBoard directories beside it
+(a gang replica's TensorBoard directory is ``tensorboard/<replica>``), the local
 files of its code (``ObjectCache``), the read-only directories of its datasets (``TreeCache``, pinned per
 attempt), the venv of its environment, the uid and devices its sandbox gets, and the rendezvous address of a
 gang. ``ProcessRunner`` (``runner.py``) then runs the attempt through a detached launcher.
@@ -34,6 +35,7 @@ from dlcloud.executors.base import (
     MAIN_LOG,
     REPLICA_FILES_REF,
     REPLICAS_DIR,
+    TENSORBOARD_ENV,
     AttemptReport,
     DatasetMount,
     Executor,
@@ -63,7 +65,7 @@ log = logging.getLogger(__name__)
 HANDLE_TAIL_RE = re.compile(r"(?:^|/)([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
 PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
-CHECKPOINTS, OUTPUTS = "checkpoints", "outputs"
+CHECKPOINTS, OUTPUTS, TENSORBOARD = "checkpoints", "outputs", "tensorboard"
 # what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
 RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas", "mounts"}
 DATASETS_MOUNT = "/datasets"  # where a sandboxed job finds its datasets, each at /datasets/<name>
@@ -119,6 +121,9 @@ class LocalExecutor(Executor):
 
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         return self.runner.sandbox_prefix(writable, readable)
+
+    def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
+        return self.runner.reader_prefix(readable, slot)
 
     def build_sandbox(self) -> BuildSandbox | None:
         return self.runner.build_sandbox()
@@ -247,11 +252,14 @@ class LocalExecutor(Executor):
             {
                 "DLCLOUD_CHECKPOINT_DIR": str(jd / CHECKPOINTS),
                 "DLCLOUD_OUTPUT_DIR": str(jd / OUTPUTS),
+                TENSORBOARD_ENV: str(jd / TENSORBOARD),
                 "DLCLOUD_DATASETS": json.dumps(seen),
             }
         )
         env.update({dataset_env_name(name): path for name, path in seen.items()})
         replicas = tuple(self._replica(r, attempt_dir) for r in w.replicas)
+        # the job's own directories, kept across attempts; a gang replica writes its event files into its own
+        tensorboard = (jd / TENSORBOARD, *(jd / TENSORBOARD / r.name for r in w.replicas))
         same = {f.name: getattr(w, f.name) for f in fields(Workload) if f.name in RUN_FIELDS}  # limits, phases...
         return Run(
             **same,
@@ -261,7 +269,7 @@ class LocalExecutor(Executor):
             package=package,
             venv=self.environment_backend.location(w.environment) if w.environment else None,
             replicas=replicas,
-            data_dirs=(jd / CHECKPOINTS, jd / OUTPUTS),
+            data_dirs=(jd / CHECKPOINTS, jd / OUTPUTS, *tensorboard),
             readonly_dirs=() if self.sandbox.enabled else tuple(path for _name, path in data),
             mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
         )
@@ -320,16 +328,18 @@ class LocalExecutor(Executor):
 
     @staticmethod
     def _replica(r: Replica, attempt_dir: Path) -> Replica:
-        """The replica with the directory of its files (its own directory) in place of REPLICA_FILES_REF."""
+        """The replica with its own TensorBoard directory, and the directory of its files (its own directory)
+        in place of REPLICA_FILES_REF."""
+        tensorboard = {TENSORBOARD_ENV: str(attempt_dir.parent / TENSORBOARD / r.name)}
         if not r.files:
-            return r
+            return replace(r, env={**r.env, **tensorboard})
         files_dir = str(attempt_dir / REPLICAS_DIR / r.name)
         env = {
             k: files_dir + v[len(REPLICA_FILES_REF) :] if v.startswith(REPLICA_FILES_REF) else v
             for k, v in r.env.items()
         }
         env["DLCLOUD_REPLICA_FILES"] = files_dir
-        return replace(r, env=env)
+        return replace(r, env={**env, **tensorboard})
 
     def _record_end(self, attempt_dir: Path, code: int, message: str, stopped: bool = False) -> None:
         """An attempt that ends before its launcher: exit.json, as the launcher writes it. Never over a record
@@ -405,6 +415,12 @@ class LocalExecutor(Executor):
                 shutil.copyfile(src, tree / rel)  # a snapshot: the files could still grow (a stop's post phase)
             self.objects.put_tree(key, tree, scan_tree(tree))
         return True
+
+    def _tensorboard_dir(self, handle: str) -> Path | None:
+        try:
+            return self.attempt_dir(handle).parent / TENSORBOARD
+        except ValueError:  # not a handle of this executor: it has no directory of that attempt
+            return None
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
         shutil.rmtree(self._job_dir(tenant_id, job_id), ignore_errors=True)

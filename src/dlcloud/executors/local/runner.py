@@ -344,6 +344,14 @@ class ProcessRunner:
         view = View(writable=tuple(writable), readonly=tuple(readable), cwd=Path(writable[0]) if writable else None)
         return self.sandbox.wrap(view, uid)
 
+    def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
+        """Sandboxed as tenant ``slot``'s jobs run (their uid), reading ``readable`` where they are and as they
+        are: nothing is given away or opened to other uids (what a tenant's jobs wrote stays theirs). No network:
+        a reader has nothing to say to anyone."""
+        if not self.sandbox.enabled:
+            return None
+        return self.sandbox.wrap(View(readonly=tuple(readable), network=False), self.sandbox.uid_for(slot))
+
     def build_sandbox(self) -> BuildSandbox | None:
         """How environment builds are sandboxed here (None: not at all). Builds are shared by tenants, so
         as root they run as the range's first uid (``BUILD_SLOT``) and the finished venv is handed to root,

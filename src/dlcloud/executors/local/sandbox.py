@@ -14,7 +14,8 @@ What a sandboxed process gets (see docs/isolation.md for what this does and does
 - as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), with no capabilities and
   no-new-privileges, set by ``setpriv`` inside the sandbox, so even an escape lands on a user that owns
   nothing of the platform's;
-- the host's network (loopback included: the replicas of a gang rendezvous over it).
+- the host's network (loopback included: the replicas of a gang rendezvous over it), unless its View says
+  otherwise (the TensorBoard event-file reader needs none).
 
 Invariants:
 - ``wrap`` never mounts a path that is not a system directory, a Python installation, or named in the
@@ -59,6 +60,7 @@ class View:
     shm: Path | None = None  # mounted at /dev/shm (a gang's replicas share one); None: private
     gpus: tuple[int, ...] = ()
     cwd: Path | None = None
+    network: bool = True  # False: a network namespace of its own, with nothing in it (not even loopback's peers)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class Sandbox:
         if uid is None:
             argv += ["--unshare-user", *(["--disable-userns"] if self.disable_userns else [])]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try", "--die-with-parent"]
+        if not view.network:
+            argv.append("--unshare-net")
         argv += ["--proc", "/proc", "--dev", "/dev"]
         bound: list[str] = []
         for d in SYSTEM_DIRS:
