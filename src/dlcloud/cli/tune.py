@@ -8,9 +8,11 @@ from typing import Any
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.jobs import _load_spec, upload_code
+from dlcloud.cli.jobs import _load_spec, upload_code, upload_template_data
 from dlcloud.cli.output import Output, OutputOption, console, print_json, render, render_fields, short_time
+from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
+from dlcloud.schemas.studies import template_trial
 
 app = typer.Typer(help="Tune hyperparameters: studies of trial jobs (grid, random, TPE, ASHA).", no_args_is_help=True)
 
@@ -38,6 +40,21 @@ def _progress(s: dict[str, Any]) -> str:
 def _best(s: dict[str, Any]) -> str:
     b = s.get("best")
     return "-" if not b else f"trial {b['number']}: {_value(b['value'])} ({_params(b['params'])})"
+
+
+def _upload_trial_files(c: Client, trial: dict[str, Any], study: Any, base: Path) -> dict[str, Any]:
+    """The trial with its local files uploaded (paths relative to ``base``, the study file's directory): a
+    ``code:`` directory, once; a template's local ``data`` file, pushed as the next version of the dataset named
+    after the study, which every trial then reads (``STUDY@N``)."""
+    out = dict(trial)
+    if isinstance(out.get("code"), str):
+        out["code"] = upload_code(c, out["code"], base)
+    template = out.get("template")
+    if isinstance(template, dict) and isinstance(template.get("data"), str):
+        if not isinstance(study, str) or not study:
+            raise InvalidSpec("a study needs a name: 'name:' in the study file")
+        out["template"] = upload_template_data(c, template, study, base)
+    return out
 
 
 @app.command("submit")
@@ -72,16 +89,22 @@ def submit(
 
     Each trial is a job named <study>-<number>; its parameters are in $DLCLOUD_HPARAMS (JSON). It reports the
     objective with dlcloud.report(step=..., val_loss=...). A trial's 'code:' directory is uploaded once.
+
+    A no-code template trial (docs/templates.md); its sampled parameters are the template's hparams:
+
+      trial: {template: mlp, data: ./train.csv, label: y}
+
+    A local 'data' file (relative to the study file) is pushed once as the next version of the dataset named
+    after the study, and every trial reads that version; 'data: NAME@VERSION' reads an existing dataset.
     """
     spec = _load_spec(file)
     trial = spec.get("trial")
-    if isinstance(trial, dict) and isinstance(trial.get("code"), str):
-        base = file.resolve().parent if str(file) != "-" else Path.cwd()
-        with client(ctx) as c:
-            spec["trial"] = {**trial, "code": upload_code(c, trial["code"], base)}
-    elif trial is not None and not isinstance(trial, dict):
+    if trial is not None and not isinstance(trial, dict):
         raise InvalidSpec("trial must be a job spec (a mapping: command: ..., resources: ...)")
+    base = file.resolve().parent if str(file) != "-" else Path.cwd()
     with client(ctx) as c:
+        if trial is not None:
+            spec["trial"] = _upload_trial_files(c, template_trial(trial), spec.get("name"), base)
         study = c.studies.submit(spec)
     if output == Output.json:
         print_json(study)

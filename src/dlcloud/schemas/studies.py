@@ -7,9 +7,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dlcloud.schemas.common import Name, Request, Response
+from dlcloud.schemas.jobs import TemplateSpec
 from dlcloud.schemas.metrics import MetricName
 
 ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
@@ -118,6 +119,21 @@ class EarlyStopping(Request):
     max_resource: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
+TEMPLATE_TRIAL_FIELDS = tuple(f for f in TemplateSpec.model_fields if f != "name")
+
+
+def template_trial(trial: dict[str, Any]) -> dict[str, Any]:
+    """A study's ``trial`` as a job spec: the short form of a no-code template trial (``template: mlp`` with
+    ``data``, ``label``, ... beside it) becomes the job spec's ``template`` section (``{name: mlp, data: ...}``);
+    any other trial is returned as it is. The CLI and the server both read a trial through this."""
+    name = trial.get("template")
+    if not isinstance(name, str):
+        return trial
+    out = {k: v for k, v in trial.items() if k not in TEMPLATE_TRIAL_FIELDS}
+    out["template"] = {"name": name, **{k: trial[k] for k in TEMPLATE_TRIAL_FIELDS if k in trial}}
+    return out
+
+
 class StudySpec(Request):
     """A study file (``dlcloud tune submit -f study.yaml``)."""
 
@@ -130,8 +146,15 @@ class StudySpec(Request):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None  # None: one is drawn at submit and kept
     args: bool = False  # also pass each parameter as --name=value to the trial's command (or module args)
     early_stopping: EarlyStopping | None = None  # asha only
-    trial: Annotated[dict[str, Any], Field(min_length=1)]  # a job spec without a name
+    # a job spec without a name; a no-code template's short form (template: mlp, data: ..., label: ...) is
+    # made its template section by ``template_trial``
+    trial: Annotated[dict[str, Any], Field(min_length=1)]
     search_space: Annotated[dict[ParamName, ParamSpec], Field(min_length=1, max_length=64)]
+
+    @field_validator("trial")
+    @classmethod
+    def _template_section(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return template_trial(v)
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:

@@ -10,6 +10,10 @@ Invariants:
 - A trial's parameters reach its job as ``DLCLOUD_HPARAMS`` (JSON, set by the platform in the job's
   environment), as the job spec's ``hparams`` where the job spec has that field, and as ``--name=value``
   arguments when the study says ``args: true``.
+- A no-code template trial (``trial.template``) is checked at submit against the template's catalog: every
+  search-space parameter must be one of its hyperparameters, with values it allows. The datasets a trial reads
+  (its template's data, its ``datasets``) are pinned at submit to the version they name then, so every trial
+  reads the same data.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied
+from dlcloud.schemas.datasets import DATASET_REF_RE
 from dlcloud.schemas.jobs import SECRET_MASK, JobSpec
 from dlcloud.schemas.studies import (
     ALIVE_TRIAL_STATES,
@@ -38,7 +43,7 @@ from dlcloud.schemas.studies import (
     TrialCounts,
     TrialState,
 )
-from dlcloud.services import jobs, study_states
+from dlcloud.services import datasets, jobs, study_states
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
@@ -70,6 +75,8 @@ def trial_job_spec(
     if not isinstance(hparams, dict):
         raise InvalidSpec("trial.hparams must be a mapping of fixed hyperparameters")
     hparams = {**hparams, **params}
+    if stored.get("args") and trial.get("template") is not None:
+        raise InvalidSpec("args: a template trial reads its hparams; leave 'args' out")
     if "hparams" in JobSpec.model_fields:  # the job spec carries them itself (no-code templates)
         trial["hparams"] = hparams
     if stored.get("args"):
@@ -102,6 +109,56 @@ def _example_params(spec: StudySpec) -> dict[str, Any]:
     return out
 
 
+def _check_template_space(spec: StudySpec, job_spec: JobSpec) -> None:
+    """A template trial's search space against the template's hyperparameters: each parameter one of them,
+    sampled as its type allows, every value (a range's ends) in its bounds. InvalidSpec names what is allowed."""
+    if job_spec.template is None:
+        return
+    from dlcloud.templates import catalog
+
+    try:
+        template = catalog.get_template(job_spec.template.name)
+    except ValueError as exc:
+        raise InvalidSpec(f"trial.template: {exc}") from None
+    for name, p in spec.search_space.items():
+        hp = template.hparam(name)
+        if hp is None:
+            allowed = ", ".join(h.name for h in template.hparams)
+            raise InvalidSpec(
+                f"search_space.{name}: template {template.name} has no hparam {name}; its hparams are: {allowed}"
+            )
+        if hp.kind is not float and p.type in (ParamType.UNIFORM, ParamType.LOGUNIFORM):
+            kind = "int" if hp.kind is int else "categorical"
+            raise InvalidSpec(f"search_space.{name}: hparam {name} must be {hp.allowed()}; sample it with type: {kind}")
+        for value in (p.values or []) if p.type == ParamType.CATEGORICAL else (p.low, p.high):
+            try:
+                hp.check(value)
+            except ValueError as exc:
+                raise InvalidSpec(f"search_space.{name}: {exc}") from None
+    try:
+        template.resolve(job_spec.hparams)
+    except ValueError as exc:
+        raise InvalidSpec(f"trial.hparams: {exc}") from None
+
+
+def _pin_datasets(s: Session, caller: Caller, trial: dict[str, Any]) -> None:
+    """Each dataset reference of the stored ``trial`` made ``NAME@VERSION`` of the version it names now (a
+    label or ``latest`` may move while the study runs; its trials must all read the same data)."""
+
+    def pin(ref: str) -> str:
+        (resolved,) = datasets.resolve_for_job(s, caller, [ref])
+        m = DATASET_REF_RE.match(ref)
+        assert m is not None  # resolve_for_job refuses what does not match
+        owner = f"{m.group('owner')}/" if m.group("owner") else ""
+        return f"{owner}{m.group('name')}@{resolved.version}"
+
+    if trial.get("datasets"):
+        trial["datasets"] = [pin(str(r)) for r in trial["datasets"]]
+    template = trial.get("template")
+    if isinstance(template, dict) and template.get("data"):
+        trial["template"] = {**template, "data": pin(str(template["data"]))}
+
+
 def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("study", spec.name))
@@ -112,6 +169,7 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
             raise InvalidSpec("trial.secret_env must be a mapping of NAME: value")
         stored["trial"]["secret_env"] = {k: platform.box.encrypt(str(v)).decode() for k, v in secret.items()}
     job_spec, _ = trial_job_spec(platform, stored, spec.name, 0, _example_params(spec))
+    _check_template_space(spec, job_spec)
     if stored["seed"] is None:
         stored["seed"] = secrets.randbelow(2**31)
     with platform.db.write() as s:
@@ -119,6 +177,7 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         if tenant is None:
             raise NotFound("your tenant no longer exists")
         jobs.check_fits(platform, tenant, job_spec)
+        _pin_datasets(s, caller, stored["trial"])
         if store.name_taken(s, tenant.id, spec.name):
             raise AlreadyExists(f"study {spec.name!r} already exists; choose another name")
         row = StudyRow(
