@@ -59,6 +59,7 @@ bench: install bench-deps
 	$(PY) bench/scheduler.py
 	$(PY) bench/ddp_overhead.py
 	$(PY) bench/datasets.py
+	$(PY) bench/hpo.py
 	$(PY) bench/serving.py --ray-venv $(RAY_VENV)
 
 clean:
