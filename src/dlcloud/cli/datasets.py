@@ -6,10 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.cli.output import (
+    Output,
+    OutputOption,
+    console,
+    err_console,
+    render,
+    render_fields,
+    short_time,
+    transfer_progress,
+)
 from dlcloud.errors import DlcloudError, InvalidArgument
 
 app = typer.Typer(
@@ -17,17 +25,6 @@ app = typer.Typer(
     "(NAME, or OWNER/NAME for a shared dataset).",
     no_args_is_help=True,
 )
-
-
-def _progress() -> Progress:
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=err_console,
-        transient=not err_console.is_terminal,
-    )
 
 
 def _size(n: int) -> str:
@@ -111,7 +108,7 @@ def create(
     packed = pack_data(source)
     c = client(ctx)
     try:
-        with _progress() as progress:
+        with transfer_progress() as progress:
             task = progress.add_task(f"uploading {Path(source).name}", total=packed.archive.stat().st_size)
             up = c.datasets.upload(packed.archive, progress=lambda n: progress.advance(task, n))
     finally:
@@ -321,7 +318,7 @@ def download(
     target = dest if dest is not None else Path(name.rpartition("/")[2])
     c = client(ctx)
     meta = c.datasets.version(name, ref or "latest")
-    with _progress() as progress:
+    with transfer_progress() as progress:
         task = progress.add_task(f"downloading {name} version {meta['version']}", total=None)
         c.datasets.download(name, meta["version"], target, progress=lambda n: progress.advance(task, n))
     err_console.print(

@@ -15,10 +15,18 @@ from typing import Any
 import typer
 import yaml
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.cli.output import (
+    Output,
+    OutputOption,
+    console,
+    err_console,
+    render,
+    render_fields,
+    short_time,
+    transfer_progress,
+)
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
 from dlcloud.schemas.jobs import LogSection
@@ -93,14 +101,7 @@ def upload_code(c: Client, code: str, base: Path) -> str:
         raise InvalidSpec(f"code file {path.name} must be a wheel (.whl) or an sdist (.tar.gz)")
     try:
         size = file.stat().st_size
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=err_console,
-            transient=not err_console.is_terminal,
-        ) as progress:
+        with transfer_progress() as progress:
             task = progress.add_task(f"uploading {label}", total=size)
             result = c.code.upload(
                 file,
@@ -140,14 +141,7 @@ def upload_template_data(c: Client, template: dict[str, Any], dataset: str, base
     local = (base / data).expanduser() if not Path(data).is_absolute() else Path(data)
     if local.exists():
         size = local.stat().st_size if local.is_file() else None
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=err_console,
-            transient=not err_console.is_terminal,
-        ) as progress:
+        with transfer_progress() as progress:
             task = progress.add_task(f"uploading {local.name} to dataset {dataset}", total=size)
             version = c.datasets.push(
                 dataset,

@@ -8,10 +8,18 @@ from typing import Any
 
 import typer
 import yaml
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.cli.output import (
+    Output,
+    OutputOption,
+    console,
+    err_console,
+    render,
+    render_fields,
+    short_time,
+    transfer_progress,
+)
 from dlcloud.errors import InvalidArgument, InvalidSignature, UnknownFormat
 
 app = typer.Typer(
@@ -19,17 +27,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 FORMATS_HELP = "torchscript, onnx, sklearn, xgboost, savedmodel or python"
-
-
-def _progress() -> Progress:
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=err_console,
-        transient=not err_console.is_terminal,
-    )
 
 
 def _parse_metrics(pairs: list[str]) -> dict[str, float]:
@@ -153,7 +150,7 @@ def register(
         split_name(name)  # a malformed OWNER/NAME fails before the upload
         archive = pack_artifact(file)
         try:
-            with _progress() as progress:
+            with transfer_progress() as progress:
                 task = progress.add_task(f"uploading {file.name}", total=archive.stat().st_size)
                 up = c.models.upload(archive, progress=lambda n: progress.advance(task, n))
         finally:
@@ -401,7 +398,7 @@ def download(
       dlcloud models download vision/mnist 3
     """
     c = client(ctx)
-    with _progress() as progress:
+    with transfer_progress() as progress:
         task = progress.add_task(f"downloading {name}:{version}", total=None)
         target = c.models.download(name, version, dest=dest, progress=lambda n: progress.advance(task, n))
     err_console.print(f"downloaded {name}:{version} to {target} (checksum verified)")

@@ -9,10 +9,23 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def transfer_progress() -> Progress:
+    """The progress bar of an upload or download, on stderr (gone once done where stderr is a terminal)."""
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err_console,
+        transient=not err_console.is_terminal,
+    )
 
 
 class Output(StrEnum):
