@@ -17,6 +17,7 @@ class Gpu:
     index: int
     name: str
     memory_mb: int = 0
+    node: str = ""  # the machine it is in: a process's GPUs are all on one node (one host: all the same)
 
 
 @dataclass(frozen=True)
