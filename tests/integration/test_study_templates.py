@@ -22,7 +22,12 @@ SPACES = {
         "lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
         "units": {"type": "categorical", "values": [4, 8]},
     },
-    "asha": {"lr": {"type": "loguniform", "low": 0.001, "high": 0.3}},
+    "tpe": {
+        "lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
+        "units": {"type": "categorical", "values": [4, 8]},
+    },
+    # one learning rate too small to move the weights in 3 epochs: ASHA has something to prune
+    "asha": {"lr": {"type": "categorical", "values": [1e-6, 1e-5, 0.1, 0.3]}},
     "grid": {"units": {"type": "categorical", "values": [4, 8]}},
 }
 
@@ -52,7 +57,7 @@ def study_file(tmp_path: Path, name: str, algorithm: str, **extra: object) -> Pa
     return path
 
 
-@pytest.mark.parametrize("algorithm", ["random", "asha", "grid"])
+@pytest.mark.parametrize("algorithm", ["random", "tpe", "asha", "grid"])
 def test_a_study_over_a_template_reads_one_dataset_version(
     template_env: Env,  # noqa: F811
     tmp_path: Path,
@@ -61,7 +66,9 @@ def test_a_study_over_a_template_reads_one_dataset_version(
 ) -> None:
     env, c = template_env, template_env.admin
     name = f"tpl-{algorithm}"
-    extra = {"early_stopping": {"min_resource": 1, "reduction_factor": 2}} if algorithm == "asha" else {}
+    extra: dict = {}
+    if algorithm == "asha":  # one trial at a time: each is judged against the ones before it
+        extra = {"early_stopping": {"min_resource": 1, "reduction_factor": 2}, "parallel_trials": 1}
     path = study_file(tmp_path, name, algorithm, **extra)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path.parent)  # the data path is relative to the study file, not to here
@@ -85,6 +92,8 @@ def test_a_study_over_a_template_reads_one_dataset_version(
     assert {t["state"] for t in ran} <= {"COMPLETED", "PRUNED"}
     assert s["trials"]["completed"] + s["trials"]["pruned"] == len(ran)
     assert s["trials"]["pruned"] == sum(t["state"] == "PRUNED" for t in ran)
+    if algorithm == "asha":  # a trial behind a better one at its rung is stopped there
+        assert s["trials"]["pruned"] >= 1, [(t["params"], t["state"], t["reason"]) for t in trials]
     for t in ran:
         job = c.jobs.get(t["job"])
         assert job["command"].startswith("python -m dlcloud.templates.train --template mlp")

@@ -188,7 +188,8 @@ class Reporter:
                 self._cond.notify_all()
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Send what is buffered now; wait at most ``timeout`` seconds. True when nothing is left to send."""
+        """Send what is buffered now; wait at most ``timeout`` seconds (0: start sending, do not wait). True when
+        nothing is left to send."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._wake = True
@@ -414,6 +415,7 @@ def report(step: int | None = None, **metrics: Any) -> None:
 
 
 def flush(timeout: float = 5.0) -> bool:
-    """Send the buffered metrics now, waiting at most ``timeout`` seconds; True when all were sent."""
+    """Send the buffered metrics now, waiting at most ``timeout`` seconds (0: start sending and return at once);
+    True when all were sent."""
     reporter = _reporter
     return True if reporter is None else reporter.flush(timeout)

@@ -174,6 +174,7 @@ def train(
             if val_acc is not None:
                 metrics["val_accuracy"] = val_acc
         dlcloud.report(step=epoch, **metrics)
+        dlcloud.flush(timeout=0)  # send the epoch's point now, not with the next batch: a pruner decides on it
         log(f"epoch {epoch}: " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         if watched < best_loss - 1e-6:
             best_loss, stale = watched, 0

@@ -80,6 +80,14 @@ def test_a_full_batch_goes_without_waiting_for_the_timer(stub, make_reporter):
     wait_for(lambda: stub.steps("x") == [0, 1, 2, 3, 4], timeout=10, what="the size-triggered batch")
 
 
+def test_flush_with_no_timeout_sends_now_without_waiting(stub, make_reporter):
+    r = make_reporter(flush_interval=600)
+    r.report(1, {"val_accuracy": 0.5})
+    assert r.flush(0) is False  # it started the send and did not wait for it
+    # the timer would wait 600 s: the point arrives because flush(0) sent it
+    wait_for(lambda: stub.steps("val_accuracy") == [1], timeout=10, what="the point sent at once")
+
+
 def test_numpy_like_values_and_many_metrics_split_into_points_of_100(stub, make_reporter):
     class Scalar:  # a numpy scalar or a one-element tensor
         def item(self) -> float:
