@@ -103,11 +103,16 @@ def tenants_list(ctx: typer.Context, output: Output = OutputOption) -> None:
         render([_tenant_row(t) for t in ts], output, TENANT_COLUMNS)
 
 
-def _borrow(value: str | None) -> object:
-    """A --borrow-* value: a number, a memory size, or 'unlimited'."""
-    if value is None or value.lower() in ("unlimited", "none", "-"):
+def _borrow(value: str, kind: type | None) -> object:
+    """A --borrow-* value: a number (``kind``), a memory size (``kind`` None), or 'unlimited'."""
+    if value.lower() in ("unlimited", "none", "-"):
         return None
-    return value
+    if kind is None:
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidArgument(f"a borrowing limit is a number or 'unlimited'; got {value!r}") from None
 
 
 def _priority_range(value: str) -> tuple[int, int]:
@@ -157,9 +162,9 @@ def tenants_update(
         if value is not None:
             guarantee[key] = value
     borrow = dict(sched.get("borrow_limit") or {})
-    for key, raw in (("gpus", borrow_gpus), ("cpus", borrow_cpus), ("memory", borrow_memory)):
+    for key, raw, kind in (("gpus", borrow_gpus, int), ("cpus", borrow_cpus, float), ("memory", borrow_memory, None)):
         if raw is not None:
-            borrow[key] = _borrow(raw)
+            borrow[key] = _borrow(raw, kind)
     sched["guarantee"] = guarantee
     sched["borrow_limit"] = borrow
     if weight is not None:

@@ -49,6 +49,7 @@ def plan_config(settings: Settings) -> PlanConfig:
         aging_step=settings.scheduling_aging_step,
         aging_max=settings.scheduling_aging_max,
         las_queues_gpu_s=tuple(settings.scheduling_las_queues_gpu_seconds),
+        preemption_grace_s=settings.stop_grace_seconds,
     )
 
 
@@ -293,7 +294,10 @@ class SchedulingPass:
                         f"{settings.job_port_range_end}"
                     )
                     continue
-                borrowing = job_id in result.borrowing
+                # a tenant without a guarantee borrows all it uses: no event says so for every job
+                lim = limits.get(job.tenant_id)
+                guaranteed = lim is not None and (lim.guarantee_gpus or lim.guarantee_cpus or lim.guarantee_memory)
+                borrowing = job_id in result.borrowing and bool(guaranteed)
                 workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing))
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
