@@ -321,7 +321,11 @@ class SchedulingPass:
             if victim is None:
                 continue
             by_name = by.name if by is not None else p.by
-            why = f"preempted by {by_name} ({p.reason})" + (f": {p.message}" if p.message else "")
+            # the planner's message names the preemptor by id ("preempted by job ID (reason): why"): keep the why
+            detail = p.message
+            if detail.startswith("preempted by") and "): " in detail:
+                detail = detail.split("): ", 1)[1]
+            why = f"preempted by {by_name} ({p.reason})" + (f": {detail}" if detail else "")
             if not job_states.request_preemption(s, victim, why, at=now):
                 continue
             asked = True
