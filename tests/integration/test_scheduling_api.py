@@ -221,3 +221,15 @@ def test_submit_flags_reach_the_spec(env, monkeypatch):
     res = _cli(monkeypatch, env.admin, "jobs", "describe", "flags")
     assert res.exit_code == 0, res.output
     assert "100 (high)" in res.output and "preemptions 0" in res.output and "Estimated start" in res.output
+
+
+def test_metrics_show_the_queue_preemptions_and_gpus(env):
+    alice = env.new_tenant_user("m-team", "mia")
+    alice.jobs.submit({"name": "w1", "command": "true"})
+    alice.jobs.submit({"name": "w2", "command": "true"})
+    text = env.http.get("/metrics").text
+    assert 'dlcloud_queue_length{tenant="m-team"} 2.0' in text, text
+    assert 'dlcloud_queue_wait_seconds_max{tenant="m-team"}' in text
+    assert 'dlcloud_queue_wait_seconds_avg{tenant="m-team"}' in text
+    assert 'dlcloud_preemptions_total{tenant="m-team"} 0.0' in text
+    assert "dlcloud_gpus_total 2.0" in text
