@@ -559,9 +559,9 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             p.place(job, gpus)
             continue
         q = las_queue(job.attained_gpu_s, cfg)
+        if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
+            continue
         if live and -live[0].key[0] > q:
-            if p.wait_for_stopping(job, t):
-                continue
             cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
                 continue
