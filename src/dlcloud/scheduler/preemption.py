@@ -79,17 +79,17 @@ def find_victims(
                 n = cluster.node_of.get(g)
                 if n is not None and (not want or want in cluster.names[g]):
                     counts[n] = counts.get(n, 0) + 1
-            for n, got in counts.items():
-                on_node.setdefault(n, []).append((c, got))
+            for n, held_here in counts.items():
+                on_node.setdefault(n, []).append((c, held_here))
         best: list[Candidate] | None = None
         for n, fl in enumerate(cluster.free):
             have = len(fl) if not want else sum(1 for x in fl if want in cluster.names[x])
             picked: list[Candidate] = []
-            for c, got in on_node.get(n, ()):
+            for c, held_here in on_node.get(n, ()):
                 if have >= k:
                     break
                 picked.append(c)
-                have += got
+                have += held_here
             if have >= k and (best is None or _cost(picked) < _cost(best)):
                 best = picked
         if best is None:
