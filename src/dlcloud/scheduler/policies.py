@@ -31,6 +31,7 @@ attempts up to its guarantee; the rest are borrowed.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
@@ -73,10 +74,7 @@ def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
 
 def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
     """The las queue of an attained service: 0 below the first boundary, 1 below the second, ..."""
-    for i, bound in enumerate(cfg.las_queues_gpu_s):
-        if attained_gpu_s < bound:
-            return i
-    return len(cfg.las_queues_gpu_s)
+    return bisect.bisect_right(cfg.las_queues_gpu_s, attained_gpu_s)
 
 
 def _when(t: datetime) -> str:
@@ -99,6 +97,8 @@ def _within(lim: Limits, gpus: int, cpus: float, memory: int) -> bool:
 
 
 def _borrow_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
+    if lim.borrow_gpus is None and lim.borrow_cpus is None and lim.borrow_memory is None:
+        return None
     for what, g, b, used, need in (
         ("GPU(s)", lim.guarantee_gpus, lim.borrow_gpus, use.gpus, job.gpus),
         ("CPU(s)", lim.guarantee_cpus, lim.borrow_cpus, use.cpus, job.cpus),
@@ -159,6 +159,8 @@ class _Pass:
         self.inv_cpus, self.inv_memory = inventory.cpus, inventory.memory
         self.searches = 0
         self._shortages: dict[tuple, str] = {}
+        self._never: dict[tuple, str | None] = {}
+        self._behind = ""
         self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
         self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
 
@@ -190,13 +192,18 @@ class _Pass:
 
     def never_fits(self, job: QueuedJob) -> str | None:
         c = self.cluster
-        if any(g.gpus > c.max_size for g in job.groups) or (not job.groups and job.gpus > c.max_size):
-            return self.cluster.never_fits(job)
-        if job.gpu_type and self.cluster.never_fits(job):
-            return self.cluster.never_fits(job)
-        if job.cpus > self.inv_cpus + 1e-9 or job.memory > self.inv_memory:
-            return f"never fits: needs {job.cpus:g} CPU(s) and {job.memory} bytes of memory, more than the cluster has"
-        return None
+        plain = not job.groups and not job.gpu_type and job.gpus <= c.max_size
+        if plain and job.cpus <= self.inv_cpus + 1e-9 and job.memory <= self.inv_memory:
+            return None  # the common case, without building a key
+        key = (job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
+        if key not in self._never:
+            why = self.cluster.never_fits(job)
+            if why is None and (job.cpus > self.inv_cpus + 1e-9 or job.memory > self.inv_memory):
+                why = (
+                    f"never fits: needs {job.cpus:g} CPU(s) and {job.memory} bytes of memory, more than the cluster has"
+                )
+            self._never[key] = why
+        return self._never[key]
 
     def shortage(self, job: QueuedJob) -> str:
         """``Cluster.shortage``, remembered per job shape while the free capacity does not change."""
@@ -231,6 +238,9 @@ class _Pass:
     def place_any(self, job: QueuedJob, borrowed: bool) -> bool:
         """Place ``job`` on any free GPUs, the reserved ones included (it may delay the reservation)."""
         r = self.reservation
+        c = self.cluster
+        if job.gpus > c.nfree + (len(r.free_reserved) if r else 0) or not c.fits_totals(job):
+            return False
         if r is not None and r.free_reserved:
             self.cluster.give(r.free_reserved, 0, 0)
         gpus = self.fit_now(job)
@@ -271,10 +281,12 @@ class _Pass:
         self.cluster.take(r.free_reserved, 0, 0)
 
     def behind(self, job: QueuedJob) -> str:
-        r = self.reservation
-        assert r is not None
-        when = f"estimated start {_when(r.at)}" if r.at is not None else "no estimated start"
-        return f"waiting behind job {r.job_id} (reserved, {when})"
+        if not self._behind:
+            r = self.reservation
+            assert r is not None
+            when = f"estimated start {_when(r.at)}" if r.at is not None else "no estimated start"
+            self._behind = f"waiting behind job {r.job_id} (reserved, {when})"
+        return self._behind
 
     def wait_for_stopping(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
         """Whether ``job`` fits once attempts already stopping are gone: it then waits for them, no new victims."""
@@ -559,9 +571,9 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             p.place(job, gpus)
             continue
         q = las_queue(job.attained_gpu_s, cfg)
+        if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
+            continue
         if live and -live[0].key[0] > q:
-            if p.wait_for_stopping(job, t):
-                continue
             cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
                 continue
