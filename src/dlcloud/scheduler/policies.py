@@ -10,15 +10,16 @@ policies; the rules, in short:
 - fifo: the given order; the first job that does not fit blocks everything behind it.
 - priority-backfill: effective priority (priority + aging), then submit time, then id. The first job that does not
   fit gets a reservation (``backfill``); later jobs start only where they cannot delay it. No preemption.
-- fair-share: tenants by weighted dominant share (recomputed as the pass places jobs); inside a tenant by effective
-  priority, then submit time. Usage up to a tenant's guarantee is owed, beyond it borrowed (capped by the borrowing
-  limit); a non-preemptible job runs only inside its guarantee. A job that does not fit may preempt: borrowed
-  attempts of other tenants when it is inside its guarantee ("reclaim"); lower-priority attempts of its own tenant
-  ("priority"); borrowed attempts of tenants with a larger share that started after it was submitted, when it is
-  the head of the line ("fill": what filled in ahead of it is its first victim). Attempts already stopping count
-  as soon-free for a job allowed to preempt, so a later pass picks no new victims while they stop. Backfill as in
-  priority-backfill, plus: a preemptible job that would be borrowed may start anyway ("preemptible fill"), and a
-  job inside its guarantee may start ahead of a reserved job that is not.
+- fair-share: tenants by weighted dominant share (recomputed as the pass places jobs or claims resources for a
+  preempting job); inside a tenant by effective priority, then submit time. Usage up to a tenant's guarantee is
+  owed, beyond it borrowed (capped by the borrowing limit); a non-preemptible job runs only inside its guarantee.
+  A job that does not fit may preempt: borrowed attempts of other tenants when it is inside its guarantee
+  ("reclaim"); attempts of its own tenant with a lower priority (its own, not aged: aging orders the queue, it
+  does not preempt) ("priority"); borrowed attempts of tenants with a larger share that started after it was
+  submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). Attempts
+  already stopping count as soon-free for a job allowed to preempt, so a later pass picks no new victims while
+  they stop. Backfill as in priority-backfill, plus: a preemptible job that would be borrowed may start anyway
+  ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not.
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -475,6 +476,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         return cands
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
+        """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
         if why is None:
             why = p.never_fits(job)
@@ -504,11 +506,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         by_priority = lowest.get(t.id, job.priority) < job.priority
         fill = r is None and not inside and bool(reclaimable)
         if (inside or by_priority) and p.wait_for_stopping(job, t):
-            return False
+            return True
         if (inside and reclaimable) or by_priority or fill:
             memo = ("fs", inside, t.id if by_priority else None, job.priority if by_priority else None, fill)
             if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
-                return False
+                return True
         if r is None:
             p.make_reservation(job, p.shortage(job))
             p.reserved_inside = inside

@@ -258,3 +258,23 @@ def test_memory_dominant_share_is_named() -> None:
     held = [running("a-run", "a", (), memory=600 * GiB)]
     p = plan([job("a-next", "a", 1, memory=500 * GiB)], held, {}, nodes(1, 4, memory=1000 * GiB), NOW, FS)
     assert "tenant a uses 60% (dominant: memory)" in p.wait_reasons["a-next"]
+
+
+def test_a_preempting_job_counts_toward_its_tenants_share_in_the_same_pass() -> None:
+    # b reclaims 2 GPUs for b0; its share now counts b0, so c (share 0) comes before b's next job and takes the
+    # reservation; without counting it, b1 would have been next in line
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=2)}
+    held = [running(f"r{i}", "a", (i,), minutes=100 + i) for i in range(4)]
+    queue = [job("b0", "b", 2), job("b1", "b", 2), job("c0", "c", 2)]
+    p = plan(queue, held, limits, nodes(1, 4), NOW, FS)
+    assert {pre.by for pre in p.preemptions} == {"b0"}
+    assert p.blocked_by == "c0"
+    assert p.wait_reasons["b1"].startswith("waiting behind job c0")
+
+
+def test_aging_orders_jobs_inside_a_tenant() -> None:
+    aged = PlanConfig(policy=Policy.FAIR_SHARE, aging_interval_s=60, aging_step=1, aging_max=100)
+    old = job("old", "a", 4, priority=0, submitted_at=NOW - timedelta(minutes=30))
+    new = job("new", "a", 4, priority=10, submitted_at=NOW)
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, aged)) == ["old"]
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, FS)) == ["new"]
