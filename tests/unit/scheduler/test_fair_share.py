@@ -278,3 +278,19 @@ def test_aging_orders_jobs_inside_a_tenant() -> None:
     new = job("new", "a", 4, priority=10, submitted_at=NOW)
     assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, aged)) == ["old"]
     assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, FS)) == ["new"]
+
+
+def test_victim_searches_per_pass_are_bounded() -> None:
+    from dlcloud.scheduler.policies import MAX_SEARCHES
+
+    # 64 borrowed 1-GPU attempts, 100 tenants each owed a GPU: only MAX_SEARCHES of them preempt in one pass,
+    # the rest wait (the next passes go on)
+    limits = {f"t{i:03d}": Limits(guarantee_gpus=1) for i in range(100)}
+    held = [running(f"r{i}", "lender", (i,)) for i in range(64)]
+    queue = [job(f"j{i:03d}", f"t{i:03d}", 1) for i in range(100)]
+    p = plan(queue, held, limits, nodes(8, 8), NOW, FS)
+    preemptors = {pre.by for pre in p.preemptions}
+    assert len(preemptors) == len(p.preemptions) == MAX_SEARCHES
+    assert placed(p) == [] and len(p.wait_reasons) == 100
+    others = [why for jid, why in p.wait_reasons.items() if jid not in preemptors]
+    assert all(why.startswith(("waiting for capacity", "waiting behind job")) for why in others)
