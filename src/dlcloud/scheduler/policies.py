@@ -16,7 +16,9 @@ policies; the rules, in short:
   A job that does not fit may preempt: borrowed attempts of other tenants when it is inside its guarantee
   ("reclaim"); attempts of its own tenant with a lower priority (its own, not aged: aging orders the queue, it
   does not preempt) ("priority"); borrowed attempts of tenants with a larger share that started after it was
-  submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). Attempts
+  submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). A job held
+  back by its tenant's caps (quota, borrowing limit) may preempt its tenant's lower-priority attempts to get under
+  them ("priority" too). Attempts
   already stopping count as soon-free for a job allowed to preempt, so a later pass picks no new victims while
   they stop. Backfill as in priority-backfill, plus: a preemptible job that would be borrowed may start anyway
   ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not.
@@ -35,7 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -149,8 +151,14 @@ class _Pass:
         # expected ends of running attempts (stopping ones: after the grace period); victims are dropped
         self.releases: dict[int, Release] = {}
         self.stopping: list[Candidate] = []
+        self.stopping_use: dict[str, Usage] = {}  # per tenant: what its stopping attempts still hold
         for h in self.held:
             if h.stopping:
+                su = self.stopping_use.setdefault(h.tenant_id, Usage())
+                su.gpus += len(h.gpus)
+                su.cpus += h.cpus
+                su.memory += h.memory
+                su.running_jobs += 1
                 self.releases[id(h)] = (now + self.grace, h.gpus, h.cpus, h.memory)
                 self.stopping.append(Candidate(h, (0,)))
             elif h.started_at is not None and h.max_run_time_s is not None:
@@ -340,13 +348,18 @@ class _Pass:
         return True
 
     def preempt(
-        self, job: QueuedJob, candidates: Callable[[], list[Candidate]], memo: tuple, tenant: _Tenant | None
+        self,
+        job: QueuedJob,
+        candidates: Callable[[], list[Candidate]],
+        memo: tuple,
+        tenant: _Tenant | None,
+        also: Callable[[Sequence[Candidate]], bool] | None = None,
     ) -> bool:
         """Find victims among ``candidates()`` (waste order) so that ``job`` fits; record the preemptions."""
         if not self.may_search(memo, job):
             return False
         cands = [c for c in candidates() if id(c.held) not in self.victims]
-        found = find_victims(job, self.cluster, cands) if cands else None
+        found = find_victims(job, self.cluster, cands, also) if cands else None
         if found is None:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
@@ -475,9 +488,50 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         cands.sort(key=lambda c: c.key)
         return cands
 
+    def over_quota_by_priority(job: QueuedJob, t: _Tenant) -> bool:
+        """A job held back by its tenant's caps may preempt its tenant's lower-priority attempts to get under them;
+        its tenant's stopping attempts count as gone (no new victims while they stop)."""
+        stop = p.stopping_use.get(t.id, Usage())
+
+        def under_caps(chosen: Sequence[Candidate]) -> bool:
+            u = Usage(
+                t.use.gpus - stop.gpus - sum(len(c.held.gpus) for c in chosen),
+                t.use.cpus - stop.cpus - sum(c.held.cpus for c in chosen),
+                t.use.memory - stop.memory - sum(c.held.memory for c in chosen),
+                t.use.running_jobs - stop.running_jobs - len(chosen),
+            )
+            return quota_reason(job, t.lim, u) is None and _borrow_reason(job, t.lim, u) is None
+
+        if stop.running_jobs and under_caps([]):
+            reasons[job.id] = f"waiting for {stop.running_jobs} stopping job(s) of its tenant to free its quota"
+            p.result.estimated_start[job.id] = now + p.grace
+            t.use.gpus += job.gpus
+            t.use.cpus += job.cpus
+            t.use.memory += job.memory
+            t.use.running_jobs += 1
+            return True
+
+        def cands() -> list[Candidate]:
+            return [c for c in own.get(t.id, ()) if c.held.priority < job.priority]
+
+        memo = ("quota", t.id, job.priority, job.gpu_type, bool(job.groups))
+        if not p.preempt(job, cands, memo, t, under_caps):
+            return False
+        reasons[job.id] += " to make room in its quota"
+        return True
+
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
-        why = p.not_now(job) or quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
+        why = p.not_now(job)
+        if why is None:
+            why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
+            if (
+                why is not None
+                and lowest.get(t.id, job.priority) < job.priority
+                and p.never_fits(job) is None
+                and over_quota_by_priority(job, t)
+            ):
+                return True
         if why is None:
             why = p.never_fits(job)
         if why is not None:

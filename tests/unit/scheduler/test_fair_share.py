@@ -294,3 +294,24 @@ def test_victim_searches_per_pass_are_bounded() -> None:
     assert placed(p) == [] and len(p.wait_reasons) == 100
     others = [why for jid, why in p.wait_reasons.items() if jid not in preemptors]
     assert all(why.startswith(("waiting for capacity", "waiting behind job")) for why in others)
+
+
+def test_higher_priority_preempts_its_own_tenant_to_get_under_its_quota() -> None:
+    limits = {"a": Limits(gpus=4)}
+    held = [
+        running("lo-a", "a", (0, 1), priority=0, minutes=30),
+        running("lo-b", "a", (2,), priority=0, minutes=5),
+        running("lo-c", "a", (3,), priority=1, minutes=1),
+    ]
+    p = plan([job("hi", "a", 2, priority=5)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p) == ["lo-a"]  # the lowest priority, and enough on its own
+    assert p.preemptions[0].reason == "priority"
+    assert p.wait_reasons["hi"] == "preempting 1 job(s) of lower priority in its tenant to make room in its quota"
+    # next pass: lo-a is stopping; hi waits for it, nobody else is preempted
+    held2 = [running("lo-a", "a", (0, 1), priority=0, stopping=True), held[1], held[2]]
+    p2 = plan([job("hi", "a", 2, priority=5)], held2, limits, nodes(1, 8), NOW, FS)
+    assert victims(p2) == []
+    assert p2.wait_reasons["hi"] == "waiting for 1 stopping job(s) of its tenant to free its quota"
+    # the same priority preempts nobody: it waits for its quota
+    p3 = plan([job("same", "a", 2, priority=0)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p3) == [] and p3.wait_reasons["same"].startswith("tenant quota: ")
