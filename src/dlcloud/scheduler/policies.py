@@ -119,6 +119,7 @@ class _Tenant:
     use: Usage
     jobs: list[QueuedJob] = field(default_factory=list)
     next: int = 0  # the next of ``jobs`` to consider
+    capped: bool = True  # has hard caps or a borrowing limit (else its quota checks are skipped)
     waiting: list[str] = field(default_factory=list)  # jobs waiting for capacity: their reason gets the share
 
 
@@ -410,13 +411,14 @@ def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if why is not None:
             reasons[job.id] = why
             continue
-        if p.reservation is None:
+        r = p.reservation
+        if r is None:
             gpus = p.fit_now(job)
             if gpus is not None:
                 p.place(job, gpus)
             else:
                 p.make_reservation(job, p.shortage(job))
-        elif not p.backfill(job, False):
+        elif job.gpus > p.cluster.nfree + len(r.free_reserved) or not p.backfill(job, False):
             reasons[job.id] = p.behind(job)
 
 
@@ -446,6 +448,12 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     for job in queue:
         p.tenant(job.tenant_id).jobs.append(job)
     for t in p.tenants.values():
+        lim = t.lim
+        t.capped = any(
+            x is not None
+            for x in (lim.gpus, lim.cpus, lim.memory, lim.max_running_jobs, lim.borrow_gpus, lim.borrow_cpus,
+                      lim.borrow_memory)
+        )  # fmt: skip
         t.jobs.sort(key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
     borrowed = _borrowed_attempts(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
@@ -522,8 +530,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
-        why = p.not_now(job)
-        if why is None:
+        why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
+        if why is None and t.capped:
             why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
             if (
                 why is not None
@@ -551,6 +559,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             if gpus is not None:
                 p.place(job, gpus, borrowed=not inside)
                 return True
+        elif job.gpus > p.cluster.nfree + len(r.free_reserved):
+            pass  # cannot start now, whatever the rule: straight to preemption (the idle pass's common case)
         elif (
             p.backfill(job, not inside)
             or (inside and not p.reserved_inside and p.place_any(job, False))
@@ -607,7 +617,7 @@ def _add_share_positions(p: _Pass) -> None:
 # -- las --------------------------------------------------------------------------------------------------------------
 def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
-    order = sorted(queue, key=lambda j: (las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id))
+    order = sorted((las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id, j) for j in queue)
     live = sorted(
         (
             Candidate(h, (-las_queue(h.attained_gpu_s, cfg), -h.attained_gpu_s, lost_gpu_s(h, now)), "las")
@@ -616,7 +626,8 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         ),
         key=lambda c: c.key,
     )
-    for job in order:
+    waits: dict[tuple[str, int], str] = {}
+    for q, _, _, job in order:
         t = p.tenant(job.tenant_id)
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
@@ -626,14 +637,17 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if gpus is not None:
             p.place(job, gpus)
             continue
-        q = las_queue(job.attained_gpu_s, cfg)
         if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
             continue
         if live and -live[0].key[0] > q:
             cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
                 continue
-        reasons[job.id] = f"waiting for capacity: {p.shortage(job)} (las queue {q})"
+        short = p.shortage(job)
+        text = waits.get((short, q))
+        if text is None:
+            text = waits[short, q] = f"waiting for capacity: {short} (las queue {q})"
+        reasons[job.id] = text
 
 
 _POLICIES: dict[Policy, Callable[[_Pass, Iterable[QueuedJob]], None]] = {
