@@ -10,6 +10,7 @@ Invariants, every policy:
 - GPUs are assigned exclusively by index; a process's GPUs are on one node, a gang's replicas each on one node.
 - FIFO (the default of ``plan()``): priority, then FIFO (creation time, then id) as given; a job that does not fit
   blocks every job behind it (no backfill), so large jobs are never starved by a stream of small ones.
-- The other policies never let a job start where it would delay the reserved head of the line, except as
-  preemptible, borrowed fill (fair-share) that the head job may preempt; preemptions stop whole attempts.
+- priority-backfill and fair-share never let a job start where it would delay the reserved head of the line,
+  except (fair-share) preemptible, borrowed fill that the head job may preempt, or a job inside its guarantee
+  ahead of a borrowing head; las is work-conserving (no reservation). Preemptions stop whole attempts.
 """
