@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -44,13 +44,19 @@ def _cost(chosen: Sequence[Candidate]) -> tuple:
 
 
 def find_victims(
-    job: QueuedJob, cluster: Cluster, cands: Sequence[Candidate]
+    job: QueuedJob,
+    cluster: Cluster,
+    cands: Sequence[Candidate],
+    also: Callable[[Sequence[Candidate]], bool] | None = None,
 ) -> tuple[list[Candidate], tuple[int, ...]] | None:
-    """The victims to stop so that ``job`` fits, and the GPUs it would get; None when even all do not suffice."""
+    """The victims to stop so that ``job`` fits (and ``also(victims)`` holds, e.g. its tenant's quota), and the
+    GPUs it would get; None when even all candidates do not suffice."""
     cands = cands[:MAX_CANDIDATES]
     procs = processes(job)
 
     def fit(chosen: Sequence[Candidate]) -> tuple[int, ...] | None:
+        if also is not None and not also(chosen):
+            return None
         cpus = cluster.cpus + sum(c.held.cpus for c in chosen)
         memory = cluster.memory + sum(c.held.memory for c in chosen)
         if job.cpus > cpus + 1e-9 or job.memory > memory:

@@ -224,3 +224,9 @@ def test_the_simulation_catches_a_delaying_backfill() -> None:
     backfill = simulate(queue, held, durations, BF, nodes(1, 4))
     assert greedy["big"] > fifo["big"]  # a greedy policy does delay it ...
     assert backfill["big"] == fifo["big"] == NOW + timedelta(minutes=5)  # ... backfill does not
+
+
+def test_an_attempt_on_gpus_the_inventory_no_longer_lists_frees_nothing() -> None:
+    held = [ends_in(30, 0, 1), ends_in(10, 7, 8)]  # GPUs 7 and 8 are gone (a 4-GPU node now)
+    p = plan([job("big", gpus=4)], held, {}, nodes(1, 4), NOW, BF)
+    assert p.estimated_start["big"] == NOW + timedelta(minutes=30)

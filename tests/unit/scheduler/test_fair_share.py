@@ -258,3 +258,75 @@ def test_memory_dominant_share_is_named() -> None:
     held = [running("a-run", "a", (), memory=600 * GiB)]
     p = plan([job("a-next", "a", 1, memory=500 * GiB)], held, {}, nodes(1, 4, memory=1000 * GiB), NOW, FS)
     assert "tenant a uses 60% (dominant: memory)" in p.wait_reasons["a-next"]
+
+
+def test_a_preempting_job_counts_toward_its_tenants_share_in_the_same_pass() -> None:
+    # b reclaims 2 GPUs for b0; its share now counts b0, so c (share 0) comes before b's next job and takes the
+    # reservation; without counting it, b1 would have been next in line
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=2)}
+    held = [running(f"r{i}", "a", (i,), minutes=100 + i) for i in range(4)]
+    queue = [job("b0", "b", 2), job("b1", "b", 2), job("c0", "c", 2)]
+    p = plan(queue, held, limits, nodes(1, 4), NOW, FS)
+    assert {pre.by for pre in p.preemptions} == {"b0"}
+    assert p.blocked_by == "c0"
+    assert p.wait_reasons["b1"].startswith("waiting behind job c0")
+
+
+def test_aging_orders_jobs_inside_a_tenant() -> None:
+    aged = PlanConfig(policy=Policy.FAIR_SHARE, aging_interval_s=60, aging_step=1, aging_max=100)
+    old = job("old", "a", 4, priority=0, submitted_at=NOW - timedelta(minutes=30))
+    new = job("new", "a", 4, priority=10, submitted_at=NOW)
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, aged)) == ["old"]
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, FS)) == ["new"]
+
+
+def test_victim_searches_per_pass_are_bounded() -> None:
+    from dlcloud.scheduler.policies import MAX_SEARCHES
+
+    # 64 borrowed 1-GPU attempts, 100 tenants each owed a GPU: only MAX_SEARCHES of them preempt in one pass,
+    # the rest wait (the next passes go on)
+    limits = {f"t{i:03d}": Limits(guarantee_gpus=1) for i in range(100)}
+    held = [running(f"r{i}", "lender", (i,)) for i in range(64)]
+    queue = [job(f"j{i:03d}", f"t{i:03d}", 1) for i in range(100)]
+    p = plan(queue, held, limits, nodes(8, 8), NOW, FS)
+    preemptors = {pre.by for pre in p.preemptions}
+    assert len(preemptors) == len(p.preemptions) == MAX_SEARCHES
+    assert placed(p) == [] and len(p.wait_reasons) == 100
+    others = [why for jid, why in p.wait_reasons.items() if jid not in preemptors]
+    assert all(why.startswith(("waiting for capacity", "waiting behind job")) for why in others)
+
+
+def test_higher_priority_preempts_its_own_tenant_to_get_under_its_quota() -> None:
+    limits = {"a": Limits(gpus=4)}
+    held = [
+        running("lo-a", "a", (0, 1), priority=0, minutes=30),
+        running("lo-b", "a", (2,), priority=0, minutes=5),
+        running("lo-c", "a", (3,), priority=1, minutes=1),
+    ]
+    p = plan([job("hi", "a", 2, priority=5)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p) == ["lo-a"]  # the lowest priority, and enough on its own
+    assert p.preemptions[0].reason == "priority"
+    assert p.wait_reasons["hi"] == "preempting 1 job(s) of lower priority in its tenant to make room in its quota"
+    # next pass: lo-a is stopping; hi waits for it, nobody else is preempted
+    held2 = [running("lo-a", "a", (0, 1), priority=0, stopping=True), held[1], held[2]]
+    p2 = plan([job("hi", "a", 2, priority=5)], held2, limits, nodes(1, 8), NOW, FS)
+    assert victims(p2) == []
+    assert p2.wait_reasons["hi"] == "waiting for 1 stopping job(s) of its tenant to free its quota"
+    # the same priority preempts nobody: it waits for its quota
+    p3 = plan([job("same", "a", 2, priority=0)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p3) == [] and p3.wait_reasons["same"].startswith("tenant quota: ")
+
+
+def test_after_a_reclaim_the_owed_job_goes_before_the_borrower_it_preempted() -> None:
+    # the borrower's job (submitted first) was preempted for b's job and is queued again; both tenants now use
+    # nothing, so their shares tie: the job inside its tenant's guarantee is placed, not the borrower again
+    limits = {"a": Limits(guarantee_gpus=0, weight=1), "b": Limits(guarantee_gpus=2)}
+    borrower = job("a-ddp", "a", 2, submitted_at=NOW - timedelta(hours=2))
+    owner = job("b-own", "b", 2, submitted_at=NOW - timedelta(minutes=5))
+    p = plan([borrower, owner], [], limits, nodes(1, 2), NOW, FS)
+    assert placed(p) == ["b-own"]
+    assert not victims(p)
+    # the same with the borrower's tenant holding a guarantee elsewhere and the owner's queue ahead in the input
+    limits = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=2)}
+    p = plan([owner, borrower], [], limits, nodes(1, 2), NOW, FS)
+    assert placed(p) == ["b-own"]
