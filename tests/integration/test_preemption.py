@@ -113,12 +113,6 @@ def test_higher_priority_job_preempts_a_ddp_gang_which_resumes_from_its_checkpoi
         assert any("stopping job low" in e["reason"] for e in urgent["events"]), urgent["events"]
 
 
-@pytest.mark.xfail(
-    reason="planner (wtQ1): once the preempted attempt has ended, fair-share places the borrower's requeued job "
-    "(equal share 0, earlier submit) before the owner's job it was preempted for, which preempts it again in a "
-    "loop; owed jobs must be placed before borrowed ones",
-    strict=False,
-)
 def test_a_tenant_reclaims_its_lent_gpus_by_preemption(tmp_path, db_url):
     gpus = [GpuSpec(index=i, name=H100) for i in range(2)]
     with _platform(tmp_path, db_url, gpu_inventory=gpus, stop_grace_seconds=20.0) as env:
