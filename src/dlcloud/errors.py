@@ -18,6 +18,7 @@ HTTP_STATUS: dict[str, int] = {
     "unknown_format": 400,
     "duplicate_header": 400,
     "invalid_path": 400,
+    "priority_not_allowed": 400,
     "validation_error": 422,
     "unauthenticated": 401,
     "missing_signature": 401,
@@ -87,6 +88,12 @@ class InvalidSpec(DlcloudError):
 
 class InvalidArchive(DlcloudError):
     code = "invalid_archive"
+
+
+class PriorityNotAllowed(InvalidSpec):
+    """A job's priority (its class's or its own) outside its tenant's allowed range, or an unknown class."""
+
+    code = "priority_not_allowed"
 
 
 class NotFound(DlcloudError):
@@ -196,6 +203,7 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
     for cls in (
         InvalidArgument,
         InvalidSpec,
+        PriorityNotAllowed,
         InvalidArchive,
         NotFound,
         AlreadyExists,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -100,6 +100,31 @@ class Settings(BaseSettings):
     job_log_max_bytes: Annotated[int, Field(ge=16 * 1024)] = 256 * 1024 * 1024
     # a log read without --follow returns at most this many bytes, the end of the log (--follow streams it all)
     job_log_response_max_bytes: Annotated[int, Field(ge=4 * 1024)] = 4 * 1024 * 1024
+
+    # Scheduling (docs/scheduling.md): how each pass orders and places jobs (fifo | priority-backfill | fair-share
+    # | las); aging raises a waiting job's priority by ``scheduling_aging_step`` every
+    # ``scheduling_aging_interval_seconds`` waited, up to ``scheduling_aging_max`` (0: no aging); las: the
+    # attained-service boundaries (GPU-seconds) of its queues, lowest first
+    scheduling_policy: Literal["fifo", "priority-backfill", "fair-share", "las"] = "fair-share"
+    scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
+    scheduling_aging_max: Annotated[int, Field(ge=0, le=2000)] = 100
+    scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [3600.0, 36_000.0]
+    # named priorities a job spec may give as ``priority_class`` (each inside -1000..1000); a job that gives
+    # neither a class nor a ``priority`` gets ``default_priority_class``'s
+    priority_classes: dict[str, Annotated[int, Field(ge=-1000, le=1000)]] = {"low": -100, "normal": 0, "high": 100}
+    default_priority_class: str = "normal"
+
+    @model_validator(mode="after")
+    def _default_class_exists(self) -> Settings:
+        if self.default_priority_class not in self.priority_classes:
+            raise ValueError(
+                f"default_priority_class {self.default_priority_class!r} is not one of priority_classes "
+                f"({', '.join(sorted(self.priority_classes)) or 'none'})"
+            )
+        if sorted(self.scheduling_las_queues_gpu_seconds) != self.scheduling_las_queues_gpu_seconds:
+            raise ValueError("scheduling_las_queues_gpu_seconds must be in increasing order")
+        return self
 
     # Runtime environments (venvs built by the control plane)
     env_build_workers: Annotated[int, Field(ge=1, le=16)] = 2  # builds running at once

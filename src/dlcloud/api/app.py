@@ -16,6 +16,7 @@ from dlcloud.api import accounting, code, datasets, environments, jobs, metrics,
 from dlcloud.api.deps import streaming_caller
 from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
+from dlcloud.api.scheduling_metrics import SchedulingCollector
 from dlcloud.errors import DlcloudError
 from dlcloud.services.auth import AuthError, BatchVerifier
 from dlcloud.services.platform import Platform
@@ -70,6 +71,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
     prometheus_metrics = Metrics()
+    prometheus_metrics.registry.register(SchedulingCollector(platform))
     app.state.metrics = prometheus_metrics
 
     @app.exception_handler(DlcloudError)

@@ -7,7 +7,7 @@ from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
 from dlcloud.api.params import JobName
-from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection
+from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection, QueueEntry
 from dlcloud.services import jobs as svc
 from dlcloud.services.auth import Caller
 from dlcloud.services.logs import open_log_stream
@@ -33,6 +33,16 @@ def list_jobs(
     p: Platform = Depends(get_platform),
 ) -> list[Job]:
     return svc.list_jobs(p, c, states=state, limit=limit, offset=offset)
+
+
+@router.get("/queue", response_model=list[QueueEntry], name="queue.list")
+def list_queue(
+    limit: int = Query(1000, ge=1, le=10_000),
+    c: Caller = Depends(caller),
+    p: Platform = Depends(get_platform),
+) -> list[QueueEntry]:
+    """The waiting jobs in the scheduler's order: a platform admin sees every tenant's, others their tenant's."""
+    return svc.list_queue(p, c, limit=limit)
 
 
 @router.get("/jobs/{name}", response_model=JobDetail, name="jobs.describe")

@@ -42,6 +42,7 @@ ERROR_REF = "#/components/schemas/Error"
 ERRORS: dict[str, tuple[int, ...]] = {
     "jobs.submit": (400, 403, 404, 409, 429),
     "jobs.list": (),
+    "queue.list": (),
     "jobs.describe": (404,),
     "jobs.cancel": (403, 404, 409),
     "jobs.delete": (403, 404, 409),

@@ -103,6 +103,101 @@ def tenants_list(ctx: typer.Context, output: Output = OutputOption) -> None:
         render([_tenant_row(t) for t in ts], output, TENANT_COLUMNS)
 
 
+def _borrow(value: str, kind: type | None) -> object:
+    """A --borrow-* value: a number (``kind``), a memory size (``kind`` None), or 'unlimited'."""
+    if value.lower() in ("unlimited", "none", "-"):
+        return None
+    if kind is None:
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidArgument(f"a borrowing limit is a number or 'unlimited'; got {value!r}") from None
+
+
+def _priority_range(value: str) -> tuple[int, int]:
+    lo, sep, hi = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(lo), int(hi)
+    except ValueError:
+        raise InvalidArgument(f"--priority-range must be MIN:MAX, e.g. -100:100; got {value!r}") from None
+
+
+@tenants_app.command("update")
+def tenants_update(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name."),
+    guarantee_gpus: int | None = typer.Option(None, "--guarantee-gpus", help="GPUs the tenant is guaranteed."),
+    guarantee_cpus: float | None = typer.Option(None, "--guarantee-cpus", help="CPUs the tenant is guaranteed."),
+    guarantee_memory: str | None = typer.Option(None, "--guarantee-memory", help="Memory guaranteed, e.g. 64Gi."),
+    borrow_gpus: str | None = typer.Option(
+        None, "--borrow-gpus", help="GPUs it may borrow beyond its guarantee when idle, or 'unlimited'."
+    ),
+    borrow_cpus: str | None = typer.Option(None, "--borrow-cpus", help="CPUs it may borrow, or 'unlimited'."),
+    borrow_memory: str | None = typer.Option(
+        None, "--borrow-memory", help="Memory it may borrow, e.g. 64Gi, or 'unlimited'."
+    ),
+    weight: float | None = typer.Option(None, "--weight", help="Weight in fair share (default 1)."),
+    priority_range: str | None = typer.Option(
+        None, "--priority-range", help="Priorities its jobs may have, MIN:MAX (e.g. -100:100)."
+    ),
+    output: Output = OutputOption,
+) -> None:
+    """Change a tenant's scheduling terms (platform admin); what is not given stays as it is.
+
+    The guarantee must stay within the tenant's quota (dlcloud tenants set-quota). See docs/scheduling.md.
+
+    Examples:
+
+      dlcloud tenants update vision --guarantee-gpus 8 --borrow-gpus 8 --weight 2 --priority-range -100:100
+
+      dlcloud tenants update nlp --borrow-gpus unlimited
+    """
+    c = client(ctx)
+    sched = dict(c.tenants.get(name).get("scheduling") or {})
+    guarantee = dict(sched.get("guarantee") or {})
+    for key, value in (("gpus", guarantee_gpus), ("cpus", guarantee_cpus), ("memory", guarantee_memory)):
+        if value is not None:
+            guarantee[key] = value
+    borrow = dict(sched.get("borrow_limit") or {})
+    for key, raw, kind in (("gpus", borrow_gpus, int), ("cpus", borrow_cpus, float), ("memory", borrow_memory, None)):
+        if raw is not None:
+            borrow[key] = _borrow(raw, kind)
+    sched["guarantee"] = guarantee
+    sched["borrow_limit"] = borrow
+    if weight is not None:
+        sched["weight"] = weight
+    if priority_range is not None:
+        sched["priority_min"], sched["priority_max"] = _priority_range(priority_range)
+    t = c.tenants.update(name, scheduling=sched)
+    if output == Output.json:
+        print_json(t)
+        return
+    s = t["scheduling"]
+    g, b = s["guarantee"], s["borrow_limit"]
+
+    def limit(v: object, fmt=str) -> str:
+        return "unlimited" if v is None else fmt(v)
+
+    render_fields(
+        t,
+        output,
+        [
+            ("Tenant", t["name"]),
+            ("Guarantee", f"{g['gpus']} GPU, {g['cpus']:g} CPU, {format_memory(g['memory'])}"),
+            (
+                "Borrow limit",
+                f"{limit(b['gpus'])} GPU, {limit(b['cpus'], lambda v: f'{v:g}')} CPU, "
+                f"{limit(b['memory'], format_memory)} memory",
+            ),
+            ("Weight", f"{s['weight']:g}"),
+            ("Priority range", f"{s['priority_min']}..{s['priority_max']}"),
+        ],
+    )
+
+
 @tenants_app.command("set-quota")
 def tenants_set_quota(
     ctx: typer.Context,

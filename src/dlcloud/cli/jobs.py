@@ -215,7 +215,18 @@ def submit(
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs per replica."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPUs per replica."),
     memory: str | None = typer.Option(None, "--memory", help="Memory per replica, e.g. 4Gi."),
-    priority: int | None = typer.Option(None, "--priority", help="Higher runs first (-1000..1000)."),
+    priority: int | None = typer.Option(
+        None, "--priority", help="Higher runs first (-1000..1000, within your tenant's range)."
+    ),
+    priority_class: str | None = typer.Option(
+        None, "--priority-class", help="A priority class of the server (e.g. low, normal, high)."
+    ),
+    non_preemptible: bool = typer.Option(
+        False, "--non-preemptible", help="Never preempted: runs only inside your tenant's guarantee."
+    ),
+    max_run_time: str | None = typer.Option(
+        None, "--max-run-time", help="Longest an attempt should run, e.g. 2h: lets the scheduler backfill it."
+    ),
     timeout: str | None = typer.Option(None, "--timeout", help="Wall-clock limit, e.g. 30m or 2h."),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts after a failure."),
     backoff: float | None = typer.Option(None, "--backoff", help="Seconds between restarts."),
@@ -276,6 +287,8 @@ def submit(
 
       dlcloud jobs submit --name ctr --template wide-deep --data clicks@3 --data-format libsvm
 
+      dlcloud jobs submit -f job.yaml --priority-class high --max-run-time 2h --non-preemptible
+
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
 
     They are stored encrypted and never shown again: describe and -o json show each name with "***".
@@ -293,12 +306,20 @@ def submit(
         "command": command,
         "module": module,
         "priority": priority,
+        "priority_class": priority_class,
+        "max_run_time": max_run_time,
         "timeout": timeout,
         "environment": environment,
     }
     for key, value in overrides.items():
         if value is not None:
             spec[key] = value
+    if priority is not None:
+        spec.pop("priority_class", None)
+    if priority_class is not None:
+        spec.pop("priority", None)
+    if non_preemptible:
+        spec["preemptible"] = False
     if module is not None:
         spec.pop("command", None)
     if command is not None:
@@ -420,8 +441,9 @@ def describe(
         ("Code", job["code"]),
         ("Environment", job["environment"] + (f" ({job['environment_hash'][:12]})" if job["environment_hash"] else "")),
         ("Resources", f"{job['gpus']} GPU, {job['cpus']:g} CPU, {format_memory(job['memory'])}"),
-        ("Priority", job["priority"]),
-        ("Attempt", f"{job['attempt']} (restarts {job['restarts']})"),
+        ("Priority", f"{job['priority']}" + (f" ({job['priority_class']})" if job.get("priority_class") else "")),
+        ("Preemptible", "yes" if job.get("preemptible", True) else "no"),
+        ("Attempt", f"{job['attempt']} (restarts {job['restarts']}, preemptions {job.get('preemptions', 0)})"),
         ("Exit code", job["exit_code"]),
         ("Created", short_time(job["created_at"])),
         ("Started", short_time(job["started_at"])),
@@ -430,6 +452,9 @@ def describe(
     if job.get("queue_position") is not None:
         fields.append(("Queue position", job["queue_position"]))
         fields.append(("Waiting for", job["wait_reason"]))
+        fields.append(("Estimated start", short_time(job.get("estimated_start"))))
+    if job.get("preempt_requested"):
+        fields.append(("Being preempted", job.get("preempt_reason")))
     render_fields(job, output, fields)
     if job["attempts"]:
         console.print()
@@ -471,6 +496,49 @@ def describe(
         [("TIME", lambda e: short_time(e["time"])), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
         title="Events",
     )
+
+
+def queue(
+    ctx: typer.Context,
+    limit: int = typer.Option(1000, "--limit", help="At most this many jobs, from the head of the queue."),
+    output: Output = OutputOption,
+) -> None:
+    """Show the waiting jobs in the scheduler's order: why each waits and when it should start.
+
+    A platform admin sees every tenant's jobs; anyone else their own tenant's.
+
+    Examples:
+
+      dlcloud queue
+
+      dlcloud queue -o json
+    """
+    rows = client(ctx).jobs.queue(limit=limit)
+    render(
+        rows,
+        output,
+        [
+            ("POS", "position"),
+            ("TENANT", "tenant"),
+            ("NAME", "name"),
+            ("USER", "user"),
+            ("PRIORITY", lambda r: f"{r['priority']}" + (f" ({r['priority_class']})" if r["priority_class"] else "")),
+            ("GPUS", "gpus"),
+            ("WAITING", lambda r: _waited(r["wait_seconds"])),
+            ("EST. START", lambda r: short_time(r["estimated_start"]) if r["estimated_start"] else "-"),
+            ("PREEMPTED", "preemptions"),
+            ("WAIT REASON", "wait_reason"),
+        ],
+    )
+
+
+def _waited(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 @app.command("logs")

@@ -64,8 +64,14 @@ class JobsAPI:
         Raises:
             InvalidSpec / dlcloud.errors.DlcloudError with code validation_error: the spec is wrong.
             QuotaExceeded: the tenant's queue is full or the job exceeds the tenant's limits.
+            PriorityNotAllowed: an unknown priority class, or a priority outside the tenant's allowed range.
         """
         return self._t.request("POST", f"{API}/jobs", json_body=spec)
+
+    def queue(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The waiting jobs in the scheduler's order, with wait reason and estimated start: a platform admin's
+        call shows every tenant's, anyone else's their own tenant's."""
+        return self._t.request("GET", f"{API}/queue", params={"limit": limit})
 
     def list(self, states: list[str] | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
         return self._t.request("GET", f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})

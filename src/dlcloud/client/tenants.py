@@ -24,6 +24,19 @@ class TenantsAPI:
     def set_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
         return self._t.request("PATCH", f"{API}/tenants/{name}", json_body={"quota": quota})
 
+    def update(
+        self, name: str, *, quota: dict[str, Any] | None = None, scheduling: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Replace a tenant's quota and/or its scheduling terms (platform admin): ``scheduling`` keys are
+        guarantee {gpus, cpus, memory}, borrow_limit {gpus, cpus, memory} (None: unlimited), weight,
+        priority_min, priority_max (docs/scheduling.md)."""
+        body: dict[str, Any] = {}
+        if quota is not None:
+            body["quota"] = quota
+        if scheduling is not None:
+            body["scheduling"] = scheduling
+        return self._t.request("PATCH", f"{API}/tenants/{name}", json_body=body)
+
 
 class UsersAPI:
     def __init__(self, t: Transport):

@@ -33,6 +33,7 @@ class JobState(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMED_OUT = "TIMED_OUT"
+    PREEMPTED = "PREEMPTED"  # transient: its attempt was stopped for another job; queued again at once
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
@@ -180,7 +181,15 @@ class JobSpec(Request):
     secret_env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256, repr=False)] = {}
     restart: RestartPolicy = RestartPolicy()
     timeout: DurationSeconds | None = None
-    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    # scheduling (docs/scheduling.md): a priority class of the server's ``priority_classes`` or a priority of
+    # its own (None of both: the default class); either must be inside the tenant's allowed range
+    priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
+    priority_class: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    # False: never preempted, and so only started inside the tenant's guarantee (fair-share)
+    preemptible: bool = True
+    # the longest an attempt is expected to run: a declaration for backfill and start estimates, not enforced
+    # (``timeout`` is the enforced limit, and the estimate when this is not given)
+    max_run_time: DurationSeconds | None = None
     pre_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     post_command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     post_timeout: DurationSeconds | None = None  # None: DEFAULT_POST_TIMEOUT_SECONDS
@@ -235,6 +244,10 @@ class JobSpec(Request):
             raise ValueError("register_model.path is required: the file or directory in DLCLOUD_OUTPUT_DIR to register")
         if self.args and not self.module:
             raise ValueError("'args' goes with 'module'; put arguments into 'command' instead")
+        if self.priority is not None and self.priority_class is not None:
+            raise ValueError("give 'priority' or 'priority_class', not both")
+        if self.max_run_time is not None and self.max_run_time <= 0:
+            raise ValueError(f"max_run_time must be positive, got {self.max_run_time:g} s")
         if self.post_timeout is not None and not self.post_command:
             raise ValueError("'post_timeout' goes with 'post_command'; add a post_command or leave post_timeout out")
         self._check_replica_groups()
@@ -374,6 +387,9 @@ class Job(Response):
     code: str | None
     command: str
     environment: str  # "default": the server's own Python environment
+    priority_class: str | None = None
+    preemptible: bool = True
+    preemptions: int = 0  # times its attempt was stopped for another job (restarts do not count them)
 
 
 class JobDetail(Job):
@@ -381,8 +397,34 @@ class JobDetail(Job):
     environment_hash: str | None  # the build of the environment the job runs in (None for default)
     queue_position: int | None
     wait_reason: str | None
+    estimated_start: datetime | None = None  # while it waits, where the scheduler can tell
+    max_run_time: float | None = None  # seconds: the declaration the scheduler plans with
+    preempt_requested: bool = False  # being stopped for another job
+    preempt_reason: str | None = None
     events: list[JobEvent]
     attempts: list[JobAttempt]
+
+
+class QueueEntry(Response):
+    """One waiting job in the scheduler's queue (``GET /queue``)."""
+
+    position: int  # 1-based, in the queue's order (priority, then submit time) across the tenants shown
+    id: str
+    name: str
+    tenant: str
+    user: str
+    state: JobState
+    priority: int
+    priority_class: str | None
+    gpus: int
+    cpus: float
+    memory: int
+    preemptible: bool
+    preemptions: int
+    submitted_at: datetime
+    wait_seconds: float
+    wait_reason: str | None
+    estimated_start: datetime | None
 
 
 class CodeUpload(Response):

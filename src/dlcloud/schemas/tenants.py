@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dlcloud.schemas.common import JSON_NUMBER, MemoryBytes, Name, Request, Response
 
@@ -26,13 +26,54 @@ class QuotaSpec(Request):
     storage: MemoryBytes | None = None  # bytes of the tenant's datasets, model versions and code uploads
 
 
+Priority = Annotated[int, Field(ge=-1000, le=1000), JSON_NUMBER]
+Weight = Annotated[float, Field(gt=0, le=1000), JSON_NUMBER]
+
+
+class GuaranteeSpec(Request):
+    """What a tenant is guaranteed: it may preempt borrowers of other tenants to get it back (fair-share)."""
+
+    gpus: GpuCount = 0
+    cpus: CpuCount = 0.0
+    memory: MemoryBytes = 0
+
+
+class BorrowLimitSpec(Request):
+    """How much a tenant may use beyond its guarantee when capacity is idle; ``None`` means unlimited."""
+
+    gpus: GpuCount | None = None
+    cpus: CpuCount | None = None
+    memory: MemoryBytes | None = None
+
+
+class SchedulingSpec(Request):
+    """A tenant's fair-share terms (docs/scheduling.md): guarantee, borrowing limit, weight in dominant-resource
+    fairness, and the priorities its jobs may have (``priority_min`` .. ``priority_max``)."""
+
+    guarantee: GuaranteeSpec = GuaranteeSpec()
+    borrow_limit: BorrowLimitSpec = BorrowLimitSpec()
+    weight: Weight = 1.0
+    priority_min: Priority = -1000
+    priority_max: Priority = 1000
+
+    @model_validator(mode="after")
+    def _range_in_order(self) -> SchedulingSpec:
+        if self.priority_min > self.priority_max:
+            raise ValueError(f"priority_min ({self.priority_min}) must not be above priority_max ({self.priority_max})")
+        return self
+
+
 class TenantCreate(Request):
     name: Name
     quota: QuotaSpec = QuotaSpec()
+    scheduling: SchedulingSpec = SchedulingSpec()
 
 
 class TenantUpdate(Request):
-    quota: QuotaSpec
+    """What is given is replaced whole (a quota, the scheduling terms); what is left out stays."""
+
+    quota: QuotaSpec | None = None
+    scheduling: SchedulingSpec | None = None
 
 
 class Tenant(Response):
@@ -40,6 +81,7 @@ class Tenant(Response):
     name: str
     created_at: datetime
     quota: QuotaSpec
+    scheduling: SchedulingSpec = SchedulingSpec()
 
 
 class QuotaUsage(Response):

@@ -2,6 +2,7 @@
 
     QUEUED ──> STARTING ──> RUNNING ──> SUCCEEDED | FAILED | CANCELLED | TIMED_OUT
        │          │  └──────────┴──> RESTARTING ──> STARTING (a new attempt, after the backoff)
+       │          └──────────┴──> PREEMPTED ──> QUEUED (its attempt stopped for another job; same place)
        └──────────┴──> CANCELLED      (RESTARTING ──> CANCELLED)
        └──> FAILED                    (RESTARTING ──> FAILED): its environment failed to build
 
@@ -11,6 +12,12 @@ JobEvent with a human-readable reason.
 The rules of how an attempt's end moves its job live here too: ``end_attempt`` (cancelled, timed out,
 succeeded or failed, by what the executor reported) and ``fail_or_restart`` (the restart policy: exit codes
 that never or only restart, ``max_restarts``, the backoff). The control loop reports; this module decides.
+
+Preemption (docs/scheduling.md): the scheduling pass sets ``preempt_requested`` (``request_preemption``); the
+supervision stops the attempt as it stops a cancelled one; when the attempt has ended, ``end_attempt`` moves
+the job PREEMPTED and at once QUEUED again (``requeue_preempted``): two events, ``created_at`` kept (its place
+in the queue), ``restarts`` untouched, ``preemptions`` + 1. A cancel wins over a preemption: CANCELLED. An
+attempt that ends on its own before the stop reaches it (exit 0, not stopped) ends as it would have.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, utcnow
 S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING}),
+    S.STARTING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING, S.PREEMPTED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.RESTARTING, S.PREEMPTED}),
+    S.PREEMPTED: frozenset({S.QUEUED}),
     S.RESTARTING: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
@@ -75,8 +83,11 @@ def transition(
     if to in TERMINAL_STATES:
         job.finished_at = now
         job.wait_reason = None
+        job.estimated_start = None
+        job.preempt_requested = False
     if to in (S.STARTING, S.RUNNING):
         job.wait_reason = None
+        job.estimated_start = None
     event = {
         "job_id": job.id,
         "tenant_id": job.tenant_id,
@@ -139,6 +150,47 @@ def fail_or_restart(s: Session, job: JobRow, why: str, now: datetime, code: int 
         transition(s, job, S.FAILED, why + tail, at=now)
 
 
+def request_preemption(s: Session, job: JobRow, reason: str, *, at: datetime | None = None) -> bool:
+    """Ask for ``job``'s live attempt to be stopped for another job (``reason`` names it); False when it is
+    not running, is already being stopped (preempted or cancelled) or may not be preempted."""
+    if JobState(job.state) not in (S.STARTING, S.RUNNING):
+        return False
+    if job.preempt_requested or job.cancel_requested or not job.preemptible:
+        return False
+    job.preempt_requested = True
+    job.preempt_reason = reason
+    note(s, job, reason, at=at)
+    return True
+
+
+def requeue_preempted(s: Session, job: JobRow, attempt: AttemptRow, now: datetime, detail: str = "") -> None:
+    """The preempted attempt has ended: PREEMPTED, then QUEUED again in its old place (``created_at`` is kept);
+    restarts are not counted, preemptions are."""
+    attempt.outcome = "preempted"
+    why = job.preempt_reason or "preempted"
+    transition(s, job, S.PREEMPTED, f"{why}; attempt {job.attempt} stopped{detail}", at=now)
+    job.preempt_requested = False
+    job.preemptions += 1
+    job.not_before = None
+    transition(
+        s,
+        job,
+        S.QUEUED,
+        f"queued again after preemption {job.preemptions}, in its place (submitted "
+        f"{job.created_at.isoformat(timespec='seconds')}); it resumes from its checkpoint",
+        at=now,
+    )
+
+
+def account_attempt(job: JobRow, attempt: AttemptRow, now: datetime) -> None:
+    """Add the ended attempt's GPU-seconds to the job's attained service (the las policy reads it)."""
+    gpus = len(attempt.gpus or [])
+    if gpus and attempt.started_at is not None:
+        job.attained_gpu_seconds = (job.attained_gpu_seconds or 0.0) + gpus * max(
+            0.0, (now - attempt.started_at).total_seconds()
+        )
+
+
 def end_attempt(
     s: Session,
     job: JobRow,
@@ -158,7 +210,10 @@ def end_attempt(
     did)."""
     if JobState(job.state) == S.STARTING:
         transition(s, job, S.RUNNING, f"attempt {job.attempt} ran", at=started_at)
-    if job.cancel_requested or stopped:
+    account_attempt(job, attempt, now)
+    if job.preempt_requested and not job.cancel_requested and (stopped or exit_code != 0):
+        requeue_preempted(s, job, attempt, now, f" (exit code {exit_code}){note}")
+    elif job.cancel_requested or stopped:
         attempt.outcome = "cancelled"
         transition(s, job, S.CANCELLED, f"cancelled; exit code {exit_code}{note}", at=now)
     elif timed_out:

@@ -22,6 +22,7 @@ from dlcloud.errors import (
     InvalidState,
     NotFound,
     PermissionDenied,
+    PriorityNotAllowed,
     QuotaExceeded,
 )
 from dlcloud.schemas.common import format_memory
@@ -35,6 +36,7 @@ from dlcloud.schemas.jobs import (
     JobReplica,
     JobSpec,
     JobState,
+    QueueEntry,
 )
 from dlcloud.schemas.models import FORMATS
 from dlcloud.services import datasets, environments, job_states, recipes
@@ -95,6 +97,9 @@ def _job_fields(row: Any, tenant: str, user: str) -> dict[str, Any]:
         code=row.code_id,
         command=row.command,
         environment=row.environment or "default",
+        priority_class=row.priority_class,
+        preemptible=row.preemptible,
+        preemptions=row.preemptions,
     )
 
 
@@ -169,6 +174,53 @@ def check_fits(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
             )
     if q.quota_max_running_jobs == 0:
         raise QuotaExceeded(f"tenant {tenant.name!r} may not run jobs (max_running_jobs is 0)")
+
+
+def resolve_priority(platform: Platform, tenant: TenantRow, spec: JobSpec) -> tuple[int, str | None]:
+    """(priority, class) of a job: its own ``priority``, else its class's value (the default class when it gives
+    neither); PriorityNotAllowed for an unknown class or a priority outside the tenant's allowed range."""
+    settings = platform.settings
+    classes = settings.priority_classes
+    name = None
+    if spec.priority is not None:
+        value = spec.priority
+    else:
+        name = spec.priority_class or settings.default_priority_class
+        if name not in classes:
+            known = ", ".join(f"{k} ({v})" for k, v in sorted(classes.items(), key=lambda kv: kv[1]))
+            raise PriorityNotAllowed(
+                f"unknown priority_class {name!r}; the classes are: {known}",
+                details={"priority_class": name, "classes": dict(classes)},
+            )
+        value = classes[name]
+    if not tenant.priority_min <= value <= tenant.priority_max:
+        what = f"priority_class {name!r} has priority {value}" if name else f"priority {value}"
+        raise PriorityNotAllowed(
+            f"{what}, but tenant {tenant.name!r} may only use priorities {tenant.priority_min}..{tenant.priority_max}",
+            details={"priority": value, "min": tenant.priority_min, "max": tenant.priority_max},
+        )
+    return value, name
+
+
+def check_non_preemptible(platform: Platform, tenant: TenantRow, spec: JobSpec) -> None:
+    """Under fair share a non-preemptible job runs only inside its tenant's guarantee: refuse one that could never
+    fit inside it, instead of letting it wait forever."""
+    if spec.preemptible or platform.settings.scheduling_policy != "fair-share":
+        return
+    gpus, cpus, memory = spec.total_resources()
+    checks: list[tuple[str, float, float, Callable[[Any], str]]] = [
+        ("gpus", gpus, tenant.guarantee_gpus, str),
+        ("cpu", cpus, tenant.guarantee_cpus, lambda v: f"{v:g}"),
+        ("memory", memory, tenant.guarantee_memory, format_memory),
+    ]
+    for what, want, guaranteed, fmt in checks:
+        if want > guaranteed:
+            raise InvalidSpec(
+                f"a non-preemptible job runs only inside its tenant's guarantee: it needs {fmt(want)} {what}, "
+                f"tenant {tenant.name!r} is guaranteed {fmt(guaranteed)}; submit it preemptible or ask an "
+                "administrator for a guarantee (dlcloud tenants update --guarantee-...)",
+                details={"resource": what, "guarantee": guaranteed, "requested": want},
+            )
 
 
 def _check_template(spec: JobSpec) -> None:
@@ -252,6 +304,8 @@ def create_job_row(
     if tenant is None:
         raise NotFound("your tenant no longer exists")
     check_fits(platform, tenant, spec)
+    priority, priority_class = resolve_priority(platform, tenant, spec)
+    check_non_preemptible(platform, tenant, spec)
     environment, environment_hash = environments.resolve_for_job(platform, s, caller, spec.environment)
     if spec.code is not None:
         code = s.get(CodeRow, spec.code)
@@ -292,7 +346,14 @@ def create_job_row(
         code_id=spec.code,
         state=JobState.QUEUED.value,
         reason="submitted",
-        priority=spec.priority,
+        priority=priority,
+        priority_class=priority_class,
+        preemptible=spec.preemptible,
+        # what the scheduler plans with: the declaration, else the enforced timeout, the smaller of both
+        max_run_time_seconds=min((t for t in (spec.max_run_time, spec.timeout) if t is not None), default=None),
+        preempt_requested=False,
+        preemptions=0,
+        attained_gpu_seconds=0.0,
         gpus=gpus,
         cpus=cpus,
         memory=memory,
@@ -376,11 +437,48 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         environment_hash=row.environment_hash,
         queue_position=position,
         wait_reason=wait,
+        estimated_start=row.estimated_start if position is not None else None,
+        max_run_time=row.max_run_time_seconds,
+        preempt_requested=row.preempt_requested,
+        preempt_reason=row.preempt_reason if row.preempt_requested else None,
         events=[JobEvent(**e._asdict()) for e in events],
         attempts=[
             JobAttempt(**{**a._asdict(), "ports": a.ports or []}, replicas=replicas.get(a.number, [])) for a in attempts
         ],
     )
+
+
+def list_queue(platform: Platform, caller: Caller, *, limit: int = 1000) -> list[QueueEntry]:
+    """The waiting jobs in the queue's order (priority, then submit time): a platform admin sees every tenant's,
+    anyone else their own tenant's. Positions count the jobs shown."""
+    now = utcnow()
+    with platform.db.read_connection() as conn:
+        rows = job_store.queue_rows(conn, None if caller.is_platform_admin else caller.tenant_id, limit)
+    entries = []
+    for i, r in enumerate(rows, start=1):
+        entries.append(
+            QueueEntry(
+                position=i,
+                id=r.id,
+                name=r.name,
+                tenant=r.tenant_name,
+                user=r.user_name or r.user_id,
+                state=JobState(r.state),
+                priority=r.priority,
+                priority_class=r.priority_class,
+                gpus=r.gpus,
+                cpus=r.cpus,
+                memory=r.memory,
+                preemptible=r.preemptible,
+                preemptions=r.preemptions,
+                submitted_at=r.created_at,
+                wait_seconds=max(0.0, (now - r.created_at).total_seconds()),
+                wait_reason=r.wait_reason
+                or ("waiting for the scheduler" if i == 1 else f"waiting behind {i - 1} earlier job(s) in the queue"),
+                estimated_start=r.estimated_start,
+            )
+        )
+    return entries
 
 
 def _require_owner_or_admin(caller: Caller, row: JobRow, what: str) -> None:

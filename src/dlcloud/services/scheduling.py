@@ -1,10 +1,16 @@
 """The scheduling pass: places queued jobs and records their new attempts, in one write transaction.
 
-The pass reads the queue (in QUEUE_ORDER, lazily), plans placements with ``scheduler.planner``, writes the wait
-reasons that changed, and for each placement records the attempt (STARTING) with its ports and replicas and
-builds its Workload (``workloads.build``). It starts nothing: the control loop starts the workloads after the
-transaction commits, so a crash in between leaves attempts that never launched, which supervision starts
-(``supervision.py``); nothing is lost and nothing runs twice.
+The pass reads the queue (in QUEUE_ORDER, lazily), the live attempts (``Held``, with what the policies weigh:
+priority, submit and start times, preemptibility, declared run time, attained GPU-seconds, whether it is already
+being stopped) and the tenants' quotas and fair-share terms (``Limits``), plans with ``scheduler.planner`` under
+the server's ``PlanConfig`` (``plan_config``), writes the wait reasons and estimated starts that changed, asks
+for the preemptions the plan chose (``job_states.request_preemption``: the supervision stops those attempts), and
+for each placement records the attempt (STARTING) with its ports and replicas and builds its Workload
+(``workloads.build``); a placement beyond its tenant's guarantee gets a "borrowing" event.
+
+It starts nothing: the control loop starts the workloads after the transaction commits, so a crash in between
+leaves attempts that never launched, which supervision starts (``supervision.py``); nothing is lost and nothing
+runs twice.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select
 from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.scheduler.planner import GroupDemand, Held, Limits, QueuedJob, plan
+from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import job_states, recipes, workloads
 from dlcloud.services.jobs import QUEUE_STATES
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator
+from dlcloud.settings import Settings
 from dlcloud.store.rows import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
@@ -32,6 +39,95 @@ WriteTransaction = Callable[[], contextlib.AbstractContextManager[Session]]
 
 
 QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+
+
+def plan_config(settings: Settings) -> PlanConfig:
+    """The planner's configuration from the server's settings (docs/scheduling.md)."""
+    return PlanConfig(
+        policy=Policy(settings.scheduling_policy),
+        aging_interval_s=settings.scheduling_aging_interval_seconds,
+        aging_step=settings.scheduling_aging_step,
+        aging_max=settings.scheduling_aging_max,
+        las_queues_gpu_s=tuple(settings.scheduling_las_queues_gpu_seconds),
+        preemption_grace_s=settings.stop_grace_seconds,
+    )
+
+
+def read_held(conn: Connection, now: datetime) -> list[Held]:
+    """What every live attempt holds, with what the policies weigh (a gang is one ``Held``: preempted whole).
+    ``progress_at`` is the attempt's start: the platform does not see a job's checkpoints."""
+    q = select(
+        AttemptRow.tenant_id,
+        AttemptRow.gpus,
+        AttemptRow.cpus,
+        AttemptRow.memory,
+        AttemptRow.job_id,
+        AttemptRow.started_at,
+        JobRow.priority,
+        JobRow.created_at,
+        JobRow.preemptible,
+        JobRow.max_run_time_seconds,
+        JobRow.attained_gpu_seconds,
+        JobRow.cancel_requested,
+        JobRow.preempt_requested,
+    ).outerjoin(JobRow, JobRow.id == AttemptRow.job_id)
+    held = []
+    for r in conn.execute(q.where(AttemptRow.finished_at.is_(None))):
+        gpus = tuple(r.gpus)
+        running_s = max(0.0, (now - r.started_at).total_seconds()) if r.started_at is not None else 0.0
+        held.append(
+            Held(
+                r.tenant_id,
+                gpus,
+                r.cpus,
+                r.memory,
+                job_id=r.job_id,
+                priority=r.priority or 0,
+                submitted_at=r.created_at,
+                started_at=r.started_at,
+                progress_at=r.started_at,
+                max_run_time_s=r.max_run_time_seconds,
+                # a job deleted under a live attempt (no row) cannot be a victim
+                preemptible=bool(r.preemptible) if r.preemptible is not None else False,
+                attained_gpu_s=(r.attained_gpu_seconds or 0.0) + len(gpus) * running_s,
+                stopping=bool(r.cancel_requested or r.preempt_requested),
+            )
+        )
+    return held
+
+
+def read_limits(conn: Connection) -> dict[str, Limits]:
+    """Every tenant's quota (hard caps) and fair-share terms."""
+    q = select(
+        TenantRow.id,
+        TenantRow.quota_gpus,
+        TenantRow.quota_cpus,
+        TenantRow.quota_memory,
+        TenantRow.quota_max_running_jobs,
+        TenantRow.guarantee_gpus,
+        TenantRow.guarantee_cpus,
+        TenantRow.guarantee_memory,
+        TenantRow.borrow_gpus,
+        TenantRow.borrow_cpus,
+        TenantRow.borrow_memory,
+        TenantRow.weight,
+    )
+    return {
+        r.id: Limits(
+            r.quota_gpus,
+            r.quota_cpus,
+            r.quota_memory,
+            r.quota_max_running_jobs,
+            guarantee_gpus=r.guarantee_gpus or 0,
+            guarantee_cpus=r.guarantee_cpus or 0.0,
+            guarantee_memory=r.guarantee_memory or 0,
+            borrow_gpus=r.borrow_gpus,
+            borrow_cpus=r.borrow_cpus,
+            borrow_memory=r.borrow_memory,
+            weight=r.weight or 1.0,
+        )
+        for r in conn.execute(q)
+    }
 
 
 def _behind(row: Row) -> ColumnElement[bool]:
@@ -82,11 +178,15 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
             JobRow.gpu_type,
             JobRow.not_before,
             JobRow.wait_reason,
+            JobRow.estimated_start,
             JobRow.priority,
             JobRow.created_at,
             JobRow.environment,
             JobRow.environment_hash,
             JobRow.replica_groups,
+            JobRow.preemptible,
+            JobRow.max_run_time_seconds,
+            JobRow.attained_gpu_seconds,
         ).where(JobRow.state.in_(QUEUE_STATES))
         if after is not None:
             q = q.where(_behind(after))
@@ -98,7 +198,20 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
                 for g in r.replica_groups or ()
             )
             yield QueuedJob(
-                r.id, r.tenant_id, r.gpus, r.cpus, r.memory, r.gpu_type, r.not_before, holds.reason(r), groups
+                r.id,
+                r.tenant_id,
+                r.gpus,
+                r.cpus,
+                r.memory,
+                r.gpu_type,
+                r.not_before,
+                holds.reason(r),
+                groups,
+                priority=r.priority,
+                submitted_at=r.created_at,  # kept across preemptions: a preempted job keeps its place
+                max_run_time_s=r.max_run_time_seconds,
+                preemptible=r.preemptible,
+                attained_gpu_s=r.attained_gpu_seconds or 0.0,
             )
         if len(rows) < size:
             return
@@ -130,35 +243,21 @@ class SchedulingPass:
             first = next(queue, None)
             if first is None:
                 return []
-            held = [
-                Held(t, tuple(g), c, m)
-                for t, g, c, m in conn.execute(
-                    select(AttemptRow.tenant_id, AttemptRow.gpus, AttemptRow.cpus, AttemptRow.memory).where(
-                        AttemptRow.finished_at.is_(None)
-                    )
-                )
-            ]
-            limits = {
-                t: Limits(g, c, m, r)
-                for t, g, c, m, r in conn.execute(
-                    select(
-                        TenantRow.id,
-                        TenantRow.quota_gpus,
-                        TenantRow.quota_cpus,
-                        TenantRow.quota_memory,
-                        TenantRow.quota_max_running_jobs,
-                    )
-                )
-            }
-            result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now)
+            held = read_held(conn, now)
+            limits = read_limits(conn)
+            config = plan_config(self.p.settings)
+            result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
             reasons = result.wait_reasons
-            # write the wait reasons that changed; a job no longer held back by something specific gets its
-            # reason cleared (a placed job's is cleared by its transition)
+            starts = result.estimated_start
+            # write the wait reasons and estimated starts that changed; a job no longer held back by something
+            # specific gets its reason cleared (a placed job's is cleared by its transition)
             changed = [
-                {"id": r.id, "wait_reason": reasons.get(r.id)}
+                {"id": r.id, "wait_reason": reasons.get(r.id), "estimated_start": starts.get(r.id)}
                 for r in seen
-                if r.wait_reason != reasons.get(r.id) and r.id not in placed and r.id not in holds.failed
+                if (r.wait_reason != reasons.get(r.id) or r.estimated_start != starts.get(r.id))
+                and r.id not in placed
+                and r.id not in holds.failed
             ]
             if changed:
                 s.execute(update(JobRow), changed)
@@ -167,10 +266,16 @@ class SchedulingPass:
                 # their own
                 s.execute(
                     update(JobRow)
-                    .where(JobRow.state.in_(QUEUE_STATES), JobRow.wait_reason.is_not(None), _behind(seen[-1]))
-                    .values(wait_reason=None)
+                    .where(
+                        JobRow.state.in_(QUEUE_STATES),
+                        or_(JobRow.wait_reason.is_not(None), JobRow.estimated_start.is_not(None)),
+                        _behind(seen[-1]),
+                    )
+                    .values(wait_reason=None, estimated_start=None)
                     .execution_options(synchronize_session=False)
                 )
+            if result.preemptions:
+                self._preempt(s, result, now)
             jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
             attempts: list[dict] = []
             events: list[dict] = []
@@ -189,7 +294,11 @@ class SchedulingPass:
                         f"{settings.job_port_range_end}"
                     )
                     continue
-                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got))
+                # a tenant without a guarantee borrows all it uses: no event says so for every job
+                lim = limits.get(job.tenant_id)
+                guaranteed = lim is not None and (lim.guarantee_gpus or lim.guarantee_cpus or lim.guarantee_memory)
+                borrowing = job_id in result.borrowing and bool(guaranteed)
+                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing))
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
                     if job.state in QUEUE_STATES:
@@ -200,6 +309,31 @@ class SchedulingPass:
                 s.execute(insert(ReplicaRow), replicas)
             job_states.add_events(s, events)
         return workloads
+
+    def _preempt(self, s: Session, result: Plan, now: datetime) -> None:
+        """Ask for the plan's preemptions: each victim's row gets ``preempt_requested`` and an event naming the
+        job it makes room for; the preemptor an event too (once: a victim already being stopped is skipped)."""
+        ids = sorted({p.job_id for p in result.preemptions} | {p.by for p in result.preemptions})
+        rows = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)).with_for_update())}
+        asked = False
+        for p in result.preemptions:
+            victim, by = rows.get(p.job_id), rows.get(p.by)
+            if victim is None:
+                continue
+            by_name = by.name if by is not None else p.by
+            # the planner's message names the preemptor by id ("preempted by job ID (reason): why"): keep the why
+            detail = p.message
+            if detail.startswith("preempted by") and "): " in detail:
+                detail = detail.split("): ", 1)[1]
+            why = f"preempted by {by_name} ({p.reason})" + (f": {detail}" if detail else "")
+            if not job_states.request_preemption(s, victim, why, at=now):
+                continue
+            asked = True
+            if by is not None:
+                what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
+                job_states.note(s, by, f"{what}: stopping job {victim.name} to make room", at=now)
+        if asked:
+            self.p.wake()  # the supervision stops them at its next pass
 
     def _load_for_placement(self, s: Session, job_ids: list[str]) -> dict[str, JobRow]:
         """The jobs to place, locked, in a few queries; their code rows go into the identity map so that
@@ -225,6 +359,7 @@ class SchedulingPass:
         events: list[dict],
         replicas: list[dict],
         ports: list[int],
+        borrowing: bool = False,
     ) -> tuple[str, Workload]:
         """Record attempt ``job.attempt + 1``: the attempt, replica and event rows go to ``attempts`` /
         ``replicas`` / ``events`` for one bulk insert each."""
@@ -267,12 +402,29 @@ class SchedulingPass:
         where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
         if workload.replicas:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
+        resumed = ""
+        if job.preempt_reason is not None:  # the first attempt after a preemption
+            resumed = f"resumed after preemption {job.preemptions}: "
+            job.preempt_reason = None
         job_states.transition(
             s,
             job,
             JobState.STARTING,
-            f"attempt {job.attempt} placed on {self.p.inventory.host}{where}",
+            f"{resumed}attempt {job.attempt} placed on {self.p.inventory.host}{where}",
             at=now,
             events=events,
         )
+        if borrowing:
+            events.append(
+                {
+                    "job_id": job.id,
+                    "tenant_id": job.tenant_id,
+                    "time": now,
+                    "from_state": JobState.STARTING.value,
+                    "to_state": JobState.STARTING.value,
+                    "reason": "borrowing idle capacity beyond its tenant's guarantee: it may be preempted when the "
+                    "lenders need it back",
+                    "attempt": job.attempt,
+                }
+            )
         return handle, workload

@@ -6,6 +6,10 @@ RUNNING once the executor says so; the end of an attempt (exit, timeout, stop, l
 tick, never blocking) and the job's outputs saved into the object store before an attempt's end is recorded
 (and, for a job that succeeded with ``register_model``, a model registered from them: ``job_models``); an attempt that
 was recorded but never launched (a crash between the scheduling pass's commit and the start) started again.
+
+A preempted job's attempt (``preempt_requested``, set by the scheduling pass) is stopped exactly like a cancelled
+one: SIGTERM, the grace period, the whole gang. The flag is in the database, so a control plane that restarts
+mid-preemption stops the attempt again and finishes the preemption (``job_states.requeue_preempted``).
 """
 
 from __future__ import annotations
@@ -78,13 +82,15 @@ class Supervisor:
                     JobRow.id,
                     JobRow.state,
                     JobRow.cancel_requested,
+                    JobRow.preempt_requested,
                 )
                 .join(JobRow, JobRow.id == AttemptRow.job_id)
                 .where(AttemptRow.finished_at.is_(None))
             ).all()
-        for attempt_id, handle, tenant_id, number, job_id, state, cancel in live:
+        for attempt_id, handle, tenant_id, number, job_id, state, cancel, preempt in live:
             try:
-                self._supervise(attempt_id, handle, tenant_id, number, job_id, state, cancel)
+                # a preemption stops the attempt as a cancel does; how it ends decides the rest (job_states)
+                self._supervise(attempt_id, handle, tenant_id, number, job_id, state, cancel or preempt)
             except LeadershipLost:
                 raise
             except Exception:  # one attempt's trouble must not stop the supervision of the others
@@ -267,8 +273,11 @@ class Supervisor:
             attempt.outcome = "lost"
             release_ports(s, job.id, attempt.number)
             self._record_replicas(s, job, report, lost=True)
+            job_states.account_attempt(job, attempt, now)
             if job.cancel_requested:
                 job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)
+            elif job.preempt_requested:
+                job_states.requeue_preempted(s, job, attempt, now, "; it was lost")
             else:
                 why = f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}"
                 job_states.fail_or_restart(s, job, why, now)

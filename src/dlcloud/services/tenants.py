@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
-from dlcloud.schemas.tenants import QuotaSpec, Tenant, TenantCreate, TenantUpdate
+from dlcloud.schemas.common import format_memory
+from dlcloud.schemas.tenants import (
+    BorrowLimitSpec,
+    GuaranteeSpec,
+    QuotaSpec,
+    SchedulingSpec,
+    Tenant,
+    TenantCreate,
+    TenantUpdate,
+)
 from dlcloud.schemas.users import AccessKey, AccessKeyCreated, KeyCreate, Role, User, UserCreate
 from dlcloud.services.auth import Caller
 from dlcloud.services.secrets import SecretBox
@@ -35,7 +46,46 @@ def _tenant_model(row: TenantRow) -> Tenant:
             max_queued_jobs=row.quota_max_queued_jobs,
             storage=row.quota_storage,
         ),
+        scheduling=scheduling_model(row),
     )
+
+
+def scheduling_model(row: TenantRow) -> SchedulingSpec:
+    return SchedulingSpec(
+        guarantee=GuaranteeSpec(gpus=row.guarantee_gpus, cpus=row.guarantee_cpus, memory=row.guarantee_memory),
+        borrow_limit=BorrowLimitSpec(gpus=row.borrow_gpus, cpus=row.borrow_cpus, memory=row.borrow_memory),
+        weight=row.weight,
+        priority_min=row.priority_min,
+        priority_max=row.priority_max,
+    )
+
+
+def _apply_scheduling(row: TenantRow, spec: SchedulingSpec) -> None:
+    row.guarantee_gpus = spec.guarantee.gpus
+    row.guarantee_cpus = spec.guarantee.cpus
+    row.guarantee_memory = spec.guarantee.memory
+    row.borrow_gpus = spec.borrow_limit.gpus
+    row.borrow_cpus = spec.borrow_limit.cpus
+    row.borrow_memory = spec.borrow_limit.memory
+    row.weight = spec.weight
+    row.priority_min = spec.priority_min
+    row.priority_max = spec.priority_max
+
+
+def _check_guarantee(row: TenantRow) -> None:
+    """A guarantee is a share of the tenant's hard quota: never above it."""
+    checks: list[tuple[str, float, float | None, Callable[[Any], str]]] = [
+        ("gpus", row.guarantee_gpus, row.quota_gpus, str),
+        ("cpus", row.guarantee_cpus, row.quota_cpus, lambda v: f"{v:g}"),
+        ("memory", row.guarantee_memory, row.quota_memory, format_memory),
+    ]
+    for what, guaranteed, quota, fmt in checks:
+        if quota is not None and guaranteed > quota:
+            raise InvalidArgument(
+                f"tenant {row.name!r}: the guarantee of {fmt(guaranteed)} {what} is above its quota of "
+                f"{fmt(quota)}; raise the quota first or guarantee at most {fmt(quota)}",
+                details={"resource": what, "guarantee": guaranteed, "quota": quota},
+            )
 
 
 def _apply_quota(row: TenantRow, quota: QuotaSpec) -> None:
@@ -54,6 +104,8 @@ def create_tenant(db: Database, caller: Caller, req: TenantCreate) -> Tenant:
             raise AlreadyExists(f"tenant {req.name!r} already exists")
         row = TenantRow(id=new_id("t-"), name=req.name, created_at=utcnow(), sandbox_slot=store.next_sandbox_slot(s))
         _apply_quota(row, req.quota)
+        _apply_scheduling(row, req.scheduling)
+        _check_guarantee(row)
         s.add(row)
         s.flush()
         return _tenant_model(row)
@@ -88,8 +140,12 @@ def get_tenant(db: Database, caller: Caller, name: str) -> Tenant:
 def update_tenant(db: Database, caller: Caller, name: str, req: TenantUpdate) -> Tenant:
     with db.write() as s:
         row = resolve_tenant(s, caller, name)
-        caller.require_platform_admin("changing quotas")
-        _apply_quota(row, req.quota)
+        caller.require_platform_admin("changing quotas and scheduling terms")
+        if req.quota is not None:
+            _apply_quota(row, req.quota)
+        if req.scheduling is not None:
+            _apply_scheduling(row, req.scheduling)
+        _check_guarantee(row)
         s.flush()
         return _tenant_model(row)
 

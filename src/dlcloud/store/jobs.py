@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from dlcloud.schemas.jobs import JobState
 from dlcloud.store.ids import looks_like_id
-from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, UserRow
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -164,3 +164,36 @@ def jobs_ahead(conn: Connection, job_id: str, priority: int, created_at: Any) ->
     """Queued jobs (of every tenant) the scheduler considers before this one: priority, then submission order."""
     ahead = conn.execute(_JOBS_AHEAD, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
     return int(ahead or 0)
+
+
+_tenants = TenantRow.__table__
+_QUEUE = (
+    select(
+        _jobs.c.id,
+        _jobs.c.name,
+        _jobs.c.user_id,
+        _jobs.c.state,
+        _jobs.c.priority,
+        _jobs.c.priority_class,
+        _jobs.c.gpus,
+        _jobs.c.cpus,
+        _jobs.c.memory,
+        _jobs.c.preemptible,
+        _jobs.c.preemptions,
+        _jobs.c.created_at,
+        _jobs.c.wait_reason,
+        _jobs.c.estimated_start,
+        _tenants.c.name.label("tenant_name"),
+        _users.c.name.label("user_name"),
+    )
+    .join(_tenants, _tenants.c.id == _jobs.c.tenant_id)
+    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
+    .where(_jobs.c.state.in_(QUEUE_STATES))
+    .order_by(_jobs.c.priority.desc(), _jobs.c.created_at, _jobs.c.id)
+)
+
+
+def queue_rows(conn: Connection, tenant_id: str | None, limit: int) -> list[Row[Any]]:
+    """Waiting jobs in the queue's order, of one tenant (None: every tenant's), with tenant and user names."""
+    q = _QUEUE if tenant_id is None else _QUEUE.where(_jobs.c.tenant_id == tenant_id)
+    return [*conn.execute(q.limit(limit))]

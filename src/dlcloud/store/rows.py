@@ -67,6 +67,18 @@ class TenantRow(Base):
     # from which its jobs' sandbox uid is derived (settings.sandbox_uid_start + slot); assigned at creation,
     # one more than any slot ever given, so a deleted tenant's number (and files) never pass to another
     sandbox_slot: Mapped[int | None] = mapped_column(Integer, unique=True)
+    # fair share (docs/scheduling.md): what the tenant is guaranteed (it may preempt borrowers to get it back),
+    # how much more it may borrow from idle capacity (None: as much as is idle), its weight in dominant-resource
+    # fairness, and the priorities its jobs may have
+    guarantee_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    guarantee_cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    guarantee_memory: Mapped[int] = mapped_column(BigInteger, default=0)
+    borrow_gpus: Mapped[int | None] = mapped_column(Integer)
+    borrow_cpus: Mapped[float | None] = mapped_column(Float)
+    borrow_memory: Mapped[int | None] = mapped_column(BigInteger)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    priority_min: Mapped[int] = mapped_column(Integer, default=-1000)
+    priority_max: Mapped[int] = mapped_column(Integer, default=1000)
 
 
 class UserRow(Base):
@@ -146,6 +158,19 @@ class JobRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # a gang: [{"role", "count", "gpus", "cpus", "memory", "gpu_type"}] per replica process; None: one process
     replica_groups: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # scheduling (docs/scheduling.md): the priority class the priority came from, whether the job may be
+    # preempted, its declared maximum run time of an attempt (backfill and estimates; the smaller of
+    # ``max_run_time`` and ``timeout``), a preemption the scheduler asked for and not yet carried out (the
+    # supervision stops the attempt like a cancel, then the job is queued again), the preemptions so far,
+    # GPU-seconds of its ended attempts, and when the scheduler expects it to start (while it waits)
+    priority_class: Mapped[str | None] = mapped_column(String(63))
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    max_run_time_seconds: Mapped[float | None] = mapped_column(Float)
+    preempt_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    preempt_reason: Mapped[str | None] = mapped_column(Text)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    estimated_start: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class AttemptRow(Base):
