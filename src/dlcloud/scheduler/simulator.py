@@ -101,7 +101,6 @@ class _Job:
         "held_until",
         "key",
         "lost_gpu_s",
-        "placed",
         "preemptions",
         "qjob",
         "start_s",
@@ -124,7 +123,6 @@ class _Job:
         self.finished_s = 0.0
         self.preemptions = 0
         self.lost_gpu_s = 0.0
-        self.placed = False
 
 
 @dataclass
@@ -203,7 +201,11 @@ class Simulator:
                 preemptible=True,
             )
             self.jobs[j.job_id] = _Job(j, q, (-q.priority, j.submit_s, rank))
-        self.queue: list[tuple[tuple, str]] = []  # (key, job id), in the control plane's queue order
+        # the queue in the control plane's order: sort keys and, at the same index, the jobs as the planner sees them
+        self.queue: list[tuple[tuple, str]] = []
+        self.queued: list[QueuedJob] = []
+        self.held_list: list[Held] | None = None  # the live attempts as Held, until one changes
+        self.held_until = math.inf
         self.running: dict[str, _Job] = {}  # running and stopping, in start order
         self.free = set(range(n))
         self.events: list[tuple[float, int, float, int, str, int]] = []
@@ -326,20 +328,24 @@ class Simulator:
                 attained_gpu_s=job.attained,
             )
         job.state = "queued"
-        bisect.insort(self.queue, (job.key, job.trace.job_id))
+        entry = (job.key, job.trace.job_id)
+        i = bisect.bisect_left(self.queue, entry)
+        self.queue.insert(i, entry)
+        self.queued.insert(i, job.qjob)
         self.queued_gpus += job.trace.gpus
         self.tenants[job.trace.tenant].demand += job.trace.gpus
 
     def _start(self, job: _Job, gpus: tuple[int, ...]) -> None:
         i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
         del self.queue[i]
+        del self.queued[i]
         self.queued_gpus -= job.trace.gpus
         job.state = "running"
         job.attempt += 1
         job.start_s = self.now
         job.gpus = gpus
         job.held = None
-        job.placed = True
+        self.held_list = None
         self.free.difference_update(gpus)
         self.alloc += len(gpus)
         self.tenants[job.trace.tenant].alloc += len(gpus)
@@ -363,6 +369,7 @@ class Simulator:
         job.attained += ran * len(job.gpus)
         job.gpus = ()
         job.held = None
+        self.held_list = None
 
     def _held(self, job: _Job) -> Held:
         if job.held is not None and self.now < job.held_until and self.pcfg.policy != Policy.LAS:
@@ -392,12 +399,12 @@ class Simulator:
     # --- the scheduling pass ---------------------------------------------------------------------------------
 
     def _pass(self) -> None:
-        held = [self._held(j) for j in self.running.values()]
-        jobs = self.jobs
-        queue = [jobs[i].qjob for _, i in self.queue]
+        if self.held_list is None or self.now >= self.held_until or self.pcfg.policy == Policy.LAS:
+            self.held_list = [self._held(j) for j in self.running.values()]
+            self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
         now = EPOCH + timedelta(seconds=self.now)
         t0 = time.perf_counter()
-        result = plan(queue, held, self.limits, self.inventory, now, self.pcfg)
+        result = plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
         self.pass_seconds.append(time.perf_counter() - t0)
         self.passes += 1
         self._apply(result)
@@ -427,6 +434,7 @@ class Simulator:
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
             job.state = "stopping"
             job.held = None
+            self.held_list = None
             self.preemptions += 1
             self._push(self.now + self.cfg.grace_s, _STOP, p.job_id, job.attempt)
 
