@@ -163,8 +163,10 @@ class Simulator:
         jobs: Sequence[TraceJob],
         config: SimConfig,
         progress: Callable[[int, int], None] | None = None,
+        planner: Callable[..., Plan] = plan,
     ) -> None:
         config.validate()
+        self.plan = planner  # the production planner; tests may pass one with a known answer
         self.cfg = config
         self.pcfg = config.planner
         self.progress = progress
@@ -404,7 +406,7 @@ class Simulator:
             self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
         now = EPOCH + timedelta(seconds=self.now)
         t0 = time.perf_counter()
-        result = plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
+        result = self.plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
         self.pass_seconds.append(time.perf_counter() - t0)
         self.passes += 1
         self._apply(result)
