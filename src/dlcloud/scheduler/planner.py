@@ -1,134 +1,43 @@
-"""One scheduling pass as a pure function: queued jobs + usage + free capacity -> placements."""
+"""One scheduling pass as a pure function: queued jobs + held attempts + limits + free capacity -> a Plan.
+
+``plan`` dispatches on ``PlanConfig.policy``: FIFO here (today's behaviour: priority then submit order as given,
+the first job that does not fit blocks the rest), the others in ``scheduler.policies``. The contract types live in
+``scheduler.contract`` and are re-exported here. Node-aware placement: ``scheduler.placement``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 
+from dlcloud.scheduler.contract import (
+    GroupDemand,
+    Held,
+    Limits,
+    Plan,
+    PlanConfig,
+    Policy,
+    Preemption,
+    QueuedJob,
+    Usage,
+)
 from dlcloud.scheduler.inventory import Inventory
 
-
-@dataclass(frozen=True)
-class GroupDemand:
-    """A replica group of a gang: ``count`` replicas of ``gpus`` GPUs each (of ``gpu_type`` when set)."""
-
-    role: str
-    count: int
-    gpus: int
-    gpu_type: str | None = None
-
-
-class Policy(StrEnum):
-    """How a pass orders and places jobs (``PlanConfig.policy``); docs/scheduling.md explains each."""
-
-    FIFO = "fifo"  # priority, then submit time, across tenants; the first job that does not fit blocks the rest
-    PRIORITY_BACKFILL = "priority-backfill"  # priority with aging; jobs behind a blocked one may backfill
-    FAIR_SHARE = "fair-share"  # weighted DRF across tenants, guarantees + borrowing, preemption, backfill, aging
-    LAS = "las"  # least attained service (GPU-seconds) first, Tiresias-style; needs no run-time estimates
+__all__ = [
+    "GroupDemand",
+    "Held",
+    "Limits",
+    "Plan",
+    "PlanConfig",
+    "Policy",
+    "Preemption",
+    "QueuedJob",
+    "Usage",
+    "plan",
+]
 
 
-@dataclass(frozen=True)
-class PlanConfig:
-    policy: Policy = Policy.FIFO
-    # aging: a queued job's effective priority grows by ``aging_step`` per ``aging_interval_s`` waited (from its
-    # original submit time), up to ``aging_max`` above its own; 0 turns aging off
-    aging_interval_s: float = 3600.0
-    aging_step: int = 1
-    aging_max: int = 100
-    # las: attained-service boundaries (GPU-seconds) of its priority queues, lowest first
-    las_queues_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
-
-
-@dataclass(frozen=True)
-class QueuedJob:
-    id: str
-    tenant_id: str
-    gpus: int
-    cpus: float
-    memory: int
-    gpu_type: str | None = None
-    not_before: datetime | None = None
-    held_by: str | None = None  # decided above the planner: why it cannot start yet (e.g. its environment)
-    # a gang: its replica groups (gpus / cpus / memory above are then the gang's totals); empty: one process
-    groups: tuple[GroupDemand, ...] = ()
-    priority: int = 0  # within its tenant's allowed range (a priority class's value or the job's own)
-    submitted_at: datetime | None = None  # the original submit time, kept across preemptions (None: ``now``)
-    max_run_time_s: float | None = None  # declared maximum run time of an attempt (backfill, estimates)
-    preemptible: bool = True  # False: placed only inside its tenant's guarantee, and never chosen as a victim
-    attained_gpu_s: float = 0.0  # GPU-seconds its earlier attempts used (las)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A tenant's quota (hard caps) and fair-share terms. ``None`` caps are unlimited."""
-
-    gpus: int | None = None
-    cpus: float | None = None
-    memory: int | None = None
-    max_running_jobs: int | None = None
-    # fair share: what the tenant is guaranteed (it may preempt borrowers to get it back) ...
-    guarantee_gpus: int = 0
-    guarantee_cpus: float = 0.0
-    guarantee_memory: int = 0
-    # ... how much more it may borrow from idle capacity (None: as much as is idle) ...
-    borrow_gpus: int | None = None
-    borrow_cpus: float | None = None
-    borrow_memory: int | None = None
-    # ... and its weight in dominant-resource fairness
-    weight: float = 1.0
-
-
-@dataclass
-class Usage:
-    gpus: int = 0
-    cpus: float = 0.0
-    memory: int = 0
-    running_jobs: int = 0
-
-
-@dataclass(frozen=True)
-class Held:
-    """Resources held by one live attempt (all replicas of a gang: a gang is preempted whole)."""
-
-    tenant_id: str
-    gpus: tuple[int, ...]
-    cpus: float
-    memory: int
-    job_id: str = ""
-    priority: int = 0
-    submitted_at: datetime | None = None
-    started_at: datetime | None = None
-    progress_at: datetime | None = None  # its last checkpoint (else its start): preempting loses the work since
-    max_run_time_s: float | None = None  # expected end: ``started_at`` + this
-    preemptible: bool = True
-    attained_gpu_s: float = 0.0  # GPU-seconds over all its attempts up to ``now``
-    stopping: bool = False  # already being stopped (preempted, cancelled): frees its resources soon, no victim
-
-
-@dataclass(frozen=True)
-class Preemption:
-    """Stop ``job_id``'s attempt (SIGTERM, grace period, whole gang) and queue it again, for ``by``."""
-
-    job_id: str
-    by: str
-    reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill"
-    message: str  # for the victim's events: who preempted it and why
-
-
-@dataclass
-class Plan:
-    # (job id, GPUs): a gang's GPUs are in replica order, each replica's ``gpus`` in a row
-    placements: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    wait_reasons: dict[str, str] = field(default_factory=dict)
-    blocked_by: str | None = None  # the job at the head of the line that did not fit
-    preemptions: list[Preemption] = field(default_factory=list)
-    borrowing: set[str] = field(default_factory=set)  # placed jobs that run beyond their tenant's guarantee
-    estimated_start: dict[str, datetime] = field(default_factory=dict)  # waiting jobs, where computable
-
-
-def _quota_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
+def quota_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
     if lim.max_running_jobs is not None and use.running_jobs + 1 > lim.max_running_jobs:
         return f"tenant quota: {use.running_jobs} of {lim.max_running_jobs} running jobs in use"
     if lim.gpus is not None and use.gpus + job.gpus > lim.gpus:
@@ -173,7 +82,20 @@ def plan(
     now: datetime,
     config: PlanConfig = PlanConfig(),
 ) -> Plan:
-    """Decide which queued jobs start now. ``queue`` must already be in priority/FIFO order."""
+    """Decide which queued jobs start now (and, for some policies, which running attempts to preempt).
+
+    ``queue`` comes in the database's order (priority, created_at, id): FIFO keeps it and reads it lazily, stopping
+    at the first job that does not fit; the other policies read it whole and order it themselves."""
+    if config.policy != Policy.FIFO or len({g.node for g in inventory.gpus}) > 1:
+        from dlcloud.scheduler import policies
+
+        return policies.run(queue, held, limits, inventory, now, config)
+    return _fifo_one_node(queue, held, limits, inventory, now)
+
+
+def _fifo_one_node(
+    queue: Iterable[QueuedJob], held: Iterable[Held], limits: dict[str, Limits], inventory: Inventory, now: datetime
+) -> Plan:
     usage: dict[str, Usage] = {}
     used_gpus: set[int] = set()
     free_cpus = inventory.cpus
@@ -198,7 +120,7 @@ def plan(
             result.wait_reasons[job.id] = f"restart backoff until {job.not_before.isoformat(timespec='seconds')}"
             continue
         use = usage.setdefault(job.tenant_id, Usage())
-        reason = _quota_reason(job, limits.get(job.tenant_id, no_limits), use)
+        reason = quota_reason(job, limits.get(job.tenant_id, no_limits), use)
         if reason:
             result.wait_reasons[job.id] = reason
             continue

@@ -1,0 +1,129 @@
+"""The planner's contract: what a scheduling pass is given (queue, held attempts, limits, config) and what it
+decides (a Plan). Plain frozen values; ``planner.plan`` and the policies read them, the control plane builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    """A replica group of a gang: ``count`` replicas of ``gpus`` GPUs each (of ``gpu_type`` when set)."""
+
+    role: str
+    count: int
+    gpus: int
+    gpu_type: str | None = None
+
+
+class Policy(StrEnum):
+    """How a pass orders and places jobs (``PlanConfig.policy``); docs/scheduling.md explains each."""
+
+    FIFO = "fifo"  # priority, then submit time, across tenants; the first job that does not fit blocks the rest
+    PRIORITY_BACKFILL = "priority-backfill"  # priority with aging; jobs behind a blocked one may backfill
+    FAIR_SHARE = "fair-share"  # weighted DRF across tenants, guarantees + borrowing, preemption, backfill, aging
+    LAS = "las"  # least attained service (GPU-seconds) first, Tiresias-style; needs no run-time estimates
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    policy: Policy = Policy.FIFO
+    # aging: a queued job's effective priority grows by ``aging_step`` per ``aging_interval_s`` waited (from its
+    # original submit time), up to ``aging_max`` above its own; 0 turns aging off
+    aging_interval_s: float = 3600.0
+    aging_step: int = 1
+    aging_max: int = 100
+    # las: attained-service boundaries (GPU-seconds) of its priority queues, lowest first
+    las_queues_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
+    # how long a stopping (preempted) attempt is expected to take to free its resources: the grace period; used
+    # only for estimated starts
+    preemption_grace_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    tenant_id: str
+    gpus: int
+    cpus: float
+    memory: int
+    gpu_type: str | None = None
+    not_before: datetime | None = None
+    held_by: str | None = None  # decided above the planner: why it cannot start yet (e.g. its environment)
+    # a gang: its replica groups (gpus / cpus / memory above are then the gang's totals); empty: one process
+    groups: tuple[GroupDemand, ...] = ()
+    priority: int = 0  # within its tenant's allowed range (a priority class's value or the job's own)
+    submitted_at: datetime | None = None  # the original submit time, kept across preemptions (None: ``now``)
+    max_run_time_s: float | None = None  # declared maximum run time of an attempt (backfill, estimates)
+    preemptible: bool = True  # False: placed only inside its tenant's guarantee, and never chosen as a victim
+    attained_gpu_s: float = 0.0  # GPU-seconds its earlier attempts used (las)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A tenant's quota (hard caps) and fair-share terms. ``None`` caps are unlimited."""
+
+    gpus: int | None = None
+    cpus: float | None = None
+    memory: int | None = None
+    max_running_jobs: int | None = None
+    # fair share: what the tenant is guaranteed (it may preempt borrowers to get it back) ...
+    guarantee_gpus: int = 0
+    guarantee_cpus: float = 0.0
+    guarantee_memory: int = 0
+    # ... how much more it may borrow from idle capacity (None: as much as is idle) ...
+    borrow_gpus: int | None = None
+    borrow_cpus: float | None = None
+    borrow_memory: int | None = None
+    # ... and its weight in dominant-resource fairness
+    weight: float = 1.0
+
+
+@dataclass
+class Usage:
+    gpus: int = 0
+    cpus: float = 0.0
+    memory: int = 0
+    running_jobs: int = 0
+
+
+@dataclass(frozen=True)
+class Held:
+    """Resources held by one live attempt (all replicas of a gang: a gang is preempted whole)."""
+
+    tenant_id: str
+    gpus: tuple[int, ...]
+    cpus: float
+    memory: int
+    job_id: str = ""
+    priority: int = 0
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    progress_at: datetime | None = None  # its last checkpoint (else its start): preempting loses the work since
+    max_run_time_s: float | None = None  # expected end: ``started_at`` + this
+    preemptible: bool = True
+    attained_gpu_s: float = 0.0  # GPU-seconds over all its attempts up to ``now``
+    stopping: bool = False  # already being stopped (preempted, cancelled): frees its resources soon, no victim
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Stop ``job_id``'s attempt (SIGTERM, grace period, whole gang) and queue it again, for ``by``."""
+
+    job_id: str
+    by: str
+    reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill"
+    message: str  # for the victim's events: who preempted it and why
+
+
+@dataclass
+class Plan:
+    # (job id, GPUs): a gang's GPUs are in replica order, each replica's ``gpus`` in a row
+    placements: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    wait_reasons: dict[str, str] = field(default_factory=dict)
+    blocked_by: str | None = None  # the job at the head of the line that did not fit
+    preemptions: list[Preemption] = field(default_factory=list)
+    borrowing: set[str] = field(default_factory=set)  # placed jobs that run beyond their tenant's guarantee
+    estimated_start: dict[str, datetime] = field(default_factory=dict)  # waiting jobs, where computable

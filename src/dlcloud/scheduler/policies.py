@@ -1,0 +1,589 @@
+"""The scheduling policies beyond one-host FIFO: priority-backfill, fair-share and las (and FIFO on many nodes).
+
+One ``_Pass`` holds the state of a pass (free capacity by node, each tenant's usage, the reservation, the
+attempts being stopped); each policy is one loop over its own order of the queue. docs/scheduling.md explains the
+policies; the rules, in short:
+
+- Every policy: a job held above the planner or in its restart backoff waits and blocks nobody; hard caps
+  (``Limits.gpus/cpus/memory/max_running_jobs``) always hold; a job that can never fit waits and blocks nobody
+  (FIFO excepted: it keeps today's behaviour); placement is node-aware best fit (``placement``).
+- fifo: the given order; the first job that does not fit blocks everything behind it.
+- priority-backfill: effective priority (priority + aging), then submit time, then id. The first job that does not
+  fit gets a reservation (``backfill``); later jobs start only where they cannot delay it. No preemption.
+- fair-share: tenants by weighted dominant share (recomputed as the pass places jobs); inside a tenant by effective
+  priority, then submit time. Usage up to a tenant's guarantee is owed, beyond it borrowed (capped by the borrowing
+  limit); a non-preemptible job runs only inside its guarantee. A job that does not fit may preempt: borrowed
+  attempts of other tenants when it is inside its guarantee ("reclaim"); lower-priority attempts of its own tenant
+  ("priority"); borrowed attempts of tenants with a larger share that started after it was submitted, when it is
+  the head of the line ("fill": what filled in ahead of it is its first victim). Attempts already stopping count
+  as soon-free for a job allowed to preempt, so a later pass picks no new victims while they stop. Backfill as in
+  priority-backfill, plus: a preemptible job that would be borrowed may start anyway ("preemptible fill"), and a
+  job inside its guarantee may start ahead of a reserved job that is not.
+- las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
+  block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
+  attained first.
+
+Guarantees are per resource; only the resources with a guarantee above zero are checked ("inside its guarantee":
+usage with the job ≤ guarantee for each of them); a tenant without any guarantee borrows everything it uses. Of a
+tenant's running attempts, the owed ones are its non-preemptible, then highest-priority, then earliest-started
+attempts up to its guarantee; the rest are borrowed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from dlcloud.scheduler.backfill import Release, Reservation, reserve
+from dlcloud.scheduler.contract import Held, Limits, Plan, PlanConfig, Policy, Preemption, QueuedJob, Usage
+from dlcloud.scheduler.inventory import Inventory
+from dlcloud.scheduler.placement import Cluster
+from dlcloud.scheduler.planner import quota_reason
+from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s
+
+MAX_SEARCHES = 24  # victim searches per pass (each looks at ≤ preemption.MAX_CANDIDATES attempts)
+NO_LIMITS = Limits()
+
+_PREEMPTING = {
+    "reclaim": "to reclaim its guarantee",
+    "priority": "of lower priority in its tenant",
+    "fill": "that started ahead of it as borrowed fill",
+    "las": "with more attained service (las)",
+}
+_VICTIM = {
+    "reclaim": "its tenant reclaims its guarantee",
+    "priority": "it has a higher priority in the same tenant",
+    "fill": "this job ran as borrowed fill ahead of it",
+    "las": "it has attained less service (las)",
+}
+
+
+def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
+    """Priority plus aging: ``aging_step`` per ``aging_interval_s`` waited since submission, at most ``aging_max``."""
+    if cfg.aging_step <= 0 or cfg.aging_interval_s <= 0 or job.submitted_at is None:
+        return job.priority
+    waited = (now - job.submitted_at).total_seconds()
+    if waited <= 0:
+        return job.priority
+    return job.priority + min(cfg.aging_max, cfg.aging_step * int(waited // cfg.aging_interval_s))
+
+
+def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
+    """The las queue of an attained service: 0 below the first boundary, 1 below the second, ..."""
+    for i, bound in enumerate(cfg.las_queues_gpu_s):
+        if attained_gpu_s < bound:
+            return i
+    return len(cfg.las_queues_gpu_s)
+
+
+def _when(t: datetime) -> str:
+    return t.isoformat(timespec="seconds")
+
+
+def _guaranteed(lim: Limits) -> bool:
+    return lim.guarantee_gpus > 0 or lim.guarantee_cpus > 0 or lim.guarantee_memory > 0
+
+
+def _within(lim: Limits, gpus: int, cpus: float, memory: int) -> bool:
+    """Usage ``gpus/cpus/memory`` inside the guarantee (only resources with a guarantee are checked)."""
+    if not _guaranteed(lim):
+        return False
+    return (
+        (lim.guarantee_gpus <= 0 or gpus <= lim.guarantee_gpus)
+        and (lim.guarantee_cpus <= 0 or cpus <= lim.guarantee_cpus + 1e-9)
+        and (lim.guarantee_memory <= 0 or memory <= lim.guarantee_memory)
+    )
+
+
+def _borrow_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
+    for what, g, b, used, need in (
+        ("GPU(s)", lim.guarantee_gpus, lim.borrow_gpus, use.gpus, job.gpus),
+        ("CPU(s)", lim.guarantee_cpus, lim.borrow_cpus, use.cpus, job.cpus),
+        ("bytes of memory", lim.guarantee_memory, lim.borrow_memory, use.memory, job.memory),
+    ):
+        if b is not None and used + need > g + b + 1e-9:
+            return f"borrowing limit: needs {need:g} {what}, {used:g} in use of guarantee {g:g} + borrowing limit {b:g}"
+    return None
+
+
+@dataclass
+class _Tenant:
+    id: str
+    lim: Limits
+    use: Usage
+    jobs: list[QueuedJob] = field(default_factory=list)
+    next: int = 0  # the next of ``jobs`` to consider
+    waiting: list[str] = field(default_factory=list)  # jobs waiting for capacity: their reason gets the share
+
+
+class _Pass:
+    def __init__(
+        self,
+        held: Iterable[Held],
+        limits: dict[str, Limits],
+        inventory: Inventory,
+        now: datetime,
+        config: PlanConfig,
+    ) -> None:
+        self.held = list(held)
+        self.now = now
+        self.cfg = config
+        self.limits = limits
+        self.cluster = Cluster(inventory, self.held)
+        self.total = (max(len(inventory.gpus), 1), max(inventory.cpus, 1e-9), max(inventory.memory, 1))
+        self.tenants: dict[str, _Tenant] = {}
+        for h in self.held:
+            u = self.tenant(h.tenant_id).use
+            u.gpus += len(h.gpus)
+            u.cpus += h.cpus
+            u.memory += h.memory
+            u.running_jobs += 1
+        self.result = Plan()
+        self.reservation: Reservation | None = None
+        self.reserved_inside = False  # the reserved job runs inside its tenant's guarantee
+        self.grace = timedelta(seconds=config.preemption_grace_s)
+        # expected ends of running attempts (stopping ones: after the grace period); victims are dropped
+        self.releases: dict[int, Release] = {}
+        self.stopping: list[Candidate] = []
+        for h in self.held:
+            if h.stopping:
+                self.releases[id(h)] = (now + self.grace, h.gpus, h.cpus, h.memory)
+                self.stopping.append(Candidate(h, (0,)))
+            elif h.started_at is not None and h.max_run_time_s is not None:
+                end = max(h.started_at + timedelta(seconds=h.max_run_time_s), now)
+                self.releases[id(h)] = (end, h.gpus, h.cpus, h.memory)
+        self.victims: set[int] = set()  # id() of held attempts chosen as victims in this pass
+        self.inv_cpus, self.inv_memory = inventory.cpus, inventory.memory
+        self.searches = 0
+        self._shortages: dict[tuple, str] = {}
+        self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
+        self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
+
+    def tenant(self, tid: str) -> _Tenant:
+        t = self.tenants.get(tid)
+        if t is None:
+            t = self.tenants[tid] = _Tenant(tid, self.limits.get(tid, NO_LIMITS), Usage())
+        return t
+
+    # -- shares ---------------------------------------------------------------------------------------------------
+    def share(self, t: _Tenant) -> float:
+        u, (g, c, m) = t.use, self.total
+        return max(u.gpus / g, u.cpus / c, u.memory / m) / (t.lim.weight if t.lim.weight > 0 else 1.0)
+
+    def share_text(self, t: _Tenant) -> str:
+        u, (g, c, m) = t.use, self.total
+        parts = {"GPUs": u.gpus / g, "CPUs": u.cpus / c, "memory": u.memory / m}
+        dominant = max(parts, key=lambda k: parts[k])
+        weight = f", weight {t.lim.weight:g}" if t.lim.weight != 1 else ""
+        return f"tenant {t.id} uses {parts[dominant]:.0%} (dominant: {dominant}{weight})"
+
+    # -- the steps every policy shares ------------------------------------------------------------------------------
+    def not_now(self, job: QueuedJob) -> str | None:
+        if job.held_by is not None:
+            return job.held_by
+        if job.not_before is not None and job.not_before > self.now:
+            return f"restart backoff until {_when(job.not_before)}"
+        return None
+
+    def never_fits(self, job: QueuedJob) -> str | None:
+        c = self.cluster
+        if any(g.gpus > c.max_size for g in job.groups) or (not job.groups and job.gpus > c.max_size):
+            return self.cluster.never_fits(job)
+        if job.gpu_type and self.cluster.never_fits(job):
+            return self.cluster.never_fits(job)
+        if job.cpus > self.inv_cpus + 1e-9 or job.memory > self.inv_memory:
+            return f"never fits: needs {job.cpus:g} CPU(s) and {job.memory} bytes of memory, more than the cluster has"
+        return None
+
+    def shortage(self, job: QueuedJob) -> str:
+        """``Cluster.shortage``, remembered per job shape while the free capacity does not change."""
+        c = self.cluster
+        version = (c.nfree, c.cpus, c.memory)
+        if version != self._shortage_at:
+            self._shortages, self._shortage_at = {}, version
+        key = (job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
+        text = self._shortages.get(key)
+        if text is None:
+            text = self._shortages[key] = c.shortage(job)
+        return text
+
+    def fit_now(self, job: QueuedJob) -> tuple[int, ...] | None:
+        if not self.cluster.fits_totals(job):
+            return None
+        return self.cluster.choose(job)
+
+    def place(self, job: QueuedJob, gpus: tuple[int, ...], borrowed: bool = False) -> None:
+        self.cluster.take(gpus, job.cpus, job.memory)
+        u = self.tenant(job.tenant_id).use
+        u.gpus += job.gpus
+        u.cpus += job.cpus
+        u.memory += job.memory
+        u.running_jobs += 1
+        self.result.placements.append((job.id, gpus))
+        if borrowed:
+            self.result.borrowing.add(job.id)
+        if job.max_run_time_s is not None:
+            self.releases[id(job)] = (self.now + timedelta(seconds=job.max_run_time_s), gpus, job.cpus, job.memory)
+
+    def place_any(self, job: QueuedJob, borrowed: bool) -> bool:
+        """Place ``job`` on any free GPUs, the reserved ones included (it may delay the reservation)."""
+        r = self.reservation
+        if r is not None and r.free_reserved:
+            self.cluster.give(r.free_reserved, 0, 0)
+        gpus = self.fit_now(job)
+        if gpus is not None:
+            self.place(job, gpus, borrowed)
+        if r is not None and r.free_reserved:
+            taken = set(gpus or ())
+            r.free_reserved = [g for g in r.free_reserved if g not in taken]
+            self.cluster.take(r.free_reserved, 0, 0)
+        return gpus is not None
+
+    def backfill(self, job: QueuedJob, borrowed: bool) -> bool:
+        """Start ``job`` behind the reservation where it cannot delay it (rules (a) and (b) of ``backfill``)."""
+        r = self.reservation
+        assert r is not None
+        if r.leftover_fits(job):
+            gpus = self.fit_now(job)  # the cluster holds the free reserved GPUs apart
+            if gpus is not None:
+                r.cpus_left -= job.cpus
+                r.memory_left -= job.memory
+                self.place(job, gpus, borrowed)
+                return True
+        return r.ends_in_time(job, self.now) and self.place_any(job, borrowed)
+
+    def make_reservation(self, job: QueuedJob, shortage: str) -> None:
+        r = self.reservation = reserve(self.cluster, job, list(self.releases.values()))
+        self.result.blocked_by = job.id
+        if r.at is None:
+            self.result.wait_reasons[job.id] = (
+                f"waiting for capacity: {shortage}; no estimated start (a running job declares no maximum run time)"
+            )
+            return
+        self.result.estimated_start[job.id] = r.at
+        self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}; estimated start {_when(r.at)}"
+        free = self.cluster.free
+        node_of = self.cluster.node_of
+        r.free_reserved = sorted(g for g in r.gpus if g in free[node_of[g]])
+        self.cluster.take(r.free_reserved, 0, 0)
+
+    def behind(self, job: QueuedJob) -> str:
+        r = self.reservation
+        assert r is not None
+        when = f"estimated start {_when(r.at)}" if r.at is not None else "no estimated start"
+        return f"waiting behind job {r.job_id} (reserved, {when})"
+
+    def wait_for_stopping(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
+        """Whether ``job`` fits once attempts already stopping are gone: it then waits for them, no new victims."""
+        if not self.stopping or not self.may_search(("stopping", job.gpu_type, bool(job.groups)), job):
+            return False
+        pool = [c for c in self.stopping if id(c.held) not in self.victims]
+        self.stopping = pool
+        found = find_victims(job, self.cluster, pool) if pool else None
+        if found is None:
+            self.failed[("stopping", job.gpu_type, bool(job.groups))].append((job.gpus, job.cpus, job.memory))
+            return False
+        chosen, gpus = found
+        self.claim(job, chosen, gpus, tenant)
+        n = len(chosen)
+        if n:
+            self.result.wait_reasons[job.id] = f"waiting for {n} stopping job(s) to free their resources"
+        else:
+            self.result.wait_reasons[job.id] = "waiting for the resources of stopping jobs"
+        self.result.estimated_start[job.id] = self.now + self.grace
+        return True
+
+    def claim(self, job: QueuedJob, chosen: list[Candidate], gpus: tuple[int, ...], tenant: _Tenant | None) -> None:
+        """Hold the victims' resources and the free ones ``job`` needs for it: nobody else gets them this pass."""
+        theirs: set[int] = set()
+        cpus = memory = 0.0
+        for c in chosen:
+            self.victims.add(id(c.held))
+            self.releases.pop(id(c.held), None)
+            theirs.update(c.held.gpus)
+            cpus += c.held.cpus
+            memory += c.held.memory
+        free = [g for g in gpus if g not in theirs]
+        self.cluster.take(free, max(job.cpus - cpus, 0.0), int(max(job.memory - memory, 0)))
+        if tenant is not None:
+            u = tenant.use
+            u.gpus += job.gpus
+            u.cpus += job.cpus
+            u.memory += job.memory
+            u.running_jobs += 1
+
+    def may_search(self, memo: tuple, job: QueuedJob) -> bool:
+        """Whether a victim search for ``job`` is worth it: within the pass's budget, and no job at most as big
+        found too few among the same candidates (they only shrink during a pass)."""
+        if self.searches >= MAX_SEARCHES:
+            return False
+        failed = self.failed.setdefault(memo, [])
+        if any(job.gpus >= f[0] and job.cpus >= f[1] and job.memory >= f[2] for f in failed):
+            return False
+        self.searches += 1
+        return True
+
+    def preempt(
+        self, job: QueuedJob, candidates: Callable[[], list[Candidate]], memo: tuple, tenant: _Tenant | None
+    ) -> bool:
+        """Find victims among ``candidates()`` (waste order) so that ``job`` fits; record the preemptions."""
+        if not self.may_search(memo, job):
+            return False
+        cands = [c for c in candidates() if id(c.held) not in self.victims]
+        found = find_victims(job, self.cluster, cands) if cands else None
+        if found is None:
+            self.failed[memo].append((job.gpus, job.cpus, job.memory))
+            return False
+        chosen, gpus = found
+        self.claim(job, chosen, gpus, tenant)
+        kinds = [c.reason for c in chosen]
+        for c in chosen:
+            self.result.preemptions.append(
+                Preemption(
+                    c.held.job_id,
+                    job.id,
+                    c.reason,
+                    f"preempted by job {job.id} ({c.reason}): {_VICTIM[c.reason]}",
+                )
+            )
+        main = next(k for k in ("reclaim", "priority", "fill", "las") if k in kinds)
+        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}"
+        self.result.estimated_start[job.id] = self.now + self.grace
+        return True
+
+
+# -- fifo on many nodes ---------------------------------------------------------------------------------------------
+def _fifo(p: _Pass, queue: Iterable[QueuedJob]) -> None:
+    for job in queue:
+        why = p.not_now(job)
+        t = p.tenant(job.tenant_id)
+        if why is None:
+            why = quota_reason(job, t.lim, t.use)
+        if why is not None:
+            p.result.wait_reasons[job.id] = why
+            continue
+        gpus = p.fit_now(job)
+        if gpus is None:
+            p.result.wait_reasons[job.id] = "waiting for capacity: " + p.shortage(job)
+            p.result.blocked_by = job.id
+            return
+        p.place(job, gpus)
+
+
+# -- priority-backfill --------------------------------------------------------------------------------------------
+def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
+    now, cfg = p.now, p.cfg
+    order = sorted(queue, key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+    reasons = p.result.wait_reasons
+    for job in order:
+        t = p.tenant(job.tenant_id)
+        why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
+        if why is not None:
+            reasons[job.id] = why
+            continue
+        if p.reservation is None:
+            gpus = p.fit_now(job)
+            if gpus is not None:
+                p.place(job, gpus)
+            else:
+                p.make_reservation(job, p.shortage(job))
+        elif not p.backfill(job, False):
+            reasons[job.id] = p.behind(job)
+
+
+# -- fair-share -----------------------------------------------------------------------------------------------------
+def _borrowed_attempts(p: _Pass) -> set[int]:
+    """id() of the running attempts beyond their tenant's guarantee (see the module docstring)."""
+    by_tenant: dict[str, list[Held]] = {}
+    for h in p.held:
+        by_tenant.setdefault(h.tenant_id, []).append(h)
+    far = datetime.max.replace(tzinfo=p.now.tzinfo)
+    out: set[int] = set()
+    for tid, hs in by_tenant.items():
+        lim = p.limits.get(tid, NO_LIMITS)
+        if not _guaranteed(lim):
+            out.update(id(h) for h in hs)
+            continue
+        g = c = m = 0.0
+        for h in sorted(hs, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
+            g, c, m = g + len(h.gpus), c + h.cpus, m + h.memory
+            if not _within(lim, int(g), c, int(m)):
+                out.add(id(h))
+    return out
+
+
+def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
+    now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
+    for job in queue:
+        p.tenant(job.tenant_id).jobs.append(job)
+    for t in p.tenants.values():
+        t.jobs.sort(key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+    borrowed = _borrowed_attempts(p)
+    live = [h for h in p.held if h.preemptible and not h.stopping]
+    reclaimable = sorted(
+        (Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in borrowed),
+        key=lambda c: c.key,
+    )
+    own: dict[str, list[Candidate]] = {}
+    for h in live:
+        key = (0 if id(h) in borrowed else 1, h.priority, lost_gpu_s(h, now))
+        own.setdefault(h.tenant_id, []).append(Candidate(h, key, "priority"))
+    for cs in own.values():
+        cs.sort(key=lambda c: c.key)
+
+    lowest = {tid: min(c.held.priority for c in cs) for tid, cs in own.items()}
+
+    def candidates(job: QueuedJob, t: _Tenant, inside: bool) -> list[Candidate]:
+        cands = [c for c in own.get(t.id, ()) if c.held.priority < job.priority]
+        if inside:
+            cands += [c for c in reclaimable if c.held.tenant_id != t.id]
+        if p.reservation is None and not inside:
+            # what filled in ahead of it: borrowed attempts of tenants with a larger share, started after it
+            t.use.gpus += job.gpus
+            t.use.cpus += job.cpus
+            t.use.memory += job.memory
+            mine = p.share(t)
+            t.use.gpus -= job.gpus
+            t.use.cpus -= job.cpus
+            t.use.memory -= job.memory
+            since = job.submitted_at or now
+            for c in reclaimable:
+                h = c.held
+                if (
+                    h.tenant_id != t.id
+                    and h.started_at is not None
+                    and h.started_at >= since
+                    and p.share(p.tenant(h.tenant_id)) > mine
+                ):
+                    cands.append(Candidate(h, c.key, "fill"))
+        cands.sort(key=lambda c: c.key)
+        return cands
+
+    def consider(job: QueuedJob, t: _Tenant) -> bool:
+        why = p.not_now(job) or quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
+        if why is None:
+            why = p.never_fits(job)
+        if why is not None:
+            reasons[job.id] = why
+            return False
+        inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
+        if not job.preemptible and not inside:
+            lim = t.lim
+            reasons[job.id] = (
+                f"non-preemptible: runs only inside tenant {t.id}'s guarantee "
+                f"({t.use.gpus} of {lim.guarantee_gpus} guaranteed GPU(s) in use, needs {job.gpus})"
+            )
+            return False
+        r = p.reservation
+        if r is None:
+            gpus = p.fit_now(job)
+            if gpus is not None:
+                p.place(job, gpus, borrowed=not inside)
+                return True
+        elif (
+            p.backfill(job, not inside)
+            or (inside and not p.reserved_inside and p.place_any(job, False))
+            or (job.preemptible and not inside and p.place_any(job, True))
+        ):
+            return True
+        by_priority = lowest.get(t.id, job.priority) < job.priority
+        fill = r is None and not inside and bool(reclaimable)
+        if (inside or by_priority) and p.wait_for_stopping(job, t):
+            return False
+        if (inside and reclaimable) or by_priority or fill:
+            memo = ("fs", inside, t.id if by_priority else None, job.priority if by_priority else None, fill)
+            if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
+                return False
+        if r is None:
+            p.make_reservation(job, p.shortage(job))
+            p.reserved_inside = inside
+        else:
+            reasons[job.id] = p.behind(job)
+        t.waiting.append(job.id)
+        return False
+
+    counter = itertools.count()
+    heap = [(p.share(t), next(counter), t.id) for t in p.tenants.values() if t.jobs]
+    heapq.heapify(heap)
+    while heap:
+        _, _, tid = heapq.heappop(heap)
+        t = p.tenants[tid]
+        while t.next < len(t.jobs):
+            job = t.jobs[t.next]
+            t.next += 1
+            if consider(job, t):
+                if t.next < len(t.jobs):
+                    heapq.heappush(heap, (p.share(t), next(counter), tid))
+                break
+    _add_share_positions(p)
+
+
+def _add_share_positions(p: _Pass) -> None:
+    waiting = sorted((t for t in p.tenants.values() if t.waiting), key=lambda t: (p.share(t), t.id))
+    reasons = p.result.wait_reasons
+    for rank, t in enumerate(waiting):
+        ahead = [a.id for a in waiting[:rank]]
+        if ahead:
+            names = ", ".join(ahead[:3]) + (f" and {len(ahead) - 3} more" if len(ahead) > 3 else "")
+            pos = f"behind tenant(s) {names} with a smaller share"
+        else:
+            pos = "first in line among tenants with waiting jobs"
+        text = f"; fair share: {p.share_text(t)}, {pos}"
+        for jid in t.waiting:
+            reasons[jid] += text
+
+
+# -- las --------------------------------------------------------------------------------------------------------------
+def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
+    now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
+    order = sorted(queue, key=lambda j: (las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id))
+    live = sorted(
+        (
+            Candidate(h, (-las_queue(h.attained_gpu_s, cfg), -h.attained_gpu_s, lost_gpu_s(h, now)), "las")
+            for h in p.held
+            if h.preemptible and not h.stopping
+        ),
+        key=lambda c: c.key,
+    )
+    for job in order:
+        t = p.tenant(job.tenant_id)
+        why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
+        if why is not None:
+            reasons[job.id] = why
+            continue
+        gpus = p.fit_now(job)
+        if gpus is not None:
+            p.place(job, gpus)
+            continue
+        q = las_queue(job.attained_gpu_s, cfg)
+        if live and -live[0].key[0] > q:
+            if p.wait_for_stopping(job, t):
+                continue
+            cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
+            if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
+                continue
+        reasons[job.id] = f"waiting for capacity: {p.shortage(job)} (las queue {q})"
+
+
+_POLICIES: dict[Policy, Callable[[_Pass, Iterable[QueuedJob]], None]] = {
+    Policy.FIFO: _fifo,
+    Policy.PRIORITY_BACKFILL: _priority_backfill,
+    Policy.FAIR_SHARE: _fair_share,
+    Policy.LAS: _las,
+}
+
+
+def run(
+    queue: Iterable[QueuedJob],
+    held: Iterable[Held],
+    limits: dict[str, Limits],
+    inventory: Inventory,
+    now: datetime,
+    config: PlanConfig,
+) -> Plan:
+    p = _Pass(held, limits, inventory, now, config)
+    _POLICIES[config.policy](p, queue)
+    return p.result
