@@ -89,13 +89,19 @@ def render_report(r: dict[str, Any]) -> None:
     jobs, alloc, timing = r["jobs"], r["gpu_allocation"], r["timing"]
     rows = [
         ("policy", f"{r['policy']} on {r['gpus']} GPUs ({r['gpus'] // r['gpus_per_node']} x {r['gpus_per_node']})"),
-        ("jobs", f"{jobs['finished']} finished of {jobs['total']} ({jobs['skipped_too_large']} larger than the cluster)"),
+        (
+            "jobs",
+            f"{jobs['finished']} finished of {jobs['total']} ({jobs['skipped_too_large']} larger than the cluster)",
+        ),
         ("avg JCT", _hours(r["avg_jct_s"])),
         ("p50 JCT", _hours(r["p50_jct_s"])),
         ("p99 JCT", _hours(r["p99_jct_s"])),
         ("makespan", _hours(r["makespan_s"])),
         ("GPU allocation (mean)", f"{alloc['mean']:.1%}"),
-        ("allocation >= 90% when contended", f"{alloc['busy_when_contended']:.1%} of {_hours(alloc['contended_time_s'])}"),
+        (
+            "allocation >= 90% when contended",
+            f"{alloc['busy_when_contended']:.1%} of {_hours(alloc['contended_time_s'])}",
+        ),
         ("preemptions", f"{r['preemptions']} ({r['work_lost_gpu_s'] / 3600:.1f} GPU-hours of work lost)"),
         ("tenant-hours below 90% of entitlement", str(r["fairness"]["windows_below_90pct"])),
         ("planner pass (mean / max)", f"{timing['planner_ms_mean']:.2f} / {timing['planner_ms_max']:.2f} ms"),

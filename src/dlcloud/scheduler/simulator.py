@@ -77,7 +77,9 @@ class SimConfig:
         if self.grace_s < 0:
             raise InvalidArgument(f"--grace must be >= 0 seconds, got {self.grace_s:g}")
         if self.checkpoint_every_s < 0:
-            raise InvalidArgument(f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}")
+            raise InvalidArgument(
+                f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
+            )
 
     @property
     def uses_estimates(self) -> bool:
@@ -233,7 +235,7 @@ class Simulator:
         k = self.cfg.gpus_per_node
         if gpus <= k:
             return ()
-        groups = (GroupDemand("worker", gpus // k, k),)
+        groups: tuple[GroupDemand, ...] = (GroupDemand("worker", gpus // k, k),)
         if gpus % k:
             groups += (GroupDemand("worker-rest", 1, gpus % k),)
         return groups

@@ -74,7 +74,8 @@ def test_remainder_replica_for_gangs_not_a_multiple_of_the_node() -> None:
 
 class Reclaimer:
     """A planner with a known answer: places what fits, tenant ``b``'s jobs first, then in queue order; a queued
-    job of tenant ``b`` that does not fit preempts the first running, not yet stopping attempt of tenant ``a``. Records what it saw."""
+    job of tenant ``b`` that does not fit preempts the first running, not yet stopping attempt of tenant ``a``.
+    Records what it saw."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[datetime, list[QueuedJob], list[Held]]] = []
