@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,19 @@ TARGET_BUSY = 0.9
 def _run(args: tuple[Path, dict[str, Any], float | None, int | None]) -> dict[str, Any]:
     trace, config, end_s, limit = args
     jobs = load_trace(trace, end_s=end_s, limit_jobs=limit)
-    return simulate(jobs, SimConfig(**config))
+    t0, step = time.perf_counter(), max(len(jobs) // 20, 1)
+    mark = [step]
+
+    def progress(done: int, total: int) -> None:  # a line per 5 % of jobs finished: long replays show life
+        if done >= mark[0]:
+            mark[0] += step
+            print(
+                f"  {config['policy']}: {done:,} of {total:,} jobs finished, {time.perf_counter() - t0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return simulate(jobs, SimConfig(**config), progress)
 
 
 def _h(seconds: float) -> str:
