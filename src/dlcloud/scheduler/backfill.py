@@ -57,8 +57,10 @@ def reserve(cluster: Cluster, job: QueuedJob, releases: list[Release]) -> Reserv
         while i < len(releases) and releases[i][0] == at:
             _, gpus, c, m = releases[i]
             for g in gpus:
-                bisect.insort(free[cluster.node_of[g]], g)
-            nfree += len(gpus)
+                n = cluster.node_of.get(g)
+                if n is not None:  # a GPU the inventory no longer lists frees nothing
+                    bisect.insort(free[n], g)
+                    nfree += 1
             cpus += c
             memory += m
             i += 1

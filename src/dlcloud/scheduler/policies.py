@@ -10,15 +10,18 @@ policies; the rules, in short:
 - fifo: the given order; the first job that does not fit blocks everything behind it.
 - priority-backfill: effective priority (priority + aging), then submit time, then id. The first job that does not
   fit gets a reservation (``backfill``); later jobs start only where they cannot delay it. No preemption.
-- fair-share: tenants by weighted dominant share (recomputed as the pass places jobs); inside a tenant by effective
-  priority, then submit time. Usage up to a tenant's guarantee is owed, beyond it borrowed (capped by the borrowing
-  limit); a non-preemptible job runs only inside its guarantee. A job that does not fit may preempt: borrowed
-  attempts of other tenants when it is inside its guarantee ("reclaim"); lower-priority attempts of its own tenant
-  ("priority"); borrowed attempts of tenants with a larger share that started after it was submitted, when it is
-  the head of the line ("fill": what filled in ahead of it is its first victim). Attempts already stopping count
-  as soon-free for a job allowed to preempt, so a later pass picks no new victims while they stop. Backfill as in
-  priority-backfill, plus: a preemptible job that would be borrowed may start anyway ("preemptible fill"), and a
-  job inside its guarantee may start ahead of a reserved job that is not.
+- fair-share: tenants by weighted dominant share (recomputed as the pass places jobs or claims resources for a
+  preempting job); inside a tenant by effective priority, then submit time. Usage up to a tenant's guarantee is
+  owed, beyond it borrowed (capped by the borrowing limit); a non-preemptible job runs only inside its guarantee.
+  A job that does not fit may preempt: borrowed attempts of other tenants when it is inside its guarantee
+  ("reclaim"); attempts of its own tenant with a lower priority (its own, not aged: aging orders the queue, it
+  does not preempt) ("priority"); borrowed attempts of tenants with a larger share that started after it was
+  submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). A job held
+  back by its tenant's caps (quota, borrowing limit) may preempt its tenant's lower-priority attempts to get under
+  them ("priority" too). Attempts
+  already stopping count as soon-free for a job allowed to preempt, so a later pass picks no new victims while
+  they stop. Backfill as in priority-backfill, plus: a preemptible job that would be borrowed may start anyway
+  ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not.
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -31,9 +34,10 @@ attempts up to its guarantee; the rest are borrowed.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -73,10 +77,7 @@ def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
 
 def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
     """The las queue of an attained service: 0 below the first boundary, 1 below the second, ..."""
-    for i, bound in enumerate(cfg.las_queues_gpu_s):
-        if attained_gpu_s < bound:
-            return i
-    return len(cfg.las_queues_gpu_s)
+    return bisect.bisect_right(cfg.las_queues_gpu_s, attained_gpu_s)
 
 
 def _when(t: datetime) -> str:
@@ -99,6 +100,8 @@ def _within(lim: Limits, gpus: int, cpus: float, memory: int) -> bool:
 
 
 def _borrow_reason(job: QueuedJob, lim: Limits, use: Usage) -> str | None:
+    if lim.borrow_gpus is None and lim.borrow_cpus is None and lim.borrow_memory is None:
+        return None
     for what, g, b, used, need in (
         ("GPU(s)", lim.guarantee_gpus, lim.borrow_gpus, use.gpus, job.gpus),
         ("CPU(s)", lim.guarantee_cpus, lim.borrow_cpus, use.cpus, job.cpus),
@@ -116,6 +119,7 @@ class _Tenant:
     use: Usage
     jobs: list[QueuedJob] = field(default_factory=list)
     next: int = 0  # the next of ``jobs`` to consider
+    capped: bool = True  # has hard caps or a borrowing limit (else its quota checks are skipped)
     waiting: list[str] = field(default_factory=list)  # jobs waiting for capacity: their reason gets the share
 
 
@@ -148,8 +152,14 @@ class _Pass:
         # expected ends of running attempts (stopping ones: after the grace period); victims are dropped
         self.releases: dict[int, Release] = {}
         self.stopping: list[Candidate] = []
+        self.stopping_use: dict[str, Usage] = {}  # per tenant: what its stopping attempts still hold
         for h in self.held:
             if h.stopping:
+                su = self.stopping_use.setdefault(h.tenant_id, Usage())
+                su.gpus += len(h.gpus)
+                su.cpus += h.cpus
+                su.memory += h.memory
+                su.running_jobs += 1
                 self.releases[id(h)] = (now + self.grace, h.gpus, h.cpus, h.memory)
                 self.stopping.append(Candidate(h, (0,)))
             elif h.started_at is not None and h.max_run_time_s is not None:
@@ -159,6 +169,8 @@ class _Pass:
         self.inv_cpus, self.inv_memory = inventory.cpus, inventory.memory
         self.searches = 0
         self._shortages: dict[tuple, str] = {}
+        self._never: dict[tuple, str | None] = {}
+        self._behind = ""
         self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
         self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
 
@@ -190,13 +202,18 @@ class _Pass:
 
     def never_fits(self, job: QueuedJob) -> str | None:
         c = self.cluster
-        if any(g.gpus > c.max_size for g in job.groups) or (not job.groups and job.gpus > c.max_size):
-            return self.cluster.never_fits(job)
-        if job.gpu_type and self.cluster.never_fits(job):
-            return self.cluster.never_fits(job)
-        if job.cpus > self.inv_cpus + 1e-9 or job.memory > self.inv_memory:
-            return f"never fits: needs {job.cpus:g} CPU(s) and {job.memory} bytes of memory, more than the cluster has"
-        return None
+        plain = not job.groups and not job.gpu_type and job.gpus <= c.max_size
+        if plain and job.cpus <= self.inv_cpus + 1e-9 and job.memory <= self.inv_memory:
+            return None  # the common case, without building a key
+        key = (job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
+        if key not in self._never:
+            why = self.cluster.never_fits(job)
+            if why is None and (job.cpus > self.inv_cpus + 1e-9 or job.memory > self.inv_memory):
+                why = (
+                    f"never fits: needs {job.cpus:g} CPU(s) and {job.memory} bytes of memory, more than the cluster has"
+                )
+            self._never[key] = why
+        return self._never[key]
 
     def shortage(self, job: QueuedJob) -> str:
         """``Cluster.shortage``, remembered per job shape while the free capacity does not change."""
@@ -231,6 +248,9 @@ class _Pass:
     def place_any(self, job: QueuedJob, borrowed: bool) -> bool:
         """Place ``job`` on any free GPUs, the reserved ones included (it may delay the reservation)."""
         r = self.reservation
+        c = self.cluster
+        if job.gpus > c.nfree + (len(r.free_reserved) if r else 0) or not c.fits_totals(job):
+            return False
         if r is not None and r.free_reserved:
             self.cluster.give(r.free_reserved, 0, 0)
         gpus = self.fit_now(job)
@@ -271,10 +291,12 @@ class _Pass:
         self.cluster.take(r.free_reserved, 0, 0)
 
     def behind(self, job: QueuedJob) -> str:
-        r = self.reservation
-        assert r is not None
-        when = f"estimated start {_when(r.at)}" if r.at is not None else "no estimated start"
-        return f"waiting behind job {r.job_id} (reserved, {when})"
+        if not self._behind:
+            r = self.reservation
+            assert r is not None
+            when = f"estimated start {_when(r.at)}" if r.at is not None else "no estimated start"
+            self._behind = f"waiting behind job {r.job_id} (reserved, {when})"
+        return self._behind
 
     def wait_for_stopping(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
         """Whether ``job`` fits once attempts already stopping are gone: it then waits for them, no new victims."""
@@ -327,13 +349,18 @@ class _Pass:
         return True
 
     def preempt(
-        self, job: QueuedJob, candidates: Callable[[], list[Candidate]], memo: tuple, tenant: _Tenant | None
+        self,
+        job: QueuedJob,
+        candidates: Callable[[], list[Candidate]],
+        memo: tuple,
+        tenant: _Tenant | None,
+        also: Callable[[Sequence[Candidate]], bool] | None = None,
     ) -> bool:
         """Find victims among ``candidates()`` (waste order) so that ``job`` fits; record the preemptions."""
         if not self.may_search(memo, job):
             return False
         cands = [c for c in candidates() if id(c.held) not in self.victims]
-        found = find_victims(job, self.cluster, cands) if cands else None
+        found = find_victims(job, self.cluster, cands, also) if cands else None
         if found is None:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
@@ -384,13 +411,14 @@ def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if why is not None:
             reasons[job.id] = why
             continue
-        if p.reservation is None:
+        r = p.reservation
+        if r is None:
             gpus = p.fit_now(job)
             if gpus is not None:
                 p.place(job, gpus)
             else:
                 p.make_reservation(job, p.shortage(job))
-        elif not p.backfill(job, False):
+        elif job.gpus > p.cluster.nfree + len(r.free_reserved) or not p.backfill(job, False):
             reasons[job.id] = p.behind(job)
 
 
@@ -420,6 +448,12 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     for job in queue:
         p.tenant(job.tenant_id).jobs.append(job)
     for t in p.tenants.values():
+        lim = t.lim
+        t.capped = any(
+            x is not None
+            for x in (lim.gpus, lim.cpus, lim.memory, lim.max_running_jobs, lim.borrow_gpus, lim.borrow_cpus,
+                      lim.borrow_memory)
+        )  # fmt: skip
         t.jobs.sort(key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
     borrowed = _borrowed_attempts(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
@@ -462,8 +496,50 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         cands.sort(key=lambda c: c.key)
         return cands
 
+    def over_quota_by_priority(job: QueuedJob, t: _Tenant) -> bool:
+        """A job held back by its tenant's caps may preempt its tenant's lower-priority attempts to get under them;
+        its tenant's stopping attempts count as gone (no new victims while they stop)."""
+        stop = p.stopping_use.get(t.id, Usage())
+
+        def under_caps(chosen: Sequence[Candidate]) -> bool:
+            u = Usage(
+                t.use.gpus - stop.gpus - sum(len(c.held.gpus) for c in chosen),
+                t.use.cpus - stop.cpus - sum(c.held.cpus for c in chosen),
+                t.use.memory - stop.memory - sum(c.held.memory for c in chosen),
+                t.use.running_jobs - stop.running_jobs - len(chosen),
+            )
+            return quota_reason(job, t.lim, u) is None and _borrow_reason(job, t.lim, u) is None
+
+        if stop.running_jobs and under_caps([]):
+            reasons[job.id] = f"waiting for {stop.running_jobs} stopping job(s) of its tenant to free its quota"
+            p.result.estimated_start[job.id] = now + p.grace
+            t.use.gpus += job.gpus
+            t.use.cpus += job.cpus
+            t.use.memory += job.memory
+            t.use.running_jobs += 1
+            return True
+
+        def cands() -> list[Candidate]:
+            return [c for c in own.get(t.id, ()) if c.held.priority < job.priority]
+
+        memo = ("quota", t.id, job.priority, job.gpu_type, bool(job.groups))
+        if not p.preempt(job, cands, memo, t, under_caps):
+            return False
+        reasons[job.id] += " to make room in its quota"
+        return True
+
     def consider(job: QueuedJob, t: _Tenant) -> bool:
-        why = p.not_now(job) or quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
+        """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
+        why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
+        if why is None and t.capped:
+            why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
+            if (
+                why is not None
+                and lowest.get(t.id, job.priority) < job.priority
+                and p.never_fits(job) is None
+                and over_quota_by_priority(job, t)
+            ):
+                return True
         if why is None:
             why = p.never_fits(job)
         if why is not None:
@@ -483,6 +559,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             if gpus is not None:
                 p.place(job, gpus, borrowed=not inside)
                 return True
+        elif job.gpus > p.cluster.nfree + len(r.free_reserved):
+            pass  # cannot start now, whatever the rule: straight to preemption (the idle pass's common case)
         elif (
             p.backfill(job, not inside)
             or (inside and not p.reserved_inside and p.place_any(job, False))
@@ -492,11 +570,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         by_priority = lowest.get(t.id, job.priority) < job.priority
         fill = r is None and not inside and bool(reclaimable)
         if (inside or by_priority) and p.wait_for_stopping(job, t):
-            return False
+            return True
         if (inside and reclaimable) or by_priority or fill:
             memo = ("fs", inside, t.id if by_priority else None, job.priority if by_priority else None, fill)
             if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
-                return False
+                return True
         if r is None:
             p.make_reservation(job, p.shortage(job))
             p.reserved_inside = inside
@@ -539,7 +617,7 @@ def _add_share_positions(p: _Pass) -> None:
 # -- las --------------------------------------------------------------------------------------------------------------
 def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
-    order = sorted(queue, key=lambda j: (las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id))
+    order = sorted((las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id, j) for j in queue)
     live = sorted(
         (
             Candidate(h, (-las_queue(h.attained_gpu_s, cfg), -h.attained_gpu_s, lost_gpu_s(h, now)), "las")
@@ -548,7 +626,8 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         ),
         key=lambda c: c.key,
     )
-    for job in order:
+    waits: dict[tuple[str, int], str] = {}
+    for q, _, _, job in order:
         t = p.tenant(job.tenant_id)
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
@@ -558,14 +637,17 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if gpus is not None:
             p.place(job, gpus)
             continue
-        q = las_queue(job.attained_gpu_s, cfg)
+        if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
+            continue
         if live and -live[0].key[0] > q:
-            if p.wait_for_stopping(job, t):
-                continue
             cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
                 continue
-        reasons[job.id] = f"waiting for capacity: {p.shortage(job)} (las queue {q})"
+        short = p.shortage(job)
+        text = waits.get((short, q))
+        if text is None:
+            text = waits[short, q] = f"waiting for capacity: {short} (las queue {q})"
+        reasons[job.id] = text
 
 
 _POLICIES: dict[Policy, Callable[[_Pass, Iterable[QueuedJob]], None]] = {

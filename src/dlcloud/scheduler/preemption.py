@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -44,13 +44,19 @@ def _cost(chosen: Sequence[Candidate]) -> tuple:
 
 
 def find_victims(
-    job: QueuedJob, cluster: Cluster, cands: Sequence[Candidate]
+    job: QueuedJob,
+    cluster: Cluster,
+    cands: Sequence[Candidate],
+    also: Callable[[Sequence[Candidate]], bool] | None = None,
 ) -> tuple[list[Candidate], tuple[int, ...]] | None:
-    """The victims to stop so that ``job`` fits, and the GPUs it would get; None when even all do not suffice."""
+    """The victims to stop so that ``job`` fits (and ``also(victims)`` holds, e.g. its tenant's quota), and the
+    GPUs it would get; None when even all candidates do not suffice."""
     cands = cands[:MAX_CANDIDATES]
     procs = processes(job)
 
     def fit(chosen: Sequence[Candidate]) -> tuple[int, ...] | None:
+        if also is not None and not also(chosen):
+            return None
         cpus = cluster.cpus + sum(c.held.cpus for c in chosen)
         memory = cluster.memory + sum(c.held.memory for c in chosen)
         if job.cpus > cpus + 1e-9 or job.memory > memory:
@@ -71,19 +77,25 @@ def find_victims(
     chosen: list[Candidate] = []
     if len(procs) == 1 and len(cluster.free) > 1:
         k, want = procs[0]
+        # each node's candidates (waste order) with the matching GPUs they hold there
+        on_node: dict[int, list[tuple[Candidate, int]]] = {}
+        for c in cands:
+            counts: dict[int, int] = {}
+            for g in c.held.gpus:
+                n = cluster.node_of.get(g)
+                if n is not None and (not want or want in cluster.names[g]):
+                    counts[n] = counts.get(n, 0) + 1
+            for n, held_here in counts.items():
+                on_node.setdefault(n, []).append((c, held_here))
         best: list[Candidate] | None = None
         for n, fl in enumerate(cluster.free):
-            have = sum(1 for x in fl if not want or want in cluster.names[x])
+            have = len(fl) if not want else sum(1 for x in fl if want in cluster.names[x])
             picked: list[Candidate] = []
-            for c in cands:
+            for c, held_here in on_node.get(n, ()):
                 if have >= k:
                     break
-                on_n = sum(
-                    1 for g in c.held.gpus if cluster.node_of.get(g) == n and (not want or want in cluster.names[g])
-                )
-                if on_n:
-                    picked.append(c)
-                    have += on_n
+                picked.append(c)
+                have += held_here
             if have >= k and (best is None or _cost(picked) < _cost(best)):
                 best = picked
         if best is None:

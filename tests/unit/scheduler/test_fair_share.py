@@ -1,0 +1,317 @@
+"""fair-share: weighted DRF across tenants, guarantees and borrowing, reclaim and priority preemption, victim
+choice, gangs, non-preemptible jobs, stopping attempts, fill, and the wait reasons."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dlcloud.scheduler.planner import Limits, PlanConfig, Policy, plan
+from tests.unit.scheduler.scenarios import NOW, GiB, gang, job, nodes, placed, running, victims
+
+FS = PlanConfig(policy=Policy.FAIR_SHARE, aging_step=0)
+
+
+def jobs(tenant: str, n: int, gpus: int = 1, **kw: object) -> list:
+    return [job(f"{tenant}{i}", tenant, gpus, submitted_at=NOW - timedelta(seconds=100 - i), **kw) for i in range(n)]
+
+
+# -- ordering and borrowing -----------------------------------------------------------------------------------------
+def test_tenants_take_turns_by_dominant_share() -> None:
+    p = plan(jobs("a", 6) + jobs("b", 6), [], {}, nodes(1, 4), NOW, FS)
+    assert sorted(placed(p)) == ["a0", "a1", "b0", "b1"]
+
+
+def test_weights_scale_the_share() -> None:
+    limits = {"a": Limits(weight=2), "b": Limits(weight=1)}
+    p = plan(jobs("a", 6) + jobs("b", 6), [], limits, nodes(1, 6), NOW, FS)
+    assert sorted(placed(p)) == ["a0", "a1", "a2", "a3", "b0", "b1"]
+
+
+def test_dominant_resource_is_what_counts() -> None:
+    # "a" runs a CPU-heavy job (50% of CPUs, no GPUs): its dominant share is larger than b's 1 GPU of 4
+    held = [running("cpu-hog", "a", (), cpus=16)]
+    p = plan(jobs("a", 2) + jobs("b", 2), held, {}, nodes(1, 4, cpus=32), NOW, FS)
+    assert placed(p)[:2] == ["b0", "b1"]
+
+
+def test_idle_capacity_is_lent_and_marked_borrowed() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=2)}
+    p = plan(jobs("a", 4), [], limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["a0", "a1", "a2", "a3"]
+    assert p.borrowing == {"a2", "a3"}
+
+
+def test_borrowing_limit_caps_a_tenant_with_a_reason() -> None:
+    limits = {"a": Limits(guarantee_gpus=2, borrow_gpus=1)}
+    p = plan(jobs("a", 4), [], limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["a0", "a1", "a2"]
+    assert p.wait_reasons["a3"] == "borrowing limit: needs 1 GPU(s), 3 in use of guarantee 2 + borrowing limit 1"
+    assert p.blocked_by is None
+
+
+def test_hard_quota_still_holds() -> None:
+    limits = {"a": Limits(gpus=1, guarantee_gpus=4)}
+    p = plan(jobs("a", 2), [], limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["a0"]
+    assert p.wait_reasons["a1"].startswith("tenant quota: ")
+
+
+# -- reclaim -------------------------------------------------------------------------------------------------------
+def full_of_a(*, minutes: tuple[float, ...] = (10, 20, 30, 40), **kw: object) -> list:
+    """Tenant a runs one GPU job on each GPU of a 4-GPU node."""
+    return [running(f"r{i}", "a", (i,), minutes=m, **kw) for i, m in enumerate(minutes)]
+
+
+def test_owed_tenant_reclaims_borrowed_gpus_least_work_lost_first() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=2)}
+    # a's borrowed attempts are r2/r3 (owed: earliest started, r0 at 10 min ago... see _borrowed_attempts)
+    held = full_of_a(minutes=(40, 30, 20, 10))  # r0 started first; r3 has lost the least work
+    p = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["r3"]
+    (pre,) = p.preemptions
+    assert pre.by == "b0" and pre.reason == "reclaim"
+    assert pre.message == "preempted by job b0 (reclaim): its tenant reclaims its guarantee"
+    assert placed(p) == []  # it starts once the victim has stopped
+    assert p.wait_reasons["b0"] == "preempting 1 job(s) to reclaim its guarantee"
+    assert p.estimated_start["b0"] == NOW + timedelta(seconds=FS.preemption_grace_s)
+
+
+def test_reclaim_takes_only_as_many_as_needed_and_never_owed_attempts() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=2)}
+    held = full_of_a(minutes=(40, 30, 20, 10))
+    p = plan([job("b0", "b", 2)], held, limits, nodes(1, 4), NOW, FS)
+    assert sorted(victims(p)) == ["r2", "r3"]
+    # needing 3 would take owed attempts of a: not allowed, and 3 is beyond b's guarantee anyway
+    limits3 = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=3)}
+    p3 = plan([job("b0", "b", 3)], held, limits3, nodes(1, 4), NOW, FS)
+    assert victims(p3) == []
+    assert p3.wait_reasons["b0"].startswith("waiting for capacity: needs 3 GPU(s), 0 free")
+
+
+def test_a_tenant_beyond_its_guarantee_does_not_reclaim() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=1)}
+    p = plan([job("b0", "b", 2)], full_of_a(), limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == []
+
+
+def test_victims_lowest_priority_first_then_least_work_lost() -> None:
+    limits = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=2)}
+    held = [
+        running("owed", "a", (0,), priority=9, minutes=1),
+        running("hi", "a", (1,), priority=5, minutes=1),
+        running("lo-old", "a", (2,), priority=1, minutes=50),
+        running("lo-new", "a", (3,), priority=1, minutes=5),
+    ]
+    p = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["lo-new"]
+    p2 = plan([job("b0", "b", 2)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p2) == ["lo-new", "lo-old"]
+
+
+def test_work_lost_counts_from_the_last_checkpoint_times_gpus() -> None:
+    limits = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=2)}
+    checkpointed = NOW - timedelta(minutes=1)
+    held = [
+        running("owed", "a", (0,), priority=9),
+        running("fresh-ckpt", "a", (1, 2), minutes=60, progress_at=checkpointed),  # 1 min × 2 GPUs lost
+        running("no-ckpt", "a", (3,), minutes=5),  # 5 min × 1 GPU lost
+    ]
+    p = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["fresh-ckpt"]
+
+
+def test_a_gang_is_preempted_whole_once() -> None:
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=8)}
+    # a's 2-replica gang holds GPUs 2-3 (node 0) and 6-7 (node 1); b needs 4 GPUs on one node
+    held = [running("gang", "a", (2, 3, 6, 7), minutes=1), running("solo", "a", (0,), minutes=600)]
+    p = plan([job("b0", "b", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert victims(p) == ["gang"]  # one preemption stops all its replicas (node 1 then fits b0)
+    assert p.wait_reasons["b0"] == "preempting 1 job(s) to reclaim its guarantee"
+
+
+def test_a_queued_gang_preempts_what_its_replicas_need() -> None:
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=8)}
+    held = [running(f"a{i}", "a", (i,), minutes=1 + i) for i in range(8)]
+    p = plan([gang("g", "b", 2, 3)], held, limits, nodes(2, 4), NOW, FS)
+    assert len(victims(p)) == 6
+    got = set(victims(p))
+    assert len(got & {"a0", "a1", "a2", "a3"}) == 3 and len(got & {"a4", "a5", "a6", "a7"}) == 3
+
+
+def test_victims_are_chosen_on_one_node_for_a_single_process_job() -> None:
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=8)}
+    # node 0: four cheap 1-GPU jobs; node 1: two 2-GPU jobs that lost more work. 1 victim per node is not enough.
+    held = [running(f"n0-{i}", "a", (i,), minutes=1) for i in range(4)]
+    held += [running("n1-a", "a", (4, 5), minutes=30), running("n1-b", "a", (6, 7), minutes=30)]
+    p = plan([job("b0", "b", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert sorted(victims(p)) == ["n0-0", "n0-1", "n0-2", "n0-3"]
+    # globally cheapest victims spread over two nodes would not fit a 3-GPU process
+    p3 = plan([job("b0", "b", 3)], held, limits, nodes(2, 4), NOW, FS)
+    assert sorted(victims(p3)) == ["n0-0", "n0-1", "n0-2"]
+
+
+# -- priority within a tenant ----------------------------------------------------------------------------------------
+def test_higher_priority_preempts_lower_priority_of_its_own_tenant_only() -> None:
+    held = [running("mine-low", "a", (0, 1), priority=0), running("theirs", "b", (2, 3), priority=-5)]
+    p = plan([job("urgent", "a", 2, priority=10)], held, {}, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["mine-low"]
+    assert p.preemptions[0].reason == "priority"
+    assert p.wait_reasons["urgent"] == "preempting 1 job(s) of lower priority in its tenant"
+    same = plan([job("same", "a", 2, priority=0)], held, {}, nodes(1, 4), NOW, FS)
+    assert victims(same) == []
+
+
+# -- non-preemptible jobs -----------------------------------------------------------------------------------------
+def test_non_preemptible_job_only_inside_the_guarantee() -> None:
+    limits = {"a": Limits(guarantee_gpus=2)}
+    queue = [job("np0", "a", 1, preemptible=False), job("np1", "a", 1, preemptible=False)]
+    queue += [job("np2", "a", 1, preemptible=False), job("p3", "a", 1)]
+    p = plan(queue, [], limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["np0", "np1", "p3"]
+    assert p.borrowing == {"p3"}
+    assert p.wait_reasons["np2"] == (
+        "non-preemptible: runs only inside tenant a's guarantee (2 of 2 guaranteed GPU(s) in use, needs 1)"
+    )
+    nothing = plan([job("np", "z", 1, preemptible=False)], [], {}, nodes(1, 4), NOW, FS)
+    assert placed(nothing) == [] and "non-preemptible" in nothing.wait_reasons["np"]
+
+
+def test_non_preemptible_attempts_are_never_victims() -> None:
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=4)}
+    held = [running(f"np{i}", "a", (i,), preemptible=False, priority=-9) for i in range(3)]
+    held.append(running("ok", "a", (3,), priority=9, minutes=900))
+    p = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["ok"]
+    p2 = plan([job("b0", "b", 2)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p2) == []
+    hi = plan([job("hi", "a", 1, priority=99)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(hi) == ["ok"]
+
+
+# -- attempts already stopping ----------------------------------------------------------------------------------------
+def test_stopping_attempts_count_as_soon_free_and_are_not_preempted_again() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=2)}
+    held = full_of_a(minutes=(40, 30, 20, 10))
+    first = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(first) == ["r3"]
+    # next pass: r3 is stopping; b0 waits for it, nobody new is preempted
+    held2 = [h if h.job_id != "r3" else running("r3", "a", (3,), minutes=10, stopping=True) for h in held]
+    second = plan([job("b0", "b", 1)], held2, limits, nodes(1, 4), NOW, FS)
+    assert victims(second) == []
+    assert second.wait_reasons["b0"] == "waiting for 1 stopping job(s) to free their resources"
+    assert second.estimated_start["b0"] == NOW + timedelta(seconds=FS.preemption_grace_s)
+    # a second owed job does get a new victim, but never the stopping one
+    third = plan([job("b0", "b", 1), job("b1", "b", 1)], held2, limits, nodes(1, 4), NOW, FS)
+    assert victims(third) == ["r2"]
+
+
+def test_a_stopping_attempt_is_never_a_victim() -> None:
+    held = [running("going", "a", (0, 1, 2, 3), priority=-9, stopping=True)]
+    p = plan([job("hi", "a", 4, priority=9)], held, {}, nodes(1, 4), NOW, FS)
+    assert victims(p) == []
+    assert p.estimated_start["hi"] == NOW + timedelta(seconds=FS.preemption_grace_s)  # it frees its GPUs then
+
+
+# -- backfill and fill ------------------------------------------------------------------------------------------------
+def test_preemptible_borrowed_fill_may_delay_the_reservation_but_owed_work_may_not() -> None:
+    # b (no guarantee) heads the line with a 4-GPU job that does not fit; 2 GPUs free until +60 min
+    limits = {"c": Limits(guarantee_gpus=1)}
+    held = [running("long", "z", (2, 3), max_run_time_s=70 * 60)]
+    queue = [job("big", "b", 4, submitted_at=NOW - timedelta(hours=1))]
+    queue += [job("np", "c", 1, preemptible=False, submitted_at=NOW)]
+    queue += [job("fill", "d", 1, submitted_at=NOW)]
+    p = plan(queue, held, limits, nodes(1, 4), NOW, FS)
+    assert p.blocked_by == "big"
+    assert "np" in placed(p)  # inside c's guarantee: starts ahead of a borrowing reservation
+    assert "fill" in placed(p) and "fill" in p.borrowing
+
+
+def test_fill_that_started_ahead_is_preempted_by_the_head_job() -> None:
+    # d's fill started after "big" was submitted, and d's share (3 of 4 GPUs) is larger than b's would be (2)
+    held = [running("fill", "d", (0, 1, 2), minutes=1), running("other", "z", (3,), minutes=1)]
+    queue = [job("big", "b", 2, submitted_at=NOW - timedelta(hours=1))]
+    p = plan(queue, held, {}, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["fill"]
+    assert p.preemptions[0].reason == "fill"
+    # not when it started before the head job was submitted
+    old = [running("fill", "d", (0, 1, 2), minutes=120), running("other", "z", (3,), minutes=1)]
+    assert victims(plan(queue, old, {}, nodes(1, 4), NOW, FS)) == []
+
+
+# -- wait reasons ---------------------------------------------------------------------------------------------------
+def test_wait_reasons_name_the_share_and_the_tenants_ahead() -> None:
+    held = [running("a-run", "a", (0, 1)), running("b-run", "b", (2,))]
+    queue = [job("a-next", "a", 2), job("b-next", "b", 2), job("c-next", "c", 2)]
+    p = plan(queue, held, {}, nodes(1, 4), NOW, FS)
+    assert placed(p) == []
+    assert p.wait_reasons["c-next"].startswith("waiting for capacity: needs 2 GPU(s), 1 free")
+    assert p.wait_reasons["c-next"].endswith(
+        "; fair share: tenant c uses 0% (dominant: GPUs), first in line among tenants with waiting jobs"
+    )
+    assert "behind job c-next" in p.wait_reasons["a-next"]
+    assert p.wait_reasons["a-next"].endswith(
+        "fair share: tenant a uses 50% (dominant: GPUs), behind tenant(s) c, b with a smaller share"
+    )
+
+
+def test_memory_dominant_share_is_named() -> None:
+    held = [running("a-run", "a", (), memory=600 * GiB)]
+    p = plan([job("a-next", "a", 1, memory=500 * GiB)], held, {}, nodes(1, 4, memory=1000 * GiB), NOW, FS)
+    assert "tenant a uses 60% (dominant: memory)" in p.wait_reasons["a-next"]
+
+
+def test_a_preempting_job_counts_toward_its_tenants_share_in_the_same_pass() -> None:
+    # b reclaims 2 GPUs for b0; its share now counts b0, so c (share 0) comes before b's next job and takes the
+    # reservation; without counting it, b1 would have been next in line
+    limits = {"a": Limits(guarantee_gpus=0), "b": Limits(guarantee_gpus=2)}
+    held = [running(f"r{i}", "a", (i,), minutes=100 + i) for i in range(4)]
+    queue = [job("b0", "b", 2), job("b1", "b", 2), job("c0", "c", 2)]
+    p = plan(queue, held, limits, nodes(1, 4), NOW, FS)
+    assert {pre.by for pre in p.preemptions} == {"b0"}
+    assert p.blocked_by == "c0"
+    assert p.wait_reasons["b1"].startswith("waiting behind job c0")
+
+
+def test_aging_orders_jobs_inside_a_tenant() -> None:
+    aged = PlanConfig(policy=Policy.FAIR_SHARE, aging_interval_s=60, aging_step=1, aging_max=100)
+    old = job("old", "a", 4, priority=0, submitted_at=NOW - timedelta(minutes=30))
+    new = job("new", "a", 4, priority=10, submitted_at=NOW)
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, aged)) == ["old"]
+    assert placed(plan([new, old], [], {}, nodes(1, 4), NOW, FS)) == ["new"]
+
+
+def test_victim_searches_per_pass_are_bounded() -> None:
+    from dlcloud.scheduler.policies import MAX_SEARCHES
+
+    # 64 borrowed 1-GPU attempts, 100 tenants each owed a GPU: only MAX_SEARCHES of them preempt in one pass,
+    # the rest wait (the next passes go on)
+    limits = {f"t{i:03d}": Limits(guarantee_gpus=1) for i in range(100)}
+    held = [running(f"r{i}", "lender", (i,)) for i in range(64)]
+    queue = [job(f"j{i:03d}", f"t{i:03d}", 1) for i in range(100)]
+    p = plan(queue, held, limits, nodes(8, 8), NOW, FS)
+    preemptors = {pre.by for pre in p.preemptions}
+    assert len(preemptors) == len(p.preemptions) == MAX_SEARCHES
+    assert placed(p) == [] and len(p.wait_reasons) == 100
+    others = [why for jid, why in p.wait_reasons.items() if jid not in preemptors]
+    assert all(why.startswith(("waiting for capacity", "waiting behind job")) for why in others)
+
+
+def test_higher_priority_preempts_its_own_tenant_to_get_under_its_quota() -> None:
+    limits = {"a": Limits(gpus=4)}
+    held = [
+        running("lo-a", "a", (0, 1), priority=0, minutes=30),
+        running("lo-b", "a", (2,), priority=0, minutes=5),
+        running("lo-c", "a", (3,), priority=1, minutes=1),
+    ]
+    p = plan([job("hi", "a", 2, priority=5)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p) == ["lo-a"]  # the lowest priority, and enough on its own
+    assert p.preemptions[0].reason == "priority"
+    assert p.wait_reasons["hi"] == "preempting 1 job(s) of lower priority in its tenant to make room in its quota"
+    # next pass: lo-a is stopping; hi waits for it, nobody else is preempted
+    held2 = [running("lo-a", "a", (0, 1), priority=0, stopping=True), held[1], held[2]]
+    p2 = plan([job("hi", "a", 2, priority=5)], held2, limits, nodes(1, 8), NOW, FS)
+    assert victims(p2) == []
+    assert p2.wait_reasons["hi"] == "waiting for 1 stopping job(s) of its tenant to free its quota"
+    # the same priority preempts nobody: it waits for its quota
+    p3 = plan([job("same", "a", 2, priority=0)], held, limits, nodes(1, 8), NOW, FS)
+    assert victims(p3) == [] and p3.wait_reasons["same"].startswith("tenant quota: ")

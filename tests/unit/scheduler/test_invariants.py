@@ -1,0 +1,114 @@
+"""Invariants every policy keeps, over random small clusters, queues, running attempts and limits."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from dlcloud.scheduler.planner import GroupDemand, Held, Limits, PlanConfig, Policy, QueuedJob, plan
+from tests.unit.scheduler.scenarios import NOW, GiB, nodes
+
+
+def scenario(rng: random.Random) -> tuple[list[QueuedJob], list[Held], dict[str, Limits], object]:
+    per_node = rng.choice((2, 4, 8))
+    count = rng.randint(1, 4)
+    inv = nodes(count, per_node, cpus=rng.choice((16, 64)), memory=256 * GiB)
+    tenants = ["a", "b", "c", "d"][: rng.randint(1, 4)]
+    limits = {
+        t: Limits(
+            gpus=rng.choice((None, None, per_node * 2)),
+            max_running_jobs=rng.choice((None, None, 3)),
+            guarantee_gpus=rng.choice((0, per_node, per_node * 2)),
+            borrow_gpus=rng.choice((None, None, 2)),
+            weight=rng.choice((1.0, 2.0)),
+        )
+        for t in tenants
+    }
+    free = list(range(count * per_node))
+    rng.shuffle(free)
+    held = []
+    for i in range(rng.randint(0, 2 * count)):
+        if not free:
+            break
+        node = free[-1] // per_node
+        mine = [g for g in free if g // per_node == node][: rng.randint(1, per_node)]
+        for g in mine:
+            free.remove(g)
+        held.append(
+            Held(
+                rng.choice(tenants),
+                tuple(sorted(mine)),
+                1.0,
+                GiB,
+                job_id=f"h{i}",
+                priority=rng.randint(-2, 2),
+                started_at=NOW - timedelta(minutes=rng.randint(1, 90)),
+                max_run_time_s=rng.choice((None, 7200.0)),
+                preemptible=rng.random() < 0.8,
+                attained_gpu_s=rng.choice((0.0, 5000.0, 50_000.0)),
+                stopping=rng.random() < 0.15,
+            )  # fmt: skip
+        )
+    queue = []
+    for i in range(rng.randint(1, 12)):
+        kw = dict(priority=rng.randint(-2, 3), submitted_at=NOW - timedelta(minutes=rng.randint(0, 600)),
+                  max_run_time_s=rng.choice((None, 600.0, 3600.0)), preemptible=rng.random() < 0.8,
+                  attained_gpu_s=rng.choice((0.0, 5000.0)))  # fmt: skip
+        t = rng.choice(tenants)
+        if rng.random() < 0.2:
+            r, g = rng.randint(2, 3), rng.randint(1, per_node)
+            queue.append(QueuedJob(f"j{i}", t, r * g, float(r), r * GiB, groups=(GroupDemand("w", r, g),), **kw))
+        else:
+            queue.append(QueuedJob(f"j{i}", t, rng.randint(0, per_node + 1), rng.choice((1.0, 4.0)), GiB, **kw))
+    return queue, held, limits, inv
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+@pytest.mark.parametrize("seed", range(60))
+def test_invariants(policy: Policy, seed: int) -> None:
+    queue, held, limits, inv = scenario(random.Random(seed))
+    p = plan(queue, held, limits, inv, NOW, PlanConfig(policy=policy))  # type: ignore[arg-type]
+    by_id = {j.id: j for j in queue}
+    per_node = len([g for g in inv.gpus if g.node == "n0"])  # type: ignore[attr-defined]
+    # GPUs: free ones only, each once, each process on one node
+    taken = [g for h in held for g in h.gpus]
+    got = [g for _, gs in p.placements for g in gs]
+    assert len(got) == len(set(got)) and not set(got) & set(taken)
+    for jid, gs in p.placements:
+        j = by_id[jid]
+        sizes = [g.gpus for g in j.groups for _ in range(g.count)] if j.groups else [j.gpus]
+        assert len(gs) == sum(sizes)
+        at = 0
+        for k in sizes:
+            assert len({x // per_node for x in gs[at : at + k]}) <= 1
+            at += k
+    # hard caps hold for every tenant after the pass
+    for t, lim in limits.items():
+        mine = [by_id[jid] for jid, _ in p.placements if by_id[jid].tenant_id == t]
+        running = [h for h in held if h.tenant_id == t]
+        if lim.gpus is not None and mine:
+            assert sum(len(h.gpus) for h in running) + sum(j.gpus for j in mine) <= lim.gpus
+        if lim.max_running_jobs is not None and mine:
+            assert len(running) + len(mine) <= lim.max_running_jobs
+        if lim.borrow_gpus is not None and mine and policy == Policy.FAIR_SHARE:
+            assert sum(len(h.gpus) for h in running) + sum(j.gpus for j in mine) <= lim.guarantee_gpus + lim.borrow_gpus
+    # every job is placed or says why it waits (FIFO: those up to the one that blocks the line)
+    placed_ids = {jid for jid, _ in p.placements}
+    looked_at = [j.id for j in queue]
+    if policy == Policy.FIFO and p.blocked_by is not None:
+        looked_at = looked_at[: looked_at.index(p.blocked_by) + 1]
+    assert placed_ids | set(p.wait_reasons) == set(looked_at) and not placed_ids & set(p.wait_reasons)
+    # victims: preemptible, not stopping, each once, only by waiting jobs, never for fifo or priority-backfill
+    held_by_id = {h.job_id: h for h in held}
+    ids = [x.job_id for x in p.preemptions]
+    assert len(ids) == len(set(ids))
+    for x in p.preemptions:
+        assert held_by_id[x.job_id].preemptible and not held_by_id[x.job_id].stopping
+        assert x.by in p.wait_reasons and x.by not in placed_ids
+    if policy in (Policy.FIFO, Policy.PRIORITY_BACKFILL):
+        assert p.preemptions == [] and p.borrowing == set()
+    # non-preemptible jobs never run borrowed
+    assert all(by_id[jid].preemptible for jid in p.borrowing)
+    assert p.borrowing <= placed_ids
