@@ -583,18 +583,27 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         t.waiting.append(job.id)
         return False
 
+    def rank(t: _Tenant) -> tuple[int, float]:
+        """Owed work first: a tenant whose next job runs inside its guarantee goes before every tenant that
+        would borrow (as Kueue admits within nominal quota before borrowing), then by dominant share. Else,
+        once a reclaim's victims have stopped and both shares are back to equal, the victim's older job would
+        take the GPUs again and be preempted again, round after round."""
+        job = t.jobs[t.next]
+        inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
+        return (0 if inside else 1, p.share(t))
+
     counter = itertools.count()
-    heap = [(p.share(t), next(counter), t.id) for t in p.tenants.values() if t.jobs]
+    heap = [(*rank(t), next(counter), t.id) for t in p.tenants.values() if t.jobs]
     heapq.heapify(heap)
     while heap:
-        _, _, tid = heapq.heappop(heap)
+        *_, tid = heapq.heappop(heap)
         t = p.tenants[tid]
         while t.next < len(t.jobs):
             job = t.jobs[t.next]
             t.next += 1
             if consider(job, t):
                 if t.next < len(t.jobs):
-                    heapq.heappush(heap, (p.share(t), next(counter), tid))
+                    heapq.heappush(heap, (*rank(t), next(counter), tid))
                 break
     _add_share_positions(p)
 

@@ -315,3 +315,18 @@ def test_higher_priority_preempts_its_own_tenant_to_get_under_its_quota() -> Non
     # the same priority preempts nobody: it waits for its quota
     p3 = plan([job("same", "a", 2, priority=0)], held, limits, nodes(1, 8), NOW, FS)
     assert victims(p3) == [] and p3.wait_reasons["same"].startswith("tenant quota: ")
+
+
+def test_after_a_reclaim_the_owed_job_goes_before_the_borrower_it_preempted() -> None:
+    # the borrower's job (submitted first) was preempted for b's job and is queued again; both tenants now use
+    # nothing, so their shares tie: the job inside its tenant's guarantee is placed, not the borrower again
+    limits = {"a": Limits(guarantee_gpus=0, weight=1), "b": Limits(guarantee_gpus=2)}
+    borrower = job("a-ddp", "a", 2, submitted_at=NOW - timedelta(hours=2))
+    owner = job("b-own", "b", 2, submitted_at=NOW - timedelta(minutes=5))
+    p = plan([borrower, owner], [], limits, nodes(1, 2), NOW, FS)
+    assert placed(p) == ["b-own"]
+    assert not victims(p)
+    # the same with the borrower's tenant holding a guarantee elsewhere and the owner's queue ahead in the input
+    limits = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=2)}
+    p = plan([owner, borrower], [], limits, nodes(1, 2), NOW, FS)
+    assert placed(p) == ["b-own"]
