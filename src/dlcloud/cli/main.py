@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from dlcloud import __version__
-from dlcloud.cli import admin, datasets, environments, jobs, models, serve, tune
+from dlcloud.cli import admin, datasets, environments, jobs, models, serve, simulate, tune
 from dlcloud.cli.output import Output, OutputOption, err_console, render_fields
 from dlcloud.errors import DlcloudError
 
@@ -33,6 +33,7 @@ app.command("queue")(jobs.queue)
 app.command("usage")(admin.usage)
 app.command("audit")(admin.audit)
 app.command("serve")(serve.serve)
+app.command("simulate")(simulate.simulate)
 
 
 def _version(value: bool) -> None:

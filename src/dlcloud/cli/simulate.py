@@ -1,0 +1,129 @@
+"""dlcloud simulate: replay a job trace through the real planner on this machine (no server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
+
+from dlcloud.cli.output import Output, OutputOption, console, err_console, print_json
+from dlcloud.scheduler.planner import Policy
+
+
+def simulate(
+    trace: Path = typer.Option(..., "--trace", help="CSV with job_id, submit_time_s, num_gpus, duration_s, user."),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the simulated cluster."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node; must divide --gpus."),
+    policy: Policy = typer.Option(Policy.FAIR_SHARE, "--policy", help="Scheduling policy of the planner."),
+    start_s: float | None = typer.Option(None, "--start-s", help="Replay jobs submitted at or after this trace time."),
+    end_s: float | None = typer.Option(None, "--end-s", help="Replay jobs submitted before this trace time."),
+    limit_jobs: int | None = typer.Option(None, "--limit-jobs", min=1, help="Replay only the first N jobs."),
+    seed: int = typer.Option(0, "--seed", help="Orders equal-time events; same seed, same result."),
+    tick: float = typer.Option(60.0, "--tick", help="Simulated seconds between scheduling passes, at most."),
+    grace: float = typer.Option(30.0, "--grace", help="Simulated seconds a preempted attempt runs on."),
+    checkpoint_every: float = typer.Option(
+        900.0, "--checkpoint-every", help="Jobs checkpoint every this many simulated seconds (0: never)."
+    ),
+    estimates: bool | None = typer.Option(
+        None,
+        "--estimates/--no-estimates",
+        help="Jobs declare max_run_time = their duration (backfill) [default: on, except for las].",
+    ),
+    output: Output = OutputOption,
+) -> None:
+    """Replay a job trace through the production planner with a simulated clock; report JCT, GPU allocation,
+    fairness per tenant and preemptions. Runs locally: no server needed.
+
+    Each trace user (a Philly virtual cluster) is a tenant guaranteed GPUs in proportion to its share of the
+    trace's GPU-time, borrowing unlimited; jobs larger than a node are gangs of node-sized replicas. See
+    docs/scheduling.md ("Simulator").
+
+    Examples:
+
+      dlcloud simulate --trace philly_jobs_2017-10-02_to_2017-10-16.csv --gpus 256 --gpus-per-node 8 --policy las
+
+      dlcloud simulate --trace jobs.csv --gpus 64 --policy fifo --limit-jobs 2000 --seed 1 -o json
+    """
+    from dlcloud.scheduler.simulator import SimConfig, Simulator
+    from dlcloud.scheduler.trace import load_trace
+
+    config = SimConfig(
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        policy=policy,
+        seed=seed,
+        tick_s=tick,
+        grace_s=grace,
+        checkpoint_every_s=checkpoint_every,
+        estimates=estimates,
+    )
+    config.validate()
+    jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
+    if err_console.is_terminal and len(jobs) >= 5_000:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(f"{policy.value}: jobs finished", total=len(jobs))
+            report = Simulator(jobs, config, lambda done, total: bar.update(task, completed=done)).run()
+    else:
+        report = Simulator(jobs, config).run()
+    if output == Output.json:
+        print_json(report)
+        return
+    render_report(report)
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def render_report(r: dict[str, Any]) -> None:
+    jobs, alloc, timing = r["jobs"], r["gpu_allocation"], r["timing"]
+    rows = [
+        ("policy", f"{r['policy']} on {r['gpus']} GPUs ({r['gpus'] // r['gpus_per_node']} x {r['gpus_per_node']})"),
+        (
+            "jobs",
+            f"{jobs['finished']} finished of {jobs['total']} ({jobs['skipped_too_large']} larger than the cluster)",
+        ),
+        ("avg JCT", _hours(r["avg_jct_s"])),
+        ("p50 JCT", _hours(r["p50_jct_s"])),
+        ("p99 JCT", _hours(r["p99_jct_s"])),
+        ("makespan", _hours(r["makespan_s"])),
+        ("GPU allocation (mean)", f"{alloc['mean']:.1%}"),
+        (
+            "allocation >= 90% when contended",
+            f"{alloc['busy_when_contended']:.1%} of {_hours(alloc['contended_time_s'])}",
+        ),
+        ("preemptions", f"{r['preemptions']} ({r['work_lost_gpu_s'] / 3600:.1f} GPU-hours of work lost)"),
+        ("tenant-hours below 90% of entitlement", str(r["fairness"]["windows_below_90pct"])),
+        ("planner pass (mean / max)", f"{timing['planner_ms_mean']:.2f} / {timing['planner_ms_max']:.2f} ms"),
+        ("passes / wall time", f"{r['passes']} / {timing['wall_s']:.1f} s"),
+    ]
+    if r["node_violations"]:
+        rows.append(("placements across nodes (planner)", str(r["node_violations"])))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        console.print(f"{key + ':':<{width + 1}}  {value}")
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("TENANT", "JOBS", "GUARANTEE", "TRACE SHARE", "SHARE", "HOURS <90%", "AVG JCT"):
+        table.add_column(col)
+    for name, t in r["tenants"].items():
+        table.add_row(
+            name,
+            str(t["jobs"]),
+            str(t["guarantee_gpus"]),
+            f"{t['trace_gpu_time_share']:.1%}",
+            f"{t['share']:.1%}",
+            f"{t['windows_below_90pct']} of {t['windows_with_demand']}",
+            _hours(t["avg_jct_s"]),
+        )
+    console.print()
+    console.print(table)

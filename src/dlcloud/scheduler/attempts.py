@@ -1,0 +1,69 @@
+"""How a preempted attempt moves its job: rules shared by the control plane and the trace simulator.
+
+Both apply these pure functions, so the simulator (``scheduler/simulator.py``) replays the same rules the
+control plane (``services/job_states.py``) enforces, instead of a second model of them.
+
+Invariants:
+- An attempt's end is decided in one order: a cancel wins, then a preemption that actually stopped the
+  attempt, then the timeout, then the exit code. An attempt that was asked to stop for a preemption but ended
+  on its own during the grace period ends as it ended (succeeded or failed), not as preempted.
+- A preempted job goes back to the queue (PREEMPTED -> QUEUED) keeping its original submit time, so it keeps
+  its queue position; its restart count is unchanged (preemptions never consume ``max_restarts``) and its
+  preemption count grows by one; its next attempt has no restart backoff.
+- The work an attempt keeps is what it saved at its last checkpoint; what it did since is lost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+
+class AttemptEnd(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    PREEMPTED = "preempted"
+
+
+def attempt_end(
+    *,
+    exit_code: int | None,
+    stopped: bool,
+    timed_out: bool,
+    cancel_requested: bool = False,
+    preempt_requested: bool = False,
+) -> AttemptEnd:
+    """The outcome of an ended attempt. ``stopped``: ended by a stop the control plane sent."""
+    if cancel_requested:
+        return AttemptEnd.CANCELLED
+    if stopped:
+        return AttemptEnd.PREEMPTED if preempt_requested else AttemptEnd.CANCELLED
+    if timed_out:
+        return AttemptEnd.TIMED_OUT
+    return AttemptEnd.SUCCEEDED if exit_code == 0 else AttemptEnd.FAILED
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """What a preempted job looks like when it is queued again."""
+
+    submitted_at: datetime  # unchanged: its queue position
+    restarts: int  # unchanged: preemptions do not consume restarts
+    preemptions: int
+    not_before: datetime | None = None  # no restart backoff after a preemption
+
+
+def requeue_after_preemption(submitted_at: datetime, restarts: int, preemptions: int) -> Requeue:
+    return Requeue(submitted_at=submitted_at, restarts=restarts, preemptions=preemptions + 1)
+
+
+def last_checkpoint_s(ran_s: float, checkpoint_every_s: float | None) -> float:
+    """Seconds of an attempt's own work saved at its last checkpoint, after it ran ``ran_s`` seconds and
+    checkpointed every ``checkpoint_every_s`` (None or 0: never, so nothing is kept)."""
+    if not checkpoint_every_s or ran_s <= 0:
+        return 0.0
+    return math.floor(ran_s / checkpoint_every_s) * checkpoint_every_s

@@ -1,0 +1,567 @@
+"""Trace-driven simulator: replays a job trace through the production planner (``plan()``) on a simulated clock.
+
+No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
+end of a preemption's grace period, LAS queue changes). After something changed, a scheduling pass runs —
+at most one every ``tick_s`` simulated seconds, as the control loop ticks — and calls the real
+``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
+the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
+``gpus_per_node`` GPUs. Its placements start attempts; its preemptions stop them after the grace period
+(``Held.stopping`` meanwhile). How an attempt's end moves its job (preempted -> queued with its original
+submit time, work kept up to the last checkpoint, restarts untouched) is ``scheduler/attempts.py``, the rules
+the control plane applies too.
+
+The model:
+- each trace ``user`` (a Philly virtual cluster) is a tenant guaranteed GPUs in proportion to its share of the
+  replayed jobs' GPU-time, floored (so the guarantees sum to at most the cluster), borrowing unlimited,
+  weight 1, no hard caps; jobs ask for GPUs only (CPU and memory never bind);
+- a job of more than ``gpus_per_node`` GPUs is a gang of ``gpus_per_node``-GPU replicas (plus one smaller
+  replica for a remainder); jobs larger than the cluster are skipped and counted;
+- every job is preemptible and declares ``max_run_time_s`` = its duration when estimates are on;
+- a job checkpoints every ``checkpoint_every_s`` of an attempt's run; a preempted attempt keeps running for
+  ``grace_s`` and then loses the work since its last checkpoint.
+
+Determinism: the seed orders equal-time events and jobs submitted at the same instant (as a database's
+random ids would); everything but ``timing`` in the result is identical for a trace, configuration and seed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dlcloud.errors import InvalidArgument
+from dlcloud.scheduler import attempts
+from dlcloud.scheduler.inventory import Gpu, Inventory
+from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
+from dlcloud.scheduler.trace import TraceJob
+
+EPOCH = datetime(2017, 1, 1, tzinfo=UTC)  # simulated second 0; the planner only sees differences
+WINDOW_S = 3600.0  # fairness is judged per one-hour window
+FAIR_FRACTION = 0.9  # a tenant with demand gets at least this share of min(its demand, its entitlement)
+BUSY_FRACTION = 0.9  # allocation target whenever queued demand exceeds free capacity
+
+# event kinds, in the order they apply at one instant: capacity frees before new work arrives
+_END, _STOP, _ARRIVE, _WAKE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    gpus: int
+    gpus_per_node: int
+    policy: Policy = Policy.FAIR_SHARE
+    seed: int = 0
+    tick_s: float = 60.0
+    grace_s: float = 30.0
+    checkpoint_every_s: float = 900.0
+    estimates: bool | None = None  # declare max_run_time_s = duration; None: on unless the policy is las
+    plan_config: PlanConfig | None = None  # None: PlanConfig(policy=policy)
+
+    def validate(self) -> None:
+        if self.gpus < 1:
+            raise InvalidArgument(f"--gpus must be at least 1, got {self.gpus}")
+        if self.gpus_per_node < 1:
+            raise InvalidArgument(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
+        if self.gpus % self.gpus_per_node:
+            raise InvalidArgument(
+                f"--gpus-per-node must divide --gpus: {self.gpus} GPUs are not whole nodes of {self.gpus_per_node}"
+            )
+        if self.tick_s <= 0:
+            raise InvalidArgument(f"--tick must be > 0 seconds, got {self.tick_s:g}")
+        if self.grace_s < 0:
+            raise InvalidArgument(f"--grace must be >= 0 seconds, got {self.grace_s:g}")
+        if self.checkpoint_every_s < 0:
+            raise InvalidArgument(
+                f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
+            )
+
+    @property
+    def uses_estimates(self) -> bool:
+        return self.policy != Policy.LAS if self.estimates is None else self.estimates and self.policy != Policy.LAS
+
+    @property
+    def planner(self) -> PlanConfig:
+        return self.plan_config or PlanConfig(policy=self.policy)
+
+
+class _Job:
+    """One trace job's simulated life. ``state``: pending, queued, running, stopping, done."""
+
+    __slots__ = (
+        "attained",
+        "attempt",
+        "done_s",
+        "finished_s",
+        "gpus",
+        "held",
+        "held_until",
+        "key",
+        "lost_gpu_s",
+        "preemptions",
+        "qjob",
+        "start_s",
+        "state",
+        "trace",
+    )
+
+    def __init__(self, trace: TraceJob, qjob: QueuedJob, key: tuple) -> None:
+        self.trace = trace
+        self.qjob = qjob
+        self.key = key
+        self.state = "pending"
+        self.done_s = 0.0  # work saved by earlier attempts
+        self.attained = 0.0  # GPU-seconds used by earlier attempts (las)
+        self.attempt = 0
+        self.start_s = 0.0
+        self.gpus: tuple[int, ...] = ()
+        self.held: Held | None = None
+        self.held_until = 0.0  # the cached Held is valid until then (its last checkpoint moves)
+        self.finished_s = 0.0
+        self.preemptions = 0
+        self.lost_gpu_s = 0.0
+
+
+@dataclass
+class _Tenant:
+    guarantee: int
+    demand: int = 0  # GPUs of its queued and running jobs
+    alloc: int = 0  # GPUs its attempts hold
+    used_gpu_s: float = 0.0
+    windows: dict[int, list[float]] = field(default_factory=dict)  # hour -> [allocated GPU-s, owed GPU-s]
+
+
+def guarantees(jobs: Sequence[TraceJob], gpus: int) -> dict[str, int]:
+    """Each tenant's guarantee: its share of the jobs' GPU-time of ``gpus``, floored (the sum stays <= gpus)."""
+    work: dict[str, float] = {}
+    for j in jobs:
+        work[j.tenant] = work.get(j.tenant, 0.0) + j.gpus * j.duration_s
+    total = sum(work.values())
+    if total <= 0:
+        return {t: 0 for t in sorted(work)}
+    return {t: math.floor(gpus * w / total + 1e-9) for t, w in sorted(work.items())}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); ``values`` sorted."""
+    if not values:
+        return 0.0
+    k = (len(values) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+class Simulator:
+    """One replay: ``Simulator(jobs, config).run()`` returns the report (a JSON-ready dict)."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        config: SimConfig,
+        progress: Callable[[int, int], None] | None = None,
+        planner: Callable[..., Plan] = plan,
+    ) -> None:
+        config.validate()
+        self.plan = planner  # the production planner; tests may pass one with a known answer
+        self.cfg = config
+        self.pcfg = config.planner
+        self.progress = progress
+        self.rng = random.Random(config.seed)
+        n, k = config.gpus, config.gpus_per_node
+        self.gpu_node = [i // k for i in range(n)]
+        self.inventory = Inventory(
+            host="simulated",
+            gpus=tuple(Gpu(i, "simulated-gpu", 0, node=f"node-{i // k}") for i in range(n)),
+            cpus=float(n),
+            memory=n,
+        )
+        fits = [j for j in jobs if j.gpus <= n]
+        self.skipped_too_large = len(jobs) - len(fits)
+        self.guarantee = guarantees(fits, n)
+        self.limits = {t: Limits(guarantee_gpus=g, weight=1.0) for t, g in self.guarantee.items()}
+        self.tenants = {t: _Tenant(g) for t, g in self.guarantee.items()}
+        self.origin = min((j.submit_s for j in fits), default=0.0)
+        estimates = config.uses_estimates
+        self.jobs: dict[str, _Job] = {}
+        order = list(range(len(fits)))
+        self.rng.shuffle(order)  # equal submit times: a seeded order, as random job ids give in the database
+        for rank, j in zip(order, fits, strict=True):
+            q = QueuedJob(
+                id=j.job_id,
+                tenant_id=j.tenant,
+                gpus=j.gpus,
+                cpus=0.0,
+                memory=0,
+                groups=self._groups(j.gpus),
+                priority=0,
+                submitted_at=EPOCH + timedelta(seconds=j.submit_s),
+                max_run_time_s=j.duration_s if estimates else None,
+                preemptible=True,
+            )
+            self.jobs[j.job_id] = _Job(j, q, (-q.priority, j.submit_s, rank))
+        # the queue in the control plane's order: sort keys and, at the same index, the jobs as the planner sees them
+        self.queue: list[tuple[tuple, str]] = []
+        self.queued: list[QueuedJob] = []
+        self.held_list: list[Held] | None = None  # the live attempts as Held, until one changes
+        self.held_until = math.inf
+        self.running: dict[str, _Job] = {}  # running and stopping, in start order
+        self.free = set(range(n))
+        self.events: list[tuple[float, int, float, int, str, int]] = []
+        self.seq = 0
+        self.real_events = 0  # events other than wake-ups still in the heap
+        self.wake_pending = False
+        # metrics
+        self.now = self.origin
+        self.alloc = 0
+        self.queued_gpus = 0
+        self.alloc_gpu_s = 0.0
+        self.contended_s = 0.0
+        self.contended_busy_s = 0.0
+        self.hourly: dict[int, float] = {}
+        self.passes = 0
+        self.pass_seconds: list[float] = []
+        self.preemptions = 0
+        self.preemptions_finished_in_grace = 0
+        self.node_violations = 0
+        self.finished = 0
+
+    def _groups(self, gpus: int) -> tuple[GroupDemand, ...]:
+        k = self.cfg.gpus_per_node
+        if gpus <= k:
+            return ()
+        groups: tuple[GroupDemand, ...] = (GroupDemand("worker", gpus // k, k),)
+        if gpus % k:
+            groups += (GroupDemand("worker-rest", 1, gpus % k),)
+        return groups
+
+    # --- the clock -------------------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, job_id: str = "", attempt: int = 0) -> None:
+        self.seq += 1
+        if kind != _WAKE:
+            self.real_events += 1
+        heapq.heappush(self.events, (t, kind, self.rng.random(), self.seq, job_id, attempt))
+
+    def run(self) -> dict[str, Any]:
+        wall0 = time.perf_counter()
+        for j in self.jobs.values():
+            self._push(j.trace.submit_s, _ARRIVE, j.trace.job_id)
+        last_pass = -math.inf
+        pass_at: float | None = None
+        total = len(self.jobs)
+        handled = 0
+        while self.events or pass_at is not None:
+            if pass_at is not None and (not self.events or pass_at < self.events[0][0]):
+                self._advance(pass_at)
+                self._pass()
+                last_pass, pass_at = pass_at, None
+                continue
+            t, kind, _, _, job_id, attempt = heapq.heappop(self.events)
+            if kind == _WAKE:
+                self.wake_pending = False
+            else:
+                self.real_events -= 1
+            self._advance(t)
+            if self._handle(kind, job_id, attempt) and pass_at is None:
+                pass_at = max(t, last_pass + self.cfg.tick_s)
+            handled += 1
+            if self.progress is not None and handled % 2048 == 0:
+                self.progress(self.finished, total)
+        if self.progress is not None:
+            self.progress(self.finished, total)
+        return self._report(time.perf_counter() - wall0)
+
+    def _handle(self, kind: int, job_id: str, attempt: int) -> bool:
+        """Apply one event; True when it changed what a pass would see."""
+        if kind == _WAKE:
+            return bool(self.queue)
+        job = self.jobs[job_id]
+        if kind == _ARRIVE:
+            self._enqueue(job)
+            return True
+        if job.attempt != attempt or job.state not in ("running", "stopping"):
+            return False  # an event of an attempt that has already ended
+        ran = self.now - job.start_s
+        if kind == _END:
+            end = attempts.attempt_end(exit_code=0, stopped=False, timed_out=False)
+            if job.state == "stopping":
+                self.preemptions_finished_in_grace += 1
+        else:
+            end = attempts.attempt_end(exit_code=None, stopped=True, timed_out=False, preempt_requested=True)
+        self._release(job, ran)
+        if end == attempts.AttemptEnd.SUCCEEDED:
+            job.state = "done"
+            job.finished_s = self.now
+            job.done_s = job.trace.duration_s
+            self.finished += 1
+            t = self.tenants[job.trace.tenant]
+            t.demand -= job.trace.gpus
+        else:  # preempted: keep the work up to the last checkpoint, queue again where it was
+            kept = attempts.last_checkpoint_s(ran, self.cfg.checkpoint_every_s)
+            job.done_s = min(job.trace.duration_s, job.done_s + kept)
+            job.lost_gpu_s += (ran - kept) * job.trace.gpus
+            job.preemptions = attempts.requeue_after_preemption(
+                job.qjob.submitted_at or EPOCH, 0, job.preemptions
+            ).preemptions
+            self.tenants[job.trace.tenant].demand -= job.trace.gpus  # _enqueue adds it back
+            self._enqueue(job)
+        return True
+
+    # --- job state -------------------------------------------------------------------------------------------
+
+    def _enqueue(self, job: _Job) -> None:
+        if job.attained and job.qjob.attained_gpu_s != job.attained:
+            q = job.qjob
+            job.qjob = QueuedJob(
+                id=q.id,
+                tenant_id=q.tenant_id,
+                gpus=q.gpus,
+                cpus=q.cpus,
+                memory=q.memory,
+                groups=q.groups,
+                priority=q.priority,
+                submitted_at=q.submitted_at,
+                max_run_time_s=q.max_run_time_s,
+                preemptible=q.preemptible,
+                attained_gpu_s=job.attained,
+            )
+        job.state = "queued"
+        entry = (job.key, job.trace.job_id)
+        i = bisect.bisect_left(self.queue, entry)
+        self.queue.insert(i, entry)
+        self.queued.insert(i, job.qjob)
+        self.queued_gpus += job.trace.gpus
+        self.tenants[job.trace.tenant].demand += job.trace.gpus
+
+    def _start(self, job: _Job, gpus: tuple[int, ...]) -> None:
+        i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
+        del self.queue[i]
+        del self.queued[i]
+        self.queued_gpus -= job.trace.gpus
+        job.state = "running"
+        job.attempt += 1
+        job.start_s = self.now
+        job.gpus = gpus
+        job.held = None
+        self.held_list = None
+        self.free.difference_update(gpus)
+        self.alloc += len(gpus)
+        self.tenants[job.trace.tenant].alloc += len(gpus)
+        self.running[job.trace.job_id] = job
+        remaining = max(0.0, job.trace.duration_s - job.done_s)
+        self._push(self.now + remaining, _END, job.trace.job_id, job.attempt)
+        if self.pcfg.policy == Policy.LAS:  # its las queue changes as it runs: a pass must look again then
+            for bound in self.pcfg.las_queues_gpu_s:
+                if bound > job.attained:
+                    cross = self.now + (bound - job.attained) / job.trace.gpus
+                    if cross < self.now + remaining:
+                        self._push(cross, _WAKE)
+                        self.wake_pending = True
+
+    def _release(self, job: _Job, ran: float) -> None:
+        del self.running[job.trace.job_id]
+        self.free.update(job.gpus)
+        self.alloc -= len(job.gpus)
+        t = self.tenants[job.trace.tenant]
+        t.alloc -= len(job.gpus)
+        job.attained += ran * len(job.gpus)
+        job.gpus = ()
+        job.held = None
+        self.held_list = None
+
+    def _held(self, job: _Job) -> Held:
+        if job.held is not None and self.now < job.held_until and self.pcfg.policy != Policy.LAS:
+            return job.held
+        ran = self.now - job.start_s
+        kept = attempts.last_checkpoint_s(ran, self.cfg.checkpoint_every_s)
+        start = EPOCH + timedelta(seconds=job.start_s)
+        job.held = Held(
+            tenant_id=job.trace.tenant,
+            gpus=job.gpus,
+            cpus=0.0,
+            memory=0,
+            job_id=job.trace.job_id,
+            priority=job.qjob.priority,
+            submitted_at=job.qjob.submitted_at,
+            started_at=start,
+            progress_at=start + timedelta(seconds=kept),
+            max_run_time_s=job.qjob.max_run_time_s,
+            preemptible=True,
+            attained_gpu_s=job.attained + ran * len(job.gpus),
+            stopping=job.state == "stopping",
+        )
+        every = self.cfg.checkpoint_every_s
+        job.held_until = job.start_s + kept + every if every else math.inf
+        return job.held
+
+    # --- the scheduling pass ---------------------------------------------------------------------------------
+
+    def _pass(self) -> None:
+        if self.held_list is None or self.now >= self.held_until or self.pcfg.policy == Policy.LAS:
+            self.held_list = [self._held(j) for j in self.running.values()]
+            self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
+        now = EPOCH + timedelta(seconds=self.now)
+        t0 = time.perf_counter()
+        result = self.plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
+        self.pass_seconds.append(time.perf_counter() - t0)
+        self.passes += 1
+        self._apply(result)
+        if (
+            self.queue
+            and not self.wake_pending
+            and self.pcfg.aging_step
+            and self.pcfg.policy in (Policy.PRIORITY_BACKFILL, Policy.FAIR_SHARE)
+            and (self.real_events or self.running)
+        ):  # waiting raises effective priority: look again after an aging interval even if nothing happens
+            self._push(self.now + self.pcfg.aging_interval_s, _WAKE)
+            self.wake_pending = True
+
+    def _apply(self, result: Plan) -> None:
+        for job_id, gpus in result.placements:
+            job = self.jobs.get(job_id)
+            if job is None or job.state != "queued":
+                raise RuntimeError(f"planner placed {job_id}, which is not queued")
+            if len(gpus) != job.trace.gpus or len(set(gpus)) != len(gpus) or not self.free.issuperset(gpus):
+                raise RuntimeError(f"planner placed {job_id} on GPUs {gpus}: not {job.trace.gpus} free GPUs")
+            if not self._on_nodes(job, gpus):
+                self.node_violations += 1
+            self._start(job, gpus)
+        for p in result.preemptions:
+            job = self.jobs.get(p.job_id)
+            if job is None or job.state != "running":
+                raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
+            job.state = "stopping"
+            job.held = None
+            self.held_list = None
+            self.preemptions += 1
+            self._push(self.now + self.cfg.grace_s, _STOP, p.job_id, job.attempt)
+
+    def _on_nodes(self, job: _Job, gpus: tuple[int, ...]) -> bool:
+        """A process's GPUs are on one node: the whole job's, or each gang replica's."""
+        node = self.gpu_node
+        sizes = [g.gpus for g in job.qjob.groups for _ in range(g.count)] or [len(gpus)]
+        i = 0
+        for size in sizes:
+            replica = gpus[i : i + size]
+            i += size
+            if replica and any(node[g] != node[replica[0]] for g in replica):
+                return False
+        return True
+
+    # --- metrics ---------------------------------------------------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        """Integrate allocation, contention and each tenant's share from the last change up to ``t``."""
+        t0 = self.now
+        if t <= t0:
+            return
+        n = self.cfg.gpus
+        dt = t - t0
+        self.alloc_gpu_s += self.alloc * dt
+        if self.queued_gpus > n - self.alloc:
+            self.contended_s += dt
+            if self.alloc >= BUSY_FRACTION * n - 1e-9:
+                self.contended_busy_s += dt
+        active = [x for x in self.tenants.values() if x.demand]
+        while t0 < t:
+            w = int((t0 - self.origin) // WINDOW_S)
+            end = min(t, self.origin + (w + 1) * WINDOW_S)
+            d = end - t0
+            self.hourly[w] = self.hourly.get(w, 0.0) + self.alloc * d
+            for x in active:
+                acc = x.windows.get(w)
+                if acc is None:
+                    acc = x.windows[w] = [0.0, 0.0]
+                acc[0] += x.alloc * d
+                acc[1] += min(x.demand, x.guarantee) * d
+                x.used_gpu_s += x.alloc * d
+            t0 = end
+        self.now = t
+
+    def _report(self, wall_s: float) -> dict[str, Any]:
+        done = [j for j in self.jobs.values() if j.state == "done"]
+        jcts = sorted(j.finished_s - j.trace.submit_s for j in done)
+        end = max((j.finished_s for j in done), default=self.origin)
+        span = max(end - self.origin, 0.0)
+        n = self.cfg.gpus
+        work = {t: 0.0 for t in self.tenants}
+        for j in self.jobs.values():
+            work[j.trace.tenant] += j.trace.gpus * j.trace.duration_s
+        total_work = sum(work.values()) or 1.0
+        tenants: dict[str, Any] = {}
+        below_total = 0
+        for name in sorted(self.tenants):
+            x = self.tenants[name]
+            with_demand = len(x.windows)
+            below = sum(1 for a, owed in x.windows.values() if owed > 0 and a < FAIR_FRACTION * owed - 1e-6)
+            below_total += below
+            mine = sorted(j.finished_s - j.trace.submit_s for j in done if j.trace.tenant == name)
+            tenants[name] = {
+                "jobs": sum(1 for j in self.jobs.values() if j.trace.tenant == name),
+                "guarantee_gpus": x.guarantee,
+                "entitlement": round(x.guarantee / n, 4),
+                "trace_gpu_time_share": round(work[name] / total_work, 4),
+                "share": round(x.used_gpu_s / (n * span), 4) if span else 0.0,
+                "windows_with_demand": with_demand,
+                "windows_below_90pct": below,
+                "below_fraction": round(below / with_demand, 4) if with_demand else 0.0,
+                "avg_jct_s": round(sum(mine) / len(mine), 1) if mine else None,
+            }
+        hours = max(self.hourly, default=-1) + 1
+        return {
+            "policy": self.cfg.policy.value,
+            "gpus": n,
+            "gpus_per_node": self.cfg.gpus_per_node,
+            "seed": self.cfg.seed,
+            "tick_s": self.cfg.tick_s,
+            "grace_s": self.cfg.grace_s,
+            "checkpoint_every_s": self.cfg.checkpoint_every_s,
+            "estimates": self.cfg.uses_estimates,
+            "jobs": {
+                "total": len(self.jobs),
+                "finished": len(done),
+                "unfinished": len(self.jobs) - len(done),
+                "skipped_too_large": self.skipped_too_large,
+            },
+            "avg_jct_s": round(sum(jcts) / len(jcts), 1) if jcts else 0.0,
+            "p50_jct_s": round(_percentile(jcts, 50), 1),
+            "p99_jct_s": round(_percentile(jcts, 99), 1),
+            "makespan_s": round(span, 1),
+            "gpu_allocation": {
+                "mean": round(self.alloc_gpu_s / (n * span), 4) if span else 0.0,
+                "contended_time_s": round(self.contended_s, 1),
+                "busy_when_contended": round(self.contended_busy_s / self.contended_s, 4) if self.contended_s else 1.0,
+                "hourly": [round(self.hourly.get(h, 0.0) / (n * WINDOW_S), 4) for h in range(hours)],
+            },
+            "preemptions": self.preemptions,
+            "preemptions_finished_in_grace": self.preemptions_finished_in_grace,
+            "work_lost_gpu_s": round(sum(j.lost_gpu_s for j in self.jobs.values()), 1),
+            "node_violations": self.node_violations,
+            "tenants": tenants,
+            "fairness": {
+                "windows_below_90pct": below_total,
+                "worst_below_fraction": max((t["below_fraction"] for t in tenants.values()), default=0.0),
+            },
+            "passes": self.passes,
+            "timing": {
+                "planner_ms_mean": round(1000 * sum(self.pass_seconds) / len(self.pass_seconds), 3)
+                if self.pass_seconds
+                else 0.0,
+                "planner_ms_max": round(1000 * max(self.pass_seconds, default=0.0), 3),
+                "planner_s_total": round(sum(self.pass_seconds), 3),
+                "wall_s": round(wall_s, 3),
+            },
+        }
+
+
+def simulate(
+    jobs: Sequence[TraceJob], config: SimConfig, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Replay ``jobs`` under ``config``; the report's keys are described in docs/scheduling.md."""
+    return Simulator(jobs, config, progress).run()

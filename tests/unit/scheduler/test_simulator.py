@@ -1,0 +1,236 @@
+"""The trace simulator: known answers on hand-made traces, determinism on a slice of the Philly trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from dlcloud.errors import InvalidArgument
+from dlcloud.scheduler.attempts import AttemptEnd, attempt_end, last_checkpoint_s, requeue_after_preemption
+from dlcloud.scheduler.inventory import Inventory
+from dlcloud.scheduler.planner import Held, Limits, Plan, PlanConfig, Policy, Preemption, QueuedJob
+from dlcloud.scheduler.simulator import EPOCH, SimConfig, Simulator, guarantees, simulate
+from dlcloud.scheduler.trace import TraceJob, load_trace
+
+PHILLY_SLICE = Path(__file__).parents[2] / "data" / "philly_2017-10-02_first2000.csv"
+
+
+def tj(job_id: str, submit: float, duration: float, gpus: int = 1, tenant: str = "a") -> TraceJob:
+    return TraceJob(job_id, submit, gpus, duration, tenant)
+
+
+def cfg(gpus: int = 1, per_node: int = 1, **kw: object) -> SimConfig:
+    kw.setdefault("tick_s", 1.0)
+    return SimConfig(gpus=gpus, gpus_per_node=per_node, policy=kw.pop("policy", Policy.FIFO), **kw)  # type: ignore[arg-type]
+
+
+def jcts(sim: Simulator) -> dict[str, float]:
+    return {j.trace.job_id: j.finished_s - j.trace.submit_s for j in sim.jobs.values() if j.state == "done"}
+
+
+def test_one_job_completes_in_its_duration() -> None:
+    sim = Simulator([tj("1", 50.0, 3600.0)], cfg())
+    r = sim.run()
+    assert jcts(sim) == {"1": 3600.0}
+    assert (r["avg_jct_s"], r["p50_jct_s"], r["p99_jct_s"], r["makespan_s"]) == (3600.0, 3600.0, 3600.0, 3600.0)
+    assert r["gpu_allocation"]["mean"] == 1.0
+    assert r["jobs"] == {"total": 1, "finished": 1, "unfinished": 0, "skipped_too_large": 0}
+
+
+def test_two_jobs_on_one_gpu_run_one_after_the_other() -> None:
+    sim = Simulator([tj("1", 0.0, 100.0), tj("2", 10.0, 50.0)], cfg())
+    r = sim.run()
+    assert jcts(sim) == {"1": 100.0, "2": 100.0 + 50.0 - 10.0}  # the second waits for the first: d1 + d2
+    assert r["makespan_s"] == 150.0
+    assert r["gpu_allocation"]["mean"] == 1.0
+    # from t=10 to 100 one GPU-job waited with no GPU free, and the one GPU was busy
+    assert r["gpu_allocation"]["contended_time_s"] == 90.0
+    assert r["gpu_allocation"]["busy_when_contended"] == 1.0
+
+
+def test_passes_wait_for_the_tick() -> None:
+    # the second job arrives 10 s after a pass: the next pass may run only a tick after the last one
+    sim = Simulator([tj("1", 0.0, 5.0, tenant="a"), tj("2", 10.0, 5.0, tenant="b")], cfg(gpus=2, tick_s=60.0))
+    sim.run()
+    assert jcts(sim) == {"1": 5.0, "2": 60.0 - 10.0 + 5.0}
+
+
+def test_a_gang_larger_than_a_node_runs_across_nodes_and_too_large_jobs_are_skipped() -> None:
+    sim = Simulator([tj("gang", 0.0, 100.0, gpus=16), tj("huge", 0.0, 100.0, gpus=64)], cfg(gpus=32, per_node=8))
+    r = sim.run()
+    assert jcts(sim) == {"gang": 100.0}
+    assert r["jobs"]["skipped_too_large"] == 1
+    assert sim.jobs["gang"].qjob.groups[0].count == 2 and sim.jobs["gang"].qjob.groups[0].gpus == 8
+    assert r["gpu_allocation"]["mean"] == 0.5
+
+
+def test_remainder_replica_for_gangs_not_a_multiple_of_the_node() -> None:
+    sim = Simulator([tj("g", 0.0, 1.0, gpus=12)], cfg(gpus=16, per_node=8))
+    assert [(g.count, g.gpus) for g in sim.jobs["g"].qjob.groups] == [(1, 8), (1, 4)]
+
+
+class Reclaimer:
+    """A planner with a known answer: places what fits, tenant ``b``'s jobs first, then in queue order; a queued
+    job of tenant ``b`` that does not fit preempts the first running, not yet stopping attempt of tenant ``a``.
+    Records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[datetime, list[QueuedJob], list[Held]]] = []
+
+    def __call__(
+        self,
+        queue: Iterable[QueuedJob],
+        held: Iterable[Held],
+        limits: dict[str, Limits],
+        inventory: Inventory,
+        now: datetime,
+        config: PlanConfig,
+    ) -> Plan:
+        queue, held = list(queue), list(held)
+        self.seen.append((now, queue, held))
+        used = {g for h in held for g in h.gpus}
+        free = [g.index for g in inventory.gpus if g.index not in used]
+        result = Plan()
+        for q in sorted(queue, key=lambda q: q.tenant_id != "b"):
+            if len(free) >= q.gpus:
+                result.placements.append((q.id, tuple(free[: q.gpus])))
+                free = free[q.gpus :]
+            elif q.tenant_id == "b":
+                victims = [h for h in held if h.tenant_id == "a" and not h.stopping]
+                if victims:
+                    result.preemptions.append(Preemption(victims[0].job_id, q.id, "reclaim", "reclaimed"))
+        return result
+
+
+def test_a_preempted_job_loses_the_work_since_its_last_checkpoint_and_keeps_its_submit_time() -> None:
+    planner = Reclaimer()
+    trace = [tj("a1", 0.0, 10_000.0, tenant="a"), tj("b1", 1000.0, 500.0, tenant="b")]
+    sim = Simulator(trace, cfg(checkpoint_every_s=300.0, grace_s=30.0), planner=planner)
+    r = sim.run()
+    # preempted at 1000, stopped at 1030 after running 1030 s: 900 s kept (3 checkpoints), 130 s lost;
+    # b1 runs 1030-1530, then a1 runs its remaining 9,100 s
+    assert jcts(sim) == {"b1": 1530.0 - 1000.0, "a1": 1530.0 + 9100.0}
+    assert r["preemptions"] == 1
+    assert r["work_lost_gpu_s"] == 130.0
+    grace_passes = [held for now, queue, held in planner.seen if any(h.stopping for h in held)]
+    assert grace_passes == []  # no pass ran during the grace period: nothing changed until the stop
+    requeued = [q for now, queue, _ in planner.seen for q in queue if q.id == "a1" and (now - EPOCH).seconds >= 1030]
+    assert requeued and all(q.submitted_at == EPOCH for q in requeued)
+    assert requeued[0].attained_gpu_s == 1030.0  # GPU-seconds used, lost work included
+
+
+def test_a_victim_that_ends_during_the_grace_period_succeeds() -> None:
+    trace = [tj("a1", 0.0, 1010.0, tenant="a"), tj("b1", 1000.0, 500.0, tenant="b")]
+    sim = Simulator(trace, cfg(checkpoint_every_s=300.0, grace_s=30.0), planner=Reclaimer())
+    r = sim.run()
+    assert jcts(sim) == {"a1": 1010.0, "b1": 1010.0 - 1000.0 + 500.0}
+    assert (r["preemptions"], r["preemptions_finished_in_grace"], r["work_lost_gpu_s"]) == (1, 1, 0.0)
+
+
+def test_without_checkpoints_a_preempted_job_starts_over() -> None:
+    trace = [tj("a1", 0.0, 2000.0, tenant="a"), tj("b1", 1000.0, 100.0, tenant="b")]
+    sim = Simulator(trace, cfg(checkpoint_every_s=0.0, grace_s=0.0), planner=Reclaimer())
+    r = sim.run()
+    # stopped at once (no grace), but the next pass is a tick (1 s) after the one that preempted
+    assert jcts(sim) == {"b1": 1.0 + 100.0, "a1": 1101.0 + 2000.0}
+    assert r["work_lost_gpu_s"] == 1000.0
+
+
+def test_the_attempt_rules_shared_with_the_control_plane() -> None:
+    assert attempt_end(exit_code=None, stopped=True, timed_out=False, preempt_requested=True) == AttemptEnd.PREEMPTED
+    assert attempt_end(exit_code=0, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.SUCCEEDED
+    assert attempt_end(exit_code=1, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.FAILED
+    assert attempt_end(exit_code=None, stopped=True, timed_out=False) == AttemptEnd.CANCELLED
+    assert (
+        attempt_end(exit_code=None, stopped=True, timed_out=False, cancel_requested=True, preempt_requested=True)
+        == AttemptEnd.CANCELLED
+    )
+    again = requeue_after_preemption(EPOCH, restarts=2, preemptions=0)
+    assert (again.submitted_at, again.restarts, again.preemptions, again.not_before) == (EPOCH, 2, 1, None)
+    assert last_checkpoint_s(1030.0, 300.0) == 900.0
+    assert last_checkpoint_s(299.0, 300.0) == 0.0
+    assert last_checkpoint_s(1030.0, 0.0) == 0.0
+
+
+def test_guarantees_are_proportional_to_gpu_time_and_never_exceed_the_cluster() -> None:
+    trace = [tj("1", 0, 100, gpus=1, tenant="a"), tj("2", 0, 100, gpus=2, tenant="b"), tj("3", 0, 300, tenant="c")]
+    g = guarantees(trace, 10)
+    assert g == {"a": 1, "b": 3, "c": 5}  # shares 1/6, 2/6, 3/6 of 10 GPUs, floored
+    philly = guarantees(load_trace(PHILLY_SLICE), 256)
+    assert sum(philly.values()) <= 256
+    assert sum(philly.values()) >= 256 - len(philly)
+
+
+def test_fairness_windows_count_hours_a_tenant_got_less_than_it_was_owed() -> None:
+    # two GPUs, each tenant guaranteed one (equal GPU-time); FIFO gives a's second job the second GPU, so b,
+    # arriving half a second later, gets nothing for two hours: two hours below 90 % of what it was owed
+    trace = [tj("a1", 0.0, 7200.0, tenant="a"), tj("a2", 0.5, 7200.0, tenant="a"), tj("b1", 1.0, 14400.0, tenant="b")]
+    sim = Simulator(trace, cfg(gpus=2, per_node=1))
+    r = sim.run()
+    assert sim.guarantee == {"a": 1, "b": 1}
+    assert jcts(sim)["b1"] == 7200.0 - 1.0 + 14400.0
+    b, a = r["tenants"]["b"], r["tenants"]["a"]
+    assert (b["windows_with_demand"], b["windows_below_90pct"]) == (6, 2)
+    assert a["windows_below_90pct"] == 0
+    assert r["fairness"] == {"windows_below_90pct": 2, "worst_below_fraction": round(2 / 6, 4)}
+    # with the jobs arriving the other way round nobody is short
+    trace = [tj("a1", 0.0, 7200.0, tenant="a"), tj("b1", 0.5, 14400.0, tenant="b"), tj("a2", 1.0, 7200.0, tenant="a")]
+    assert simulate(trace, cfg(gpus=2, per_node=1))["fairness"]["windows_below_90pct"] == 0
+
+
+def test_bad_configuration_is_refused_with_a_clear_message() -> None:
+    with pytest.raises(InvalidArgument, match="--gpus-per-node must divide --gpus: 10 GPUs"):
+        Simulator([], SimConfig(gpus=10, gpus_per_node=4))
+    with pytest.raises(InvalidArgument, match="--tick must be > 0"):
+        Simulator([], SimConfig(gpus=8, gpus_per_node=8, tick_s=0))
+
+
+def test_bad_traces_name_the_file_and_line(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="trace file not found"):
+        load_trace(tmp_path / "nope.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit,num_gpus\n1,2,3\n")
+    with pytest.raises(InvalidArgument, match="missing column.*submit_time_s, duration_s, user"):
+        load_trace(bad)
+    bad.write_text("job_id,submit_time_s,num_gpus,duration_s,user\n1,0,1,10,a\n2,5,two,10,a\n")
+    with pytest.raises(InvalidArgument, match=r"bad.csv:3: num_gpus must be a number, got 'two'"):
+        load_trace(bad)
+    bad.write_text("job_id,submit_time_s,num_gpus,duration_s,user\n1,0,1,-10,a\n")
+    with pytest.raises(InvalidArgument, match=r"bad.csv:2: duration_s must be a finite number >= 0"):
+        load_trace(bad)
+    bad.write_text("job_id,submit_time_s,num_gpus,duration_s,user\n1,0,1,10,a\n1,0,1,10,a\n")
+    with pytest.raises(InvalidArgument, match="appears twice"):
+        load_trace(bad)
+
+
+def test_trace_window_and_limit() -> None:
+    all_jobs = load_trace(PHILLY_SLICE)
+    assert len(all_jobs) == 2000
+    window = load_trace(PHILLY_SLICE, start_s=3600, end_s=7200)
+    assert window and all(3600 <= j.submit_s < 7200 for j in window)
+    assert [j.job_id for j in load_trace(PHILLY_SLICE, limit_jobs=5)] == ["0", "1", "2", "3", "4"]
+
+
+def _without_timing(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "timing"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "limit"),
+    # the whole slice under FIFO; shorter prefixes under the policies whose passes look at the whole queue
+    [(Policy.FIFO, 2000), (Policy.PRIORITY_BACKFILL, 400), (Policy.LAS, 400), (Policy.FAIR_SHARE, 50)],
+)
+def test_a_philly_slice_replays_identically_for_a_seed(policy: Policy, limit: int) -> None:
+    jobs = load_trace(PHILLY_SLICE, limit_jobs=limit)
+    config = SimConfig(gpus=64, gpus_per_node=8, policy=policy, seed=3)
+    first, second = simulate(jobs, config), simulate(jobs, config)
+    assert _without_timing(first) == _without_timing(second)
+    assert first["jobs"]["finished"] == limit
+    assert first["passes"] > 10
+    assert 0 < first["gpu_allocation"]["mean"] <= 1
+    assert set(first["tenants"]) == {j.tenant for j in jobs}
+    for tenant in first["tenants"].values():
+        assert 0 <= tenant["windows_below_90pct"] <= tenant["windows_with_demand"]
