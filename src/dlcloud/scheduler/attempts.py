@@ -4,9 +4,10 @@ Both apply these pure functions, so the simulator (``scheduler/simulator.py``) r
 control plane (``services/job_states.py``) enforces, instead of a second model of them.
 
 Invariants:
-- An attempt's end is decided in one order: a cancel wins, then a preemption that actually stopped the
-  attempt, then the timeout, then the exit code. An attempt that was asked to stop for a preemption but ended
-  on its own during the grace period ends as it ended (succeeded or failed), not as preempted.
+- An attempt's end is decided in one order: a cancel wins, then a stop for a preemption, then any other stop
+  (a cancel), then the timeout, then the exit code. An attempt asked to stop for a preemption that exits
+  non-zero before or without the stop reaching it (a trainer that exits 1 on SIGTERM, say) was preempted, not
+  failed: it must not burn a restart; one that exits 0 in its grace period succeeded.
 - A preempted job goes back to the queue (PREEMPTED -> QUEUED) keeping its original submit time, so it keeps
   its queue position; its restart count is unchanged (preemptions never consume ``max_restarts``) and its
   preemption count grows by one; its next attempt has no restart backoff.
@@ -40,8 +41,10 @@ def attempt_end(
     """The outcome of an ended attempt. ``stopped``: ended by a stop the control plane sent."""
     if cancel_requested:
         return AttemptEnd.CANCELLED
+    if preempt_requested and (stopped or exit_code != 0):
+        return AttemptEnd.PREEMPTED
     if stopped:
-        return AttemptEnd.PREEMPTED if preempt_requested else AttemptEnd.CANCELLED
+        return AttemptEnd.CANCELLED
     if timed_out:
         return AttemptEnd.TIMED_OUT
     return AttemptEnd.SUCCEEDED if exit_code == 0 else AttemptEnd.FAILED

@@ -29,6 +29,8 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidState
+from dlcloud.scheduler import attempts
+from dlcloud.scheduler.attempts import AttemptEnd
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, utcnow
 
@@ -166,12 +168,14 @@ def request_preemption(s: Session, job: JobRow, reason: str, *, at: datetime | N
 def requeue_preempted(s: Session, job: JobRow, attempt: AttemptRow, now: datetime, detail: str = "") -> None:
     """The preempted attempt has ended: PREEMPTED, then QUEUED again in its old place (``created_at`` is kept);
     restarts are not counted, preemptions are."""
-    attempt.outcome = "preempted"
+    attempt.outcome = AttemptEnd.PREEMPTED.value
     why = job.preempt_reason or "preempted"
     transition(s, job, S.PREEMPTED, f"{why}; attempt {job.attempt} stopped{detail}", at=now)
+    again = attempts.requeue_after_preemption(job.created_at, job.restarts, job.preemptions)
     job.preempt_requested = False
-    job.preemptions += 1
-    job.not_before = None
+    job.preemptions = again.preemptions
+    job.restarts = again.restarts
+    job.not_before = again.not_before
     transition(
         s,
         job,
@@ -211,18 +215,22 @@ def end_attempt(
     if JobState(job.state) == S.STARTING:
         transition(s, job, S.RUNNING, f"attempt {job.attempt} ran", at=started_at)
     account_attempt(job, attempt, now)
-    if job.preempt_requested and not job.cancel_requested and (stopped or exit_code != 0):
+    end = attempts.attempt_end(  # the rules the trace simulator replays too
+        exit_code=exit_code,
+        stopped=stopped,
+        timed_out=timed_out,
+        cancel_requested=job.cancel_requested,
+        preempt_requested=job.preempt_requested,
+    )
+    attempt.outcome = end.value
+    if end is AttemptEnd.PREEMPTED:
         requeue_preempted(s, job, attempt, now, f" (exit code {exit_code}){note}")
-    elif job.cancel_requested or stopped:
-        attempt.outcome = "cancelled"
+    elif end is AttemptEnd.CANCELLED:
         transition(s, job, S.CANCELLED, f"cancelled; exit code {exit_code}{note}", at=now)
-    elif timed_out:
-        attempt.outcome = "timed_out"
+    elif end is AttemptEnd.TIMED_OUT:
         limit = f"{job.timeout_seconds:g} s" if job.timeout_seconds else "its limit"
         transition(s, job, S.TIMED_OUT, f"ran longer than the timeout of {limit}{note}", at=now)
-    elif exit_code == 0:
-        attempt.outcome = "succeeded"
+    elif end is AttemptEnd.SUCCEEDED:
         transition(s, job, S.SUCCEEDED, f"exit code 0{note}", at=now)
     else:
-        attempt.outcome = "failed"
         fail_or_restart(s, job, failure + note, now, exit_code)

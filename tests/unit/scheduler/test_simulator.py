@@ -142,7 +142,10 @@ def test_without_checkpoints_a_preempted_job_starts_over() -> None:
 def test_the_attempt_rules_shared_with_the_control_plane() -> None:
     assert attempt_end(exit_code=None, stopped=True, timed_out=False, preempt_requested=True) == AttemptEnd.PREEMPTED
     assert attempt_end(exit_code=0, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.SUCCEEDED
-    assert attempt_end(exit_code=1, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.FAILED
+    # exiting non-zero while asked to stop for a preemption (a trainer that exits 1 on SIGTERM) is no failure
+    assert attempt_end(exit_code=1, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.PREEMPTED
+    assert attempt_end(exit_code=1, stopped=False, timed_out=False) == AttemptEnd.FAILED
+    assert attempt_end(exit_code=None, stopped=False, timed_out=True) == AttemptEnd.TIMED_OUT
     assert attempt_end(exit_code=None, stopped=True, timed_out=False) == AttemptEnd.CANCELLED
     assert (
         attempt_end(exit_code=None, stopped=True, timed_out=False, cancel_requested=True, preempt_requested=True)
