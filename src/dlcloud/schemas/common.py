@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -93,6 +94,8 @@ def parse_duration(value: Any) -> float:
                 raise ValueError(f"duration {value!r} is not understood; use e.g. 90s, 30m, 2h, 1h30m")
     else:
         raise ValueError("duration must be like 90s, 30m, 2h or a number of seconds")
+    if not math.isfinite(secs):  # NaN passes every comparison below, and breaks every deadline computed from it
+        raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
     if secs <= 0:
         raise ValueError(f"duration must be positive, got {value!r}")
     if secs > MAX_TIMEOUT_SECONDS:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dlcloud.schemas.common import DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
+from dlcloud.schemas.common import JSON_NUMBER, DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
 from dlcloud.schemas.datasets import DatasetRef
 from dlcloud.schemas.models import ModelFormat
 
@@ -183,7 +183,7 @@ class JobSpec(Request):
     timeout: DurationSeconds | None = None
     # scheduling (docs/scheduling.md): a priority class of the server's ``priority_classes`` or a priority of
     # its own (None of both: the default class); either must be inside the tenant's allowed range
-    priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
+    priority: Annotated[int, Field(ge=-1000, le=1000), JSON_NUMBER] | None = None
     priority_class: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     # False: never preempted, and so only started inside the tenant's guarantee (fair-share)
     preemptible: bool = True
