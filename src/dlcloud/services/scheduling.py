@@ -8,6 +8,12 @@ for the preemptions the plan chose (``job_states.request_preemption``: the super
 for each placement records the attempt (STARTING) with its ports and replicas and builds its Workload
 (``workloads.build``); a placement beyond its tenant's guarantee gets a "borrowing" event.
 
+Isolation (docs/isolation.md): the planner's texts name jobs and tenants by id ("waiting behind job j-...",
+"behind tenant(s) t-..., t-...", "preempted by job j-..."); everything written into a job's row or events goes
+through ``TenantView`` first, which keeps the job's own tenant's jobs (by name) and its own tenant (by name) and
+turns every other tenant's job into "a job of another tenant" and other tenants into "another tenant" / "N other
+tenants". A tenant may learn that it waits behind or was preempted by other tenants' work, and why; never whose.
+
 It starts nothing: the control loop starts the workloads after the transaction commits, so a crash in between
 leaves attempts that never launched, which supervision starts (``supervision.py``); nothing is lost and nothing
 runs twice.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
@@ -141,6 +148,64 @@ def _behind(row: Row) -> ColumnElement[bool]:
     )
 
 
+_ID = r"[a-z]{1,2}-[a-z0-9]{16}"  # store/ids.py
+_JOB_REF = re.compile(r"\bjob (j-[a-z0-9]{16})\b")
+_TENANTS_AHEAD = re.compile(rf"\btenant\(s\) ((?:{_ID})(?:, {_ID})*)(?: and (\d+) more)?")
+_TENANT_REF = re.compile(r"\btenant (t-[a-z0-9]{16})\b")
+_ANY_ID = re.compile(rf"\b{_ID}\b")
+OTHER_JOB = "a job of another tenant"
+
+
+class TenantView:
+    """Texts of the planner as a job's tenant may read them: its own tenant's jobs and the tenant itself by
+    name, other tenants' jobs as "a job of another tenant", other tenants as "another tenant" / "N other
+    tenants", and any other id left in the text (a planner message this class does not know yet) as
+    "another tenant's object". Names are read once per pass, and only for the ids the texts mention."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._jobs: dict[str, tuple[str, str]] = {}  # job id -> (tenant id, name)
+        self._tenants: dict[str, str] | None = None  # tenant id -> name
+        self._memo: dict[tuple[str, str], str] = {}
+
+    def job_name(self, job_id: str, tenant_id: str) -> str:
+        """``job NAME`` for a job of ``tenant_id``, else ``a job of another tenant``."""
+        if job_id not in self._jobs:
+            q = select(JobRow.tenant_id, JobRow.name).where(JobRow.id == job_id)
+            row = self.conn.execute(q).first()
+            self._jobs[job_id] = (row.tenant_id, row.name) if row is not None else ("", "")
+        owner, name = self._jobs[job_id]
+        return f"job {name}" if owner == tenant_id and name else OTHER_JOB
+
+    def tenant_name(self, tenant_id: str) -> str:
+        if self._tenants is None:
+            self._tenants = dict(self.conn.execute(select(TenantRow.id, TenantRow.name)).all())
+        return self._tenants.get(tenant_id, "")
+
+    def text(self, text: str | None, tenant_id: str) -> str | None:
+        """``text`` as a job of ``tenant_id`` may show it (None stays None)."""
+        if not text or "-" not in text:
+            return text
+        key = (text, tenant_id)
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = self._translate(text, tenant_id)
+        return out
+
+    def _translate(self, text: str, tenant_id: str) -> str:
+        text = _JOB_REF.sub(lambda m: self.job_name(m.group(1), tenant_id), text)
+
+        def ahead(m: re.Match[str]) -> str:
+            ids = m.group(1).split(", ")
+            n = len([i for i in ids if i != tenant_id]) + int(m.group(2) or 0)
+            return "1 other tenant" if n == 1 else f"{n} other tenants"
+
+        text = _TENANTS_AHEAD.sub(ahead, text)
+        own = self.tenant_name(tenant_id) or "its tenant"
+        text = _TENANT_REF.sub(lambda m: f"tenant {own}" if m.group(1) == tenant_id else "another tenant", text)
+        return _ANY_ID.sub(lambda m: own if m.group(0) == tenant_id else "another tenant's object", text)
+
+
 class _EnvironmentHolds:
     """Queued jobs whose environment is not READY: held while it builds, failed when its build failed.
     The builds are read once per pass, and only when a job in the queue runs in a built environment."""
@@ -219,6 +284,15 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
         size = min(size * 4, 16_384)
 
 
+def _reasons_with_tenants(result: Plan, seen: list[Row]) -> Iterator[tuple[str, str, str]]:
+    """(job id, the planner's wait reason, the job's tenant id) of every job the plan gave a reason."""
+    tenants = {r.id: r.tenant_id for r in seen}
+    for job_id, reason in result.wait_reasons.items():
+        tenant = tenants.get(job_id)
+        if tenant is not None:
+            yield job_id, reason, tenant
+
+
 class SchedulingPass:
     """One scheduling pass at a time (``run``), writing through the loop's fenced transactions."""
 
@@ -248,7 +322,8 @@ class SchedulingPass:
             config = plan_config(self.p.settings)
             result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
-            reasons = result.wait_reasons
+            view = TenantView(conn)
+            reasons = {jid: view.text(r, t) for jid, r, t in _reasons_with_tenants(result, seen)}
             starts = result.estimated_start
             # write the wait reasons and estimated starts that changed; a job no longer held back by something
             # specific gets its reason cleared (a placed job's is cleared by its transition)
@@ -275,7 +350,7 @@ class SchedulingPass:
                     .execution_options(synchronize_session=False)
                 )
             if result.preemptions:
-                self._preempt(s, result, now)
+                self._preempt(s, result, now, view)
             jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
             attempts: list[dict] = []
             events: list[dict] = []
@@ -310,9 +385,10 @@ class SchedulingPass:
             job_states.add_events(s, events)
         return workloads
 
-    def _preempt(self, s: Session, result: Plan, now: datetime) -> None:
+    def _preempt(self, s: Session, result: Plan, now: datetime, view: TenantView) -> None:
         """Ask for the plan's preemptions: each victim's row gets ``preempt_requested`` and an event naming the
-        job it makes room for; the preemptor an event too (once: a victim already being stopped is skipped)."""
+        job it makes room for; the preemptor an event too (once: a victim already being stopped is skipped).
+        Each names the other job only when both are of the same tenant (``TenantView``)."""
         ids = sorted({p.job_id for p in result.preemptions} | {p.by for p in result.preemptions})
         rows = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)).with_for_update())}
         asked = False
@@ -320,18 +396,20 @@ class SchedulingPass:
             victim, by = rows.get(p.job_id), rows.get(p.by)
             if victim is None:
                 continue
-            by_name = by.name if by is not None else p.by
+            by_name = by.name if by is not None and by.tenant_id == victim.tenant_id else OTHER_JOB
             # the planner's message names the preemptor by id ("preempted by job ID (reason): why"): keep the why
             detail = p.message
             if detail.startswith("preempted by") and "): " in detail:
                 detail = detail.split("): ", 1)[1]
+            detail = view.text(detail, victim.tenant_id) or ""
             why = f"preempted by {by_name} ({p.reason})" + (f": {detail}" if detail else "")
             if not job_states.request_preemption(s, victim, why, at=now):
                 continue
             asked = True
             if by is not None:
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
-                job_states.note(s, by, f"{what}: stopping job {victim.name} to make room", at=now)
+                whom = f"job {victim.name}" if victim.tenant_id == by.tenant_id else OTHER_JOB
+                job_states.note(s, by, f"{what}: stopping {whom} to make room", at=now)
         if asked:
             self.p.wake()  # the supervision stops them at its next pass
 
