@@ -403,9 +403,12 @@ def get_job(platform: Platform, caller: Caller, name_or_id: str) -> Job:
         return _job_model(row, caller.tenant, _user_name(s, row.user_id))
 
 
-def queue_position(conn: Connection, job_id: str, priority: int, created_at: datetime) -> int:
-    """1 + the queued jobs the scheduler considers before this one (priority, then submission order)."""
-    return job_store.jobs_ahead(conn, job_id, priority, created_at) + 1
+def queue_position(conn: Connection, caller: Caller, job_id: str, priority: int, created_at: datetime) -> int:
+    """1 + the queued jobs before this one in the queue's order (priority, then submission order), counted as
+    ``list_queue`` shows them: a platform admin's among every tenant's, anyone else's among its tenant's only
+    (another tenant's queue length is not theirs to learn, docs/isolation.md)."""
+    tenant = None if caller.is_platform_admin else caller.tenant_id
+    return job_store.jobs_ahead(conn, tenant, job_id, priority, created_at) + 1
 
 
 def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDetail:
@@ -424,7 +427,7 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         position = None
         wait = None
         if row.state in QUEUE_STATES:
-            position = queue_position(conn, row.id, row.priority, row.created_at)
+            position = queue_position(conn, caller, row.id, row.priority, row.created_at)
             wait = row.wait_reason or (
                 "waiting for the scheduler"
                 if position == 1

@@ -160,9 +160,11 @@ def describe_replicas(conn: Connection, job_id: str) -> list[Row[Any]]:
     return [*conn.execute(_DESCRIBE_REPLICAS, {"job_id": job_id})]
 
 
-def jobs_ahead(conn: Connection, job_id: str, priority: int, created_at: Any) -> int:
-    """Queued jobs (of every tenant) the scheduler considers before this one: priority, then submission order."""
-    ahead = conn.execute(_JOBS_AHEAD, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
+def jobs_ahead(conn: Connection, tenant_id: str | None, job_id: str, priority: int, created_at: Any) -> int:
+    """Queued jobs of ``tenant_id`` (None: of every tenant) before this one in the queue's order: priority, then
+    submission order."""
+    q = _JOBS_AHEAD if tenant_id is None else _JOBS_AHEAD.where(_jobs.c.tenant_id == tenant_id)
+    ahead = conn.execute(q, {"priority": priority, "created_at": created_at, "job_id": job_id}).scalar()
     return int(ahead or 0)
 
 
