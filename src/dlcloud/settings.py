@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     # repeated authentication failures of one access key (of one client address without a known key) and one
     # error code: the first is audited at once, the rest of this window as one event with a count
     auth_failure_audit_window_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # GET /metrics: with a token, it takes only ``Authorization: Bearer <token>`` and its scheduling series have a
+    # ``tenant`` label; without one, it is open and those series are platform totals (no tenant's name, queue or
+    # GPUs shown to anyone who can reach the API, jobs included: docs/isolation.md)
+    metrics_scrape_token: SecretStr | None = None
 
     # Request bodies: uploads (code, model artifacts) up to max_upload_bytes, every other request up to
     # max_request_bytes; both checked before authentication (api/guard.py)

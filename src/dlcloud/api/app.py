@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -71,7 +72,8 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
     prometheus_metrics = Metrics()
-    prometheus_metrics.registry.register(SchedulingCollector(platform))
+    scrape_token = platform.settings.metrics_scrape_token
+    prometheus_metrics.registry.register(SchedulingCollector(platform, per_tenant=scrape_token is not None))
     app.state.metrics = prometheus_metrics
 
     @app.exception_handler(DlcloudError)
@@ -130,7 +132,14 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False, name="metrics")
-    def prometheus() -> PlainTextResponse:
+    def prometheus(request: Request) -> Response:
+        if scrape_token is not None:
+            # per-tenant series: only for the scraper that holds the token (settings.metrics_scrape_token)
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            expected = scrape_token.get_secret_value().encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+                message = "/metrics takes the scrape token: Authorization: Bearer <metrics_scrape_token>"
+                return _error(request, 401, "unauthenticated", message, headers={"WWW-Authenticate": "Bearer"})
         return PlainTextResponse(generate_latest(prometheus_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic

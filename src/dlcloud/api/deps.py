@@ -53,7 +53,8 @@ async def streaming_caller(request: Request) -> Caller:
 
 async def job_token(request: Request) -> JobToken:
     """The job attempt of a metrics push (``Authorization: Bearer <DLCLOUD_METRICS_TOKEN>``), the only credential
-    that route takes: a signed user request is refused, and no other route reads a bearer token."""
+    that route takes: a signed user request is refused, and no other API route reads a bearer token (``/metrics``
+    outside the API reads the scrape token, ``metrics_scrape_token``)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         signed = signing.HEADER_SIGNATURE.lower() in request.headers
