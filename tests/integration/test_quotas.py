@@ -47,6 +47,15 @@ def sim_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     e.platform.db.dispose()
 
 
+@pytest.fixture
+def fifo_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
+    """``sim_env`` under the fifo policy: the first job that does not fit blocks every job behind it."""
+    e = build_env(make_settings(tmp_path, db_url, scheduling_policy="fifo"), SimulatedExecutor(clock=ShiftedClock()))
+    with e.http:
+        yield e
+    e.platform.db.dispose()
+
+
 def executor(env: Env) -> SimulatedExecutor:
     assert env.control is not None and isinstance(env.control.executor, SimulatedExecutor)
     return env.control.executor
@@ -269,8 +278,8 @@ def test_gpu_quota_lets_cpu_jobs_pass(sim_env: Env) -> None:
 
 
 # -- (c) capacity and priority --------------------------------------------------------------------------
-def test_big_job_waits_for_capacity_and_blocks_the_line(sim_env: Env) -> None:
-    env, c = sim_env, sim_env.admin
+def test_big_job_waits_for_capacity_and_blocks_the_line(fifo_env: Env) -> None:
+    env, c = fifo_env, fifo_env.admin
     control = env.control
     assert control is not None
     c.jobs.submit(spec("small-1", gpus=1))
@@ -328,9 +337,10 @@ def test_priority_orders_the_queue(sim_env: Env) -> None:
     assert running_names(env) == ["p0-a", "p0-b"]
 
 
-def test_the_scheduler_reads_a_long_queue_to_its_end(sim_env: Env) -> None:
-    """The queue is read in chunks as the planner walks it; jobs deep in it are planned like the first."""
-    env = sim_env
+def test_the_scheduler_reads_a_long_queue_to_its_end(fifo_env: Env) -> None:
+    """The queue is read in chunks as the planner walks it; jobs deep in it are planned like the first (fifo:
+    the one policy that stops reading at a job that does not fit)."""
+    env = fifo_env
     control = env.control
     assert control is not None
     hog = env.new_tenant_user("hog", "hugo", quota={"gpus": 1})
@@ -349,8 +359,8 @@ def test_the_scheduler_reads_a_long_queue_to_its_end(sim_env: Env) -> None:
     assert control.schedule() == 0
     assert env.admin.jobs.get("urgent-big")["wait_reason"] == "waiting for capacity: needs 2 GPU(s), 0 free"
     deep = hog.jobs.get("bulk-1100")
-    assert deep["queue_position"] == 1102
-    assert deep["wait_reason"] == "waiting behind 1101 earlier job(s) in the queue"
+    assert deep["queue_position"] == 1101  # hog's member counts hog's queue: the admin's job is another tenant's
+    assert deep["wait_reason"] == "waiting behind 1100 earlier job(s) in the queue"
     with env.platform.db.read() as s:
         assert s.scalar(select(func.count()).select_from(JobRow).where(JobRow.wait_reason.is_not(None))) == 1
 
