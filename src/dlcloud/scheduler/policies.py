@@ -75,6 +75,41 @@ def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
     return job.priority + min(cfg.aging_max, cfg.aging_step * int(waited // cfg.aging_interval_s))
 
 
+def priority_order(jobs: Iterable[QueuedJob], now: datetime, cfg: PlanConfig) -> list[QueuedJob]:
+    """``jobs`` by effective priority (highest first), then submit time, then id.
+
+    Computing every job's aging is most of a pass on a long queue, and it is not needed: inside one priority an
+    earlier submit has waited at least as long, so aging never reorders it. Each priority's jobs are sorted by
+    (submit time, id) and cut into runs of one effective priority (bisecting, as it only falls along the run);
+    only runs of equal effective priority from different priorities are merged."""
+
+    def by_submit(j: QueuedJob) -> tuple[datetime, str]:
+        return (j.submitted_at or now, j.id)
+
+    def aged(j: QueuedJob) -> int:
+        return -effective_priority(j, now, cfg)
+
+    if cfg.aging_max < 0:  # a negative cap makes aging non-monotone: no shortcut
+        return sorted(jobs, key=lambda j: (aged(j), *by_submit(j)))
+    levels: dict[int, list[QueuedJob]] = {}
+    for j in jobs:
+        levels.setdefault(j.priority, []).append(j)
+    runs: dict[int, list[list[QueuedJob]]] = {}
+    for level in levels.values():
+        level.sort(key=by_submit)
+        i = 0
+        while i < len(level):
+            e = aged(level[i])
+            end = bisect.bisect_right(level, e, lo=i, key=aged)
+            runs.setdefault(e, []).append(level[i:end])
+            i = end
+    out: list[QueuedJob] = []
+    for e in sorted(runs):
+        parts = runs[e]
+        out.extend(parts[0] if len(parts) == 1 else sorted(itertools.chain(*parts), key=by_submit))
+    return out
+
+
 def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
     """The las queue of an attained service: 0 below the first boundary, 1 below the second, ..."""
     return bisect.bisect_right(cfg.las_queues_gpu_s, attained_gpu_s)
@@ -403,7 +438,7 @@ def _fifo(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 # -- priority-backfill --------------------------------------------------------------------------------------------
 def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg = p.now, p.cfg
-    order = sorted(queue, key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+    order = priority_order(queue, now, cfg)
     reasons = p.result.wait_reasons
     for job in order:
         t = p.tenant(job.tenant_id)
@@ -454,7 +489,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             for x in (lim.gpus, lim.cpus, lim.memory, lim.max_running_jobs, lim.borrow_gpus, lim.borrow_cpus,
                       lim.borrow_memory)
         )  # fmt: skip
-        t.jobs.sort(key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+        t.jobs = priority_order(t.jobs, now, cfg)
     borrowed = _borrowed_attempts(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
     reclaimable = sorted(
