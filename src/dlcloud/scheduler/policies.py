@@ -208,6 +208,11 @@ class _Pass:
         self._behind = ""
         self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
         self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
+        # bumped whenever the pass places, claims or reserves: until then, a job that could not start leaves an
+        # identical one (same tenant, shape and rank) nothing new to find (see ``settled``)
+        self.changes = 0
+        self._settled: dict[tuple, tuple[str, bool]] = {}
+        self._settled_at = 0
 
     def tenant(self, tid: str) -> _Tenant:
         t = self.tenants.get(tid)
@@ -268,6 +273,7 @@ class _Pass:
         return self.cluster.choose(job)
 
     def place(self, job: QueuedJob, gpus: tuple[int, ...], borrowed: bool = False) -> None:
+        self.changes += 1
         self.cluster.take(gpus, job.cpus, job.memory)
         u = self.tenant(job.tenant_id).use
         u.gpus += job.gpus
@@ -311,6 +317,7 @@ class _Pass:
         return r.ends_in_time(job, self.now) and self.place_any(job, borrowed)
 
     def make_reservation(self, job: QueuedJob, shortage: str) -> None:
+        self.changes += 1
         r = self.reservation = reserve(self.cluster, job, list(self.releases.values()))
         self.result.blocked_by = job.id
         if r.at is None:
@@ -355,6 +362,7 @@ class _Pass:
 
     def claim(self, job: QueuedJob, chosen: list[Candidate], gpus: tuple[int, ...], tenant: _Tenant | None) -> None:
         """Hold the victims' resources and the free ones ``job`` needs for it: nobody else gets them this pass."""
+        self.changes += 1
         theirs: set[int] = set()
         cpus = memory = 0.0
         for c in chosen:
@@ -371,6 +379,31 @@ class _Pass:
             u.cpus += job.cpus
             u.memory += job.memory
             u.running_jobs += 1
+
+    def settled(self, key: tuple, job: QueuedJob, decide: Callable[[], bool], waiting: list[str] | None = None) -> bool:
+        """``decide()`` for ``job``, unless a job with the same ``key`` (its tenant, shape and whatever else the
+        policy decides by) could not start since the pass last changed anything: then ``job`` waits for the same
+        reason, without the checks, searches and texts (on a long queue most jobs are such repeats). A search
+        that failed fails again (``may_search``), so the decisions are those of ``decide()``. ``waiting``: the
+        list ``decide()`` may append ``job``'s id to; a repeat is appended when the job it repeats was."""
+        if job.held_by is not None or job.not_before is not None:
+            return decide()  # their reasons are their own
+        if self._settled_at != self.changes:
+            self._settled, self._settled_at = {}, self.changes
+        known = self._settled.get(key)
+        if known is not None:
+            self.result.wait_reasons[job.id] = known[0]
+            if known[1]:
+                assert waiting is not None
+                waiting.append(job.id)
+            return False
+        before = self.changes
+        if decide():
+            return True
+        if self.changes == before and job.id not in self.result.estimated_start:
+            waits = waiting is not None and bool(waiting) and waiting[-1] == job.id
+            self._settled[key] = (self.result.wait_reasons[job.id], waits)
+        return False
 
     def may_search(self, memo: tuple, job: QueuedJob) -> bool:
         """Whether a victim search for ``job`` is worth it: within the pass's budget, and no job at most as big
@@ -440,21 +473,29 @@ def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg = p.now, p.cfg
     order = priority_order(queue, now, cfg)
     reasons = p.result.wait_reasons
-    for job in order:
-        t = p.tenant(job.tenant_id)
+
+    def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
             reasons[job.id] = why
-            continue
+            return False
         r = p.reservation
         if r is None:
             gpus = p.fit_now(job)
             if gpus is not None:
                 p.place(job, gpus)
-            else:
-                p.make_reservation(job, p.shortage(job))
-        elif job.gpus > p.cluster.nfree + len(r.free_reserved) or not p.backfill(job, False):
+                return True
+            p.make_reservation(job, p.shortage(job))
+        elif job.gpus <= p.cluster.nfree + len(r.free_reserved) and p.backfill(job, False):
+            return True
+        else:
             reasons[job.id] = p.behind(job)
+        return False
+
+    for job in order:
+        t = p.tenant(job.tenant_id)
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.max_run_time_s)
+        p.settled(key, job, lambda: decide(job, t))  # noqa: B023 (called at once)
 
 
 # -- fair-share -----------------------------------------------------------------------------------------------------
@@ -548,6 +589,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if stop.running_jobs and under_caps([]):
             reasons[job.id] = f"waiting for {stop.running_jobs} stopping job(s) of its tenant to free its quota"
             p.result.estimated_start[job.id] = now + p.grace
+            p.changes += 1
             t.use.gpus += job.gpus
             t.use.cpus += job.cpus
             t.use.memory += job.memory
@@ -565,6 +607,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority, job.preemptible,
+               job.max_run_time_s)  # fmt: skip
+        return p.settled(key, job, lambda: decide(job, t), t.waiting)
+
+    def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
         if why is None and t.capped:
             why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
@@ -671,27 +718,33 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         key=lambda c: c.key,
     )
     waits: dict[tuple[str, int], str] = {}
-    for q, _, _, job in order:
-        t = p.tenant(job.tenant_id)
+
+    def decide(job: QueuedJob, t: _Tenant, q: int) -> bool:
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
             reasons[job.id] = why
-            continue
+            return False
         gpus = p.fit_now(job)
         if gpus is not None:
             p.place(job, gpus)
-            continue
+            return True
         if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
-            continue
+            return True
         if live and -live[0].key[0] > q:
-            cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
+            cands = lambda: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
-                continue
+                return True
         short = p.shortage(job)
         text = waits.get((short, q))
         if text is None:
             text = waits[short, q] = f"waiting for capacity: {short} (las queue {q})"
         reasons[job.id] = text
+        return False
+
+    for q, _, _, job in order:
+        t = p.tenant(job.tenant_id)
+        key = (t.id, q, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
+        p.settled(key, job, lambda: decide(job, t, q))  # noqa: B023 (called at once)
 
 
 _POLICIES: dict[Policy, Callable[[_Pass, Iterable[QueuedJob]], None]] = {
