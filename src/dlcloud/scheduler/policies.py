@@ -701,8 +701,13 @@ def _add_share_positions(p: _Pass) -> None:
         else:
             pos = "first in line among tenants with waiting jobs"
         text = f"; fair share: {p.share_text(t)}, {pos}"
+        joined: dict[str, str] = {}  # most of a tenant's jobs wait for one reason: one text for them all
         for jid in t.waiting:
-            reasons[jid] += text
+            base = reasons[jid]
+            full = joined.get(base)
+            if full is None:
+                full = joined[base] = base + text
+            reasons[jid] = full
 
 
 # -- las --------------------------------------------------------------------------------------------------------------
