@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -96,7 +97,10 @@ def priority_order(jobs: Iterable[QueuedJob], now: datetime, cfg: PlanConfig) ->
         levels.setdefault(j.priority, []).append(j)
     runs: dict[int, list[list[QueuedJob]]] = {}
     for level in levels.values():
-        level.sort(key=by_submit)
+        try:  # attrgetter keeps the key out of Python code; a submit time of None (now) needs by_submit
+            level.sort(key=operator.attrgetter("submitted_at", "id"))
+        except TypeError:
+            level.sort(key=by_submit)
         i = 0
         while i < len(level):
             e = aged(level[i])
@@ -405,6 +409,14 @@ class _Pass:
             self._settled[key] = (self.result.wait_reasons[job.id], waits)
         return False
 
+    def run_time_term(self, job: QueuedJob) -> float | None:
+        """``job``'s declared run time where backfill may read it, for ``settled`` keys: where too few GPUs are free
+        to start it beside the reservation no rule applies, and jobs differing only in it are decided alike."""
+        r = self.reservation
+        if r is not None and job.gpus > self.cluster.nfree + len(r.free_reserved):
+            return None
+        return job.max_run_time_s
+
     def may_search(self, memo: tuple, job: QueuedJob) -> bool:
         """Whether a victim search for ``job`` is worth it: within the pass's budget, and no job at most as big
         found too few among the same candidates (they only shrink during a pass)."""
@@ -494,7 +506,7 @@ def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     for job in order:
         t = p.tenant(job.tenant_id)
-        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.max_run_time_s)
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, p.run_time_term(job))
         p.settled(key, job, lambda: decide(job, t))  # noqa: B023 (called at once)
 
 
@@ -608,7 +620,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
         key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority, job.preemptible,
-               job.max_run_time_s)  # fmt: skip
+               p.run_time_term(job))  # fmt: skip
         return p.settled(key, job, lambda: decide(job, t), t.waiting)
 
     def decide(job: QueuedJob, t: _Tenant) -> bool:
