@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -95,16 +96,27 @@ def priority_order(jobs: Iterable[QueuedJob], now: datetime, cfg: PlanConfig) ->
     levels: dict[int, list[QueuedJob]] = {}
     for j in jobs:
         levels.setdefault(j.priority, []).append(j)
+    step, interval = cfg.aging_step, cfg.aging_interval_s
     runs: dict[int, list[list[QueuedJob]]] = {}
     for level in levels.values():
         try:  # attrgetter keeps the key out of Python code; a submit time of None (now) needs by_submit
             level.sort(key=operator.attrgetter("submitted_at", "id"))
         except TypeError:
             level.sort(key=by_submit)
+        submits = [j.submitted_at or now for j in level]
         i = 0
         while i < len(level):
             e = aged(level[i])
-            end = bisect.bisect_right(level, e, lo=i, key=aged)
+            bonus = -e - level[i].priority
+            if bonus <= 0:
+                end = len(level)  # no aging from here on: the rest waited less (aging never goes below 0)
+            else:
+                # a run of this bonus has waited at least ceil(bonus / step) intervals: guess its end from the
+                # submit times, and check it against effective_priority itself (float rounding at a boundary)
+                since = now - timedelta(seconds=math.ceil(bonus / step) * interval)
+                end = bisect.bisect_right(submits, since, lo=i)
+                if not (i < end and aged(level[end - 1]) == e and (end == len(level) or aged(level[end]) != e)):
+                    end = bisect.bisect_right(level, e, lo=i, key=aged)
             runs.setdefault(e, []).append(level[i:end])
             i = end
     out: list[QueuedJob] = []
@@ -533,8 +545,11 @@ def _borrowed_attempts(p: _Pass) -> set[int]:
 
 def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
+    by_tenant: dict[str, list[QueuedJob]] = {}
     for job in queue:
-        p.tenant(job.tenant_id).jobs.append(job)
+        by_tenant.setdefault(job.tenant_id, []).append(job)
+    for tid, jobs in by_tenant.items():  # tenants in order of first appearance, as the heap's ties need
+        p.tenant(tid).jobs = jobs
     for t in p.tenants.values():
         lim = t.lim
         t.capped = any(
