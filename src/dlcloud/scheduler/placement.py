@@ -95,6 +95,21 @@ class Cluster:
         self.buckets: list[set[int]] = [set() for _ in range(self.max_size + 1)]
         for n, fl in enumerate(self.free):
             self.buckets[len(fl)].add(n)
+        self._held_nodes: dict[tuple[int, str], list[tuple[int, int]]] = {}
+
+    def held_by_node(self, held: Held, want: str) -> list[tuple[int, int]]:
+        """(node, how many of its matching GPUs) for a running attempt; a pass's victim searches ask for the same
+        attempts again and again, and GPUs never change nodes, so the answer is kept."""
+        key = (id(held), want)
+        got = self._held_nodes.get(key)
+        if got is None:
+            counts: dict[int, int] = {}
+            for g in held.gpus:
+                n = self.node_of.get(g)
+                if n is not None and (not want or want in self.names[g]):
+                    counts[n] = counts.get(n, 0) + 1
+            got = self._held_nodes[key] = list(counts.items())
+        return got
 
     @property
     def single_node(self) -> bool:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -73,6 +75,55 @@ def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
     if waited <= 0:
         return job.priority
     return job.priority + min(cfg.aging_max, cfg.aging_step * int(waited // cfg.aging_interval_s))
+
+
+def priority_order(jobs: Iterable[QueuedJob], now: datetime, cfg: PlanConfig) -> list[QueuedJob]:
+    """``jobs`` by effective priority (highest first), then submit time, then id.
+
+    Computing every job's aging is most of a pass on a long queue, and it is not needed: inside one priority an
+    earlier submit has waited at least as long, so aging never reorders it. Each priority's jobs are sorted by
+    (submit time, id) and cut into runs of one effective priority (bisecting, as it only falls along the run);
+    only runs of equal effective priority from different priorities are merged."""
+
+    def by_submit(j: QueuedJob) -> tuple[datetime, str]:
+        return (j.submitted_at or now, j.id)
+
+    def aged(j: QueuedJob) -> int:
+        return -effective_priority(j, now, cfg)
+
+    if cfg.aging_max < 0:  # a negative cap makes aging non-monotone: no shortcut
+        return sorted(jobs, key=lambda j: (aged(j), *by_submit(j)))
+    levels: dict[int, list[QueuedJob]] = {}
+    for j in jobs:
+        levels.setdefault(j.priority, []).append(j)
+    step, interval = cfg.aging_step, cfg.aging_interval_s
+    runs: dict[int, list[list[QueuedJob]]] = {}
+    for level in levels.values():
+        try:  # attrgetter keeps the key out of Python code; a submit time of None (now) needs by_submit
+            level.sort(key=operator.attrgetter("submitted_at", "id"))
+        except TypeError:
+            level.sort(key=by_submit)
+        submits = [j.submitted_at or now for j in level]
+        i = 0
+        while i < len(level):
+            e = aged(level[i])
+            bonus = -e - level[i].priority
+            if bonus <= 0:
+                end = len(level)  # no aging from here on: the rest waited less (aging never goes below 0)
+            else:
+                # a run of this bonus has waited at least ceil(bonus / step) intervals: guess its end from the
+                # submit times, and check it against effective_priority itself (float rounding at a boundary)
+                since = now - timedelta(seconds=math.ceil(bonus / step) * interval)
+                end = bisect.bisect_right(submits, since, lo=i)
+                if not (i < end and aged(level[end - 1]) == e and (end == len(level) or aged(level[end]) != e)):
+                    end = bisect.bisect_right(level, e, lo=i, key=aged)
+            runs.setdefault(e, []).append(level[i:end])
+            i = end
+    out: list[QueuedJob] = []
+    for e in sorted(runs):
+        parts = runs[e]
+        out.extend(parts[0] if len(parts) == 1 else sorted(itertools.chain(*parts), key=by_submit))
+    return out
 
 
 def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
@@ -173,6 +224,11 @@ class _Pass:
         self._behind = ""
         self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
         self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
+        # bumped whenever the pass places, claims or reserves: until then, a job that could not start leaves an
+        # identical one (same tenant, shape and rank) nothing new to find (see ``settled``)
+        self.changes = 0
+        self._settled: dict[tuple, tuple[str, bool]] = {}
+        self._settled_at = 0
 
     def tenant(self, tid: str) -> _Tenant:
         t = self.tenants.get(tid)
@@ -233,6 +289,7 @@ class _Pass:
         return self.cluster.choose(job)
 
     def place(self, job: QueuedJob, gpus: tuple[int, ...], borrowed: bool = False) -> None:
+        self.changes += 1
         self.cluster.take(gpus, job.cpus, job.memory)
         u = self.tenant(job.tenant_id).use
         u.gpus += job.gpus
@@ -276,6 +333,7 @@ class _Pass:
         return r.ends_in_time(job, self.now) and self.place_any(job, borrowed)
 
     def make_reservation(self, job: QueuedJob, shortage: str) -> None:
+        self.changes += 1
         r = self.reservation = reserve(self.cluster, job, list(self.releases.values()))
         self.result.blocked_by = job.id
         if r.at is None:
@@ -320,6 +378,7 @@ class _Pass:
 
     def claim(self, job: QueuedJob, chosen: list[Candidate], gpus: tuple[int, ...], tenant: _Tenant | None) -> None:
         """Hold the victims' resources and the free ones ``job`` needs for it: nobody else gets them this pass."""
+        self.changes += 1
         theirs: set[int] = set()
         cpus = memory = 0.0
         for c in chosen:
@@ -336,6 +395,39 @@ class _Pass:
             u.cpus += job.cpus
             u.memory += job.memory
             u.running_jobs += 1
+
+    def settled(self, key: tuple, job: QueuedJob, decide: Callable[[], bool], waiting: list[str] | None = None) -> bool:
+        """``decide()`` for ``job``, unless a job with the same ``key`` (its tenant, shape and whatever else the
+        policy decides by) could not start since the pass last changed anything: then ``job`` waits for the same
+        reason, without the checks, searches and texts (on a long queue most jobs are such repeats). A search
+        that failed fails again (``may_search``), so the decisions are those of ``decide()``. ``waiting``: the
+        list ``decide()`` may append ``job``'s id to; a repeat is appended when the job it repeats was."""
+        if job.held_by is not None or job.not_before is not None:
+            return decide()  # their reasons are their own
+        if self._settled_at != self.changes:
+            self._settled, self._settled_at = {}, self.changes
+        known = self._settled.get(key)
+        if known is not None:
+            self.result.wait_reasons[job.id] = known[0]
+            if known[1]:
+                assert waiting is not None
+                waiting.append(job.id)
+            return False
+        before = self.changes
+        if decide():
+            return True
+        if self.changes == before and job.id not in self.result.estimated_start:
+            waits = waiting is not None and bool(waiting) and waiting[-1] == job.id
+            self._settled[key] = (self.result.wait_reasons[job.id], waits)
+        return False
+
+    def run_time_term(self, job: QueuedJob) -> float | None:
+        """``job``'s declared run time where backfill may read it, for ``settled`` keys: where too few GPUs are free
+        to start it beside the reservation no rule applies, and jobs differing only in it are decided alike."""
+        r = self.reservation
+        if r is not None and job.gpus > self.cluster.nfree + len(r.free_reserved):
+            return None
+        return job.max_run_time_s
 
     def may_search(self, memo: tuple, job: QueuedJob) -> bool:
         """Whether a victim search for ``job`` is worth it: within the pass's budget, and no job at most as big
@@ -403,23 +495,31 @@ def _fifo(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 # -- priority-backfill --------------------------------------------------------------------------------------------
 def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg = p.now, p.cfg
-    order = sorted(queue, key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+    order = priority_order(queue, now, cfg)
     reasons = p.result.wait_reasons
-    for job in order:
-        t = p.tenant(job.tenant_id)
+
+    def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
             reasons[job.id] = why
-            continue
+            return False
         r = p.reservation
         if r is None:
             gpus = p.fit_now(job)
             if gpus is not None:
                 p.place(job, gpus)
-            else:
-                p.make_reservation(job, p.shortage(job))
-        elif job.gpus > p.cluster.nfree + len(r.free_reserved) or not p.backfill(job, False):
+                return True
+            p.make_reservation(job, p.shortage(job))
+        elif job.gpus <= p.cluster.nfree + len(r.free_reserved) and p.backfill(job, False):
+            return True
+        else:
             reasons[job.id] = p.behind(job)
+        return False
+
+    for job in order:
+        t = p.tenant(job.tenant_id)
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, p.run_time_term(job))
+        p.settled(key, job, lambda: decide(job, t))  # noqa: B023 (called at once)
 
 
 # -- fair-share -----------------------------------------------------------------------------------------------------
@@ -445,8 +545,11 @@ def _borrowed_attempts(p: _Pass) -> set[int]:
 
 def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
+    by_tenant: dict[str, list[QueuedJob]] = {}
     for job in queue:
-        p.tenant(job.tenant_id).jobs.append(job)
+        by_tenant.setdefault(job.tenant_id, []).append(job)
+    for tid, jobs in by_tenant.items():  # tenants in order of first appearance, as the heap's ties need
+        p.tenant(tid).jobs = jobs
     for t in p.tenants.values():
         lim = t.lim
         t.capped = any(
@@ -454,7 +557,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             for x in (lim.gpus, lim.cpus, lim.memory, lim.max_running_jobs, lim.borrow_gpus, lim.borrow_cpus,
                       lim.borrow_memory)
         )  # fmt: skip
-        t.jobs.sort(key=lambda j: (-effective_priority(j, now, cfg), j.submitted_at or now, j.id))
+        t.jobs = priority_order(t.jobs, now, cfg)
     borrowed = _borrowed_attempts(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
     reclaimable = sorted(
@@ -513,6 +616,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if stop.running_jobs and under_caps([]):
             reasons[job.id] = f"waiting for {stop.running_jobs} stopping job(s) of its tenant to free its quota"
             p.result.estimated_start[job.id] = now + p.grace
+            p.changes += 1
             t.use.gpus += job.gpus
             t.use.cpus += job.cpus
             t.use.memory += job.memory
@@ -530,6 +634,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority, job.preemptible,
+               p.run_time_term(job))  # fmt: skip
+        return p.settled(key, job, lambda: decide(job, t), t.waiting)
+
+    def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
         if why is None and t.capped:
             why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
@@ -619,8 +728,13 @@ def _add_share_positions(p: _Pass) -> None:
         else:
             pos = "first in line among tenants with waiting jobs"
         text = f"; fair share: {p.share_text(t)}, {pos}"
+        joined: dict[str, str] = {}  # most of a tenant's jobs wait for one reason: one text for them all
         for jid in t.waiting:
-            reasons[jid] += text
+            base = reasons[jid]
+            full = joined.get(base)
+            if full is None:
+                full = joined[base] = base + text
+            reasons[jid] = full
 
 
 # -- las --------------------------------------------------------------------------------------------------------------
@@ -636,27 +750,33 @@ def _las(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         key=lambda c: c.key,
     )
     waits: dict[tuple[str, int], str] = {}
-    for q, _, _, job in order:
-        t = p.tenant(job.tenant_id)
+
+    def decide(job: QueuedJob, t: _Tenant, q: int) -> bool:
         why = p.not_now(job) or quota_reason(job, t.lim, t.use) or p.never_fits(job)
         if why is not None:
             reasons[job.id] = why
-            continue
+            return False
         gpus = p.fit_now(job)
         if gpus is not None:
             p.place(job, gpus)
-            continue
+            return True
         if p.wait_for_stopping(job, t):  # the first in las order gets what stopping attempts free
-            continue
+            return True
         if live and -live[0].key[0] > q:
-            cands = lambda q=q: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
+            cands = lambda: list(itertools.takewhile(lambda c: -c.key[0] > q, live))  # noqa: E731
             if p.preempt(job, cands, ("las", q, job.gpu_type, bool(job.groups)), t):
-                continue
+                return True
         short = p.shortage(job)
         text = waits.get((short, q))
         if text is None:
             text = waits[short, q] = f"waiting for capacity: {short} (las queue {q})"
         reasons[job.id] = text
+        return False
+
+    for q, _, _, job in order:
+        t = p.tenant(job.tenant_id)
+        key = (t.id, q, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
+        p.settled(key, job, lambda: decide(job, t, q))  # noqa: B023 (called at once)
 
 
 _POLICIES: dict[Policy, Callable[[_Pass, Iterable[QueuedJob]], None]] = {

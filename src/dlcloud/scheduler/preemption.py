@@ -80,14 +80,10 @@ def find_victims(
         # each node's candidates (waste order) with the matching GPUs they hold there
         on_node: dict[int, list[tuple[Candidate, int]]] = {}
         for c in cands:
-            counts: dict[int, int] = {}
-            for g in c.held.gpus:
-                n = cluster.node_of.get(g)
-                if n is not None and (not want or want in cluster.names[g]):
-                    counts[n] = counts.get(n, 0) + 1
-            for n, held_here in counts.items():
+            for n, held_here in cluster.held_by_node(c.held, want):
                 on_node.setdefault(n, []).append((c, held_here))
         best: list[Candidate] | None = None
+        best_cost: tuple = ()
         for n, fl in enumerate(cluster.free):
             have = len(fl) if not want else sum(1 for x in fl if want in cluster.names[x])
             picked: list[Candidate] = []
@@ -96,8 +92,10 @@ def find_victims(
                     break
                 picked.append(c)
                 have += held_here
-            if have >= k and (best is None or _cost(picked) < _cost(best)):
-                best = picked
+            if have >= k:
+                cost = _cost(picked)
+                if best is None or cost < best_cost:
+                    best, best_cost = picked, cost
         if best is None:
             return None
         chosen = list(best)
