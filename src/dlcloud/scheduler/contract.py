@@ -59,6 +59,8 @@ class QueuedJob:
     max_run_time_s: float | None = None  # declared maximum run time of an attempt (backfill, estimates)
     preemptible: bool = True  # False: placed only inside its tenant's guarantee, and never chosen as a victim
     attained_gpu_s: float = 0.0  # GPU-seconds its earlier attempts used (las)
+    # an earlier pass preempted attempts for it (fair-share): what they free is its own, it is considered first
+    reclaiming: bool = False
 
 
 @dataclass(frozen=True)

@@ -701,17 +701,33 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
         return (0 if inside else 1, p.share(t))
 
+    # Jobs an earlier pass preempted for go first: what their victims free is theirs (as Kueue's nominated
+    # workloads). Stateless, the next pass gave it to whoever came first in the order, and the job, still owed,
+    # preempted again, round after round (docs/scheduling.md, "Results").
+    first = sorted(
+        (j for t in p.tenants.values() for j in t.jobs if j.reclaiming), key=lambda j: (j.submitted_at or now, j.id)
+    )
+    done = {j.id for j in first}
+    for job in first:
+        consider(job, p.tenants[job.tenant_id])
+
+    def remaining(t: _Tenant) -> bool:
+        """Skip the jobs considered first; True while ``t`` has jobs left."""
+        while t.next < len(t.jobs) and t.jobs[t.next].id in done:
+            t.next += 1
+        return t.next < len(t.jobs)
+
     counter = itertools.count()
-    heap = [(*rank(t), next(counter), t.id) for t in p.tenants.values() if t.jobs]
+    heap = [(*rank(t), next(counter), t.id) for t in p.tenants.values() if remaining(t)]
     heapq.heapify(heap)
     while heap:
         *_, tid = heapq.heappop(heap)
         t = p.tenants[tid]
-        while t.next < len(t.jobs):
+        while remaining(t):
             job = t.jobs[t.next]
             t.next += 1
             if consider(job, t):
-                if t.next < len(t.jobs):
+                if remaining(t):
                     heapq.heappush(heap, (*rank(t), next(counter), tid))
                 break
     _add_share_positions(p)

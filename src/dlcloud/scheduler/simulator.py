@@ -27,6 +27,7 @@ random ids would); everything but ``timing`` in the result is identical for a tr
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -339,10 +340,21 @@ class Simulator:
         self.queued_gpus += job.trace.gpus
         self.tenants[job.trace.tenant].demand += job.trace.gpus
 
+    def _reclaiming(self, job_id: str) -> None:
+        """``job_id`` was granted preemptions: it stays marked (and is considered first) until it starts, as the
+        control plane's ``reclaiming`` column."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "queued" or job.qjob.reclaiming:
+            return
+        i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
+        job.qjob = self.queued[i] = dataclasses.replace(job.qjob, reclaiming=True)
+
     def _start(self, job: _Job, gpus: tuple[int, ...]) -> None:
         i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
         del self.queue[i]
         del self.queued[i]
+        if job.qjob.reclaiming:
+            job.qjob = dataclasses.replace(job.qjob, reclaiming=False)
         self.queued_gpus -= job.trace.gpus
         job.state = "running"
         job.attempt += 1
@@ -433,6 +445,7 @@ class Simulator:
                 self.node_violations += 1
             self._start(job, gpus)
         for p in result.preemptions:
+            self._reclaiming(p.by)
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")

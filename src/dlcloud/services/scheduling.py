@@ -252,6 +252,7 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
             JobRow.preemptible,
             JobRow.max_run_time_seconds,
             JobRow.attained_gpu_seconds,
+            JobRow.reclaiming,
         ).where(JobRow.state.in_(QUEUE_STATES))
         if after is not None:
             q = q.where(_behind(after))
@@ -277,6 +278,7 @@ def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> 
                 max_run_time_s=r.max_run_time_seconds,
                 preemptible=r.preemptible,
                 attained_gpu_s=r.attained_gpu_seconds or 0.0,
+                reclaiming=bool(r.reclaiming),
             )
         if len(rows) < size:
             return
@@ -407,6 +409,7 @@ class SchedulingPass:
                 continue
             asked = True
             if by is not None:
+                by.reclaiming = True  # what its victims free is its own: the planner considers it first
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
                 whom = f"job {victim.name}" if victim.tenant_id == by.tenant_id else OTHER_JOB
                 job_states.note(s, by, f"{what}: stopping {whom} to make room", at=now)
@@ -480,6 +483,7 @@ class SchedulingPass:
         where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
         if workload.replicas:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
+        job.reclaiming = False
         resumed = ""
         if job.preempt_reason is not None:  # the first attempt after a preemption
             resumed = f"resumed after preemption {job.preemptions}: "

@@ -171,6 +171,9 @@ class JobRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     estimated_start: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # the scheduler preempted attempts for it (fair-share): it is considered first until it starts, on what its
+    # victims free
+    reclaiming: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class AttemptRow(Base):

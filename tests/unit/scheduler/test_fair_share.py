@@ -3,6 +3,7 @@ choice, gangs, non-preemptible jobs, stopping attempts, fill, and the wait reaso
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from dlcloud.scheduler.planner import Limits, PlanConfig, Policy, plan
@@ -330,3 +331,16 @@ def test_after_a_reclaim_the_owed_job_goes_before_the_borrower_it_preempted() ->
     limits = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=2)}
     p = plan([owner, borrower], [], limits, nodes(1, 2), NOW, FS)
     assert placed(p) == ["b-own"]
+
+
+def test_a_job_whose_preemptions_were_granted_gets_what_its_victims_freed() -> None:
+    # b-big preempted borrowers in an earlier pass; they have stopped and its node is free. c1, owed as well and
+    # first in the order (same share, earlier in the queue), would take a GPU of it and b-big would preempt again
+    limits = {"b": Limits(guarantee_gpus=4), "c": Limits(guarantee_gpus=2)}
+    c1 = job("c1", "c", 1, submitted_at=NOW - timedelta(hours=1))
+    big = job("b-big", "b", 4, submitted_at=NOW - timedelta(minutes=5))
+    without = plan([c1, big], [], limits, nodes(1, 4), NOW, FS)
+    assert placed(without) == ["c1"]  # what happened, round after round, before the flag
+    p = plan([c1, replace(big, reclaiming=True)], [], limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["b-big"]
+    assert "c1" in p.wait_reasons

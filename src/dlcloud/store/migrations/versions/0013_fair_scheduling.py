@@ -34,6 +34,7 @@ JOB_COLUMNS = (
     ("preemptions", sa.Integer(), False, "0"),
     ("attained_gpu_seconds", sa.Float(), False, "0"),
     ("estimated_start", sa.DateTime(timezone=True), True, None),
+    ("reclaiming", sa.Boolean(), False, sa.false()),
 )
 
 
