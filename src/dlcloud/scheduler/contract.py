@@ -82,6 +82,11 @@ class Limits:
     # ... and its weight in dominant-resource fairness
     weight: float = 1.0
 
+    @property
+    def guaranteed(self) -> bool:
+        """The tenant is guaranteed something: without a guarantee, all it runs is borrowed."""
+        return self.guarantee_gpus > 0 or self.guarantee_cpus > 0 or self.guarantee_memory > 0
+
 
 @dataclass
 class Usage:
@@ -117,7 +122,16 @@ class Preemption:
     job_id: str
     by: str
     reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill"
-    message: str  # for the victim's events: who preempted it and why
+    message: str  # for the victim's events: who preempted it and why (``by`` and PREEMPTION_WHY[reason])
+
+
+# why a victim gives way, by Preemption.reason (the victim's events say it; the planner's message too)
+PREEMPTION_WHY = {
+    "reclaim": "its tenant reclaims its guarantee",
+    "priority": "it has a higher priority in the same tenant",
+    "fill": "this job ran as borrowed fill ahead of it",
+    "las": "it has attained less service (las)",
+}
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from dlcloud.scheduler.contract import (
+    PREEMPTION_WHY,
     GroupDemand,
     Held,
     Limits,
@@ -24,6 +25,7 @@ from dlcloud.scheduler.contract import (
 from dlcloud.scheduler.inventory import Inventory
 
 __all__ = [
+    "PREEMPTION_WHY",
     "GroupDemand",
     "Held",
     "Limits",

@@ -44,7 +44,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dlcloud.scheduler.backfill import Release, Reservation, reserve
-from dlcloud.scheduler.contract import Held, Limits, Plan, PlanConfig, Policy, Preemption, QueuedJob, Usage
+from dlcloud.scheduler.contract import (
+    PREEMPTION_WHY,
+    Held,
+    Limits,
+    Plan,
+    PlanConfig,
+    Policy,
+    Preemption,
+    QueuedJob,
+    Usage,
+)
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.scheduler.placement import Cluster
 from dlcloud.scheduler.planner import quota_reason
@@ -58,12 +68,6 @@ _PREEMPTING = {
     "priority": "of lower priority in its tenant",
     "fill": "that started ahead of it as borrowed fill",
     "las": "with more attained service (las)",
-}
-_VICTIM = {
-    "reclaim": "its tenant reclaims its guarantee",
-    "priority": "it has a higher priority in the same tenant",
-    "fill": "this job ran as borrowed fill ahead of it",
-    "las": "it has attained less service (las)",
 }
 
 
@@ -135,13 +139,9 @@ def _when(t: datetime) -> str:
     return t.isoformat(timespec="seconds")
 
 
-def _guaranteed(lim: Limits) -> bool:
-    return lim.guarantee_gpus > 0 or lim.guarantee_cpus > 0 or lim.guarantee_memory > 0
-
-
 def _within(lim: Limits, gpus: int, cpus: float, memory: int) -> bool:
     """Usage ``gpus/cpus/memory`` inside the guarantee (only resources with a guarantee are checked)."""
-    if not _guaranteed(lim):
+    if not lim.guaranteed:
         return False
     return (
         (lim.guarantee_gpus <= 0 or gpus <= lim.guarantee_gpus)
@@ -465,7 +465,7 @@ class _Pass:
                     c.held.job_id,
                     job.id,
                     c.reason,
-                    f"preempted by job {job.id} ({c.reason}): {_VICTIM[c.reason]}",
+                    f"preempted by job {job.id} ({c.reason}): {PREEMPTION_WHY[c.reason]}",
                 )
             )
         main = next(k for k in ("reclaim", "priority", "fill", "las") if k in kinds)
@@ -532,7 +532,7 @@ def _borrowed_attempts(p: _Pass) -> set[int]:
     out: set[int] = set()
     for tid, hs in by_tenant.items():
         lim = p.limits.get(tid, NO_LIMITS)
-        if not _guaranteed(lim):
+        if not lim.guaranteed:
             out.update(id(h) for h in hs)
             continue
         g = c = m = 0.0

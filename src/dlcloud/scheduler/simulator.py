@@ -318,20 +318,7 @@ class Simulator:
 
     def _enqueue(self, job: _Job) -> None:
         if job.attained and job.qjob.attained_gpu_s != job.attained:
-            q = job.qjob
-            job.qjob = QueuedJob(
-                id=q.id,
-                tenant_id=q.tenant_id,
-                gpus=q.gpus,
-                cpus=q.cpus,
-                memory=q.memory,
-                groups=q.groups,
-                priority=q.priority,
-                submitted_at=q.submitted_at,
-                max_run_time_s=q.max_run_time_s,
-                preemptible=q.preemptible,
-                attained_gpu_s=job.attained,
-            )
+            job.qjob = dataclasses.replace(job.qjob, attained_gpu_s=job.attained)
         job.state = "queued"
         entry = (job.key, job.trace.job_id)
         i = bisect.bisect_left(self.queue, entry)

@@ -31,7 +31,17 @@ from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select
 from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
+from dlcloud.scheduler.planner import (
+    PREEMPTION_WHY,
+    GroupDemand,
+    Held,
+    Limits,
+    Plan,
+    PlanConfig,
+    Policy,
+    QueuedJob,
+    plan,
+)
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import job_states, recipes, workloads
 from dlcloud.services.jobs import QUEUE_STATES
@@ -352,7 +362,7 @@ class SchedulingPass:
                     .execution_options(synchronize_session=False)
                 )
             if result.preemptions:
-                self._preempt(s, result, now, view)
+                self._preempt(s, result, now)
             jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
             attempts: list[dict] = []
             events: list[dict] = []
@@ -373,8 +383,7 @@ class SchedulingPass:
                     continue
                 # a tenant without a guarantee borrows all it uses: no event says so for every job
                 lim = limits.get(job.tenant_id)
-                guaranteed = lim is not None and (lim.guarantee_gpus or lim.guarantee_cpus or lim.guarantee_memory)
-                borrowing = job_id in result.borrowing and bool(guaranteed)
+                borrowing = job_id in result.borrowing and lim is not None and lim.guaranteed
                 workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing))
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
@@ -387,7 +396,7 @@ class SchedulingPass:
             job_states.add_events(s, events)
         return workloads
 
-    def _preempt(self, s: Session, result: Plan, now: datetime, view: TenantView) -> None:
+    def _preempt(self, s: Session, result: Plan, now: datetime) -> None:
         """Ask for the plan's preemptions: each victim's row gets ``preempt_requested`` and an event naming the
         job it makes room for; the preemptor an event too (once: a victim already being stopped is skipped).
         Each names the other job only when both are of the same tenant (``TenantView``)."""
@@ -399,11 +408,7 @@ class SchedulingPass:
             if victim is None:
                 continue
             by_name = by.name if by is not None and by.tenant_id == victim.tenant_id else OTHER_JOB
-            # the planner's message names the preemptor by id ("preempted by job ID (reason): why"): keep the why
-            detail = p.message
-            if detail.startswith("preempted by") and "): " in detail:
-                detail = detail.split("): ", 1)[1]
-            detail = view.text(detail, victim.tenant_id) or ""
+            detail = PREEMPTION_WHY.get(p.reason)  # the planner's message names the preemptor by id: not shown
             why = f"preempted by {by_name} ({p.reason})" + (f": {detail}" if detail else "")
             if not job_states.request_preemption(s, victim, why, at=now):
                 continue
