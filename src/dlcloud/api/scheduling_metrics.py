@@ -11,11 +11,9 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 
-from dlcloud.services.jobs import QUEUE_STATES
+from dlcloud.services import jobs
 from dlcloud.services.platform import Platform
-from dlcloud.store.rows import AttemptRow, JobRow, TenantRow, utcnow
 
 
 class SchedulingCollector(Collector):
@@ -24,7 +22,6 @@ class SchedulingCollector(Collector):
         self.per_tenant = per_tenant
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        now = utcnow()
         labels = ["tenant"] if self.per_tenant else []
         queued = GaugeMetricFamily("dlcloud_queue_length", "Jobs waiting in the queue", labels=labels)
         waited = GaugeMetricFamily(
@@ -38,40 +35,22 @@ class SchedulingCollector(Collector):
         preempted = CounterMetricFamily(
             "dlcloud_preemptions", "Attempts stopped for another job (of the jobs not deleted)", labels=labels
         )
-        with self.p.db.read() as s:
-            names = dict(s.execute(select(TenantRow.id, TenantRow.name)).all())
-            waits: dict[str, list[float]] = {}
-            for tid, created in s.execute(
-                select(JobRow.tenant_id, JobRow.created_at).where(JobRow.state.in_(QUEUE_STATES))
-            ):
-                waits.setdefault(tid, []).append(max(0.0, (now - created).total_seconds()))
-            gpus: dict[str, int] = {}
-            for tid, held in s.execute(
-                select(AttemptRow.tenant_id, AttemptRow.gpus).where(AttemptRow.finished_at.is_(None))
-            ):
-                gpus[tid] = gpus.get(tid, 0) + len(held or [])
-            preemptions = {
-                tid: float(n or 0)
-                for tid, n in s.execute(
-                    select(JobRow.tenant_id, func.sum(JobRow.preemptions)).group_by(JobRow.tenant_id)
-                )
-            }
+        figures = jobs.scheduling_figures(self.p)
         if self.per_tenant:
-            for tid, ws in waits.items():
-                tenant = [names.get(tid, tid)]
-                queued.add_metric(tenant, len(ws))
-                waited.add_metric(tenant, max(ws))
-                avg.add_metric(tenant, sum(ws) / len(ws))
-            for tid, n in gpus.items():
-                allocated.add_metric([names.get(tid, tid)], n)
-            for tid, x in preemptions.items():
-                preempted.add_metric([names.get(tid, tid)], x)
+            for tenant, f in figures.items():
+                if f.queued:
+                    queued.add_metric([tenant], f.queued)
+                    waited.add_metric([tenant], f.wait_max_s)
+                    avg.add_metric([tenant], f.wait_sum_s / f.queued)
+                if f.gpus:
+                    allocated.add_metric([tenant], f.gpus)
+                preempted.add_metric([tenant], f.preemptions)
         else:
-            every = [w for ws in waits.values() for w in ws]
-            queued.add_metric([], len(every))
-            waited.add_metric([], max(every, default=0.0))
-            avg.add_metric([], sum(every) / len(every) if every else 0.0)
-            allocated.add_metric([], sum(gpus.values()))
-            preempted.add_metric([], sum(preemptions.values()))
+            every = sum(f.queued for f in figures.values())
+            queued.add_metric([], every)
+            waited.add_metric([], max((f.wait_max_s for f in figures.values()), default=0.0))
+            avg.add_metric([], sum(f.wait_sum_s for f in figures.values()) / every if every else 0.0)
+            allocated.add_metric([], sum(f.gpus for f in figures.values()))
+            preempted.add_metric([], sum(f.preemptions for f in figures.values()))
         total.add_metric([], len(self.p.inventory.gpus))
         yield from (queued, waited, avg, allocated, total, preempted)

@@ -9,6 +9,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -482,6 +483,29 @@ def list_queue(platform: Platform, caller: Caller, *, limit: int = 1000) -> list
             )
         )
     return entries
+
+
+@dataclass
+class TenantQueueFigures:
+    """What /metrics says of one tenant's scheduling (``scheduling_figures``)."""
+
+    queued: int = 0
+    wait_max_s: float = 0.0
+    wait_sum_s: float = 0.0
+    gpus: int = 0
+    preemptions: int = 0
+
+
+def scheduling_figures(platform: Platform) -> dict[str, TenantQueueFigures]:
+    """Per tenant name: queued jobs and their waits since submit, GPUs held by live attempts, preemptions."""
+    now = utcnow()
+    with platform.db.read_connection() as conn:
+        raw = job_store.scheduling_figures(conn)
+    out = {}
+    for tenant, r in raw.items():
+        waits = [max(0.0, (now - created).total_seconds()) for created in r["waits"]]
+        out[tenant] = TenantQueueFigures(len(waits), max(waits, default=0.0), sum(waits), r["gpus"], r["preemptions"])
+    return out
 
 
 def _require_owner_or_admin(caller: Caller, row: JobRow, what: str) -> None:

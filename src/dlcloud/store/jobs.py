@@ -199,3 +199,23 @@ def queue_rows(conn: Connection, tenant_id: str | None, limit: int) -> list[Row[
     """Waiting jobs in the queue's order, of one tenant (None: every tenant's), with tenant and user names."""
     q = _QUEUE if tenant_id is None else _QUEUE.where(_jobs.c.tenant_id == tenant_id)
     return [*conn.execute(q.limit(limit))]
+
+
+def scheduling_figures(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Per tenant name: ``waits`` (the submit times of its queued jobs), ``gpus`` (held by its live attempts) and
+    ``preemptions`` (of its jobs not deleted); for /metrics."""
+    names = dict(conn.execute(select(TenantRow.id, TenantRow.name)).all())
+    out: dict[str, dict[str, Any]] = {}
+
+    def of(tenant_id: str) -> dict[str, Any]:
+        return out.setdefault(names.get(tenant_id, tenant_id), {"waits": [], "gpus": 0, "preemptions": 0})
+
+    queued = select(JobRow.tenant_id, JobRow.created_at).where(JobRow.state.in_(QUEUE_STATES))
+    for tid, created in conn.execute(queued):
+        of(tid)["waits"].append(created)
+    live = select(AttemptRow.tenant_id, AttemptRow.gpus).where(AttemptRow.finished_at.is_(None))
+    for tid, held in conn.execute(live):
+        of(tid)["gpus"] += len(held or [])
+    for tid, n in conn.execute(select(JobRow.tenant_id, func.sum(JobRow.preemptions)).group_by(JobRow.tenant_id)):
+        of(tid)["preemptions"] += int(n or 0)  # every tenant with jobs: a counter that is there from the start
+    return out
