@@ -108,12 +108,16 @@ class Settings(BaseSettings):
     # Scheduling (docs/scheduling.md): how each pass orders and places jobs (fifo | priority-backfill | fair-share
     # | las); aging raises a waiting job's priority by ``scheduling_aging_step`` every
     # ``scheduling_aging_interval_seconds`` waited, up to ``scheduling_aging_max`` (0: no aging); las: the
-    # attained-service boundaries (GPU-seconds) of its queues, lowest first
+    # attained-service boundaries (GPU-seconds) of its queues, lowest first (las, and fair-share inside a tenant
+    # with ``scheduling_las_in_tenant``); fair-share moves small jobs to gather whole nodes for a waiting gang
+    # with ``scheduling_defragment``
     scheduling_policy: Literal["fifo", "priority-backfill", "fair-share", "las"] = "fair-share"
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
     scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
     scheduling_aging_max: Annotated[int, Field(ge=0, le=2000)] = 100
     scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [3600.0, 36_000.0]
+    scheduling_las_in_tenant: bool = True
+    scheduling_defragment: bool = True
     # named priorities a job spec may give as ``priority_class`` (each inside -1000..1000); a job that gives
     # neither a class nor a ``priority`` gets ``default_priority_class``'s
     priority_classes: dict[str, Annotated[int, Field(ge=-1000, le=1000)]] = {"low": -100, "normal": 0, "high": 100}

@@ -37,6 +37,13 @@ class PlanConfig:
     aging_max: int = 100
     # las: attained-service boundaries (GPU-seconds) of its priority queues, lowest first
     las_queues_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
+    # fair-share inside a tenant: jobs of one priority by las queue (least attained service first), then submit
+    # time, and a job may preempt its own tenant's attempts of the same priority in a higher las queue
+    # (Tiresias-style time sharing inside the tenant's share); False: by effective priority, then submit time
+    las_in_tenant: bool = True
+    # fair-share: when enough GPUs are free for the job at the head of the line but scattered over nodes, move
+    # single-node preemptible attempts (stop them; they resume on the GPUs left free) so that it fits
+    defragment: bool = True
     # how long a stopping (preempted) attempt is expected to take to free its resources: the grace period; used
     # only for estimated starts
     preemption_grace_s: float = 60.0
@@ -121,7 +128,7 @@ class Preemption:
 
     job_id: str
     by: str
-    reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill"
+    reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill", "defrag"
     message: str  # for the victim's events: who preempted it and why (``by`` and PREEMPTION_WHY[reason])
 
 
@@ -131,6 +138,7 @@ PREEMPTION_WHY = {
     "priority": "it has a higher priority in the same tenant",
     "fill": "this job ran as borrowed fill ahead of it",
     "las": "it has attained less service (las)",
+    "defrag": "it needs whole nodes; this job resumes at once on GPUs left free elsewhere",
 }
 
 

@@ -18,10 +18,15 @@ policies; the rules, in short:
   does not preempt) ("priority"); borrowed attempts of tenants with a larger share that started after it was
   submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). A job held
   back by its tenant's caps (quota, borrowing limit) may preempt its tenant's lower-priority attempts to get under
-  them ("priority" too). Attempts
+  them ("priority" too). With ``las_in_tenant`` (the default) a tenant's jobs of one priority go by las queue
+  (least attained service first; ``_tenant_order``), and a job may preempt its own tenant's attempts of the same
+  priority in a higher las queue ("las": time-sharing inside the tenant's share, never across tenants). Attempts
   already stopping count as soon-free for a job allowed to preempt, so a later pass picks no new victims while
   they stop. Backfill as in priority-backfill, plus: a preemptible job that would be borrowed may start anyway
-  ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not.
+  ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not. With
+  ``defragment`` (the default), the job at the head of the line that would get the reservation although enough
+  GPUs are free, scattered over nodes, moves single-node preemptible attempts instead ("defrag",
+  ``_Pass.defragment``): only when every one of them fits again on the GPUs that stay free.
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -56,7 +61,7 @@ from dlcloud.scheduler.contract import (
     Usage,
 )
 from dlcloud.scheduler.inventory import Inventory
-from dlcloud.scheduler.placement import Cluster
+from dlcloud.scheduler.placement import Cluster, choose
 from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s
 
@@ -68,6 +73,7 @@ _PREEMPTING = {
     "priority": "of lower priority in its tenant",
     "fill": "that started ahead of it as borrowed fill",
     "las": "with more attained service (las)",
+    "defrag": "to gather whole nodes (they resume at once on GPUs left free)",
 }
 
 
@@ -468,8 +474,71 @@ class _Pass:
                     f"preempted by job {job.id} ({c.reason}): {PREEMPTION_WHY[c.reason]}",
                 )
             )
-        main = next(k for k in ("reclaim", "priority", "fill", "las") if k in kinds)
+        main = next(k for k in ("reclaim", "priority", "fill", "las", "defrag") if k in kinds)
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}"
+        self.result.estimated_start[job.id] = self.now + self.grace
+        return True
+
+    def defragment(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
+        """Enough GPUs are free for ``job`` but not on the nodes it needs (a gang wants whole nodes; free GPUs are
+        scattered where small jobs ended): stop single-node preemptible attempts so that it fits, only where every
+        one of them fits again on the GPUs that stay free (they resume at once: moved, not evicted). Least work
+        lost first; at most ``job``'s GPUs are moved."""
+        c = self.cluster
+        if not self.cfg.defragment or c.nfree < job.gpus or not c.fits_totals(job) or c.single_node:
+            return False
+        node_of, names = c.node_of, c.names
+
+        def movable(h: Held) -> bool:
+            return (
+                h.preemptible
+                and not h.stopping
+                and 0 < len(h.gpus) < c.max_size
+                and id(h) not in self.victims
+                and all(node_of.get(g) == node_of.get(h.gpus[0]) for g in h.gpus)
+            )
+
+        def refit(chosen: Sequence[Candidate]) -> bool:
+            return sum(len(x.held.gpus) for x in chosen) <= job.gpus
+
+        def candidates() -> list[Candidate]:
+            now = self.now
+            return sorted(
+                (Candidate(h, (lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
+                key=lambda x: x.key,
+            )
+
+        if not self.may_search(("defrag", job.gpu_type, bool(job.groups)), job):
+            return False
+        found = find_victims(job, c, candidates(), refit)
+        if found is None:
+            self.failed[("defrag", job.gpu_type, bool(job.groups))].append((job.gpus, job.cpus, job.memory))
+            return False
+        chosen, gpus = found
+        # every victim must fit again, on what stays free once ``job`` has its GPUs
+        free = [list(fl) for fl in c.free]
+        for x in chosen:
+            for g in x.held.gpus:
+                bisect.insort(free[node_of[g]], g)
+        for g in gpus:
+            fl = free[node_of[g]]
+            del fl[bisect.bisect_left(fl, g)]
+        for x in sorted(chosen, key=lambda x: -len(x.held.gpus)):
+            want = names.get(x.held.gpus[0], "").lower()
+            pick = choose(free, names, [(len(x.held.gpus), want)])
+            if pick is None:
+                return False
+            for g in pick:
+                fl = free[node_of[g]]
+                del fl[bisect.bisect_left(fl, g)]
+        self.claim(job, chosen, gpus, tenant)
+        for x in chosen:
+            self.result.preemptions.append(
+                Preemption(
+                    x.held.job_id, job.id, "defrag", f"preempted by job {job.id} (defrag): {PREEMPTION_WHY['defrag']}"
+                )
+            )
+        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING['defrag']}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
@@ -543,6 +612,26 @@ def _borrowed_attempts(p: _Pass) -> set[int]:
     return out
 
 
+def _tenant_order(jobs: list[QueuedJob], now: datetime, cfg: PlanConfig) -> list[QueuedJob]:
+    """A tenant's queue in fair-share: by effective priority, then submit time. With ``las_in_tenant`` and some
+    job back from preemption after long service (beyond the first las boundary): by priority level, then las
+    queue, then submit time, where aging lifts a job to the highest priority level of the tenant's queue that its
+    effective priority reaches (aging still lets nothing starve behind a higher priority; inside one level the
+    least attained service goes first, so a long job that was preempted waits behind its tenant's fresh ones)."""
+    order = priority_order(jobs, now, cfg)
+    if not cfg.las_in_tenant or not cfg.las_queues_gpu_s:
+        return order
+    first = cfg.las_queues_gpu_s[0]
+    if all(j.attained_gpu_s < first for j in order):
+        return order  # the common case: nothing to reorder
+    levels = sorted({j.priority for j in order})
+
+    def level(j: QueuedJob) -> int:
+        return levels[bisect.bisect_right(levels, effective_priority(j, now, cfg)) - 1]
+
+    return sorted(order, key=lambda j: (-level(j), las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id))
+
+
 def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     now, cfg, reasons = p.now, p.cfg, p.result.wait_reasons
     by_tenant: dict[str, list[QueuedJob]] = {}
@@ -557,24 +646,50 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             for x in (lim.gpus, lim.cpus, lim.memory, lim.max_running_jobs, lim.borrow_gpus, lim.borrow_cpus,
                       lim.borrow_memory)
         )  # fmt: skip
-        t.jobs = priority_order(t.jobs, now, cfg)
+        t.jobs = _tenant_order(t.jobs, now, cfg)
     borrowed = _borrowed_attempts(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
     reclaimable = sorted(
         (Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in borrowed),
         key=lambda c: c.key,
     )
+    las = cfg.las_in_tenant
+
+    def lq(attained_gpu_s: float) -> int:
+        return las_queue(attained_gpu_s, cfg) if las else 0
+
     own: dict[str, list[Candidate]] = {}
+    top_q: dict[tuple[str, int], int] = {}  # (tenant, priority): the highest las queue of its live attempts
     for h in live:
-        key = (0 if id(h) in borrowed else 1, h.priority, lost_gpu_s(h, now))
+        q = lq(h.attained_gpu_s)
+        key = (0 if id(h) in borrowed else 1, h.priority, -q, lost_gpu_s(h, now))
         own.setdefault(h.tenant_id, []).append(Candidate(h, key, "priority"))
+        top_q[h.tenant_id, h.priority] = max(q, top_q.get((h.tenant_id, h.priority), 0))
     for cs in own.values():
         cs.sort(key=lambda c: c.key)
 
     lowest = {tid: min(c.held.priority for c in cs) for tid, cs in own.items()}
 
+    def outranks(job: QueuedJob, t: _Tenant) -> bool:
+        """``job`` may preempt attempts of its own tenant: some have a lower priority, or (las in the tenant) the
+        same priority and more attained service (a higher las queue)."""
+        return lowest.get(t.id, job.priority) < job.priority or top_q.get((t.id, job.priority), 0) > lq(
+            job.attained_gpu_s
+        )
+
+    def own_victims(job: QueuedJob, t: _Tenant) -> list[Candidate]:
+        q = lq(job.attained_gpu_s)
+        out = []
+        for c in own.get(t.id, ()):
+            h = c.held
+            if h.priority < job.priority:
+                out.append(c)
+            elif h.priority == job.priority and lq(h.attained_gpu_s) > q:
+                out.append(Candidate(h, c.key, "las"))
+        return out
+
     def candidates(job: QueuedJob, t: _Tenant, inside: bool) -> list[Candidate]:
-        cands = [c for c in own.get(t.id, ()) if c.held.priority < job.priority]
+        cands = own_victims(job, t)
         if inside:
             cands += [c for c in reclaimable if c.held.tenant_id != t.id]
         if p.reservation is None and not inside:
@@ -624,9 +739,9 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return True
 
         def cands() -> list[Candidate]:
-            return [c for c in own.get(t.id, ()) if c.held.priority < job.priority]
+            return own_victims(job, t)
 
-        memo = ("quota", t.id, job.priority, job.gpu_type, bool(job.groups))
+        memo = ("quota", t.id, job.priority, lq(job.attained_gpu_s), job.gpu_type, bool(job.groups))
         if not p.preempt(job, cands, memo, t, under_caps):
             return False
         reasons[job.id] += " to make room in its quota"
@@ -634,20 +749,15 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
-        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority, job.preemptible,
-               p.run_time_term(job))  # fmt: skip
+        key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority,
+               lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job))  # fmt: skip
         return p.settled(key, job, lambda: decide(job, t), t.waiting)
 
     def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
         if why is None and t.capped:
             why = quota_reason(job, t.lim, t.use) or _borrow_reason(job, t.lim, t.use)
-            if (
-                why is not None
-                and lowest.get(t.id, job.priority) < job.priority
-                and p.never_fits(job) is None
-                and over_quota_by_priority(job, t)
-            ):
+            if why is not None and outranks(job, t) and p.never_fits(job) is None and over_quota_by_priority(job, t):
                 return True
         if why is None:
             why = p.never_fits(job)
@@ -676,14 +786,17 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             or (job.preemptible and not inside and p.place_any(job, True))
         ):
             return True
-        by_priority = lowest.get(t.id, job.priority) < job.priority
+        by_priority = outranks(job, t)
         fill = r is None and not inside and bool(reclaimable)
         if (inside or by_priority) and p.wait_for_stopping(job, t):
             return True
         if (inside and reclaimable) or by_priority or fill:
-            memo = ("fs", inside, t.id if by_priority else None, job.priority if by_priority else None, fill)
+            rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
+            memo = ("fs", inside, t.id if by_priority else None, rank, fill)
             if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
                 return True
+        if r is None and p.defragment(job, t):
+            return True
         if r is None:
             p.make_reservation(job, p.shortage(job))
             p.reserved_inside = inside

@@ -28,7 +28,7 @@ MAX_CANDIDATES = 256
 class Candidate:
     held: Held
     key: tuple  # waste order: smaller is preempted first
-    reason: str = ""  # "reclaim", "priority", "las", "fill"; "" for a stopping attempt (no new preemption)
+    reason: str = ""  # "reclaim", "priority", "las", "fill", "defrag"; "" for a stopping attempt (no preemption)
 
 
 def lost_gpu_s(h: Held, now: datetime) -> float:

@@ -433,10 +433,13 @@ class Simulator:
             self._start(job, gpus)
         for p in result.preemptions:
             self._reclaiming(p.by)
+
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
             job.state = "stopping"
+            if p.reason == "defrag":  # moved, not evicted: considered first once queued again (as the control plane)
+                job.qjob = dataclasses.replace(job.qjob, reclaiming=True)
             job.held = None
             self.held_list = None
             self.preemptions += 1

@@ -66,6 +66,8 @@ def plan_config(settings: Settings) -> PlanConfig:
         aging_step=settings.scheduling_aging_step,
         aging_max=settings.scheduling_aging_max,
         las_queues_gpu_s=tuple(settings.scheduling_las_queues_gpu_seconds),
+        las_in_tenant=settings.scheduling_las_in_tenant,
+        defragment=settings.scheduling_defragment,
         preemption_grace_s=settings.stop_grace_seconds,
     )
 
@@ -413,6 +415,8 @@ class SchedulingPass:
             if not job_states.request_preemption(s, victim, why, at=now):
                 continue
             asked = True
+            if p.reason == "defrag":
+                victim.reclaiming = True  # moved, not evicted: considered first once it is queued again
             if by is not None:
                 by.reclaiming = True  # what its victims free is its own: the planner considers it first
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"

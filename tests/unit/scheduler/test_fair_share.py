@@ -344,3 +344,83 @@ def test_a_job_whose_preemptions_were_granted_gets_what_its_victims_freed() -> N
     p = plan([c1, replace(big, reclaiming=True)], [], limits, nodes(1, 4), NOW, FS)
     assert placed(p) == ["b-big"]
     assert "c1" in p.wait_reasons
+
+
+# -- least attained service inside a tenant (las_in_tenant, the default) ---------------------------------------------
+HOUR_GPU_S = 3600.0  # the first las boundary of the default PlanConfig
+
+
+def test_a_tenants_fresh_job_goes_before_its_job_back_from_long_service() -> None:
+    resumed = job("resumed", "a", 4, attained_gpu_s=2 * HOUR_GPU_S, submitted_at=NOW - timedelta(hours=5))
+    fresh = job("fresh", "a", 4, submitted_at=NOW - timedelta(minutes=1))
+    assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, FS)) == ["fresh"]
+    by_submit = replace(FS, las_in_tenant=False)
+    assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, by_submit)) == ["resumed"]
+
+
+def test_las_inside_a_tenant_never_beats_priority_but_aging_still_lifts() -> None:
+    resumed = job("resumed", "a", 4, priority=5, attained_gpu_s=2 * HOUR_GPU_S)
+    fresh = job("fresh", "a", 4, priority=0)
+    assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, FS)) == ["resumed"]
+    aged = replace(FS, aging_interval_s=60, aging_step=1)
+    old_low = job("old-low", "a", 4, priority=0, submitted_at=NOW - timedelta(minutes=30))
+    assert placed(plan([resumed, old_low], [], {}, nodes(1, 4), NOW, aged)) == ["old-low"]
+
+
+def test_a_fresh_job_preempts_its_own_tenants_long_running_job_of_the_same_priority() -> None:
+    held = [
+        running("long", "a", (0, 1), attained_gpu_s=3 * HOUR_GPU_S),
+        running("short", "a", (2, 3), attained_gpu_s=0.5 * HOUR_GPU_S),
+    ]
+    p = plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, FS)
+    assert victims(p) == ["long"] and p.preemptions[0].reason == "las"
+    assert p.wait_reasons["new"] == "preempting 1 job(s) with more attained service (las)"
+    # never a job in the same las queue, never without las_in_tenant
+    same_queue = [running("peer", "a", (0, 1, 2, 3), attained_gpu_s=0.5 * HOUR_GPU_S)]
+    assert victims(plan([job("new", "a", 2)], same_queue, {}, nodes(1, 4), NOW, FS)) == []
+    assert victims(plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, replace(FS, las_in_tenant=False))) == []
+
+
+def test_las_inside_a_tenant_never_preempts_another_tenant_or_a_higher_priority() -> None:
+    held = [
+        running("theirs", "b", (0, 1), attained_gpu_s=30 * HOUR_GPU_S),
+        running("mine-high", "a", (2, 3), priority=5, attained_gpu_s=30 * HOUR_GPU_S),
+    ]
+    p = plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, FS)
+    assert victims(p) == []
+    # a job back from preemption (more attained service) does not preempt a fresh one of its tenant
+    fresh = [running("fresh", "a", (0, 1, 2, 3))]
+    back = job("back", "a", 2, attained_gpu_s=2 * HOUR_GPU_S)
+    assert victims(plan([back], fresh, {}, nodes(1, 4), NOW, FS)) == []
+
+
+# -- defragmentation ---------------------------------------------------------------------------------------------------
+def test_scattered_free_gpus_are_gathered_for_a_gang_by_moving_small_jobs() -> None:
+    # three nodes of 4, one GPU busy on each: 9 free, but a 2 x 4 gang needs two whole nodes
+    held = [running("s0", "b", (0,), minutes=5), running("s1", "c", (4,), minutes=30), running("s2", "d", (8,))]
+    p = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, FS)
+    assert placed(p) == []
+    assert sorted(victims(p)) == ["s0", "s2"]  # the least work lost; s1's node takes both back
+    assert {x.reason for x in p.preemptions} == {"defrag"}
+    assert p.wait_reasons["g"] == "preempting 2 job(s) to gather whole nodes (they resume at once on GPUs left free)"
+    assert "resumes at once" in p.preemptions[0].message
+    # without defragmentation the gang waits (reserved) and nothing is stopped
+    off = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, replace(FS, defragment=False))
+    assert victims(off) == [] and off.blocked_by == "g"
+
+
+def test_no_move_when_the_moved_jobs_would_not_fit_again() -> None:
+    # a 2-GPU job fits only by moving a 3-GPU job, which then finds no node with 3 free GPUs
+    held = [running("t0", "b", (0, 1, 2)), running("t1", "c", (4, 5, 6))]
+    p = plan([job("two", "a", 2)], held, {}, nodes(2, 4), NOW, FS)
+    assert victims(p) == [] and p.blocked_by == "two"
+
+
+def test_non_preemptible_and_whole_node_attempts_are_never_moved() -> None:
+    held = [
+        running("np0", "b", (0,), preemptible=False),
+        running("np1", "c", (4,), preemptible=False),
+        running("whole", "d", (8, 9, 10, 11)),
+    ]
+    p = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, FS)
+    assert victims(p) == [] and p.blocked_by == "g"
