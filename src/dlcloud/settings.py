@@ -108,15 +108,15 @@ class Settings(BaseSettings):
     # Scheduling (docs/scheduling.md): how each pass orders and places jobs (fifo | priority-backfill | fair-share
     # | las); aging raises a waiting job's priority by ``scheduling_aging_step`` every
     # ``scheduling_aging_interval_seconds`` waited, up to ``scheduling_aging_max`` (0: no aging); las: the
-    # attained-service boundaries (GPU-seconds) of its queues, lowest first (las, and fair-share inside a tenant
-    # with ``scheduling_las_in_tenant``); fair-share moves small jobs to gather whole nodes for a waiting gang
-    # with ``scheduling_defragment``
+    # attained-service boundaries (GPU-seconds) of its queues, lowest first; fair-share: the same inside each
+    # tenant (``scheduling_tenant_las_queues_gpu_seconds``, [] = off), and small jobs moved to gather whole nodes
+    # for a waiting gang (``scheduling_defragment``)
     scheduling_policy: Literal["fifo", "priority-backfill", "fair-share", "las"] = "fair-share"
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
     scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
     scheduling_aging_max: Annotated[int, Field(ge=0, le=2000)] = 100
     scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [3600.0, 36_000.0]
-    scheduling_las_in_tenant: bool = True
+    scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [14_400.0, 144_000.0]
     scheduling_defragment: bool = True
     # named priorities a job spec may give as ``priority_class`` (each inside -1000..1000); a job that gives
     # neither a class nor a ``priority`` gets ``default_priority_class``'s
@@ -130,8 +130,9 @@ class Settings(BaseSettings):
                 f"default_priority_class {self.default_priority_class!r} is not one of priority_classes "
                 f"({', '.join(sorted(self.priority_classes)) or 'none'})"
             )
-        if sorted(self.scheduling_las_queues_gpu_seconds) != self.scheduling_las_queues_gpu_seconds:
-            raise ValueError("scheduling_las_queues_gpu_seconds must be in increasing order")
+        for name in ("scheduling_las_queues_gpu_seconds", "scheduling_tenant_las_queues_gpu_seconds"):
+            if sorted(getattr(self, name)) != getattr(self, name):
+                raise ValueError(f"{name} must be in increasing order")
         return self
 
     # Runtime environments (venvs built by the control plane)

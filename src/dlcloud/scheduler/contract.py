@@ -37,10 +37,12 @@ class PlanConfig:
     aging_max: int = 100
     # las: attained-service boundaries (GPU-seconds) of its priority queues, lowest first
     las_queues_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
-    # fair-share inside a tenant: jobs of one priority by las queue (least attained service first), then submit
-    # time, and a job may preempt its own tenant's attempts of the same priority in a higher las queue
-    # (Tiresias-style time sharing inside the tenant's share); False: by effective priority, then submit time
-    las_in_tenant: bool = True
+    # fair-share inside a tenant: jobs of one priority by the queue of these attained-service boundaries
+    # (GPU-seconds; least attained service first), then submit time, and a job may preempt its own tenant's
+    # attempts of the same priority in a higher queue (Tiresias-style time sharing inside the tenant's share);
+    # empty: by effective priority, then submit time, no such preemption. Coarser than las's own queues: on the
+    # Philly trace (3600, 36000) preempted twice as often for the same JCT (docs/scheduling.md, "Results")
+    tenant_las_queues_gpu_s: tuple[float, ...] = (14_400.0, 144_000.0)
     # fair-share: when enough GPUs are free for the job at the head of the line but scattered over nodes, move
     # single-node preemptible attempts (stop them; they resume on the GPUs left free) so that it fits
     defragment: bool = True

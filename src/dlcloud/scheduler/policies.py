@@ -18,7 +18,7 @@ policies; the rules, in short:
   does not preempt) ("priority"); borrowed attempts of tenants with a larger share that started after it was
   submitted, when it is the head of the line ("fill": what filled in ahead of it is its first victim). A job held
   back by its tenant's caps (quota, borrowing limit) may preempt its tenant's lower-priority attempts to get under
-  them ("priority" too). With ``las_in_tenant`` (the default) a tenant's jobs of one priority go by las queue
+  them ("priority" too). With ``tenant_las_queues_gpu_s`` (the default) a tenant's jobs of one priority go by its queue
   (least attained service first; ``_tenant_order``), and a job may preempt its own tenant's attempts of the same
   priority in a higher las queue ("las": time-sharing inside the tenant's share, never across tenants). Attempts
   already stopping count as soon-free for a job allowed to preempt, so a later pass picks no new victims while
@@ -613,15 +613,16 @@ def _borrowed_attempts(p: _Pass) -> set[int]:
 
 
 def _tenant_order(jobs: list[QueuedJob], now: datetime, cfg: PlanConfig) -> list[QueuedJob]:
-    """A tenant's queue in fair-share: by effective priority, then submit time. With ``las_in_tenant`` and some
-    job back from preemption after long service (beyond the first las boundary): by priority level, then las
+    """A tenant's queue in fair-share: by effective priority, then submit time. With ``tenant_las_queues_gpu_s`` and
+    some job back from preemption after long service (beyond its first boundary): by priority level, then las
     queue, then submit time, where aging lifts a job to the highest priority level of the tenant's queue that its
     effective priority reaches (aging still lets nothing starve behind a higher priority; inside one level the
     least attained service goes first, so a long job that was preempted waits behind its tenant's fresh ones)."""
     order = priority_order(jobs, now, cfg)
-    if not cfg.las_in_tenant or not cfg.las_queues_gpu_s:
+    bounds = cfg.tenant_las_queues_gpu_s
+    if not bounds:
         return order
-    first = cfg.las_queues_gpu_s[0]
+    first = bounds[0]
     if all(j.attained_gpu_s < first for j in order):
         return order  # the common case: nothing to reorder
     levels = sorted({j.priority for j in order})
@@ -629,7 +630,9 @@ def _tenant_order(jobs: list[QueuedJob], now: datetime, cfg: PlanConfig) -> list
     def level(j: QueuedJob) -> int:
         return levels[bisect.bisect_right(levels, effective_priority(j, now, cfg)) - 1]
 
-    return sorted(order, key=lambda j: (-level(j), las_queue(j.attained_gpu_s, cfg), j.submitted_at or now, j.id))
+    return sorted(
+        order, key=lambda j: (-level(j), bisect.bisect_right(bounds, j.attained_gpu_s), j.submitted_at or now, j.id)
+    )
 
 
 def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
@@ -653,10 +656,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         (Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in borrowed),
         key=lambda c: c.key,
     )
-    las = cfg.las_in_tenant
+    bounds = cfg.tenant_las_queues_gpu_s
 
     def lq(attained_gpu_s: float) -> int:
-        return las_queue(attained_gpu_s, cfg) if las else 0
+        return bisect.bisect_right(bounds, attained_gpu_s) if bounds else 0
 
     own: dict[str, list[Candidate]] = {}
     top_q: dict[tuple[str, int], int] = {}  # (tenant, priority): the highest las queue of its live attempts

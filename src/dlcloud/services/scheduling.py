@@ -66,7 +66,7 @@ def plan_config(settings: Settings) -> PlanConfig:
         aging_step=settings.scheduling_aging_step,
         aging_max=settings.scheduling_aging_max,
         las_queues_gpu_s=tuple(settings.scheduling_las_queues_gpu_seconds),
-        las_in_tenant=settings.scheduling_las_in_tenant,
+        tenant_las_queues_gpu_s=tuple(settings.scheduling_tenant_las_queues_gpu_seconds),
         defragment=settings.scheduling_defragment,
         preemption_grace_s=settings.stop_grace_seconds,
     )

@@ -346,15 +346,15 @@ def test_a_job_whose_preemptions_were_granted_gets_what_its_victims_freed() -> N
     assert "c1" in p.wait_reasons
 
 
-# -- least attained service inside a tenant (las_in_tenant, the default) ---------------------------------------------
-HOUR_GPU_S = 3600.0  # the first las boundary of the default PlanConfig
+# -- least attained service inside a tenant (tenant_las_queues_gpu_s, on by default) ---------------------------------
+HOUR_GPU_S = 14_400.0  # the first boundary of the default PlanConfig.tenant_las_queues_gpu_s (4 GPU-hours)
 
 
 def test_a_tenants_fresh_job_goes_before_its_job_back_from_long_service() -> None:
     resumed = job("resumed", "a", 4, attained_gpu_s=2 * HOUR_GPU_S, submitted_at=NOW - timedelta(hours=5))
     fresh = job("fresh", "a", 4, submitted_at=NOW - timedelta(minutes=1))
     assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, FS)) == ["fresh"]
-    by_submit = replace(FS, las_in_tenant=False)
+    by_submit = replace(FS, tenant_las_queues_gpu_s=())
     assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, by_submit)) == ["resumed"]
 
 
@@ -375,10 +375,12 @@ def test_a_fresh_job_preempts_its_own_tenants_long_running_job_of_the_same_prior
     p = plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, FS)
     assert victims(p) == ["long"] and p.preemptions[0].reason == "las"
     assert p.wait_reasons["new"] == "preempting 1 job(s) with more attained service (las)"
-    # never a job in the same las queue, never without las_in_tenant
+    # never a job in the same queue, never with las inside tenants turned off
     same_queue = [running("peer", "a", (0, 1, 2, 3), attained_gpu_s=0.5 * HOUR_GPU_S)]
     assert victims(plan([job("new", "a", 2)], same_queue, {}, nodes(1, 4), NOW, FS)) == []
-    assert victims(plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, replace(FS, las_in_tenant=False))) == []
+    assert (
+        victims(plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, replace(FS, tenant_las_queues_gpu_s=()))) == []
+    )
 
 
 def test_las_inside_a_tenant_never_preempts_another_tenant_or_a_higher_priority() -> None:
