@@ -25,8 +25,12 @@ run: install
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# the suite on TEST_WORKERS workers (pytest-xdist, a file per worker at a time), then the timing-sensitive
+# tests (marker ``serial``) alone
+TEST_WORKERS ?= 2
 test: system-deps install
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not serial" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "serial and not gpu" $(PYTEST_ARGS)
 	@echo "GPU tier (pytest -m gpu) is run on a GPU machine; it was deselected here."
 
 # Schemathesis over /api/v1/openapi.json of a real `dlcloud up` on SQLite, then on PostgreSQL, signed as the

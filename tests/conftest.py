@@ -39,6 +39,17 @@ from dlcloud.store.db import Database, migrate
 from dlcloud.store.rows import Base
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Under pytest-xdist (make test) each worker runs its own platforms on this one host: each gets its own slice
+# of the distributed jobs' port range (29500-30499), else two platforms hand out the same MASTER_PORT. In-process
+# Settings read it from the environment; e2e servers get it in theirs (``WORKER_ENV``).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_SLICE = int(_WORKER[2:]) % 4 if _WORKER.startswith("gw") and _WORKER[2:].isdigit() else 0
+WORKER_ENV = {
+    "DLCLOUD_JOB_PORT_RANGE_START": str(29500 + 250 * _SLICE),
+    "DLCLOUD_JOB_PORT_RANGE_END": str(29500 + 250 * _SLICE + 249),
+}
+os.environ.update(WORKER_ENV)
 PG_ADMIN_URL = os.environ.get("DLCLOUD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

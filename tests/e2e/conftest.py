@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import WORKER_ENV, wait_for
 from tests.s3server import S3Server
 
 DLCLOUD = str(Path(sys.executable).parent / "dlcloud")
@@ -50,6 +50,7 @@ class Server:
     @property
     def env(self) -> dict[str, str]:
         e = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
+        e.update(WORKER_ENV)
         e["XDG_CONFIG_HOME"] = str(self.root / "config")
         e["HOME"] = str(self.root / "home")
         e["COLUMNS"] = "200"

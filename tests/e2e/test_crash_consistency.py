@@ -33,7 +33,7 @@ from tests.e2e.conftest import (
 )
 from tests.s3server import S3Server, s3_server_or_skip
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
 
 MiB = 1024 * 1024
 # 5 MiB parts (the least S3 allows): a file of a few tens of MiB is a multipart upload of several parts,

@@ -18,7 +18,7 @@ from dlcloud.services.leader import ADVISORY_LOCK_ID
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server, free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 RESTARTS = 6
 

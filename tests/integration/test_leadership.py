@@ -26,6 +26,8 @@ from dlcloud.store.db import Database
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, LeadershipRow
 from tests.conftest import Env, wait_for
 
+pytestmark = pytest.mark.serial  # lease expiry and takeover timings: run alone (make test)
+
 
 @dataclasses.dataclass
 class Node:
