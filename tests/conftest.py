@@ -40,6 +40,11 @@ from dlcloud.store.rows import Base
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# pytest-xdist workers run with COLUMNS=80 in their environment, and the CLI's Rich consoles fix their width from
+# COLUMNS when they are created (on the first import of dlcloud.cli): without it, each CliRunner invocation's own
+# COLUMNS applies, as it does in one process
+os.environ.pop("COLUMNS", None)
+
 # Under pytest-xdist (make test) each worker runs its own platforms on this one host: each gets its own slice
 # of the distributed jobs' port range (29500-30499), else two platforms hand out the same MASTER_PORT. In-process
 # Settings read it from the environment; e2e servers get it in theirs (``WORKER_ENV``).
@@ -71,8 +76,10 @@ WAIT_FOR_GO = 'while [ ! -e "$DLCLOUD_OUTPUT_DIR/go" ]; do sleep 0.05; done'
 
 
 def release(data_dir: Path, job_id: str) -> None:
-    """Let a job waiting in ``WAIT_FOR_GO`` go on."""
-    (outputs,) = (data_dir / "runs").glob(f"*/{job_id}/outputs")
+    """Let a job waiting in ``WAIT_FOR_GO`` go on (once it has been placed: its outputs directory exists)."""
+    (outputs,) = wait_for(
+        lambda: list((data_dir / "runs").glob(f"*/{job_id}/outputs")), what=f"job {job_id} to be placed"
+    )
     (outputs / "go").touch()
 
 
