@@ -479,11 +479,13 @@ class _Pass:
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
-    def defragment(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
+    def defragment(self, job: QueuedJob, tenant: _Tenant | None, borrowed: set[int]) -> bool:
         """Enough GPUs are free for ``job`` but not on the nodes it needs (a gang wants whole nodes; free GPUs are
         scattered where small jobs ended): stop single-node preemptible attempts so that it fits, only where every
         one of them fits again on the GPUs that stay free (they resume at once: moved, not evicted). Least work
-        lost first; at most ``job``'s GPUs are moved."""
+        lost first; at most ``job``'s GPUs are moved. Only attempts ``job`` could preempt anyway may be moved: its
+        own tenant's of at most its priority, and other tenants' borrowed ones (``borrowed``: their ``id()``), so a
+        tenant cannot make another lose work inside its guarantee by submitting gangs."""
         c = self.cluster
         if not self.cfg.defragment or c.nfree < job.gpus or not c.fits_totals(job) or c.single_node:
             return False
@@ -491,7 +493,8 @@ class _Pass:
 
         def movable(h: Held) -> bool:
             return (
-                h.preemptible
+                (h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed)
+                and h.preemptible
                 and not h.stopping
                 and 0 < len(h.gpus) < c.max_size
                 and id(h) not in self.victims
@@ -798,7 +801,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             memo = ("fs", inside, t.id if by_priority else None, rank, fill)
             if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
                 return True
-        if r is None and p.defragment(job, t):
+        if r is None and p.defragment(job, t, borrowed):
             return True
         if r is None:
             p.make_reservation(job, p.shortage(job))

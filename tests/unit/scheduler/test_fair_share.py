@@ -426,3 +426,16 @@ def test_non_preemptible_and_whole_node_attempts_are_never_moved() -> None:
     ]
     p = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, FS)
     assert victims(p) == [] and p.blocked_by == "g"
+
+
+def test_only_what_the_gang_could_preempt_anyway_is_moved() -> None:
+    # b and c are inside their guarantees: their jobs are not moved for a's gang; a's own job and borrowed ones are
+    held = [running("s0", "b", (0,)), running("s1", "c", (4,)), running("s2", "d", (8,))]
+    limits = {"b": Limits(guarantee_gpus=1), "c": Limits(guarantee_gpus=1)}
+    p = plan([gang("g", "a", 2, 4)], held, limits, nodes(3, 4), NOW, FS)
+    assert victims(p) == [] and p.blocked_by == "g"
+    mine = [running("s0", "a", (0,)), running("s1", "c", (4,)), running("s2", "d", (8,))]
+    p = plan([gang("g", "a", 2, 4)], mine, limits, nodes(3, 4), NOW, FS)
+    assert sorted(victims(p)) == ["s0", "s2"]
+    higher = [running("s0", "a", (0,), priority=5), running("s1", "c", (4,)), running("s2", "d", (8,))]
+    assert victims(plan([gang("g", "a", 2, 4)], higher, limits, nodes(3, 4), NOW, FS)) == []
