@@ -84,11 +84,15 @@ def main() -> int:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():
             print(f"rank {rank}: stopping after step {step - 1} (saved)", flush=True)
+            dist.barrier()
             dist.destroy_process_group()
             return STOPPED_EXIT_CODE
     result = {"rank": rank, "world": world, "attempt": attempt, "start_step": start, "steps": step}
     (out / f"result-rank{rank}.json").write_text(json.dumps(result))
     print(f"rank {rank} done: {step} steps", flush=True)
+    # every rank past its last collective before any tears gloo down: a rank destroying its group while the other
+    # still talks to it aborts ("terminate called without an active exception") under load
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
