@@ -501,7 +501,7 @@ class _Pass:
                 and all(node_of.get(g) == node_of.get(h.gpus[0]) for g in h.gpus)
             )
 
-        def refit(chosen: Sequence[Candidate]) -> bool:
+        def at_most_its_gpus(chosen: Sequence[Candidate]) -> bool:
             return sum(len(x.held.gpus) for x in chosen) <= job.gpus
 
         def candidates() -> list[Candidate]:
@@ -511,11 +511,12 @@ class _Pass:
                 key=lambda x: x.key,
             )
 
-        if not self.may_search(("defrag", job.gpu_type, bool(job.groups)), job):
+        memo = ("defrag", job.gpu_type, bool(job.groups))
+        if not self.may_search(memo, job):
             return False
-        found = find_victims(job, c, candidates(), refit)
+        found = find_victims(job, c, candidates(), at_most_its_gpus)
         if found is None:
-            self.failed[("defrag", job.gpu_type, bool(job.groups))].append((job.gpus, job.cpus, job.memory))
+            self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
         # every victim must fit again, on what stays free once ``job`` has its GPUs
@@ -529,7 +530,7 @@ class _Pass:
         for x in sorted(chosen, key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
             pick = choose(free, names, [(len(x.held.gpus), want)])
-            if pick is None:
+            if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
                 return False
             for g in pick:
                 fl = free[node_of[g]]
