@@ -15,6 +15,7 @@ Nothing is written into the repository; ``--json FILE`` saves every report.
 
     python bench/scheduling_policies.py
     python bench/scheduling_policies.py --policies fifo,las --limit-jobs 5000
+    python bench/scheduling_policies.py --policies fifo,fair-share --tenant-las-queues none --no-defragment
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from _common import load_average, machine  # bench/ is on sys.path when run as a
 
 from dlcloud.errors import DlcloudError
 from dlcloud.scheduler.planner import Policy
-from dlcloud.scheduler.simulator import SimConfig, simulate
+from dlcloud.scheduler.simulator import SimConfig, parse_boundaries, simulate
 from dlcloud.scheduler.trace import load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
@@ -72,6 +73,12 @@ def main() -> int:
     ap.add_argument("--tick", type=float, default=60.0)
     ap.add_argument("--end-s", type=float, help="replay only jobs submitted before this trace time")
     ap.add_argument("--limit-jobs", type=int, help="replay only the first N jobs")
+    ap.add_argument(
+        "--tenant-las-queues",
+        default="14400,144000",
+        help="fair-share: las boundaries (GPU-s) inside tenants, comma-separated; none: off (default: %(default)s)",
+    )
+    ap.add_argument("--no-defragment", action="store_true", help="fair-share: do not move jobs to gather whole nodes")
     ap.add_argument("--jobs", type=int, default=1, help="policies replayed at once, in worker processes")
     ap.add_argument("--json", type=Path, help="write every policy's full report here (outside the repository)")
     args = ap.parse_args()
@@ -79,6 +86,10 @@ def main() -> int:
         policies = [Policy(p.strip()) for p in args.policies.split(",") if p.strip()]
     except ValueError:
         ap.error(f"--policies: each must be one of {', '.join(p.value for p in Policy)}")
+    try:
+        boundaries = parse_boundaries(args.tenant_las_queues)
+    except DlcloudError as exc:
+        ap.error(str(exc))
     if Policy.FIFO not in policies:
         policies.insert(0, Policy.FIFO)  # the baseline of every ratio
     work = [
@@ -90,6 +101,8 @@ def main() -> int:
                 "policy": p,
                 "seed": args.seed,
                 "tick_s": args.tick,
+                "tenant_las_queues_gpu_s": boundaries,
+                "defragment": not args.no_defragment,
             },
             args.end_s,
             args.limit_jobs,

@@ -32,6 +32,14 @@ def simulate(
         "--estimates/--no-estimates",
         help="Jobs declare max_run_time = their duration (backfill) [default: on, except for las].",
     ),
+    tenant_las_queues: str = typer.Option(
+        "14400,144000",
+        "--tenant-las-queues",
+        help="fair-share: attained-service boundaries (GPU-seconds) inside each tenant, comma-separated; none: off.",
+    ),
+    defragment: bool = typer.Option(
+        True, "--defragment/--no-defragment", help="fair-share: move small jobs to gather whole nodes for gangs."
+    ),
     output: Output = OutputOption,
 ) -> None:
     """Replay a job trace through the production planner with a simulated clock; report JCT, GPU allocation,
@@ -46,8 +54,10 @@ def simulate(
       dlcloud simulate --trace philly_jobs_2017-10-02_to_2017-10-16.csv --gpus 256 --gpus-per-node 8 --policy las
 
       dlcloud simulate --trace jobs.csv --gpus 64 --policy fifo --limit-jobs 2000 --seed 1 -o json
+
+      dlcloud simulate --trace jobs.csv --gpus 64 --tenant-las-queues none --no-defragment
     """
-    from dlcloud.scheduler.simulator import SimConfig, Simulator
+    from dlcloud.scheduler.simulator import SimConfig, Simulator, parse_boundaries
     from dlcloud.scheduler.trace import load_trace
 
     config = SimConfig(
@@ -59,6 +69,8 @@ def simulate(
         grace_s=grace,
         checkpoint_every_s=checkpoint_every,
         estimates=estimates,
+        tenant_las_queues_gpu_s=parse_boundaries(tenant_las_queues),
+        defragment=defragment,
     )
     config.validate()
     jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
@@ -104,6 +116,11 @@ def render_report(r: dict[str, Any]) -> None:
         ),
         ("preemptions", f"{r['preemptions']} ({r['work_lost_gpu_s'] / 3600:.1f} GPU-hours of work lost)"),
         ("tenant-hours below 90% of entitlement", str(r["fairness"]["windows_below_90pct"])),
+        (
+            "fair-share inside tenants",
+            f"las boundaries {', '.join(f'{x:g}' for x in r['tenant_las_queues_gpu_s']) or 'none'} GPU-s; "
+            f"defragment {'on' if r['defragment'] else 'off'}",
+        ),
         ("planner pass (mean / max)", f"{timing['planner_ms_mean']:.2f} / {timing['planner_ms_max']:.2f} ms"),
         ("passes / wall time", f"{r['passes']} / {timing['wall_s']:.1f} s"),
     ]

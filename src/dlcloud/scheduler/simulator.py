@@ -62,7 +62,9 @@ class SimConfig:
     grace_s: float = 30.0
     checkpoint_every_s: float = 900.0
     estimates: bool | None = None  # declare max_run_time_s = duration; None: on unless the policy is las
-    plan_config: PlanConfig | None = None  # None: PlanConfig(policy=policy)
+    # fair-share's knobs, as the server's settings (PlanConfig): las inside tenants (() = off), defragmentation
+    tenant_las_queues_gpu_s: tuple[float, ...] = PlanConfig.tenant_las_queues_gpu_s
+    defragment: bool = PlanConfig.defragment
 
     def validate(self) -> None:
         if self.gpus < 1:
@@ -81,6 +83,12 @@ class SimConfig:
             raise InvalidArgument(
                 f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
             )
+        q = self.tenant_las_queues_gpu_s
+        if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
+            raise InvalidArgument(
+                "--tenant-las-queues must be increasing GPU-second boundaries above 0 (e.g. 14400,144000; none: "
+                f"off), got {','.join(f'{x:g}' for x in q)}"
+            )
 
     @property
     def uses_estimates(self) -> bool:
@@ -88,7 +96,22 @@ class SimConfig:
 
     @property
     def planner(self) -> PlanConfig:
-        return self.plan_config or PlanConfig(policy=self.policy)
+        return PlanConfig(
+            policy=self.policy, tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s, defragment=self.defragment
+        )
+
+
+def parse_boundaries(text: str) -> tuple[float, ...]:
+    """``--tenant-las-queues``: "14400,144000" -> (14400.0, 144000.0); "none" or "" -> () (off)."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise InvalidArgument(
+            f"--tenant-las-queues takes GPU-second boundaries separated by commas (e.g. 14400,144000) or none, "
+            f"got {text!r}"
+        ) from None
 
 
 class _Job:
@@ -433,7 +456,6 @@ class Simulator:
             self._start(job, gpus)
         for p in result.preemptions:
             self._reclaiming(p.by)
-
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
@@ -526,6 +548,8 @@ class Simulator:
             "grace_s": self.cfg.grace_s,
             "checkpoint_every_s": self.cfg.checkpoint_every_s,
             "estimates": self.cfg.uses_estimates,
+            "tenant_las_queues_gpu_s": list(self.cfg.tenant_las_queues_gpu_s),
+            "defragment": self.cfg.defragment,
             "jobs": {
                 "total": len(self.jobs),
                 "finished": len(done),

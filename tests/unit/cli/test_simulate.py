@@ -62,3 +62,25 @@ def test_bad_input_is_a_clear_error_without_a_traceback(tmp_path: Path) -> None:
     assert "fifo" in policy.stderr and "las" in policy.stderr
     for res in (missing, columns, nodes, policy):
         assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_fair_share_knobs_reach_the_planner_and_the_report() -> None:
+    args = ["simulate", "--trace", str(SLICE), "--gpus", "32", "--limit-jobs", "300", "-o", "json"]
+    on = json.loads(CliRunner().invoke(app, args, catch_exceptions=False).stdout)
+    assert on["tenant_las_queues_gpu_s"] == [14400.0, 144000.0] and on["defragment"] is True
+    res = CliRunner().invoke(app, [*args, "--tenant-las-queues", "none", "--no-defragment"], catch_exceptions=False)
+    off = json.loads(res.stdout)
+    assert off["tenant_las_queues_gpu_s"] == [] and off["defragment"] is False
+    table = CliRunner().invoke(app, args[:-2] + ["--tenant-las-queues", "3600,36000"], catch_exceptions=False)
+    assert "las boundaries 3600, 36000 GPU-s; defragment on" in table.stdout
+
+
+def test_bad_tenant_las_queues_are_a_clear_error() -> None:
+    for value, says in (
+        ("4h", "--tenant-las-queues takes GPU-second boundaries separated by commas"),
+        ("36000,3600", "--tenant-las-queues must be increasing GPU-second boundaries above 0"),
+        ("0,10", "--tenant-las-queues must be increasing GPU-second boundaries above 0"),
+    ):
+        res = _dlcloud("--trace", str(SLICE), "--gpus", "8", "--tenant-las-queues", value)
+        assert res.returncode == 1, res.stderr
+        assert says in res.stderr and "Traceback" not in res.stderr + res.stdout
