@@ -264,6 +264,13 @@ def submit(
         help="Register a model version under this name when the job succeeds: a template's export, or "
         "'register_model.path' of the spec for other jobs.",
     ),
+    checkpoint_from: str | None = typer.Option(
+        None,
+        "--checkpoint-from",
+        metavar="JOB",
+        help="Start from the checkpoints of JOB, one of your tenant's jobs that has ended: this job's "
+        "$DLCLOUD_CHECKPOINT_DIR starts as a copy of JOB's (e.g. to train a finished job for more epochs).",
+    ),
     follow: bool = typer.Option(False, "--follow", help="Stream the logs until the job ends."),
     output: Output = OutputOption,
 ) -> None:
@@ -289,6 +296,8 @@ def submit(
 
       dlcloud jobs submit -f job.yaml --priority-class high --max-run-time 2h --non-preemptible
 
+      dlcloud jobs submit -f job.yaml --name mnist-more --env EPOCHS=6 --checkpoint-from mnist
+
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
 
     They are stored encrypted and never shown again: describe and -o json show each name with "***".
@@ -310,6 +319,7 @@ def submit(
         "max_run_time": max_run_time,
         "timeout": timeout,
         "environment": environment,
+        "checkpoint_from": checkpoint_from,
     }
     for key, value in overrides.items():
         if value is not None:

@@ -65,6 +65,8 @@ class JobsAPI:
             InvalidSpec / dlcloud.errors.DlcloudError with code validation_error: the spec is wrong.
             QuotaExceeded: the tenant's queue is full or the job exceeds the tenant's limits.
             PriorityNotAllowed: an unknown priority class, or a priority outside the tenant's allowed range.
+            NotFound: ``checkpoint_from`` names no job of your tenant.
+            InvalidState: ``checkpoint_from`` names a job that has not ended.
         """
         return self._t.request("POST", f"{API}/jobs", json_body=spec)
 

@@ -111,6 +111,9 @@ class Workload:
     log_max_bytes: int = 256 * 1024 * 1024  # the cap of the log (of each replica's): its end is kept
     # the tenant's sandbox number (TenantRow.sandbox_slot): the executor derives the Unix uid from it
     sandbox_slot: int | None = None
+    # the id of an ended job of the same tenant whose checkpoint directory this job's starts as a copy of
+    # (``checkpoint_from`` of the spec; see ``Executor``); None: the job's own, empty at first
+    checkpoint_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,11 @@ class InputsUnavailable(DlcloudError):
     code = "inputs_unavailable"
 
 
+class CheckpointsUnavailable(InputsUnavailable):
+    """The checkpoints a workload's ``checkpoint_from`` names are gone (that job was deleted after this one was
+    submitted) or cannot be copied: the attempt ends with ``LAUNCH_FAILED`` and this message."""
+
+
 def check_inputs(objects: ObjectStore, workload: Workload) -> list[tuple[DatasetMount, Manifest]]:
     """Whether the store holds the workload's code and the dataset versions it names (each dataset's manifest
     hashes to what the workload was given); the manifests, for fetching. Raises InputsUnavailable, or
@@ -240,6 +248,12 @@ class Executor(abc.ABC):
       subdirectory of it named after the replica. ``read_event_files`` reads the scalars appended there, parsing
       the files in a sandboxed one-off process (``reader_prefix``), never in the caller's. An executor without
       such a directory (``_tensorboard_dir`` None) reads nothing.
+    - ``Workload.checkpoint_from``: an executor that keeps checkpoint directories fills the job's with a copy of
+      the named job's (of ``Workload.tenant_id``, never another tenant's) while it prepares the first attempt that
+      finds the job's own missing, before anything of the job runs; later attempts keep the job's own. The copy
+      is the job's, as if it had written it; what the named job wrote is never followed (links), opened
+      (special files) nor changed. The named job's directory gone (the job was deleted) ends the attempt with
+      ``LAUNCH_FAILED`` (``CheckpointsUnavailable``); a named job that saved no checkpoints gives an empty one.
     Public methods log; implementations fill the ``_`` hooks.
     """
 

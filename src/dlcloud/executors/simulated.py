@@ -3,7 +3,8 @@
 ``start`` records the workload as running; the test or benchmark ends it with ``finish``. ``stop`` ends it
 at once as if SIGTERM killed it (exit code -15, stopped). A ``timeout_seconds`` is honoured on ``poll``
 against the injected clock, so simulated time works. State lives only in this object: unlike the local
-executor, a new instance knows nothing of attempts an earlier one started (poll reports them "lost").
+executor, a new instance knows nothing of attempts an earlier one started (poll reports them "lost"). It keeps
+no checkpoint directories, so a workload's ``checkpoint_from`` is accepted and there is nothing to copy.
 
 Its environments (``SimulatedEnvironments``) are described as the local executor's are, and never built.
 """

@@ -199,6 +199,9 @@ class JobSpec(Request):
     hparams_as_args: bool = False
     template: TemplateSpec | None = None
     register_model: RegisterModelSpec | None = None
+    # a job of the caller's tenant that has ended (name or id): this job's DLCLOUD_CHECKPOINT_DIR starts as a
+    # copy of that job's, taken when its first attempt is prepared (docs/jobs.md#starting-from-another-jobs-checkpoints)
+    checkpoint_from: Name | None = None
 
     @field_validator("hparams")
     @classmethod

@@ -52,6 +52,9 @@ from dlcloud.store.rows import CodeRow, JobRow, TenantRow, UserRow, utcnow
 log = logging.getLogger(__name__)
 # the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)
 RESOLVED_DATASETS = "resolved_datasets"
+# the id of the job ``checkpoint_from`` names, resolved at submit (None: that job never ran an attempt, so it has
+# no checkpoints); platform-owned, beside the name the user gave (``resolve_checkpoint_from``)
+CHECKPOINT_FROM_ID = "checkpoint_from_id"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
@@ -271,6 +274,30 @@ def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
     return {"name": r.name, "path": path, "format": fmt, "signature": signature, "description": r.description}
 
 
+def resolve_checkpoint_from(s: Session, caller: Caller, spec: JobSpec) -> str | None:
+    """The id of the job whose checkpoints ``spec.checkpoint_from`` names, for the executor to copy; None when
+    the spec names none, or when that job never ran an attempt (it has no checkpoints: this job starts with an
+    empty checkpoint dir). The job must be of the caller's tenant (NotFound otherwise, as if it did not exist)
+    and have ended (InvalidState): a running job's checkpoints are not a state to start from."""
+    name = spec.checkpoint_from
+    if name is None:
+        return None
+    if name == spec.name:
+        raise InvalidSpec(f"checkpoint_from names this job itself ({name!r}); name a job of yours that has ended")
+    source = job_store.get_job(s, caller.tenant_id, name)
+    if source is None:
+        raise NotFound(f"checkpoint_from: job {name!r} not found", details={"checkpoint_from": name})
+    state = JobState(source.state)
+    if state not in TERMINAL_STATES:
+        ended = ", ".join(sorted(st.value for st in TERMINAL_STATES))
+        raise InvalidState(
+            f"checkpoint_from: job {source.name!r} is {state.value}; checkpoint_from takes a job that has ended "
+            f"({ended}): wait for it to end, or cancel it",
+            details={"checkpoint_from": name, "state": state.value},
+        )
+    return source.id if source.attempt > 0 else None
+
+
 def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     require_isolation(platform, caller, "running jobs")
     with platform.db.write() as s:
@@ -285,7 +312,9 @@ def create_job_row(
 ) -> JobRow:
     """Check ``spec`` and add its QUEUED job row in the caller's transaction ``s`` (a study records a trial and
     its job in one). ``platform_env``: DLCLOUD_* variables the platform itself gives the job (a trial's
-    DLCLOUD_HPARAMS), which a user's spec may not set. The caller checks isolation and wakes the loop."""
+    DLCLOUD_HPARAMS), which a user's spec may not set. ``checkpoint_from`` is resolved and checked here
+    (``resolve_checkpoint_from``), for a study's trials as for a user's submit. The caller checks isolation and
+    wakes the loop."""
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("job", spec.name))
     _check_template(spec)
@@ -317,6 +346,7 @@ def create_job_row(
     elif spec.module is not None:
         pass  # a module from the environment itself (e.g. a library's CLI module)
     resolved = datasets.resolve_for_job(s, caller, refs)
+    checkpoint_from_id = resolve_checkpoint_from(s, caller, spec)
     if job_store.name_taken(s, tenant.id, spec.name):
         raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
     if tenant.quota_max_queued_jobs is not None:
@@ -333,6 +363,8 @@ def create_job_row(
     if platform_env:
         stored["env"] = {**stored["env"], **platform_env}
     stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
+    if spec.checkpoint_from is not None:
+        stored[CHECKPOINT_FROM_ID] = checkpoint_from_id
     stored["register_model"] = register
     replica_groups = None
     if spec.process_count() > 1:

@@ -92,6 +92,8 @@ def _archived(platform: Platform, key: str) -> dict[str, Path]:
                 os.rename(tmp, local)
             except OSError:  # another reader fetched it first
                 shutil.rmtree(tmp, ignore_errors=True)
+    if not local.is_dir():  # nothing archived: the attempt ended before it wrote a log (a launch that failed)
+        return {}
     names = sorted((d.name for d in local.iterdir() if d.is_dir()), key=replica_sort_key)
     return {("" if n == MAIN_LOG else n): local / n / "output.log" for n in names}
 

@@ -4,7 +4,8 @@ The control loop (``scheduling.py`` when it places an attempt, ``supervision.py`
 that was recorded but never launched) turns a job row into a ``Workload``: its command and phases, its env
 (``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets, the attempt's metrics
 token among them), its code and datasets by storage key, its environment by spec hash, the replicas its
-recipe makes, its limits. Where the attempt runs (directories, local copies, addresses) the executor decides
+recipe makes, its limits, the job whose checkpoints its own start from (``checkpoint_from``, by the id resolved
+at submit). Where the attempt runs (directories, local copies, addresses) the executor decides
 behind its handle.
 """
 
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 from dlcloud.executors.base import DatasetMount, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
-from dlcloud.services.jobs import RESOLVED_DATASETS, hparams_env, job_env
+from dlcloud.services.jobs import CHECKPOINT_FROM_ID, RESOLVED_DATASETS, hparams_env, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
 
@@ -101,4 +102,5 @@ def build(
         log_max_bytes=platform.settings.job_log_max_bytes,
         replicas=launch.replicas if launch else (),
         sandbox_slot=tenant.sandbox_slot if tenant is not None else None,
+        checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
     )

@@ -12,6 +12,11 @@ gang. ``ProcessRunner`` (``runner.py``) then runs the attempt through a detached
 leaves no launched attempt (no workload.json): after a restart ``poll`` says lost before launch and the control
 plane starts it again; the caches never expose a partial entry. Inputs that are missing or damaged end the
 attempt with ``LAUNCH_FAILED``, recorded in the attempt directory like any launch failure.
+
+A workload with ``checkpoint_from`` gets, while the first attempt that finds the job's checkpoint directory
+missing is prepared, a copy of the named job's (``checkpoints.py``: links never followed, special files never
+opened, owned by the job's sandbox uid); the named job's directory gone (deleted) ends the attempt with
+``LAUNCH_FAILED``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dlcloud.executors.base import (
     REPLICAS_DIR,
     TENSORBOARD_ENV,
     AttemptReport,
+    CheckpointsUnavailable,
     DatasetMount,
     Executor,
     InputsUnavailable,
@@ -47,6 +53,7 @@ from dlcloud.executors.base import (
     log_segments,
 )
 from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local.checkpoints import SourceGone, TooManyEntries, copy_checkpoints
 from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.runner import ProcessRunner, Run, make_private_dirs
 from dlcloud.executors.local.sandbox import Sandbox, probe
@@ -63,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HANDLE_TAIL_RE = re.compile(r"(?:^|/)([A-Za-z0-9_-]{1,64})/([A-Za-z0-9_-]{1,64})/attempt-([1-9][0-9]{0,8})$")
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a job's directory name, as in a handle
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
 PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
 CHECKPOINTS, OUTPUTS, TENSORBOARD = "checkpoints", "outputs", "tensorboard"
@@ -241,9 +249,10 @@ class LocalExecutor(Executor):
         data = self._acquire_all(handle, manifests, attempt_dir)
         if data is None:
             return None
+        jd = attempt_dir.parent
+        self._copy_checkpoints_from(handle, w, jd)
         with self._lock:
             self._preparing[handle] = ""
-        jd = attempt_dir.parent
         env = dict(w.env)
         # in a sandbox each dataset is at /datasets/<name> (where the host keeps it is none of the job's business);
         # bare, the job reads the host's directory
@@ -273,6 +282,49 @@ class LocalExecutor(Executor):
             readonly_dirs=() if self.sandbox.enabled else tuple(path for _name, path in data),
             mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
         )
+
+    def _copy_checkpoints_from(self, handle: str, w: Workload, jd: Path) -> None:
+        """The job's checkpoint directory as a copy of the one of the job ``w.checkpoint_from`` names (of the same
+        tenant), made by the first attempt that finds it missing; later attempts keep the job's own. The named
+        job's directory gone (it was deleted) ends the attempt; no checkpoints there: an empty directory."""
+        dest = jd / CHECKPOINTS
+        source = w.checkpoint_from
+        if source is None or os.path.lexists(dest):
+            return
+        if not JOB_ID_RE.fullmatch(source) or source == w.job_id:
+            raise CheckpointsUnavailable(f"its checkpoint_from names no other job ({source!r})")
+        with self._lock:
+            self._preparing[handle] = f"copying the checkpoints of job {source} (checkpoint_from)"
+        limit = self.settings.max_archive_members
+        uid = self.sandbox.uid_for(w.sandbox_slot) if self.sandbox.enabled else None
+        try:
+            result = copy_checkpoints(self._job_dir(w.tenant_id, source), CHECKPOINTS, dest, uid, limit)
+        except SourceGone:
+            raise CheckpointsUnavailable(
+                f"the job its checkpoint_from names ({source}) was deleted after this job was submitted, and its "
+                "checkpoints with it; submit this job again without checkpoint_from, or from another job"
+            ) from None
+        except TooManyEntries:
+            raise CheckpointsUnavailable(
+                f"the checkpoints of job {source} (checkpoint_from) hold more than {limit} files and directories, "
+                "the most that is copied (max_archive_members)"
+            ) from None
+        except OSError as exc:
+            log.error("attempt %s: copying the checkpoints of job %s failed: %s", handle, source, exc)
+            raise CheckpointsUnavailable(
+                f"the checkpoints of job {source} (checkpoint_from) could not be copied: {exc.strerror or exc}"
+            ) from None
+        log.info(
+            "attempt %s: checkpoints of job %s copied (%d files, %d directories, %d bytes)",
+            handle,
+            source,
+            result.files,
+            result.dirs,
+            result.bytes,
+        )
+        if result.left_out:
+            shown = ", ".join(f"{path} ({why})" for path, why in sorted(result.left_out.items())[:20])
+            log.warning("attempt %s: left out of the checkpoints of job %s: %s", handle, source, shown)
 
     def _acquire_all(
         self, handle: str, manifests: list[tuple[DatasetMount, Manifest]], attempt_dir: Path
