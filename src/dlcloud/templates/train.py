@@ -7,16 +7,35 @@ the best epoch's values as ``best_loss``, ``best_val_loss``, ..., ``best_epoch``
 best epoch's: early stopping restores it); at the end it exports
 ``model.pt`` (TorchScript), ``signature.json`` and ``classes.json`` into ``<output>/model``.
 
-Exit codes: 0 trained and exported; 2 the data or the hyperparameters are unusable (the message on stderr
-names the line or the hyperparameter); anything else is a crash.
+Checkpoints (docs/templates.md): with ``$DLCLOUD_CHECKPOINT_DIR`` set, after each epoch's report the whole
+training state is written atomically to ``<dir>/template-checkpoint.pt``; a later attempt resumes after the
+checkpoint's epoch with the same random streams, so an interrupted run reports the metrics of an uninterrupted
+one. ``$DLCLOUD_STOP_AT_STEP=N`` (a step is an epoch) ends this run after epoch N: it checkpoints, exports the
+best model so far and exits 0; ``best_*`` are reported only when training is over (the last epoch, or early
+stopping).
+
+Invariants:
+- A checkpoint is resumed only by the run that wrote it: same template, task, hyperparameters (``epochs``
+  aside: more epochs continue a finished run), seed and data (shape and content); anything else exits 2
+  naming what differs, and so does a checkpoint that cannot be read. It is loaded with
+  ``torch.load(weights_only=True)``: plain containers of tensors and numbers, no code runs.
+- A checkpointed epoch is never trained again: the checkpoint of epoch k is written before epoch k+1 starts, and
+  a finished checkpoint (early stopping, or ``epochs`` done) is exported without training.
+
+Exit codes: 0 trained and exported (or stopped at the step budget and exported); 2 the data, the
+hyperparameters, ``$DLCLOUD_STOP_AT_STEP`` or the checkpoint are unusable (the message on stderr names the line,
+the hyperparameter or what differs); anything else is a crash.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -32,6 +51,9 @@ from dlcloud.templates import catalog
 from dlcloud.templates.data import DataError, Table, find_file, load
 
 EXIT_BAD_INPUT = 2
+CHECKPOINT_FILE = "template-checkpoint.pt"
+CHECKPOINT_FORMAT = 1  # bump when the checkpoint's fields change meaning
+STOP_AT_STEP_ENV = "DLCLOUD_STOP_AT_STEP"
 
 
 @dataclass(frozen=True)
@@ -80,6 +102,165 @@ def prepare(table: Table, task: str, validation_split: float, seed: int) -> Prep
     return Prepared(table.features[train], y[train], table.features[val], y[val], classes)
 
 
+class CheckpointError(ValueError):
+    """The checkpoint cannot be resumed by this run: unreadable, or written for another model or data."""
+
+
+def identity(template: str, task: str, hparams: dict[str, Any], data: Prepared, seed: int) -> dict[str, Any]:
+    """What a checkpoint must have been written for to be resumed: all but ``epochs``, which may grow."""
+    digest = hashlib.sha256()
+    for array in (data.x_train, data.y_train, data.x_val, data.y_val):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return {
+        "template": template,
+        "task": task,
+        "hparams": {k: v for k, v in sorted(hparams.items()) if k != "epochs"},
+        "seed": seed,
+        "n_train": len(data.x_train),
+        "n_val": len(data.x_val),
+        "features": int(data.x_train.shape[1]),
+        "classes": list(data.classes),
+        "data_sha256": digest.hexdigest(),
+    }
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, for a one-line message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(value: Any) -> str:
+    return _clip(repr(value), 60)
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``hparam lr: 0.01 in the checkpoint, 0.05 now`` for each identity field that differs."""
+    out = []
+    for key in current:
+        if key == "hparams":
+            kept = saved.get(key)
+            old: dict[str, Any] = kept if isinstance(kept, dict) else {}
+            new = current[key]
+            for name in sorted(set(old) | set(new)):
+                if old.get(name) != new.get(name):
+                    out.append(f"hparam {name}: {_short(old.get(name))} in the checkpoint, {_short(new.get(name))} now")
+        elif key == "data_sha256":
+            if saved.get(key) != current[key]:
+                out.append("the data: same shape, other values")
+        elif saved.get(key) != current[key]:
+            out.append(f"{key}: {_short(saved.get(key))} in the checkpoint, {_short(current[key])} now")
+    return out
+
+
+def _load_error(exc: BaseException) -> str:
+    """torch.load's reason in a line: its weights-only refusals bury it in advice to load unsafely."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError):
+        _, _, detail = text.partition("WeightsUnpickler error:")
+        reason = next((line.strip() for line in detail.splitlines() if line.strip()), "").split(". ")[0]
+        return "not a torch file of tensors and plain values" + (f": {_clip(reason)}" if reason else "")
+    if isinstance(exc, EOFError):
+        return "empty or cut short"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return _clip(first)
+
+
+# the fields of a checkpoint and their types (``None`` allowed where the tuple says so)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (int,),
+    "identity": (dict,),
+    "epoch": (int,),
+    "finished": (bool,),  # for readers: a resume decides from stopped_early and the run's own epochs
+    "stopped_early": (bool,),
+    "net": (dict,),
+    "optimizer": (dict,),
+    "generator": (object,),  # a uint8 tensor; checked when it is set
+    "torch_rng": (object,),
+    "cuda_rng": (list,),
+    "best_loss": (float,),
+    "best_state": (dict, type(None)),
+    "stale": (int,),
+    "best_metrics": (dict,),
+    "metrics": (dict,),
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``<directory>/template-checkpoint.pt``: one ``torch.save``d dict of the fields above, for one identity."""
+
+    directory: Path
+    identity: dict[str, Any]
+
+    @property
+    def path(self) -> Path:
+        return self.directory / CHECKPOINT_FILE
+
+    def read(self) -> dict[str, Any] | None:
+        """The saved state, None when there is none; CheckpointError when unreadable or another run's."""
+        import torch
+
+        if not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"checkpoint {self.path} cannot be read ({_load_error(exc)}); delete it to start over"
+            ) from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {self.path} is not a template checkpoint (a {type(state).__name__})")
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(
+                f"checkpoint {self.path} has format {_short(state.get('format'))}; this trainer reads format "
+                f"{CHECKPOINT_FORMAT}"
+            )
+        bad = sorted(k for k, kinds in _FIELDS.items() if k not in state or not isinstance(state[k], kinds))
+        if bad:
+            missing = ", ".join(bad)
+            raise CheckpointError(f"checkpoint {self.path} is not a template checkpoint: bad or missing {missing}")
+        differ = _differences(state["identity"], self.identity)
+        if differ:
+            raise CheckpointError(
+                f"checkpoint {self.path} was written for another run ({'; '.join(differ)}); give this run another "
+                "checkpoint directory or delete the file"
+            )
+        return state
+
+    def write(self, state: dict[str, Any]) -> None:
+        """Replace the checkpoint atomically: a temporary file in the same directory, fsync, rename."""
+        import torch
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(CHECKPOINT_FILE + ".tmp")  # one writer per directory: a fixed name
+        try:
+            with open(temporary, "wb") as f:
+                torch.save({"format": CHECKPOINT_FORMAT, "identity": self.identity, **state}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        with contextlib.suppress(OSError):  # the rename itself survives a crash once the directory is synced
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def stop_at_step(raw: str | None) -> int | None:
+    """``$DLCLOUD_STOP_AT_STEP``: the last epoch this run may train; None when unset or empty."""
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{STOP_AT_STEP_ENV} must be a positive integer (the last epoch to train), got {raw!r}")
+    return int(text)
+
+
 def signature(inputs: int, classes: list[str]) -> dict[str, Any]:
     """The export's signature (docs/models.md): one FP32 row per example in; probabilities and class out."""
     spec: dict[str, Any] = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, inputs]}]}
@@ -101,8 +282,19 @@ def train(
     seed: int,
     output: Path,
     log: Any = print,
+    checkpoints: Path | None = None,
+    stop_at: int | None = None,
 ) -> dict[str, float]:
-    """Train, report each epoch, export into ``output/model``; returns the final metrics."""
+    """Train, report each epoch, export into ``output/model``; returns the exported (best) epoch's metrics.
+
+    Args:
+        checkpoints: the directory of the checkpoint to resume from and to write after each epoch; None: none.
+        stop_at: train at most up to this epoch in this run (a step budget), then export the best model so far.
+
+    Raises:
+        CheckpointError: the checkpoint is unreadable or was written for another template, hparams, seed or data.
+        ValueError: the data's shape does not fit the template.
+    """
     import torch
 
     from dlcloud.templates import networks
@@ -152,10 +344,37 @@ def train(
     generator = torch.Generator().manual_seed(seed)
     batch = hparams["batch_size"]
     patience = hparams["patience"]
+    epochs = hparams["epochs"]
     best_loss, best_state, stale = math.inf, None, 0
     metrics: dict[str, float] = {}
     best_metrics: dict[str, float] = {}
-    for epoch in range(1, hparams["epochs"] + 1):
+    done, stopped_early = 0, False  # the last epoch trained (in this run or before it), and why training ended
+    checkpoint = Checkpoint(checkpoints, identity(template, task, hparams, data, seed)) if checkpoints else None
+    saved = checkpoint.read() if checkpoint else None
+    if checkpoint and saved:
+        try:
+            net.load_state_dict(saved["net"])
+            optimizer.load_state_dict(saved["optimizer"])
+            generator.set_state(saved["generator"])
+            torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global stream
+            if device.type == "cuda" and len(saved["cuda_rng"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be resumed: {_clip(str(exc))}") from None
+        done, stopped_early, stale = saved["epoch"], saved["stopped_early"], saved["stale"]
+        best_loss, best_state = saved["best_loss"], saved["best_state"]
+        best_metrics, metrics = saved["best_metrics"], saved["metrics"]
+    over = stopped_early or done >= epochs
+    last = done if over else epochs if stop_at is None else min(stop_at, epochs)
+    if checkpoint and saved:
+        if over:
+            why = "early stopping" if stopped_early else f"{epochs} epochs"
+            log(f"training finished at epoch {done} ({why}; checkpoint in {checkpoints}): exporting, not training")
+        elif last <= done:
+            log(f"nothing to train: the checkpoint in {checkpoints} is at epoch {done}, {STOP_AT_STEP_ENV}={stop_at}")
+        else:
+            log(f"resuming from epoch {done} (checkpoint in {checkpoints}): epochs {done + 1}..{last} of {epochs}")
+    for epoch in range(done + 1, last + 1):
         net.train()
         order = torch.randperm(len(xt), generator=generator).to(device)
         for start in range(0, len(xt), batch):
@@ -183,13 +402,41 @@ def train(
             best_metrics = dict(metrics)
         else:
             stale += 1
-            if patience and stale >= patience:
-                log(f"early stopping: val_loss has not improved for {patience} epoch(s)")
-                break
+            stopped_early = bool(patience) and stale >= patience
+        done = epoch
+        over = stopped_early or done >= epochs
+        if stopped_early:
+            log(f"early stopping: val_loss has not improved for {patience} epoch(s)")
+        if checkpoint:
+            checkpoint.write(
+                {
+                    "epoch": done,
+                    "finished": over,
+                    "stopped_early": stopped_early,
+                    "net": net.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "generator": generator.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+                    "best_loss": float(best_loss),
+                    "best_state": best_state,
+                    "stale": stale,
+                    "best_metrics": best_metrics,
+                    "metrics": metrics,
+                }
+            )
+        if stopped_early:
+            break
     if best_state is not None:  # the exported model is the best epoch's: say so under best_* names
         net.load_state_dict(best_state)
         metrics = best_metrics
-        dlcloud.report(step=epoch, **{f"best_{k}": v for k, v in best_metrics.items()})
+        if over:  # a budget stop is not the end: the best may still change
+            dlcloud.report(step=done, **{f"best_{k}": v for k, v in best_metrics.items()})
+    if not over:
+        log(
+            f"step budget reached: stopped after epoch {done} of {epochs} ({STOP_AT_STEP_ENV}={stop_at}); "
+            + (f"the checkpoint in {checkpoints} continues it" if checkpoint else "no checkpoint directory to resume")
+        )
     export(net.cpu().eval(), mean, std, data, task, y_mean, y_std, output)
     return metrics
 
@@ -245,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("hyperparameters must be a JSON object")
         template = catalog.get_template(args.template)
         hparams = template.resolve(given)
+        stop_at = stop_at_step(os.environ.get(STOP_AT_STEP_ENV))
         if not 0 <= args.validation_split <= 0.9:
             raise ValueError(f"validation split must be between 0 and 0.9, got {args.validation_split:g}")
         path = find_file(args.data, args.path)
@@ -255,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     output = args.output or Path(os.environ.get("DLCLOUD_OUTPUT_DIR") or ".")
+    checkpoints = os.environ.get("DLCLOUD_CHECKPOINT_DIR")
     print(
         f"{args.template}: {len(data.x_train)} training and {len(data.x_val)} validation examples, "
         f"{data.x_train.shape[1]} features, {fmt} {path.name}"
@@ -263,8 +512,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("hparams: " + json.dumps(hparams, sort_keys=True))
     started = time.monotonic()
     try:
-        metrics = train(args.template, hparams, data, args.task, args.seed, output, log=lambda m: print(m, flush=True))
-    except ValueError as exc:  # shapes that do not fit the template (e.g. cnn2d height*width)
+        metrics = train(
+            args.template,
+            hparams,
+            data,
+            args.task,
+            args.seed,
+            output,
+            log=lambda m: print(m, flush=True),
+            checkpoints=Path(checkpoints) if checkpoints else None,
+            stop_at=stop_at,
+        )
+    except ValueError as exc:  # shapes that do not fit the template (e.g. cnn2d height*width); the checkpoint
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     dlcloud.flush(timeout=10)
