@@ -67,6 +67,9 @@ from _common import DlcloudServer, load_average, machine, percentile  # bench/ i
 from dlcloud.client import Client, Credentials
 
 ALGORITHMS = ("grid", "random", "tpe", "asha")
+# asha: the platform's default for a template trial (pausing: a trial stops at its rung and is resumed from its
+# checkpoint when it earns the next); asha-prune: Optuna's pruner, which cannot pause (early_stopping.pause: false)
+KNOWN = (*ALGORITHMS, "asha-prune")
 TARGET_RATIO = 5.0  # grid's trial-epochs over ASHA's
 TARGET_OVERHEAD_S = 1.0
 DATASET = "hpo-spirals"
@@ -77,7 +80,7 @@ SEARCH_SPACE: dict[str, dict[str, Any]] = {
     "optimizer": {"type": "categorical", "values": ["sgd", "adam"]},
 }
 TERMINAL_STUDY = {"COMPLETED", "STOPPED", "FAILED"}
-ALIVE_TRIAL = {"RUNNING", "PRUNING", "STOPPING"}
+ALIVE_TRIAL = {"RUNNING", "PRUNING", "PAUSING", "STOPPING"}
 EPOCH_LINE = re.compile(r"^epoch (\d+):")
 PRUNED_AT = re.compile(r"pruned at step (\d+)")
 
@@ -103,7 +106,7 @@ def make_csv(path: Path, rows: int, turns: float, seed: int = 1) -> None:
 def study_spec(name: str, algorithm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
-        "algorithm": algorithm,
+        "algorithm": "asha" if algorithm == "asha-prune" else algorithm,
         "objective": {"metric": "val_accuracy", "direction": "maximize", "step": "best"},
         "max_trials": args.max_trials,
         "parallel_trials": args.parallel,
@@ -115,6 +118,8 @@ def study_spec(name: str, algorithm: str, seed: int, args: argparse.Namespace) -
         },
         "search_space": SEARCH_SPACE,
     }
+    if algorithm == "asha-prune":
+        spec["early_stopping"] = {"min_resource": args.min_resource, "reduction_factor": 3, "pause": False}
     if algorithm == "asha":
         spec["early_stopping"] = {"min_resource": args.min_resource, "reduction_factor": 3}
     return spec
@@ -152,7 +157,8 @@ def run_study(client: Client, spec: dict[str, Any], target: float, poll: float, 
             raise RuntimeError(f"study {name} did not end in {timeout:g} s")
         if hit_at is None and study["state"] == "RUNNING":
             for t in client.studies.trials(name):
-                alive = t["job"] and t["state"] in ALIVE_TRIAL
+                # a pausing trial may reach the target in the job that took it to its rung: PAUSED by now
+                alive = t["job"] and t["state"] in (*ALIVE_TRIAL, "PAUSED")
                 if alive and any(v >= target for _, v, _ in _val_points(client, t["job"])):
                     hit_at = time.monotonic()
                     client.studies.stop(name)
@@ -193,28 +199,36 @@ class Outcome:
 
 
 def collect(client: Client, name: str) -> list[TrialRun]:
+    """Each trial with a job: a pausing ASHA trial ran one job per rung it earned, each resumed from the one
+    before's checkpoint; its epochs are every ``epoch N:`` line of all its jobs (an epoch run twice counts twice)."""
     out = []
     for t in client.studies.trials(name):
-        if not t["job"]:
+        if not t["jobs"]:
             continue  # a duplicate: no job
-        job = client.jobs.get(t["job"])
-        lines = list(client.jobs.logs(t["job"]))
-        epochs = [int(m.group(1)) for line in lines if line.stream == "stdout" and (m := EPOCH_LINE.match(line.text))]
+        first = client.jobs.get(t["jobs"][0])
+        last = client.jobs.get(t["jobs"][-1]) if len(t["jobs"]) > 1 else first
+        epochs_run, points, command = 0, [], None
+        for job in t["jobs"]:
+            lines = list(client.jobs.logs(job))
+            epochs = [int(m.group(1)) for x in lines if x.stream == "stdout" and (m := EPOCH_LINE.match(x.text))]
+            job_points = _val_points(client, job)
+            epochs_run += len(epochs) if epochs else len(job_points)
+            points += job_points
+            if command is None:
+                command = next((_iso(x.time) for x in lines if x.text.startswith("starting: ")), None)
         pruned = PRUNED_AT.search(t["reason"] or "") if t["state"] == "PRUNED" else None
-        placed = next((_iso(e["time"]) for e in job["events"] if e["to_state"] == "STARTING"), None)
-        command = next((_iso(line.time) for line in lines if line.text.startswith("starting: ")), None)
-        points = _val_points(client, t["job"])
+        placed = next((_iso(e["time"]) for e in first["events"] if e["to_state"] == "STARTING"), None)
         out.append(
             TrialRun(
                 number=t["number"],
-                job=t["job"],
+                job=t["jobs"][0],
                 state=t["state"],
                 params=t["params"],
-                created=_iso(job["created_at"]),
-                ended=_iso(job["finished_at"]) if job["finished_at"] else None,
-                epochs_run=max(epochs, default=max((p[0] for p in points), default=0)),
+                created=_iso(first["created_at"]),
+                ended=_iso(last["finished_at"]) if last["finished_at"] else None,
+                epochs_run=epochs_run,
                 pruned_at=int(pruned.group(1)) if pruned else None,
-                points=points,
+                points=sorted(points),
                 placed=placed,
                 command=command,
             )
@@ -291,7 +305,7 @@ def print_report(args: argparse.Namespace, outcomes: list[Outcome], peer: list[t
     print(header)
     print("-" * len(header))
     medians: dict[str, float] = {}
-    for algo in ALGORITHMS:
+    for algo in KNOWN:
         rows = [o for o in outcomes if o.algorithm == algo]
         if not rows:
             continue
@@ -371,7 +385,11 @@ def main() -> None:
     ap.add_argument("--turns", type=float, default=3.0, help="turns of each spiral: harder with more (default 3)")
     ap.add_argument("--batch-size", type=int, default=32, help="the trials' batch_size (default 32)")
     ap.add_argument("--parallel", type=int, default=1, help="parallel_trials (default 1)")
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated (default all four)")
+    ap.add_argument(
+        "--algorithms",
+        default=",".join(ALGORITHMS),
+        help=f"comma-separated, of {', '.join(KNOWN)} (default the first four; asha-prune: ASHA without pausing)",
+    )
     ap.add_argument("--peer-runs", type=int, default=2, help="bare trainer runs after each study (default 2)")
     ap.add_argument("--sandbox", choices=["auto", "off"], default="auto", help="the server's --sandbox")
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between checks while a study runs")
@@ -379,8 +397,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary data dir (for the server log)")
     args = ap.parse_args()
     algorithms = [a for a in args.algorithms.split(",") if a]
-    if bad := set(algorithms) - set(ALGORITHMS):
-        ap.error(f"unknown algorithms {sorted(bad)}; choose from {', '.join(ALGORITHMS)}")
+    if bad := set(algorithms) - set(KNOWN):
+        ap.error(f"unknown algorithms {sorted(bad)}; choose from {', '.join(KNOWN)}")
     if args.seeds < 1 or args.max_trials < 1 or args.epochs < 1 or args.rows < 10:
         ap.error("--seeds, --max-trials and --epochs must be at least 1, --rows at least 10")
 

@@ -67,8 +67,9 @@ def test_a_study_over_a_template_reads_one_dataset_version(
     env, c = template_env, template_env.admin
     name = f"tpl-{algorithm}"
     extra: dict = {}
-    if algorithm == "asha":  # one trial at a time: each is judged against the ones before it
-        extra = {"early_stopping": {"min_resource": 1, "reduction_factor": 2}, "parallel_trials": 1}
+    if algorithm == "asha":  # Optuna's pruner, one trial at a time: each is judged against the ones before it
+        # (pausing, the default for templates, has its own test below)
+        extra = {"early_stopping": {"min_resource": 1, "reduction_factor": 2, "pause": False}, "parallel_trials": 1}
     path = study_file(tmp_path, name, algorithm, **extra)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path.parent)  # the data path is relative to the study file, not to here
@@ -183,3 +184,44 @@ def test_a_template_trial_reads_the_dataset_version_named_at_submit(env: Env, tm
         "validation_split": 0.5,
         "seed": 3,
     }
+
+
+def test_a_pausing_asha_study_over_a_template_resumes_trials_from_their_checkpoints(
+    template_env: Env,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ASHA pauses template trials by default: each job trains to its rung (DLCLOUD_STOP_AT_STEP), the trainer
+    checkpoints; a promoted trial's next job starts from that checkpoint and trains on from the next epoch."""
+    env, c = template_env, template_env.admin
+    extra = {"early_stopping": {"min_resource": 1, "reduction_factor": 2}, "max_trials": 4}
+    path = study_file(tmp_path, "tpl-pause", "asha", **extra)
+    spec = yaml.safe_load(path.read_text())
+    spec["trial"]["hparams"]["epochs"] = 4  # rungs at epochs 1 and 2, the last at 4
+    spec["objective"]["step"] = "best"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path.parent)
+    cli(env, monkeypatch, "tune", "submit", "-f", str(path), "-o", "json")
+    s = wait_study(c, "tpl-pause", timeout=180)
+    trials = [t for t in c.studies.trials("tpl-pause") if t["state"] != "DUPLICATE"]
+    assert s["state"] == "COMPLETED" and s["trials_started"] == 4 == len(trials), (s, trials)
+    assert {t["state"] for t in trials} <= {"COMPLETED", "PRUNED"}, [(t["state"], t["reason"]) for t in trials]
+    assert any(len(t["jobs"]) > 1 for t in trials), trials  # somebody was promoted and resumed
+    assert s["trials"]["pruned"] >= 1 and s["trials"]["completed"] >= 1
+    for t in trials:
+        epochs: list[int] = []
+        for k, name in enumerate(t["jobs"]):
+            job = c.jobs.get(name)
+            assert job["state"] == "SUCCEEDED" and len(job["attempts"]) == 1, job
+            assert job["spec"].get("checkpoint_from") == (t["jobs"][k - 1] if k else None)
+            lines = [x.text for x in c.jobs.logs(name)]
+            epochs += [int(x.split()[1].rstrip(":")) for x in lines if x.startswith("epoch ")]
+            if k:
+                assert any(x.startswith("resuming from epoch") for x in lines), lines
+        assert epochs == list(range(1, t["last_step"] + 1)), (t["number"], epochs)  # none twice, none skipped
+        if t["state"] == "COMPLETED":
+            assert t["last_step"] == 4 and 0.0 <= t["value"] <= 1.0
+        else:
+            assert t["reason"].startswith("not promoted (val_accuracy "), t
+    assert max(t["value"] for t in trials if t["state"] == "COMPLETED") == c.studies.best("tpl-pause")["value"]

@@ -31,7 +31,9 @@ def _params(p: dict[str, Any]) -> str:
 def _progress(s: dict[str, Any]) -> str:
     t = s["trials"]
     return (
-        f"{s['trials_started']}/{s['max_trials']} started: {t['running']} running, {t['completed']} completed, "
+        f"{s['trials_started']}/{s['max_trials']} started: {t['running']} running, "
+        + (f"{t['paused']} paused, " if t.get("paused") else "")
+        + f"{t['completed']} completed, "
         f"{t['pruned']} pruned, {t['failed']} failed, {t['stopped']} stopped"
         + (f", {t['duplicate']} duplicate(s) skipped" if t["duplicate"] else "")
     )
@@ -179,6 +181,9 @@ def trials(
 ) -> None:
     """A study's trials: state, parameters, objective value, job.
 
+    A pausing ASHA trial shows the step its job trains to (BUDGET) and how many jobs it ran (JOBS: 1, then one
+    more each time it was promoted and resumed from its checkpoint); -o json lists them.
+
     Examples:
 
       dlcloud tune trials lr-search
@@ -195,8 +200,10 @@ def trials(
             ("STATE", "state"),
             ("VALUE", lambda t: _value(t["value"])),
             ("STEP", "last_step"),
+            ("BUDGET", lambda t: _value(t.get("budget"))),
             ("PARAMS", lambda t: _params(t["params"])),
             ("JOB", "job"),
+            ("JOBS", lambda t: str(len(t.get("jobs") or []))),
             ("REASON", "reason"),
         ],
     )

@@ -16,6 +16,8 @@ from dlcloud.schemas.metrics import MetricName
 ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
 Scalar = str | int | float | bool
 MAX_STUDY_NAME = 56  # trial jobs are named <study>-<number>, a job name is at most 63
+# a pausing ASHA study's resumed trials run as <study>-<number>-r<rung> (rung < 100)
+MAX_PAUSING_STUDY_NAME = MAX_STUDY_NAME - 4
 MAX_GRID = 10_000
 
 
@@ -110,13 +112,41 @@ class Budget(Request):
 
 
 class EarlyStopping(Request):
-    """ASHA's rungs: a trial is judged at steps min_resource * reduction_factor^k; ``hyperband`` runs several
-    brackets of ASHA (then ``max_resource`` is the last step a trial reports; default: the longest seen)."""
+    """ASHA's rungs: a trial is judged at steps min_resource * reduction_factor^k, up to ``max_resource``.
+
+    ``pause: true`` (the default for a no-code template trial): asynchronous successive halving that pauses. A
+    trial trains only to its rung (``DLCLOUD_STOP_AT_STEP``), saves a checkpoint and waits (PAUSED); whenever a
+    slot is free the best paused trial of the highest rung that is in its rung's top 1/reduction_factor is
+    resumed from its checkpoint as a new job to the next rung, else a new trial starts. ``max_resource`` is the
+    last step (default for a template trial: its ``epochs``). Its trial code must honour the budget and resume
+    from ``DLCLOUD_CHECKPOINT_DIR`` (the templates do; a trial that runs past its budget is stopped there).
+
+    ``pause: false`` (the default otherwise): Optuna's pruner judges a running trial at each rung against the
+    trials that reached it before and stops it when it falls behind; ``hyperband`` runs several brackets of that
+    (then ``max_resource`` defaults to the longest a trial reported)."""
 
     min_resource: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     reduction_factor: Annotated[int, Field(ge=2, le=100)] = 3
     hyperband: bool = False
     max_resource: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    pause: bool | None = None  # None: true for a no-code template trial, false otherwise
+
+    @model_validator(mode="after")
+    def _check(self) -> EarlyStopping:
+        if self.hyperband and self.pause:
+            raise ValueError("hyperband runs with pause: false (Optuna's pruner); leave one of them out")
+        if self.max_resource is not None and self.max_resource < self.min_resource:
+            raise ValueError(f"max_resource ({self.max_resource}) must be at least min_resource ({self.min_resource})")
+        return self
+
+    def rungs(self, max_resource: int) -> list[int]:
+        """The steps a pausing trial stops at: min_resource * reduction_factor^k below ``max_resource``, then
+        ``max_resource`` itself (the last, where a trial completes)."""
+        out, r = [], self.min_resource
+        while r < max_resource:
+            out.append(r)
+            r *= self.reduction_factor
+        return [*out, max_resource]
 
 
 TEMPLATE_TRIAL_FIELDS = tuple(f for f in TemplateSpec.model_fields if f != "name")
@@ -167,6 +197,18 @@ class StudySpec(Request):
                     )
         if self.early_stopping is not None and self.algorithm != Algorithm.ASHA:
             raise ValueError("early_stopping is for algorithm: asha only")
+        if self.pauses():
+            es = self.early_stopping or EarlyStopping()
+            if es.max_resource is None and not self.template_trial():
+                raise ValueError(
+                    "early_stopping.pause needs max_resource (the last step a trial trains to) unless the trial is "
+                    "a no-code template (then it is the trial's epochs)"
+                )
+            if len(self.name) > MAX_PAUSING_STUDY_NAME:
+                raise ValueError(
+                    f"a pausing ASHA study's name is at most {MAX_PAUSING_STUDY_NAME} characters (its resumed "
+                    f"trials run as <study>-<number>-r<rung>); {self.name!r} has {len(self.name)}"
+                )
         if self.algorithm == Algorithm.GRID:
             size = 1
             for name, p in self.search_space.items():
@@ -181,6 +223,16 @@ class StudySpec(Request):
             if size > MAX_GRID:
                 raise ValueError(f"the grid has {size} points; at most {MAX_GRID}")
         return self
+
+    def template_trial(self) -> bool:
+        return isinstance(self.trial.get("template"), dict)
+
+    def pauses(self) -> bool:
+        """Whether its trials pause at ASHA's rungs (EarlyStopping.pause, its default decided here)."""
+        if self.algorithm != Algorithm.ASHA:
+            return False
+        es = self.early_stopping or EarlyStopping()
+        return es.pause if es.pause is not None else (self.template_trial() and not es.hyperband)
 
     def grid_size(self) -> int | None:
         """How many configurations a grid has; None for other algorithms."""
@@ -200,6 +252,8 @@ class StudyState(StrEnum):
 class TrialState(StrEnum):
     RUNNING = "RUNNING"  # its job is queued or running
     PRUNING = "PRUNING"  # early stopping judged it: its job is being cancelled
+    PAUSING = "PAUSING"  # a pausing ASHA trial ran past its rung: its job is being stopped there
+    PAUSED = "PAUSED"  # a pausing ASHA trial at its rung, its checkpoint saved: resumed if it is promoted
     STOPPING = "STOPPING"  # the study stops (stop, budget): its job is being cancelled
     COMPLETED = "COMPLETED"
     PRUNED = "PRUNED"
@@ -208,7 +262,8 @@ class TrialState(StrEnum):
     DUPLICATE = "DUPLICATE"  # the sampler proposed a configuration already run: not run again, no job
 
 
-ALIVE_TRIAL_STATES = frozenset({TrialState.RUNNING, TrialState.PRUNING, TrialState.STOPPING})
+# a trial with a job that has not ended (a PAUSED trial has none: it takes no slot of parallel_trials)
+ALIVE_TRIAL_STATES = frozenset({TrialState.RUNNING, TrialState.PRUNING, TrialState.PAUSING, TrialState.STOPPING})
 
 
 class Trial(Response):
@@ -216,10 +271,12 @@ class Trial(Response):
     state: TrialState
     params: dict[str, Any]
     value: float | None
-    job: str | None  # the trial job's name; None for a duplicate
+    job: str | None  # the trial job's name (a pausing ASHA trial's last one); None for a duplicate
+    jobs: list[str]  # every job it ran, in order: more than one for a pausing ASHA trial that was resumed
     reason: str
     duplicate_of: int | None
     last_step: int | None  # the last step of the objective metric it reported
+    budget: int | None  # a pausing ASHA trial: the step its last job trains to (its rung)
     created_at: datetime
     finished_at: datetime | None
 
@@ -233,6 +290,7 @@ class BestTrial(Response):
 
 class TrialCounts(Response):
     running: int = 0
+    paused: int = 0
     completed: int = 0
     pruned: int = 0
     failed: int = 0

@@ -53,8 +53,17 @@ from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import StudyRow, StudyTrialRow, UserRow, utcnow
 
 
-def trial_job_name(study: str, number: int) -> str:
-    return f"{study}-{number}"
+def trial_job_name(study: str, number: int, segment: int = 0) -> str:
+    """``<study>-<number>``; a pausing ASHA trial resumed for the ``segment``-th time: ``<study>-<number>-r<segment>``
+    (the rung it resumes at; the ``r`` keeps these names apart from another study's ``<study>-<n>`` jobs)."""
+    return f"{study}-{number}" if segment == 0 else f"{study}-{number}-r{segment}"
+
+
+def trial_job_ids(t: StudyTrialRow) -> list[str]:
+    """Every job the trial ran (one, or a pausing trial's segments); none for a duplicate."""
+    if t.segments:
+        return [str(seg["job_id"]) for seg in t.segments]
+    return [t.job_id] if t.job_id else []
 
 
 def _flag_value(value: Any) -> str:
@@ -62,10 +71,20 @@ def _flag_value(value: Any) -> str:
 
 
 def trial_job_spec(
-    platform: Platform, stored: dict[str, Any], study: str, number: int, params: dict[str, Any]
+    platform: Platform,
+    stored: dict[str, Any],
+    study: str,
+    number: int,
+    params: dict[str, Any],
+    *,
+    segment: int = 0,
+    checkpoint_from: str | None = None,
+    stop_at_step: int | None = None,
 ) -> tuple[JobSpec, dict[str, str]]:
     """The job spec of trial ``number`` with ``params``, and the DLCLOUD_* variables the platform adds to it.
-    ``stored``: the study spec as stored (the trial's ``secret_env`` encrypted). InvalidSpec names the field."""
+    ``stored``: the study spec as stored (the trial's ``secret_env`` encrypted). InvalidSpec names the field.
+    A pausing ASHA trial's job trains to ``stop_at_step`` (``DLCLOUD_STOP_AT_STEP``); its ``segment``-th resumed
+    job starts from the checkpoints of the job ``checkpoint_from`` (its previous one)."""
     trial = dict(stored["trial"])
     if "name" in trial:
         raise InvalidSpec(f"trial.name: leave it out; trial jobs are named {study}-<trial number>")
@@ -85,7 +104,9 @@ def trial_job_spec(
             trial["command"] = " ".join([trial["command"], *map(shlex.quote, flags)])
         else:
             trial["args"] = [*(trial.get("args") or []), *flags]
-    trial["name"] = trial_job_name(study, number)
+    trial["name"] = trial_job_name(study, number, segment)
+    if checkpoint_from is not None:
+        trial["checkpoint_from"] = checkpoint_from
     try:
         spec = JobSpec.model_validate(trial)
     except ValidationError as exc:
@@ -93,7 +114,27 @@ def trial_job_spec(
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidSpec(f"trial{'.' + where if where else ''}: {first['msg']}") from None
     env = {"DLCLOUD_HPARAMS": json.dumps(hparams, sort_keys=True), "DLCLOUD_STUDY": study, "DLCLOUD_TRIAL": str(number)}
+    if stop_at_step is not None:
+        env["DLCLOUD_STOP_AT_STEP"] = str(stop_at_step)
     return spec, env
+
+
+def trial_last_step(stored: dict[str, Any], params: dict[str, Any]) -> int:
+    """The last step a pausing ASHA trial trains to: ``early_stopping.max_resource``, else (a no-code template
+    trial) its ``epochs``, fixed or sampled. InvalidSpec when neither is known."""
+    es = stored.get("early_stopping") or {}
+    if es.get("max_resource") is not None:
+        return int(es["max_resource"])
+    template = stored["trial"].get("template")
+    if not isinstance(template, dict):
+        raise InvalidSpec("early_stopping.max_resource: a pausing ASHA study needs it (the last step of a trial)")
+    from dlcloud.templates import catalog
+
+    hparams = {**(stored["trial"].get("hparams") or {}), **params}
+    try:
+        return int(catalog.get_template(str(template["name"])).resolve(hparams)["epochs"])
+    except (ValueError, KeyError) as exc:
+        raise InvalidSpec(f"trial.hparams: {exc}") from None
 
 
 def _example_params(spec: StudySpec) -> dict[str, Any]:
@@ -170,6 +211,8 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         stored["trial"]["secret_env"] = {k: platform.box.encrypt(str(v)).decode() for k, v in secret.items()}
     job_spec, _ = trial_job_spec(platform, stored, spec.name, 0, _example_params(spec))
     _check_template_space(spec, job_spec)
+    if spec.pauses():
+        trial_last_step(stored, _example_params(spec))
     if stored["seed"] is None:
         stored["seed"] = secrets.randbelow(2**31)
     with platform.db.write() as s:
@@ -211,7 +254,7 @@ def best_of(trials: Sequence[StudyTrialRow], direction: Direction) -> StudyTrial
 def gpu_hours(s: Session, trials: Sequence[StudyTrialRow]) -> float:
     """GPU-hours held by the attempts of the study's trial jobs so far."""
     now = utcnow()
-    spans = store.job_spans(s, [t.job_id for t in trials if t.job_id])
+    spans = store.job_spans(s, [j for t in trials for j in trial_job_ids(t)])
     return sum(g * ((end or now) - start).total_seconds() for _, g, start, end in spans) / 3600.0
 
 
@@ -269,9 +312,11 @@ def _trial_model(t: StudyTrialRow) -> Trial:
         params=t.params,
         value=t.value,
         job=t.job_name,
+        jobs=[str(seg["job_name"]) for seg in t.segments] if t.segments else [t.job_name] if t.job_name else [],
         reason=t.reason,
         duplicate_of=t.duplicate_of,
         last_step=max(steps) if steps else None,
+        budget=t.budget,
         created_at=t.created_at,
         finished_at=t.finished_at,
     )

@@ -11,6 +11,13 @@ Optuna decides (samplers and pruners through ask-and-tell); the database remembe
    Optuna for a trial and record it *with its job* in one fenced transaction;
 3. a study with nothing left to start and no trial alive is COMPLETED (a stopping one STOPPED).
 
+A pausing ASHA study (``StudySpec.pauses``; the algorithm in ``asha.py``) decides promotions itself: each trial
+job trains to its rung (``DLCLOUD_STOP_AT_STEP``) and ends, the trial is PAUSED; a free slot first resumes the
+paused trial that earned the next rung (a new job, ``checkpoint_from`` its previous one, recorded with the
+trial's row in one fenced transaction), else starts a new trial. A job that runs past its rung is stopped there
+(PAUSING). When nothing can start and nothing is promotable, its paused trials end PRUNED. Optuna samples the
+configurations and is told each outcome; its pruner is not used.
+
 Invariants:
 - The database is the truth; the Optuna study in memory is a cache of it (an in-memory storage). It is
   rebuilt from ``study_trials`` (params, distributions, system attributes, intermediate values, outcome) when
@@ -49,7 +56,7 @@ from dlcloud.schemas.studies import (
     TrialState,
 )
 from dlcloud.schemas.users import Role
-from dlcloud.services import jobs, studies, study_states
+from dlcloud.services import asha, jobs, studies, study_states
 from dlcloud.services.auth import Caller
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
@@ -108,7 +115,7 @@ def _sampler(spec: StudySpec, seed: int, number: int) -> optuna.samplers.BaseSam
 def _pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
     import optuna
 
-    if spec.algorithm != Algorithm.ASHA:
+    if spec.algorithm != Algorithm.ASHA or spec.pauses():
         return optuna.pruners.NopPruner()
     es = spec.early_stopping or EarlyStopping()
     if es.hyperband:
@@ -184,7 +191,7 @@ class StudyDriver:
         try:
             more = self._update(study_id)
             for _ in range(MAX_ASKS_PER_PASS):
-                if more <= 0 or not self._start_one(study_id):
+                if more <= 0 or not (self._resume_one(study_id) or self._start_one(study_id)):
                     break
                 more -= 1
         except BaseException:
@@ -228,7 +235,7 @@ class StudyDriver:
         from optuna.trial import TrialState as OT
 
         state = TrialState(t.state)
-        if state in ALIVE_TRIAL_STATES:
+        if state in ALIVE_TRIAL_STATES or state == TrialState.PAUSED:
             return OT.RUNNING, None
         if state in (TrialState.COMPLETED, TrialState.DUPLICATE) and t.value is not None:
             return OT.COMPLETE, t.value
@@ -272,12 +279,124 @@ class StudyDriver:
                 return 0
             started = sum(1 for t in trials if t.state != TrialState.DUPLICATE.value)
             done = spent or self._exhausted(spec, trials, started)
+            if spec.pauses() and spent is None and self._promotion(row, spec, trials) is not None:
+                return spec.parallel_trials - alive  # promotions go on after the last new trial
             if done is not None:
                 if not alive:
+                    self._prune_paused(row, live, trials, done)
                     study_states.transition_study(row, StudyState.COMPLETED, done)
                     log.info("study %s (%s) completed: %s", row.name, row.id, done)
                 return 0
             return min(spec.parallel_trials - alive, spec.max_trials - started)
+
+    # -- pausing ASHA ------------------------------------------------------------------------------
+    @staticmethod
+    def _candidates(trials: list[StudyTrialRow]) -> list[asha.Candidate]:
+        return [
+            asha.Candidate(
+                number=t.number,
+                points={int(k): float(v) for k, v in t.intermediate.items()},
+                budget=t.budget,
+                last=StudyDriver._trial_last_of(t),
+                paused=t.state == TrialState.PAUSED.value,
+            )
+            for t in trials
+            if t.segments
+        ]
+
+    @staticmethod
+    def _trial_last_of(t: StudyTrialRow) -> int:
+        """A pausing trial's last step (its final job trains to it)."""
+        return int(t.segments[-1]["last"]) if t.segments else t.budget or 0
+
+    @staticmethod
+    def _rungs(spec: StudySpec) -> asha.Rungs:
+        es = spec.early_stopping or EarlyStopping()
+        return asha.Rungs(es.min_resource, es.reduction_factor)
+
+    def _promotion(
+        self, row: StudyRow, spec: StudySpec, trials: list[StudyTrialRow]
+    ) -> tuple[StudyTrialRow, int] | None:
+        """The paused trial that earned the next rung and the step to resume it to, or None."""
+        pick = asha.promotion(
+            self._candidates(trials), self._rungs(spec), spec.objective.direction, best=spec.objective.step == "best"
+        )
+        if pick is None:
+            return None
+        candidate, budget = pick
+        return next(t for t in trials if t.number == candidate.number), budget
+
+    def _prune_paused(self, row: StudyRow, live: _Live, trials: list[StudyTrialRow], done: str) -> None:
+        """The study ends: its paused trials were not promoted (or the budget ran out before they were)."""
+        spec = live.spec
+        candidates = self._candidates(trials)
+        for t in trials:
+            if t.state != TrialState.PAUSED.value:
+                continue
+            c = next(c for c in candidates if c.number == t.number)
+            where = asha.standing(
+                c, candidates, self._rungs(spec), spec.objective.direction, best=spec.objective.step == "best"
+            )
+            why = f"not promoted ({spec.objective.metric} {where}); the study ended: {done}"
+            study_states.transition_trial(t, TrialState.PRUNED, why, self._last_value(t))
+            self._tell(live, t)
+
+    def _resume_one(self, study_id: str) -> bool:
+        """Resume the paused trial that earned the next rung, as a new job from its last job's checkpoints;
+        False when none has (or the tenant's queue is full)."""
+        number = -1
+        try:
+            with self.write() as s:
+                row = s.get(StudyRow, study_id, with_for_update=True)
+                if row is None or row.state != StudyState.RUNNING.value:
+                    return False
+                spec = StudySpec.model_validate(row.spec)
+                if not spec.pauses():
+                    return False
+                trials = list(store.list_trials(s, study_id))
+                pick = self._promotion(row, spec, trials)
+                if pick is None:
+                    return False
+                t, budget = pick
+                segment = len(t.segments)
+                previous, last = t.job_name, self._trial_last_of(t)
+                number = t.number
+                job_spec, env = studies.trial_job_spec(
+                    self.p,
+                    row.spec,
+                    row.name,
+                    t.number,
+                    t.params,
+                    segment=segment,
+                    checkpoint_from=previous,
+                    stop_at_step=budget,
+                )
+                job = jobs.create_job_row(s, self.p, self._caller(s, row), job_spec, platform_env=env)
+                t.segments = [*t.segments, {"job_id": job.id, "job_name": job.name, "budget": budget, "last": last}]
+                t.job_id, t.job_name, t.budget = job.id, job.name, budget
+                why = f"promoted: resumed from {previous}'s checkpoint to step {budget}"
+                study_states.transition_trial(t, TrialState.RUNNING, why)
+        except QuotaExceeded as exc:  # the tenant's queue is full: promoted later
+            log.info("study %s: a promotion waits: %s", study_id, exc.message)
+            return False
+        except DlcloudError as exc:  # its last job was deleted, its next name is taken...: this trial ends
+            self._fail_trial(study_id, number, f"could not be resumed: {exc.message}")
+            return True
+        self.p.wake()
+        return True
+
+    def _fail_trial(self, study_id: str, number: int, why: str) -> None:
+        with self.write() as s:
+            row = s.get(StudyRow, study_id, with_for_update=True)
+            if row is None:
+                return
+            trials = list(store.list_trials(s, study_id))
+            t = next((x for x in trials if x.number == number), None)
+            if t is None or t.state != TrialState.PAUSED.value:
+                return
+            live = self._load(s, row, trials)
+            study_states.transition_trial(t, TrialState.FAILED, why)
+            self._tell(live, t)
 
     def _budget_spent(self, s: Session, row: StudyRow, spec: StudySpec, trials: list[StudyTrialRow]) -> str | None:
         b = spec.budget
@@ -316,6 +435,12 @@ class StudyDriver:
         current = TrialState(t.state)
         if current == TrialState.PRUNING:
             study_states.transition_trial(t, TrialState.PRUNED, t.reason, self._last_value(t))
+        elif self._paused_at_rung(live.spec, t, job_state):
+            last = self._last_step(t)
+            study_states.transition_trial(
+                t, TrialState.PAUSED, f"paused at step {t.budget} (reported up to {last}); resumed if promoted"
+            )
+            return  # still running for Optuna
         elif job_state == JobState.SUCCEEDED.value:
             value, why = self._objective(s, live.spec, t)
             if value is None:
@@ -328,6 +453,22 @@ class StudyDriver:
             what = "was deleted" if job_state is None else f"ended {job_state}"
             study_states.transition_trial(t, TrialState.FAILED, f"its job {t.job_name} {what}")
         self._tell(live, t)
+
+    @staticmethod
+    def _last_step(t: StudyTrialRow) -> int | None:
+        return max((int(k) for k in t.intermediate), default=None)
+
+    def _paused_at_rung(self, spec: StudySpec, t: StudyTrialRow, job_state: str | None) -> bool:
+        """A pausing trial's job ended at its rung, before the trial's last step: it waits for a promotion.
+        (A job that ended short of its rung without being stopped there ended the trial: early stopping.)"""
+        if not spec.pauses() or t.budget is None or job_state is None:
+            return False
+        last = self._last_step(t)
+        if last is None or last < t.budget:
+            return False
+        if t.state == TrialState.PAUSING.value:
+            return True
+        return job_state == JobState.SUCCEEDED.value and t.budget < self._trial_last_of(t)
 
     @staticmethod
     def _last_value(t: StudyTrialRow) -> float | None:
@@ -349,7 +490,10 @@ class StudyDriver:
 
     def _objective(self, s: Session, spec: StudySpec, t: StudyTrialRow) -> tuple[float | None, str]:
         o = spec.objective
-        points = self._series(s, o.metric, t)
+        if spec.pauses():  # over all its jobs (each resumed one reports the steps after its checkpoint)
+            points = sorted((int(k), float(v)) for k, v in t.intermediate.items())
+        else:
+            points = self._series(s, o.metric, t)
         if not points:
             return None, f"its job reported no {o.metric!r} (dlcloud.report({o.metric}=...))"
         if o.step == "last":
@@ -384,7 +528,13 @@ class StudyDriver:
                 break
         t.intermediate = intermediate
         t.system_attrs = json.loads(json.dumps(live.study._storage.get_trial_system_attrs(trial_id)))
-        if prune:
+        last = max(int(k) for k in intermediate)
+        rung = t.budget if live.spec.pauses() and t.budget is not None and t.budget < self._trial_last_of(t) else None
+        if judge and rung is not None and last > rung:  # its code ignores DLCLOUD_STOP_AT_STEP: stop it there
+            why = f"ran past its rung (step {t.budget}) to step {last}: stopped there"
+            self._cancel(s, t, why)
+            study_states.transition_trial(t, TrialState.PAUSING, why)
+        elif prune:
             step = max(int(k) for k in intermediate)
             why = f"pruned at step {step} ({live.spec.objective.metric} {intermediate[str(step)]:g})"
             self._cancel(s, t, why)
@@ -407,6 +557,9 @@ class StudyDriver:
                     return False
                 trials = list(store.list_trials(s, study_id))
                 live = self._load(s, row, trials)
+                started = sum(1 for t in trials if t.state != TrialState.DUPLICATE.value)
+                if self._exhausted(live.spec, trials, started) is not None:
+                    return False  # a pausing study's slot may be for promotions only
                 number = live.n
                 live.study.sampler = _sampler(live.spec, row.seed, number)
                 trial = live.study.ask()
@@ -435,9 +588,16 @@ class StudyDriver:
                     self._tell(live, t)
                     return True
                 caller = self._caller(s, row)
-                job_spec, env = studies.trial_job_spec(self.p, row.spec, row.name, number, params)
+                budget = last = None
+                if live.spec.pauses():
+                    last = studies.trial_last_step(row.spec, params)
+                    budget = self._rungs(live.spec).first_budget(last)
+                job_spec, env = studies.trial_job_spec(self.p, row.spec, row.name, number, params, stop_at_step=budget)
                 job = jobs.create_job_row(s, self.p, caller, job_spec, platform_env=env)
                 t.state, t.job_id, t.job_name, t.reason = TrialState.RUNNING.value, job.id, job.name, "submitted"
+                if budget is not None:
+                    t.budget = budget
+                    t.segments = [{"job_id": job.id, "job_name": job.name, "budget": budget, "last": last}]
                 s.add(t)
                 live.configs[_key(params)] = number
         except QuotaExceeded as exc:  # the tenant's queue is full: the same trial is asked again later

@@ -11,7 +11,12 @@ Trial::
 
     RUNNING ──> COMPLETED | FAILED            its job ended (the objective read, or none: FAILED)
        ├──> PRUNING ──> PRUNED                early stopping cancelled its job
-       └──> STOPPING ──> STOPPED | COMPLETED | FAILED   the study stopped while it ran
+       ├──> STOPPING ──> STOPPED | COMPLETED | FAILED | PAUSED   the study stopped while it ran
+       ├──> PAUSED                            pausing ASHA: its job trained to its rung and ended
+       └──> PAUSING ──> PAUSED | FAILED       ... or ran past its rung: its job is stopped there
+    PAUSED ──> RUNNING                        promoted: resumed from its checkpoint as a new job
+       ├──> PRUNED                            the study ended without promoting it
+       └──> FAILED                            its next job could not be created
     DUPLICATE                                 created ended: its configuration had been run already
 
 A transition not in the tables is a programming error (InvalidState). RUNNING time is counted in
@@ -35,9 +40,11 @@ STUDY_ALLOWED: dict[StudyState, frozenset[StudyState]] = {
     S.FAILED: frozenset(),
 }
 TRIAL_ALLOWED: dict[TrialState, frozenset[TrialState]] = {
-    T.RUNNING: frozenset({T.COMPLETED, T.FAILED, T.PRUNING, T.STOPPING}),
+    T.RUNNING: frozenset({T.COMPLETED, T.FAILED, T.PRUNING, T.STOPPING, T.PAUSED, T.PAUSING}),
     T.PRUNING: frozenset({T.PRUNED}),
-    T.STOPPING: frozenset({T.STOPPED, T.COMPLETED, T.FAILED}),
+    T.PAUSING: frozenset({T.PAUSED, T.FAILED}),
+    T.PAUSED: frozenset({T.RUNNING, T.PRUNED, T.FAILED}),
+    T.STOPPING: frozenset({T.STOPPED, T.COMPLETED, T.FAILED, T.PAUSED}),
     T.COMPLETED: frozenset(),
     T.PRUNED: frozenset(),
     T.FAILED: frozenset(),

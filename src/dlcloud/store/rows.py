@@ -517,6 +517,9 @@ class StudyTrialRow(Base):
     each distribution; the sampler's and pruner's attributes), enough to rebuild the Optuna study from these
     rows after a restart. ``intermediate`` maps a step (as a string) to the objective's value there.
     ``job_id`` is None for a duplicate (no job) and after the trial's job was deleted.
+    A trial of a pausing ASHA study runs as several jobs, one per rung it earns: ``segments`` lists them in order
+    (``{"job_id", "job_name", "budget"}``; ``job_id``/``job_name`` are the last one's) and ``budget`` is the step
+    the last one trains to (``DLCLOUD_STOP_AT_STEP``); other trials have no segments and no budget.
     """
 
     __tablename__ = "study_trials"
@@ -534,6 +537,8 @@ class StudyTrialRow(Base):
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     job_name: Mapped[str | None] = mapped_column(String(63))
     duplicate_of: Mapped[int | None] = mapped_column(Integer)
+    segments: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    budget: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
