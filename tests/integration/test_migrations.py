@@ -72,3 +72,35 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
     assert env.platform.objects.head(code_key).size == code["size"]
     got = env.admin.models.download("m", 1, dest=tmp_path / "out")
     assert got.read_bytes() == model_file.read_bytes()
+
+
+def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env, db_url):
+    """Pausing became the default for template trials in 0014; a study submitted before keeps running as it was."""
+    from dlcloud.store.rows import StudyRow
+
+    base = {
+        "algorithm": "asha",
+        "objective": {"metric": "m"},
+        "max_trials": 2,
+        "trial": {"command": "true"},
+        "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
+    }
+    env.admin.studies.submit({**base, "name": "older"})
+    env.admin.studies.submit({**base, "name": "pausing", "early_stopping": {"pause": True, "max_resource": 9}})
+    env.admin.studies.submit(
+        {**base, "name": "grid", "algorithm": "grid", "search_space": {"x": {"type": "int", "low": 0, "high": 1}}}
+    )
+    with env.platform.db.write() as s:  # as an older server stored it: no pause, perhaps no early_stopping
+        older = s.scalars(select(StudyRow).where(StudyRow.name == "older")).one()
+        assert older.spec["early_stopping"]["pause"] is False  # decided and stored at submit now
+        older.spec = {**older.spec, "early_stopping": None}
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0013")
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        specs = {r.name: r.spec for r in s.scalars(select(StudyRow))}
+    assert specs["older"]["early_stopping"] == {"pause": False}
+    assert specs["pausing"]["early_stopping"]["pause"] is True
+    assert specs["grid"].get("early_stopping") is None

@@ -393,6 +393,17 @@ def test_trial_gets_hparams_and_args_and_a_failed_trial_fails(served):
         ({"trial": {"command": "true", "resources": {"gpus": 9}}}, 400, "matching GPU"),
         ({"trial": {"command": "true", "nonsense": 1}}, 400, "trial.nonsense"),
         ({"trial": {"command": "true", "env": {"DLCLOUD_X": "1"}}}, 400, "trial.env"),
+        (
+            {"algorithm": "asha", "early_stopping": {"pause": True}},
+            422,
+            "early_stopping.pause needs max_resource (the last step a trial trains to)",
+        ),
+        (
+            {"algorithm": "asha", "early_stopping": {"pause": True, "hyperband": True, "max_resource": 9}},
+            422,
+            "hyperband runs with pause: false",
+        ),
+        ({"trial": {"command": "true", "checkpoint_from": "nothing"}}, 404, "checkpoint_from: job 'nothing' not found"),
     ],
 )
 def test_bad_studies_are_refused_naming_the_problem(env, change, status, fragment):
@@ -408,8 +419,10 @@ def test_bad_studies_are_refused_naming_the_problem(env, change, status, fragmen
         **change,
     }
     resp = env.signed(env.admin_creds, "POST", f"{API}/studies", spec)
-    err = assert_api_error(resp, status, "validation_error" if status == 422 else "invalid_spec")
+    code = {422: "validation_error", 400: "invalid_spec", 404: "not_found"}[status]
+    err = assert_api_error(resp, status, code)
     assert fragment in err["message"], err
+    assert env.admin.studies.list() == []
 
 
 def test_studies_are_tenant_scoped(env):

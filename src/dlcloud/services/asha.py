@@ -101,6 +101,22 @@ def promotion(
     return None
 
 
+def finishing(
+    candidates: Sequence[Candidate], rungs: Rungs, direction: Direction, *, best: bool
+) -> tuple[Candidate, int] | None:
+    """When nothing else can run (no new trial may start, none runs, none is promotable) and no trial has
+    trained to its last step yet: the best paused trial of the highest rung any paused trial reached, so a
+    study with few trials still trains one to the end (the paper's ASHA never runs out of new trials)."""
+    paused = [c for c in candidates if c.paused and c.budget is not None]
+    if not paused:
+        return None
+    top = max(c.budget or 0 for c in paused)
+    at = [c for c in paused if c.budget == top]
+    valued = [(v, c) for c in at if (v := rung_value(c.points, top, best, direction)) is not None]
+    c = ranked(valued, direction)[0][1] if valued else min(at, key=lambda x: x.number)
+    return c, rungs.next_budget(top, c.last)
+
+
 def standing(c: Candidate, candidates: Sequence[Candidate], rungs: Rungs, direction: Direction, *, best: bool) -> str:
     """Why a paused trial was not promoted, in words: its rank at its rung."""
     rung = c.budget or 0

@@ -32,6 +32,7 @@ from dlcloud.schemas.datasets import DATASET_REF_RE
 from dlcloud.schemas.jobs import SECRET_MASK, JobSpec
 from dlcloud.schemas.studies import (
     ALIVE_TRIAL_STATES,
+    Algorithm,
     BestTrial,
     Direction,
     ParamType,
@@ -211,8 +212,17 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         stored["trial"]["secret_env"] = {k: platform.box.encrypt(str(v)).decode() for k, v in secret.items()}
     job_spec, _ = trial_job_spec(platform, stored, spec.name, 0, _example_params(spec))
     _check_template_space(spec, job_spec)
+    if spec.algorithm == Algorithm.ASHA:  # stored decided: a later default cannot change a running study
+        stored["early_stopping"] = {**(stored["early_stopping"] or {}), "pause": spec.pauses()}
     if spec.pauses():
         trial_last_step(stored, _example_params(spec))
+        metric = spec.objective.metric
+        if job_spec.template is not None and metric.startswith("best_"):
+            raise InvalidSpec(
+                f"objective.metric: a template reports {metric} only when its training ends, and a pausing ASHA "
+                f"study ranks trials at every rung: use {metric.removeprefix('best_')} with objective.step: best "
+                "(or early_stopping.pause: false)"
+            )
     if stored["seed"] is None:
         stored["seed"] = secrets.randbelow(2**31)
     with platform.db.write() as s:
@@ -220,6 +230,7 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         if tenant is None:
             raise NotFound("your tenant no longer exists")
         jobs.check_fits(platform, tenant, job_spec)
+        jobs.resolve_checkpoint_from(s, caller, job_spec)  # trial.checkpoint_from: a job of yours that ended
         _pin_datasets(s, caller, stored["trial"])
         if store.name_taken(s, tenant.id, spec.name):
             raise AlreadyExists(f"study {spec.name!r} already exists; choose another name")

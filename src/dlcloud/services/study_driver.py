@@ -279,7 +279,7 @@ class StudyDriver:
                 return 0
             started = sum(1 for t in trials if t.state != TrialState.DUPLICATE.value)
             done = spent or self._exhausted(spec, trials, started)
-            if spec.pauses() and spent is None and self._promotion(row, spec, trials) is not None:
+            if spec.pauses() and spent is None and self._promotion(spec, trials) is not None:
                 return spec.parallel_trials - alive  # promotions go on after the last new trial
             if done is not None:
                 if not alive:
@@ -314,17 +314,28 @@ class StudyDriver:
         es = spec.early_stopping or EarlyStopping()
         return asha.Rungs(es.min_resource, es.reduction_factor)
 
-    def _promotion(
-        self, row: StudyRow, spec: StudySpec, trials: list[StudyTrialRow]
-    ) -> tuple[StudyTrialRow, int] | None:
-        """The paused trial that earned the next rung and the step to resume it to, or None."""
-        pick = asha.promotion(
-            self._candidates(trials), self._rungs(spec), spec.objective.direction, best=spec.objective.step == "best"
-        )
+    def _promotion(self, spec: StudySpec, trials: list[StudyTrialRow]) -> tuple[StudyTrialRow, int] | None:
+        """The paused trial that earned the next rung and the step to resume it to, or None. At the end of a
+        study in which no trial has trained to its last step yet, the best paused one of the highest rung."""
+        candidates, rungs = self._candidates(trials), self._rungs(spec)
+        best, direction = spec.objective.step == "best", spec.objective.direction
+        pick = asha.promotion(candidates, rungs, direction, best=best)
+        if pick is None and self._end_game(spec, trials):
+            pick = asha.finishing(candidates, rungs, direction, best=best)
         if pick is None:
             return None
         candidate, budget = pick
         return next(t for t in trials if t.number == candidate.number), budget
+
+    def _end_game(self, spec: StudySpec, trials: list[StudyTrialRow]) -> bool:
+        """Nothing can start and nothing runs, and no trial has completed: without a promotion the study would
+        end with no trial trained to its last step."""
+        started = sum(1 for t in trials if t.state != TrialState.DUPLICATE.value)
+        return (
+            not any(TrialState(t.state) in ALIVE_TRIAL_STATES for t in trials)
+            and not any(t.state == TrialState.COMPLETED.value for t in trials)
+            and self._exhausted(spec, trials, started) is not None
+        )
 
     def _prune_paused(self, row: StudyRow, live: _Live, trials: list[StudyTrialRow], done: str) -> None:
         """The study ends: its paused trials were not promoted (or the budget ran out before they were)."""
@@ -354,13 +365,15 @@ class StudyDriver:
                 if not spec.pauses():
                     return False
                 trials = list(store.list_trials(s, study_id))
-                pick = self._promotion(row, spec, trials)
+                pick = self._promotion(spec, trials)
                 if pick is None:
                     return False
                 t, budget = pick
                 segment = len(t.segments)
                 previous, last = t.job_name, self._trial_last_of(t)
                 number = t.number
+                if t.job_id is None:
+                    raise NotFound(f"its last job {previous} was deleted, and its checkpoints with it")
                 job_spec, env = studies.trial_job_spec(
                     self.p,
                     row.spec,
@@ -368,7 +381,7 @@ class StudyDriver:
                     t.number,
                     t.params,
                     segment=segment,
-                    checkpoint_from=previous,
+                    checkpoint_from=t.job_id,  # the id: a job of that name made since cannot stand in for it
                     stop_at_step=budget,
                 )
                 job = jobs.create_job_row(s, self.p, self._caller(s, row), job_spec, platform_env=env)

@@ -133,3 +133,18 @@ def test_a_pausing_study_file_is_checked(extra: dict, fragment: str):
     with pytest.raises(ValidationError) as info:
         StudySpec.model_validate(_study(**extra))
     assert fragment in str(info.value)
+
+
+def test_finishing_takes_the_best_paused_trial_of_the_highest_rung():
+    from dlcloud.services.asha import finishing
+
+    trials = [
+        paused(0, {3: 0.9}, 3),  # better, but lower
+        paused(1, {3: 0.1, 9: 0.5}, 9),
+        paused(2, {3: 0.2, 9: 0.6}, 9),
+        running(3, {3: 0.3, 9: 0.99}, 27),  # not paused: not for the finisher
+    ]
+    pick = finishing(trials, LADDER, MAX, best=False)
+    assert pick is not None and (pick[0].number, pick[1]) == (2, 27)
+    assert finishing([paused(5, {}, 3)], LADDER, MAX, best=False) == (paused(5, {}, 3), 9)  # reported nothing
+    assert finishing([running(0, {3: 1.0}, 9)], LADDER, MAX, best=False) is None

@@ -15,11 +15,22 @@ branch_labels = None
 depends_on = None
 
 
+STUDIES = sa.table("studies", sa.column("id", sa.String), sa.column("algorithm", sa.String), sa.column("spec", sa.JSON))
+
+
 def upgrade() -> None:
     # existing trials ran as one job each: no segments recorded, no budget
     with op.batch_alter_table("study_trials", schema=None) as batch_op:
         batch_op.add_column(sa.Column("segments", sa.JSON(), nullable=False, server_default="[]"))
         batch_op.add_column(sa.Column("budget", sa.Integer(), nullable=True))
+    # an ASHA study submitted before pausing existed keeps Optuna's pruner (pausing is now the default for
+    # template trials, and a study's way of running must not change under it)
+    bind = op.get_bind()
+    for study_id, spec in bind.execute(sa.select(STUDIES.c.id, STUDIES.c.spec).where(STUDIES.c.algorithm == "asha")):
+        es = dict(spec.get("early_stopping") or {})
+        if es.get("pause") is None:
+            es["pause"] = False
+            bind.execute(STUDIES.update().where(STUDIES.c.id == study_id).values(spec={**spec, "early_stopping": es}))
 
 
 def downgrade() -> None:
