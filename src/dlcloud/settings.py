@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     job_log_max_bytes: Annotated[int, Field(ge=16 * 1024)] = 256 * 1024 * 1024
     # a log read without --follow returns at most this many bytes, the end of the log (--follow streams it all)
     job_log_response_max_bytes: Annotated[int, Field(ge=4 * 1024)] = 4 * 1024 * 1024
+    # the most disk a job's checkpoint_from copy may take (the source's allocated blocks, each hard-linked file
+    # once), else its launch fails; the copy also leaves 5 % of the disk free, at least 1 GiB (docs/jobs.md)
+    checkpoint_copy_max_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024**3
 
     # Scheduling (docs/scheduling.md): how each pass orders and places jobs (fifo | priority-backfill | fair-share
     # | las); aging raises a waiting job's priority by ``scheduling_aging_step`` every

@@ -15,8 +15,9 @@ attempt with ``LAUNCH_FAILED``, recorded in the attempt directory like any launc
 
 A workload with ``checkpoint_from`` gets, while the first attempt that finds the job's checkpoint directory
 missing is prepared, a copy of the named job's (``checkpoints.py``: links never followed, special files never
-opened, owned by the job's sandbox uid); the named job's directory gone (deleted) ends the attempt with
-``LAUNCH_FAILED``.
+opened, hard links copied once, bounded by ``checkpoint_copy_max_bytes`` and the disk's free space, owned by the
+job's sandbox uid); the named job's directory gone (deleted), or its checkpoints past a bound, end the attempt
+with ``LAUNCH_FAILED``; a stop while it copies ends the copy, leaving nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +54,15 @@ from dlcloud.executors.base import (
     log_segments,
 )
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local.checkpoints import SourceGone, TooManyEntries, copy_checkpoints
+from dlcloud.executors.local.checkpoints import (
+    NoRoom,
+    SourceGone,
+    Stopped,
+    TooLarge,
+    TooManyEntries,
+    copy_checkpoints,
+    size_text,
+)
 from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.runner import ProcessRunner, Run, make_private_dirs
 from dlcloud.executors.local.sandbox import Sandbox, probe
@@ -250,7 +259,8 @@ class LocalExecutor(Executor):
         if data is None:
             return None
         jd = attempt_dir.parent
-        self._copy_checkpoints_from(handle, w, jd)
+        if not self._copy_checkpoints_from(handle, w, attempt_dir):
+            return None
         with self._lock:
             self._preparing[handle] = ""
         env = dict(w.env)
@@ -283,22 +293,35 @@ class LocalExecutor(Executor):
             mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
         )
 
-    def _copy_checkpoints_from(self, handle: str, w: Workload, jd: Path) -> None:
+    def _copy_checkpoints_from(self, handle: str, w: Workload, attempt_dir: Path) -> bool:
         """The job's checkpoint directory as a copy of the one of the job ``w.checkpoint_from`` names (of the same
         tenant), made by the first attempt that finds it missing; later attempts keep the job's own. The named
-        job's directory gone (it was deleted) ends the attempt; no checkpoints there: an empty directory."""
-        dest = jd / CHECKPOINTS
+        job's directory gone (it was deleted), or its checkpoints past a bound, end the attempt; no checkpoints
+        there: an empty directory. False: the attempt was stopped meanwhile (its end recorded, nothing copied)."""
+        dest = attempt_dir.parent / CHECKPOINTS
         source = w.checkpoint_from
         if source is None or os.path.lexists(dest):
-            return
+            return True
         if not JOB_ID_RE.fullmatch(source) or source == w.job_id:
             raise CheckpointsUnavailable(f"its checkpoint_from names no other job ({source!r})")
         with self._lock:
             self._preparing[handle] = f"copying the checkpoints of job {source} (checkpoint_from)"
-        limit = self.settings.max_archive_members
+        limit, max_bytes = self.settings.max_archive_members, self.settings.checkpoint_copy_max_bytes
         uid = self.sandbox.uid_for(w.sandbox_slot) if self.sandbox.enabled else None
+        stop_request = attempt_dir / launcher_mod.STOP_REQUEST_FILE
         try:
-            result = copy_checkpoints(self._job_dir(w.tenant_id, source), CHECKPOINTS, dest, uid, limit)
+            result = copy_checkpoints(
+                self._job_dir(w.tenant_id, source),
+                CHECKPOINTS,
+                dest,
+                uid,
+                limit,
+                max_bytes=max_bytes,
+                stop=stop_request.exists,
+            )
+        except Stopped:  # its marker is there: the end is recorded as a stop before the start
+            self._stopped_before_start(attempt_dir)
+            return False
         except SourceGone:
             raise CheckpointsUnavailable(
                 f"the job its checkpoint_from names ({source}) was deleted after this job was submitted, and its "
@@ -309,22 +332,44 @@ class LocalExecutor(Executor):
                 f"the checkpoints of job {source} (checkpoint_from) hold more than {limit} files and directories, "
                 "the most that is copied (max_archive_members)"
             ) from None
+        except TooLarge:
+            raise CheckpointsUnavailable(
+                f"the checkpoints of job {source} (checkpoint_from) take more than {size_text(max_bytes)} of disk, "
+                "the most that is copied (checkpoint_copy_max_bytes); submit this job from another job or without "
+                "checkpoint_from, or ask an administrator"
+            ) from None
+        except NoRoom as exc:
+            log.error(
+                "attempt %s: no room for the checkpoints of job %s: %d bytes needed, %d available, %d kept free",
+                handle,
+                source,
+                exc.need,
+                exc.available,
+                exc.margin,
+            )
+            raise CheckpointsUnavailable(
+                f"the checkpoints of job {source} (checkpoint_from, {size_text(exc.need)}) do not fit on the "
+                f"server's disk, which keeps {size_text(exc.margin)} free; ask an administrator"
+            ) from None
         except OSError as exc:
             log.error("attempt %s: copying the checkpoints of job %s failed: %s", handle, source, exc)
             raise CheckpointsUnavailable(
                 f"the checkpoints of job {source} (checkpoint_from) could not be copied: {exc.strerror or exc}"
             ) from None
         log.info(
-            "attempt %s: checkpoints of job %s copied (%d files, %d directories, %d bytes)",
+            "attempt %s: checkpoints of job %s copied (%d files, %d of them hard links, %d directories, %d bytes)%s",
             handle,
             source,
             result.files,
+            result.linked,
             result.dirs,
             result.bytes,
+            "; another preparation of the attempt copied them first: its copy kept" if result.already_there else "",
         )
         if result.left_out:
             shown = ", ".join(f"{path} ({why})" for path, why in sorted(result.left_out.items())[:20])
             log.warning("attempt %s: left out of the checkpoints of job %s: %s", handle, source, shown)
+        return True
 
     def _acquire_all(
         self, handle: str, manifests: list[tuple[DatasetMount, Manifest]], attempt_dir: Path
