@@ -24,7 +24,8 @@ ENDED = {"COMPLETED", "FAILED", "STOPPED"}
 
 # a trial: its parameters from DLCLOUD_HPARAMS, the objective pushed at every step with the two variables
 # every job gets (docs/metrics.md; what dlcloud.report does, without needing dlcloud in the job's interpreter)
-TRIAL = """
+# (a str.format template: its own braces doubled)
+REPORTING = """
 import json, os, time, urllib.request
 def report(step, **metrics):
     body = json.dumps({{"points": [{{"step": step, "metrics": metrics}}]}}).encode()
@@ -32,12 +33,16 @@ def report(step, **metrics):
         "Authorization": "Bearer " + os.environ["DLCLOUD_METRICS_TOKEN"], "Content-Type": "application/json"}})
     urllib.request.urlopen(req, timeout=30).close()
 p = json.loads(os.environ["DLCLOUD_HPARAMS"])
-steps, pause = {steps}, {pause}
+"""
+TRIAL = (
+    REPORTING
+    + """steps, pause = {steps}, {pause}
 for step in range(steps):
     report(step, score={score})
     time.sleep(pause)
 print("params", json.dumps(p, sort_keys=True))
 """
+)
 
 
 def trial(score: str, steps: int = 3, pause: float = 0.0) -> dict:

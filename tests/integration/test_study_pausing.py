@@ -11,19 +11,13 @@ import shlex
 
 import pytest
 
-from tests.integration.test_studies import _time, api_server, wait_study
+from tests.integration.test_studies import REPORTING, _time, api_server, wait_study
 
 # a trial that honours the platform's contract for pausing: resume from its checkpoint, train to
 # DLCLOUD_STOP_AT_STEP (else to its last step), save the step reached after each one
-RESUMABLE = """
-import json, os, time, urllib.request
-def report(step, **metrics):
-    body = json.dumps({{"points": [{{"step": step, "metrics": metrics}}]}}).encode()
-    req = urllib.request.Request(os.environ["DLCLOUD_METRICS_URL"], data=body, method="POST", headers={{
-        "Authorization": "Bearer " + os.environ["DLCLOUD_METRICS_TOKEN"], "Content-Type": "application/json"}})
-    urllib.request.urlopen(req, timeout=30).close()
-p = json.loads(os.environ["DLCLOUD_HPARAMS"])
-ck = os.path.join(os.environ["DLCLOUD_CHECKPOINT_DIR"], "step")
+RESUMABLE = (
+    REPORTING
+    + """ck = os.path.join(os.environ["DLCLOUD_CHECKPOINT_DIR"], "step")
 start = int(open(ck).read()) if os.path.exists(ck) else 0
 stop = int(os.environ.get("DLCLOUD_STOP_AT_STEP", "{last}")) if {honour} else {last}
 print("resumed at", start, "to", stop, flush=True)
@@ -35,6 +29,7 @@ for step in range(start + 1, stop + 1):
     os.replace(ck + ".tmp", ck)
     time.sleep({pause})
 """
+)
 
 
 @pytest.fixture
