@@ -11,7 +11,10 @@ rotated per seed), one study through the SDK, run alone, each trial a no-code te
     search_space: lr (categorical, 8 values 1e-4..0.3, log-spaced), units {4, 16, 64}, layers {1, 2, 3},
                   optimizer {sgd, adam}: 144 configurations, the same for every algorithm (grid needs
                   categorical or int parameters, so lr is a categorical list for all four)
-    objective: val_accuracy, maximize, its best step; asha: reduction factor 3, rungs at epochs 3, 9, 27, 81
+    objective: val_accuracy, maximize, its best step; asha: reduction factor 3, rungs at epochs 3, 9, 27, 81,
+               pausing (the platform's default for template trials: a trial trains to its rung and waits; the
+               best third of each rung is resumed from its checkpoint as a new job); asha-prune (optional):
+               the same rungs with Optuna's pruner, which cannot pause
 
 A few configurations (Adam, lr 3e-3..1e-2, 3 layers) reach 0.95 (the default target) within 8-30 epochs; most
 stay near 0.59 for all 81 (too small or too large a learning rate, SGD, 4 units). ASHA's first rung is epoch 3,
@@ -25,7 +28,7 @@ The study is watched while it runs; once a trial reports
 
 * trial-epochs to target: the epochs the hitting trial needed to reach the target plus every epoch run by
   every other trial created before that moment (pruned trials included, with the epochs they ran after the
-  pruning decision until their SIGTERM landed). Epochs run are counted from the trainer's ``epoch N:`` log
+  pruning decision until their SIGTERM landed; a pausing trial's epochs over all its jobs). Epochs run are counted from the trainer's ``epoch N:`` log
   lines (a trial killed mid-way reports its last points only up to the reporter's last flush); "as decided"
   counts a pruned trial only up to the step it was pruned at (what the algorithm asked for). A study that
   never reaches the target counts all its epochs (a lower bound, marked >=).
