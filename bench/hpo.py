@@ -298,7 +298,7 @@ def print_report(args: argparse.Namespace, outcomes: list[Outcome], peer: list[t
         f"task: mlp template, {args.rows} rows of 2 spirals ({args.turns:g} turns) + 6 noise features, "
         "20 % validation; "
         f"{args.epochs} epochs per trial, batch {args.batch_size}, patience 0; 144 configurations; "
-        f"target val_accuracy >= {args.target:g}; seeds 1..{args.seeds}; max_trials {args.max_trials}, "
+        f"target val_accuracy >= {args.target:g}; seeds {args.first_seed}..{args.seeds}; max_trials {args.max_trials}, "
         f"parallel_trials {args.parallel}; asha: min_resource {args.min_resource}, reduction factor 3"
     )
     print()
@@ -394,6 +394,7 @@ def print_report(args: argparse.Namespace, outcomes: list[Outcome], peer: list[t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3, help="studies per algorithm, seeds 1..N (default 3)")
+    ap.add_argument("--first-seed", type=int, default=1, help="start at this seed instead of 1 (more seeds later)")
     ap.add_argument("--max-trials", type=int, default=40, help="max_trials of each study (default 40)")
     ap.add_argument("--target", type=float, default=0.95, help="validation accuracy to reach (default 0.95)")
     ap.add_argument("--epochs", type=int, default=81, help="epochs per trial (default 81: ASHA rungs 3, 9, 27, 81)")
@@ -418,6 +419,8 @@ def main() -> None:
         ap.error(f"unknown algorithms {sorted(bad)}; choose from {', '.join(KNOWN)}")
     if args.seeds < 1 or args.max_trials < 1 or args.epochs < 1 or args.rows < 10:
         ap.error("--seeds, --max-trials and --epochs must be at least 1, --rows at least 10")
+    if not 1 <= args.first_seed <= args.seeds:
+        ap.error(f"--first-seed must be between 1 and --seeds ({args.seeds})")
 
     root = Path(tempfile.mkdtemp(prefix="dlcloud-bench-hpo-"))
     server = DlcloudServer(root, "dlcloud")
@@ -431,7 +434,7 @@ def main() -> None:
         print(f"sandbox: {server.isolation}", file=sys.stderr)
         with Client(creds) as client:
             client.datasets.push(DATASET, path=csv)
-            for seed in range(1, args.seeds + 1):
+            for seed in range(args.first_seed, args.seeds + 1):
                 order = algorithms[seed - 1 :] + algorithms[: seed - 1]  # rotated: no algorithm always first
                 for algo in order:
                     name = f"hpo-{algo}-s{seed}"
