@@ -456,3 +456,27 @@ def test_studies_are_tenant_scoped(env):
     detail = env.admin.studies.get("mine")
     assert detail["state"] == "RUNNING" and detail["trials_started"] == 0 and detail["best"] is None
     assert isinstance(detail["seed"], int) and detail["spec"]["search_space"]["x"]["type"] == "uniform"
+
+
+def test_a_studys_trial_job_names_are_kept_for_its_trials(env):
+    """Another member cannot take the name of a study's next trial job (``<study>-<n>``, a resumed one's
+    ``<study>-<n>-r<j>``) and so fail the trial or the study; other names, and other tenants, are not affected."""
+    spec = {
+        "name": "sq",
+        "algorithm": "random",
+        "objective": {"metric": "loss"},
+        "max_trials": 2,
+        "trial": {"command": "true"},
+        "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
+    }
+    env.admin.studies.submit(spec)
+    teammate = env.new_tenant_user("default", "tara").transport.creds
+    for name in ("sq-0", "sq-7", "sq-3-r1"):
+        job = {"name": name, "command": "true", "resources": {"cpu": 0.5, "memory": "256Mi"}}
+        err = assert_api_error(env.signed(teammate, "POST", f"{API}/jobs", job), 400, "invalid_spec")
+        assert f"job name {name!r} is kept for the trials of study 'sq'" in err["message"], err
+    assert env.admin.jobs.list() == []
+    for name in ("sq-x", "sq-1-2", "sqa-0"):  # not a trial name of study sq ("sq-1-2" would be study sq-1's)
+        env.admin.jobs.submit({"name": name, "command": "true", "resources": {"cpu": 0.5, "memory": "256Mi"}})
+    other = env.new_tenant_user("other", "olga")
+    other.jobs.submit({"name": "sq-0", "command": "true", "resources": {"cpu": 0.5, "memory": "256Mi"}})

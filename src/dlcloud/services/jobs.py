@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import jobs as job_store
+from dlcloud.store import studies as study_store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, UserRow, utcnow
@@ -307,6 +309,21 @@ def submit_job(platform: Platform, caller: Caller, spec: JobSpec) -> Job:
     return job
 
 
+# the names of a study's trial jobs: <study>-<number>, a resumed one <study>-<number>-r<j> (services/studies.py)
+TRIAL_JOB_NAME = re.compile(r"^(?P<study>.+)-(?P<number>[0-9]+)(?:-r[0-9]+)?$")
+
+
+def _check_not_a_trial_name(s: Session, tenant_id: str, name: str) -> None:
+    """A user's job may not take a name a study of the tenant gives its trials: another member could otherwise
+    make a trial (or the whole study) fail by taking the name of its next job first."""
+    m = TRIAL_JOB_NAME.match(name)
+    if m is not None and study_store.name_taken(s, tenant_id, m.group("study")):
+        raise InvalidSpec(
+            f"job name {name!r} is kept for the trials of study {m.group('study')!r} "
+            "(<study>-<number>, <study>-<number>-r<n>); choose another name"
+        )
+
+
 def create_job_row(
     s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
 ) -> JobRow:
@@ -347,6 +364,8 @@ def create_job_row(
         pass  # a module from the environment itself (e.g. a library's CLI module)
     resolved = datasets.resolve_for_job(s, caller, refs)
     checkpoint_from_id = resolve_checkpoint_from(s, caller, spec)
+    if platform_env is None or "DLCLOUD_STUDY" not in platform_env:  # not the study driver's trial
+        _check_not_a_trial_name(s, tenant.id, spec.name)
     if job_store.name_taken(s, tenant.id, spec.name):
         raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
     if tenant.quota_max_queued_jobs is not None:
