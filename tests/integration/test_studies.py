@@ -430,15 +430,18 @@ def test_bad_studies_are_refused_naming_the_problem(env, change, status, fragmen
     assert env.admin.studies.list() == []
 
 
+# a study that is only recorded (the tests using it run no control loop)
+RECORDED = {
+    "algorithm": "random",
+    "objective": {"metric": "loss"},
+    "max_trials": 2,
+    "trial": {"command": "true"},
+    "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
+}
+
+
 def test_studies_are_tenant_scoped(env):
-    spec = {
-        "name": "mine",
-        "algorithm": "random",
-        "objective": {"metric": "loss"},
-        "max_trials": 2,
-        "trial": {"command": "true"},
-        "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
-    }
+    spec = {"name": "mine", **RECORDED}
     env.admin.studies.submit(spec)
     assert_api_error(env.signed(env.admin_creds, "POST", f"{API}/studies", spec), 409, "already_exists")
     other = env.new_tenant_user("other", "olga")
@@ -461,15 +464,7 @@ def test_studies_are_tenant_scoped(env):
 def test_a_studys_trial_job_names_are_kept_for_its_trials(env):
     """Another member cannot take the name of a study's next trial job (``<study>-<n>``, a resumed one's
     ``<study>-<n>-r<j>``) and so fail the trial or the study; other names, and other tenants, are not affected."""
-    spec = {
-        "name": "sq",
-        "algorithm": "random",
-        "objective": {"metric": "loss"},
-        "max_trials": 2,
-        "trial": {"command": "true"},
-        "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
-    }
-    env.admin.studies.submit(spec)
+    env.admin.studies.submit({"name": "sq", **RECORDED})
     teammate = env.new_tenant_user("default", "tara").transport.creds
     for name in ("sq-0", "sq-7", "sq-3-r1"):
         job = {"name": name, "command": "true", "resources": {"cpu": 0.5, "memory": "256Mi"}}
