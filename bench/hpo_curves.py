@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--epochs", type=int, default=81)
     ap.add_argument("--min-resource", type=int, default=3)
+    ap.add_argument("--reduction-factor", type=int, default=3)
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--turns", type=float, default=3.0)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -179,7 +180,7 @@ def main() -> None:
     n = len(curves)
     hits = [hit_epoch(c, args.target, args.epochs) for c in curves]
     good = [h for h in hits if h is not None]
-    rungs = asha.Rungs(args.min_resource, 3)
+    rungs = asha.Rungs(args.min_resource, args.reduction_factor)
     rng = random.Random(0)
     grid, pausing = [], []
     curves = [c + [c[-1]] * (args.epochs - len(c)) for c in curves]  # past a hit: never read, padded
@@ -195,7 +196,8 @@ def main() -> None:
         f"{n} configurations of bench/hpo.py's space, {args.epochs} epochs each; target val_accuracy >= "
         f"{args.target:g}: {len(good)} reach it (epoch {min(good, default=0)}-{max(good, default=0)}, median "
         f"{statistics.median(good) if good else 0:.0f}); {args.orders} random orders; asha: rungs "
-        f"{', '.join(map(str, [*rungs.below(args.epochs), args.epochs]))}, reduction factor 3, pausing"
+        f"{', '.join(map(str, [*rungs.below(args.epochs), args.epochs]))}, reduction factor {args.reduction_factor}, "
+        "pausing"
     )
     print()
     print(f"{'trial-epochs to target':<28}{'mean':>8}{'median':>8}{'p10':>8}{'p90':>8}")
