@@ -139,15 +139,6 @@ class EarlyStopping(Request):
             raise ValueError(f"max_resource ({self.max_resource}) must be at least min_resource ({self.min_resource})")
         return self
 
-    def rungs(self, max_resource: int) -> list[int]:
-        """The steps a pausing trial stops at: min_resource * reduction_factor^k below ``max_resource``, then
-        ``max_resource`` itself (the last, where a trial completes)."""
-        out, r = [], self.min_resource
-        while r < max_resource:
-            out.append(r)
-            r *= self.reduction_factor
-        return [*out, max_resource]
-
 
 TEMPLATE_TRIAL_FIELDS = tuple(f for f in TemplateSpec.model_fields if f != "name")
 

@@ -283,7 +283,7 @@ class StudyDriver:
                 return spec.parallel_trials - alive  # promotions go on after the last new trial
             if done is not None:
                 if not alive:
-                    self._prune_paused(row, live, trials, done)
+                    self._prune_paused(live, trials, done)
                     study_states.transition_study(row, StudyState.COMPLETED, done)
                     log.info("study %s (%s) completed: %s", row.name, row.id, done)
                 return 0
@@ -337,7 +337,7 @@ class StudyDriver:
             and self._exhausted(spec, trials, started) is not None
         )
 
-    def _prune_paused(self, row: StudyRow, live: _Live, trials: list[StudyTrialRow], done: str) -> None:
+    def _prune_paused(self, live: _Live, trials: list[StudyTrialRow], done: str) -> None:
         """The study ends: its paused trials were not promoted (or the budget ran out before they were)."""
         spec = live.spec
         candidates = self._candidates(trials)

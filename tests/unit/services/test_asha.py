@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dlcloud.schemas.studies import Direction, EarlyStopping, StudySpec
+from dlcloud.schemas.studies import Direction, StudySpec
 from dlcloud.services.asha import Candidate, Rungs, promotion, rung_value, standing
 
 MAX, MIN = Direction.MAXIMIZE, Direction.MINIMIZE
@@ -27,8 +27,8 @@ def test_the_ladder_stops_at_each_trials_own_last_step():
     assert LADDER.first_budget(81) == 3 and LADDER.first_budget(2) == 2
     assert [LADDER.next_budget(b, 81) for b in (3, 9, 27)] == [9, 27, 81]
     assert LADDER.next_budget(9, 20) == 20  # a trial of 20 epochs: its last rung is 20, not 27
-    assert EarlyStopping(min_resource=3, reduction_factor=3).rungs(81) == [3, 9, 27, 81]
-    assert EarlyStopping(min_resource=1, reduction_factor=2).rungs(5) == [1, 2, 4, 5]
+    assert [*LADDER.below(81), 81] == [3, 9, 27, 81]
+    assert [*Rungs(min_resource=1, reduction_factor=2).below(5), 5] == [1, 2, 4, 5]
 
 
 def test_the_value_at_a_rung_is_the_best_or_the_last_up_to_its_step():
