@@ -11,17 +11,20 @@ rotated per seed), one study through the SDK, run alone, each trial a no-code te
     search_space: lr (categorical, 8 values 1e-4..0.3, log-spaced), units {4, 16, 64}, layers {1, 2, 3},
                   optimizer {sgd, adam}: 144 configurations, the same for every algorithm (grid needs
                   categorical or int parameters, so lr is a categorical list for all four)
-    objective: val_accuracy, maximize, its best step; asha: reduction factor 3, rungs at epochs 3, 9, 27, 81,
-               pausing (the platform's default for template trials: a trial trains to its rung and waits; the
-               best third of each rung is resumed from its checkpoint as a new job); asha-prune (optional):
-               the same rungs with Optuna's pruner, which cannot pause
+    objective: val_accuracy, maximize, its best step; asha: reduction factor 3, rungs at epochs 1, 3, 9, 27,
+               81, pausing (the platform's default for template trials: a trial trains to its rung and waits;
+               the best third of each rung is resumed from its checkpoint as a new job); asha-prune
+               (optional): Optuna's pruner, which cannot pause, with rungs at 3, 9, 27, 81
 
 A few configurations (Adam, lr 3e-3..1e-2, 3 layers) reach 0.95 (the default target) within 8-30 epochs; most
-stay near 0.59 for all 81 (too small or too large a learning rate, SGD, 4 units). ASHA's first rung is epoch 3,
-not 1: after one epoch every configuration, good or not, sits at 0.57-0.60 (rung 1 would rank by noise and
-prune the good ones: the 2026-11-25 run with rungs 1, 3, 9, 27 measured grid/ASHA 1.7); after three the good
-ones stand out (0.61-0.84). The budget per trial (``--epochs``) is what grid and random spend on every bad
-configuration and ASHA on a third of them at most, so the ratio grows with it; the README gives both settings.
+stay near 0.59 for all 81 (too small or too large a learning rate, SGD, 4 units). After one epoch every
+configuration, good or not, sits at 0.57-0.60; after three the good ones stand out (0.61-0.84). A pruner's
+first rung is therefore epoch 3 (rung 1 ranks by noise and prunes the good ones for good: the 2026-11-25 run
+with Optuna's pruner and rungs 1, 3, 9, 27 measured grid/ASHA 1.7). Pausing ASHA starts at epoch 1: a trial
+that ranks low there only waits, and is promoted once the rung has seen enough trials (the curve replay of
+``bench/hpo_curves.py`` expected 5.4x at min_resource 1 against 4.0x at 3, decided before the real runs).
+The budget per trial (``--epochs``) is what grid and random spend on every bad configuration and ASHA on a
+third of them at most, so the ratio grows with it; the README gives both settings.
 
 The study is watched while it runs; once a trial reports
 ``val_accuracy >= --target`` it is stopped (the rest would only cost time). From the trials' jobs afterwards:
@@ -123,7 +126,7 @@ def study_spec(name: str, algorithm: str, seed: int, args: argparse.Namespace) -
         "search_space": SEARCH_SPACE,
     }
     if algorithm == "asha-prune":
-        spec["early_stopping"] = {"min_resource": args.min_resource, "reduction_factor": 3, "pause": False}
+        spec["early_stopping"] = {"min_resource": args.prune_min_resource, "reduction_factor": 3, "pause": False}
     if algorithm == "asha":
         spec["early_stopping"] = {"min_resource": args.min_resource, "reduction_factor": 3}
     return spec
@@ -299,7 +302,8 @@ def print_report(args: argparse.Namespace, outcomes: list[Outcome], peer: list[t
         "20 % validation; "
         f"{args.epochs} epochs per trial, batch {args.batch_size}, patience 0; 144 configurations; "
         f"target val_accuracy >= {args.target:g}; seeds {args.first_seed}..{args.seeds}; max_trials {args.max_trials}, "
-        f"parallel_trials {args.parallel}; asha: min_resource {args.min_resource}, reduction factor 3"
+        f"parallel_trials {args.parallel}; asha: min_resource {args.min_resource}, asha-prune: min_resource "
+        f"{args.prune_min_resource}; reduction factor 3"
     )
     print()
     header = (
@@ -397,8 +401,19 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=1, help="start at this seed instead of 1 (more seeds later)")
     ap.add_argument("--max-trials", type=int, default=40, help="max_trials of each study (default 40)")
     ap.add_argument("--target", type=float, default=0.95, help="validation accuracy to reach (default 0.95)")
-    ap.add_argument("--epochs", type=int, default=81, help="epochs per trial (default 81: ASHA rungs 3, 9, 27, 81)")
-    ap.add_argument("--min-resource", type=int, default=3, help="ASHA's first rung, in epochs (default 3)")
+    ap.add_argument("--epochs", type=int, default=81, help="epochs per trial (default 81)")
+    ap.add_argument(
+        "--min-resource",
+        type=int,
+        default=1,
+        help="pausing ASHA's first rung, in epochs (default 1: rungs 1, 3, 9, 27, 81)",
+    )
+    ap.add_argument(
+        "--prune-min-resource",
+        type=int,
+        default=3,
+        help="asha-prune's first rung, in epochs (default 3: a pruner's rung 1 prunes by epoch 1's noise)",
+    )
     ap.add_argument("--rows", type=int, default=20_000, help="rows of the task (default 20000)")
     ap.add_argument("--turns", type=float, default=3.0, help="turns of each spiral: harder with more (default 3)")
     ap.add_argument("--batch-size", type=int, default=32, help="the trials' batch_size (default 32)")
