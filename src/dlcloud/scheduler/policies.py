@@ -34,7 +34,18 @@ policies; the rules, in short:
 Guarantees are per resource; only the resources with a guarantee above zero are checked ("inside its guarantee":
 usage with the job ≤ guarantee for each of them); a tenant without any guarantee borrows everything it uses. Of a
 tenant's running attempts, the owed ones are its non-preemptible, then highest-priority, then earliest-started
-attempts up to its guarantee; the rest are borrowed.
+attempts up to its guarantee; the one after them that takes the tenant from short of its guarantee to beyond it
+*straddles* it; the rest are borrowed. Jobs come in sizes, so a tenant holding 40 of 46 guaranteed GPUs with
+8-GPU jobs would never get the rest back: a job that straddles its tenant's guarantee (the tenant short of it,
+the job alone inside it) counts as owed: it reclaims borrowed attempts, but not straddling ones. A straddling
+attempt is taken back only by a job strictly inside its guarantee, after every borrowed one (so two tenants never
+take turns). A job larger than its tenant's guarantee, which the tenant is short of, may reclaim borrowed attempts
+of tenants whose share stays larger than its tenant's with it (dominant-resource fairness: a tenant with a small
+guarantee and large jobs is not starved under contention, and cannot take more than the tenants it takes from
+hold). An owed job whose victims are on other nodes than it needs (its GPUs on one node, a gang's on whole nodes)
+evicts them and moves small preemptible attempts of any tenant out of its way, where each fits again on the GPUs
+left free ("defrag"; ``_Pass.defragment``): a guarantee is not lost because others' owed small jobs sit on every
+node.
 """
 
 from __future__ import annotations
@@ -459,7 +470,7 @@ class _Pass:
             return False
         cands = [c for c in candidates() if id(c.held) not in self.victims]
         found = find_victims(job, self.cluster, cands, also) if cands else None
-        if found is None:
+        if found is None or not found[0]:  # no victims: it fits on what the reservation leaves, which said no
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
@@ -479,21 +490,48 @@ class _Pass:
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
-    def defragment(self, job: QueuedJob, tenant: _Tenant | None, borrowed: set[int]) -> bool:
+    def defragment(
+        self,
+        job: QueuedJob,
+        tenant: _Tenant | None,
+        borrowed: set[int],
+        reclaim: Callable[[], list[Candidate]] | None = None,
+    ) -> bool:
         """Enough GPUs are free for ``job`` but not on the nodes it needs (a gang wants whole nodes; free GPUs are
         scattered where small jobs ended): stop single-node preemptible attempts so that it fits, only where every
         one of them fits again on the GPUs that stay free (they resume at once: moved, not evicted). Least work
         lost first; at most ``job``'s GPUs are moved. Only attempts ``job`` could preempt anyway may be moved: its
         own tenant's of at most its priority, and other tenants' borrowed ones (``borrowed``: their ``id()``), so a
-        tenant cannot make another lose work inside its guarantee by submitting gangs."""
+        tenant cannot make another lose work inside its guarantee by submitting gangs.
+
+        ``reclaim``: ``job`` is owed (inside its tenant's guarantee) and these are the victims it may evict (its
+        reclaim candidates), but they do not free whole nodes where it needs them. Then they are evicted (they need
+        not fit again) and any single-node preemptible attempt in the way may be moved, whichever tenant's, as long
+        as it fits again on the GPUs that stay free (those the evicted ones free included): a tenant's guarantee is
+        not lost because owed small jobs of others sit on every node; the moved ones lose only the work since their
+        last checkpoint and keep their place."""
         c = self.cluster
-        if not self.cfg.defragment or c.nfree < job.gpus or not c.fits_totals(job) or c.single_node:
+        if not self.cfg.defragment or not c.fits_totals(job) or c.single_node:
+            return False
+        if reclaim is None and c.nfree < job.gpus:
             return False
         node_of, names = c.node_of, c.names
+        memo = ("defrag", reclaim is not None, job.gpu_type, bool(job.groups))
+        if not self.may_search(memo, job):
+            return False
+        evict = [x for x in reclaim() if id(x.held) not in self.victims] if reclaim is not None else []
+        evicting = {id(x.held) for x in evict}
+        if reclaim is not None and c.nfree + sum(len(x.held.gpus) for x in evict) < job.gpus:
+            self.failed[memo].append((job.gpus, job.cpus, job.memory))
+            return False
 
         def movable(h: Held) -> bool:
+            if reclaim is not None:
+                may = id(h) not in evicting
+            else:
+                may = h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed
             return (
-                (h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed)
+                may
                 and h.preemptible
                 and not h.stopping
                 and 0 < len(h.gpus) < c.max_size
@@ -502,24 +540,19 @@ class _Pass:
             )
 
         def at_most_its_gpus(chosen: Sequence[Candidate]) -> bool:
-            return sum(len(x.held.gpus) for x in chosen) <= job.gpus
+            return sum(len(x.held.gpus) for x in chosen if x.reason == "defrag") <= job.gpus
 
-        def candidates() -> list[Candidate]:
-            now = self.now
-            return sorted(
-                (Candidate(h, (lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
-                key=lambda x: x.key,
-            )
-
-        memo = ("defrag", job.gpu_type, bool(job.groups))
-        if not self.may_search(memo, job):
-            return False
-        found = find_victims(job, c, candidates(), at_most_its_gpus)
-        if found is None:
+        now = self.now
+        moves = sorted(
+            (Candidate(h, (2, lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
+            key=lambda x: x.key,
+        )
+        found = find_victims(job, c, evict + moves, at_most_its_gpus)
+        if found is None or not found[0]:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
-        # every victim must fit again, on what stays free once ``job`` has its GPUs
+        # every moved attempt must fit again, on what stays free once ``job`` has its GPUs
         free = [list(fl) for fl in c.free]
         for x in chosen:
             for g in x.held.gpus:
@@ -527,7 +560,7 @@ class _Pass:
         for g in gpus:
             fl = free[node_of[g]]
             del fl[bisect.bisect_left(fl, g)]
-        for x in sorted(chosen, key=lambda x: -len(x.held.gpus)):
+        for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
             pick = choose(free, names, [(len(x.held.gpus), want)])
             if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
@@ -539,10 +572,16 @@ class _Pass:
         for x in chosen:
             self.result.preemptions.append(
                 Preemption(
-                    x.held.job_id, job.id, "defrag", f"preempted by job {job.id} (defrag): {PREEMPTION_WHY['defrag']}"
+                    x.held.job_id,
+                    job.id,
+                    x.reason,
+                    f"preempted by job {job.id} ({x.reason}): {PREEMPTION_WHY[x.reason]}",
                 )
             )
-        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING['defrag']}"
+        main = "reclaim" if any(x.reason == "reclaim" for x in chosen) else "defrag"
+        moved = sum(1 for x in chosen if x.reason == "defrag")
+        also = f", moving {moved} to gather whole nodes" if main == "reclaim" and moved else ""
+        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{also}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
@@ -596,24 +635,52 @@ def _priority_backfill(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
 
 # -- fair-share -----------------------------------------------------------------------------------------------------
-def _borrowed_attempts(p: _Pass) -> set[int]:
-    """id() of the running attempts beyond their tenant's guarantee (see the module docstring)."""
+def _below(lim: Limits, use: Usage) -> bool:
+    """``use`` is short of the guarantee: strictly below it in every guaranteed resource."""
+    return (
+        lim.guaranteed
+        and (lim.guarantee_gpus <= 0 or use.gpus < lim.guarantee_gpus)
+        and (lim.guarantee_cpus <= 0 or use.cpus < lim.guarantee_cpus - 1e-9)
+        and (lim.guarantee_memory <= 0 or use.memory < lim.guarantee_memory)
+    )
+
+
+def _straddles(lim: Limits, use: Usage, gpus: int, cpus: float, memory: int) -> bool:
+    """A job of ``gpus/cpus/memory`` would straddle its tenant's guarantee: the tenant is short of it (``_below``),
+    the job alone fits it, but usage with the job exceeds it. Such a job counts as owed (see the module docstring):
+    else a tenant whose jobs are as large as what it lacks (8-GPU jobs, 40 of 46 guaranteed GPUs in use) could
+    never reclaim the rest."""
+    return (
+        _below(lim, use)
+        and _within(lim, gpus, cpus, memory)
+        and not _within(lim, use.gpus + gpus, use.cpus + cpus, use.memory + memory)
+    )
+
+
+def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
+    """id() of the running attempts beyond their tenant's guarantee (borrowed), and of those that straddle it: the
+    attempt that takes its tenant from short of its guarantee to beyond it (at most one a tenant, larger than the
+    guarantee or not; see the module docstring)."""
     by_tenant: dict[str, list[Held]] = {}
     for h in p.held:
         by_tenant.setdefault(h.tenant_id, []).append(h)
     far = datetime.max.replace(tzinfo=p.now.tzinfo)
-    out: set[int] = set()
+    borrowed: set[int] = set()
+    straddling: set[int] = set()
     for tid, hs in by_tenant.items():
         lim = p.limits.get(tid, NO_LIMITS)
         if not lim.guaranteed:
-            out.update(id(h) for h in hs)
+            borrowed.update(id(h) for h in hs)
             continue
-        g = c = m = 0.0
+        use = Usage()
         for h in sorted(hs, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
-            g, c, m = g + len(h.gpus), c + h.cpus, m + h.memory
-            if not _within(lim, int(g), c, int(m)):
-                out.add(id(h))
-    return out
+            if not _within(lim, use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory):
+                if h.preemptible and _below(lim, use):
+                    straddling.add(id(h))
+                else:
+                    borrowed.add(id(h))
+            use.gpus, use.cpus, use.memory = use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory
+    return borrowed, straddling
 
 
 def _tenant_order(jobs: list[QueuedJob], now: datetime, cfg: PlanConfig) -> list[QueuedJob]:
@@ -654,10 +721,16 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
                       lim.borrow_memory)
         )  # fmt: skip
         t.jobs = _tenant_order(t.jobs, now, cfg)
-    borrowed = _borrowed_attempts(p)
+    borrowed, straddling = _owed_split(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
     reclaimable = sorted(
         (Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in borrowed),
+        key=lambda c: c.key,
+    )
+    # straddling attempts of other tenants: only a job strictly inside its guarantee takes them back, after every
+    # borrowed one (a straddling job reclaims borrowed capacity only, so two tenants never take turns)
+    last_resort = sorted(
+        (Candidate(h, (1, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in straddling),
         key=lambda c: c.key,
     )
     bounds = cfg.tenant_las_queues_gpu_s
@@ -695,28 +768,32 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
                 out.append(Candidate(h, c.key, "las"))
         return out
 
-    def candidates(job: QueuedJob, t: _Tenant, inside: bool) -> list[Candidate]:
+    def candidates(job: QueuedJob, t: _Tenant, inside: bool, straddle: bool, catch_up: bool) -> list[Candidate]:
         cands = own_victims(job, t)
-        if inside:
+        if inside or straddle:
             cands += [c for c in reclaimable if c.held.tenant_id != t.id]
-        if p.reservation is None and not inside:
-            # what filled in ahead of it: borrowed attempts of tenants with a larger share, started after it
+        if inside:
+            cands += [c for c in last_resort if c.held.tenant_id != t.id]
+        fill = p.reservation is None and not inside and not straddle
+        if catch_up or fill:
             t.use.gpus += job.gpus
             t.use.cpus += job.cpus
             t.use.memory += job.memory
-            mine = p.share(t)
+            mine = p.share(t)  # its tenant's share with the job
             t.use.gpus -= job.gpus
             t.use.cpus -= job.cpus
             t.use.memory -= job.memory
             since = job.submitted_at or now
             for c in reclaimable:
                 h = c.held
-                if (
-                    h.tenant_id != t.id
-                    and h.started_at is not None
-                    and h.started_at >= since
-                    and p.share(p.tenant(h.tenant_id)) > mine
-                ):
+                if h.tenant_id == t.id or p.share(p.tenant(h.tenant_id)) <= mine:
+                    continue
+                if catch_up:
+                    # short of its guarantee, a job larger than it takes borrowed capacity of tenants that still
+                    # hold a larger share than its tenant will (dominant-resource fairness)
+                    cands.append(c)
+                elif h.started_at is not None and h.started_at >= since:
+                    # what filled in ahead of it: borrowed attempts of tenants with a larger share, started after it
                     cands.append(Candidate(h, c.key, "fill"))
         cands.sort(key=lambda c: c.key)
         return cands
@@ -772,6 +849,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             reasons[job.id] = why
             return False
         inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
+        straddle = not inside and job.preemptible and _straddles(t.lim, t.use, job.gpus, job.cpus, job.memory)
+        owed = inside or straddle
+        # larger than its tenant's guarantee, which the tenant is short of (see ``candidates``)
+        catch_up = not owed and job.preemptible and _below(t.lim, t.use)
         if not job.preemptible and not inside:
             lim = t.lim
             reasons[job.id] = (
@@ -783,30 +864,33 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if r is None:
             gpus = p.fit_now(job)
             if gpus is not None:
-                p.place(job, gpus, borrowed=not inside)
+                p.place(job, gpus, borrowed=not owed)
                 return True
         elif job.gpus > p.cluster.nfree + len(r.free_reserved):
             pass  # cannot start now, whatever the rule: straight to preemption (the idle pass's common case)
         elif (
-            p.backfill(job, not inside)
-            or (inside and not p.reserved_inside and p.place_any(job, False))
-            or (job.preemptible and not inside and p.place_any(job, True))
+            p.backfill(job, not owed)
+            or (owed and not p.reserved_inside and p.place_any(job, False))
+            or (job.preemptible and not owed and p.place_any(job, True))
         ):
             return True
         by_priority = outranks(job, t)
-        fill = r is None and not inside and bool(reclaimable)
-        if (inside or by_priority) and p.wait_for_stopping(job, t):
+        fill = r is None and not owed and bool(reclaimable)
+        if (owed or by_priority) and p.wait_for_stopping(job, t):
             return True
-        if (inside and reclaimable) or by_priority or fill:
+        if (inside and (reclaimable or last_resort)) or ((straddle or catch_up) and reclaimable) or by_priority or fill:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
-            memo = ("fs", inside, t.id if by_priority else None, rank, fill)
-            if p.preempt(job, lambda: candidates(job, t, inside), memo + (job.gpu_type, bool(job.groups)), t):
+            memo = ("fs", inside, straddle, catch_up, t.id if by_priority or catch_up else None, rank, fill)
+            cands = lambda: candidates(job, t, inside, straddle, catch_up)  # noqa: E731
+            if p.preempt(job, cands, memo + (job.gpu_type, bool(job.groups)), t):
                 return True
+        if owed and p.defragment(job, t, borrowed, reclaim=lambda: candidates(job, t, inside, straddle, False)):
+            return True  # its victims are on other nodes than the free GPUs: evict them and move what is in the way
         if r is None and p.defragment(job, t, borrowed):
             return True
         if r is None:
             p.make_reservation(job, p.shortage(job))
-            p.reserved_inside = inside
+            p.reserved_inside = owed
         else:
             reasons[job.id] = p.behind(job)
         t.waiting.append(job.id)
@@ -819,7 +903,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         take the GPUs again and be preempted again, round after round."""
         job = t.jobs[t.next]
         inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
-        return (0 if inside else 1, p.share(t))
+        owed = inside or (job.preemptible and _straddles(t.lim, t.use, job.gpus, job.cpus, job.memory))
+        return (0 if owed else 1, p.share(t))
 
     # Jobs an earlier pass preempted for go first: what their victims free is theirs (as Kueue's nominated
     # workloads). Stateless, the next pass gave it to whoever came first in the order, and the job, still owed,

@@ -89,10 +89,78 @@ def test_reclaim_takes_only_as_many_as_needed_and_never_owed_attempts() -> None:
     assert p3.wait_reasons["b0"].startswith("waiting for capacity: needs 3 GPU(s), 0 free")
 
 
-def test_a_tenant_beyond_its_guarantee_does_not_reclaim() -> None:
+def test_a_tenant_at_its_guarantee_does_not_reclaim() -> None:
+    limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=1)}
+    held = [running("b-own", "b", (0,)), *full_of_a()[1:]]
+    p = plan([job("b0", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == []
+
+
+def test_a_job_larger_than_a_guarantee_its_tenant_lacks_takes_only_from_larger_shares() -> None:
+    # b is guaranteed 1 GPU and holds none; its job needs 2. a holds all 4 GPUs (2 owed, 2 borrowed): with the
+    # job b's share would be 1/2, a's is 1, so b takes a's borrowed attempts back (never its owed ones)
     limits = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=1)}
     p = plan([job("b0", "b", 2)], full_of_a(), limits, nodes(1, 4), NOW, FS)
+    assert sorted(victims(p)) == ["r0", "r1"]  # r2, r3 started first: a's owed ones
+    assert {x.reason for x in p.preemptions} == {"reclaim"}
+    # 3 GPUs would need an owed attempt of a: nothing
+    assert victims(plan([job("b0", "b", 3)], full_of_a(), limits, nodes(1, 4), NOW, FS)) == []
+    # when the lenders' shares would not stay above b's (2 of 4 each), b waits
+    even = [running("a0", "a", (0,)), running("a1", "a", (1,)), running("c0", "c", (2,)), running("c1", "c", (3,))]
+    limits_c = {"a": Limits(guarantee_gpus=1), "b": Limits(guarantee_gpus=1)}
+    assert victims(plan([job("b0", "b", 2, submitted_at=NOW)], even, limits_c, nodes(1, 4), NOW, FS)) == []
+
+
+def test_a_job_straddling_its_guarantee_reclaims_and_counts_as_owed() -> None:
+    # a is guaranteed 6 GPUs and holds 4; its next job needs 4 (8 > 6) but fits the guarantee alone: without the
+    # straddling rule a tenant whose jobs are as large as what it lacks could never reclaim the rest
+    limits = {"a": Limits(guarantee_gpus=6), "b": Limits(guarantee_gpus=1)}
+    held = [running("a-old", "a", (0, 1, 2, 3), minutes=60), running("b-owed", "b", (8,), minutes=90)]
+    held += [running(f"b{i}", "b", (i,), minutes=30 + i) for i in (4, 5, 6, 7)]  # borrowed: started after b-owed
+    held += [running(f"b{i}", "b", (i,), minutes=30 + i) for i in (9, 10, 11)]
+    p = plan([job("a1", "a", 4)], held, limits, nodes(3, 4), NOW, FS)
+    assert placed(p) == []
+    assert {x.reason for x in p.preemptions} == {"reclaim"}
+    assert sorted(victims(p)) == ["b4", "b5", "b6", "b7"]  # node 2 holds b's owed job
+    assert p.wait_reasons["a1"] == "preempting 4 job(s) to reclaim its guarantee"
+    # a tenant at its guarantee does not straddle: it waits
+    at = {**limits, "a": Limits(guarantee_gpus=4)}
+    assert victims(plan([job("a1", "a", 4)], held, at, nodes(3, 4), NOW, FS)) == []
+    # once running, the straddling attempt is owed: b (guaranteed 1, holding 1) cannot take it back
+    done = [running("a-old", "a", (0, 1, 2, 3), minutes=60), running("a1", "a", (4, 5, 6, 7), minutes=1)]
+    done += [running("b-owed", "b", (8,), minutes=90), *(running(f"b{i}", "b", (i,)) for i in (9, 10, 11))]
+    big = {**limits, "b": Limits(guarantee_gpus=5)}
+    p = plan([job("b2", "b", 4)], done, big, nodes(3, 4), NOW, replace(FS, defragment=False))
+    assert victims(p) == []  # a1 straddles (owed), a-old is owed: nothing b may take
+
+
+def test_a_straddling_attempt_is_taken_back_only_by_a_job_inside_its_guarantee_and_last() -> None:
+    # a holds 4 owed + 4 straddling (guarantee 6); c is guaranteed 4 and idle; d borrows one GPU
+    limits = {"a": Limits(guarantee_gpus=6), "c": Limits(guarantee_gpus=4), "e": Limits(guarantee_gpus=4)}
+    held = [running("a-owed", "a", (0, 1, 2, 3), minutes=60), running("a-straddle", "a", (4, 5, 6, 7), minutes=30)]
+    held += [running("d-borrowed", "d", (8,), minutes=5)]
+    # c needs 1 GPU: the borrowed attempt goes first, the straddling one stays
+    p = plan([job("c0", "c", 1)], held, limits, nodes(3, 4), NOW, replace(FS, defragment=False))
+    assert placed(p) == ["c0"]  # three GPUs are free on node 2
+    p = plan([job("c0", "c", 4)], held, limits, nodes(3, 4), NOW, replace(FS, defragment=False))
+    assert victims(p) == ["d-borrowed"]
+    # with node 2 full of owed work, c's 4-GPU job takes the straddling attempt back
+    full = [*held[:2], running("e-owed", "e", (8, 9, 10, 11), minutes=5)]
+    p = plan([job("c0", "c", 4)], full, limits, nodes(3, 4), NOW, FS)
+    assert victims(p) == ["a-straddle"] and p.preemptions[0].reason == "reclaim"
+    # a job that itself straddles (e: 3 + 4 > 4 guaranteed... here f, guaranteed 6, holding 4) does not
+    limits_f = {**limits, "f": Limits(guarantee_gpus=6)}
+    full_f = [*full[:2], running("f-owed", "f", (8, 9, 10, 11), minutes=5)]
+    p = plan([job("f1", "f", 4)], full_f, limits_f, nodes(3, 4), NOW, FS)
     assert victims(p) == []
+
+
+def test_a_job_larger_than_its_guarantee_does_not_straddle() -> None:
+    limits = {"a": Limits(guarantee_gpus=3), "b": Limits(guarantee_gpus=1)}
+    held = [running(f"b{i}", "b", (i,), minutes=30 + i) for i in range(4)]
+    p = plan([job("a0", "a", 4, submitted_at=NOW)], held, limits, nodes(1, 4), NOW, FS)
+    assert victims(p) == []
+    assert p.borrowing == set()
 
 
 def test_victims_lowest_priority_first_then_least_work_lost() -> None:
@@ -426,6 +494,29 @@ def test_non_preemptible_and_whole_node_attempts_are_never_moved() -> None:
     ]
     p = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, FS)
     assert victims(p) == [] and p.blocked_by == "g"
+
+
+def test_an_owed_job_evicts_borrowers_and_moves_owed_small_jobs_off_the_node_it_needs() -> None:
+    # node 0: b's owed 1-GPU job and c's three borrowed ones; node 1: b's other owed job, two of c's, one GPU free.
+    # a (guaranteed 4, idle) needs a whole node: no node holds 4 borrowed or free GPUs, so a plain reclaim finds
+    # nothing; it evicts c's three on node 0 and moves b's job there to the free GPU of node 1
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2)}
+    held = [running("b-n0", "b", (0,), minutes=5), running("b-n1", "b", (4,), minutes=50)]
+    held += [running(f"c{i}", "c", (i,), minutes=20) for i in (1, 2, 3, 5, 6)]
+    p = plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert placed(p) == []
+    why = {x.job_id: x.reason for x in p.preemptions}
+    assert why == {"c1": "reclaim", "c2": "reclaim", "c3": "reclaim", "b-n0": "defrag"}
+    assert p.wait_reasons["a0"] == ("preempting 4 job(s) to reclaim its guarantee, moving 1 to gather whole nodes")
+    # the same job beyond its tenant's guarantee moves no owed job
+    small = {"a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=2)}
+    assert victims(plan([job("a0", "a", 4)], held, small, nodes(2, 4), NOW, FS)) == []
+    # and with nowhere for b's job to go (node 1 full of owed work), nothing is stopped
+    no_room = [*held, running("b-last", "b", (7,), minutes=5)]
+    assert (
+        victims(plan([job("a0", "a", 4)], no_room, {**limits, "b": Limits(guarantee_gpus=3)}, nodes(2, 4), NOW, FS))
+        == []
+    )
 
 
 def test_only_what_the_gang_could_preempt_anyway_is_moved() -> None:
