@@ -29,6 +29,7 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from dlcloud.executors.base import Executor, Workload
 from dlcloud.scheduler.planner import (
@@ -48,6 +49,7 @@ from dlcloud.services.jobs import QUEUE_STATES
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator
 from dlcloud.settings import Settings
+from dlcloud.store import jobs as job_store
 from dlcloud.store.rows import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
 
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
@@ -56,6 +58,10 @@ WriteTransaction = Callable[[], contextlib.AbstractContextManager[Session]]
 
 
 QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+# what placing a job may change in its row, written for every placed job whether it changed or not: the flush at
+# commit sends the UPDATEs of one column set as one executemany (one round trip on PostgreSQL), and jobs whose
+# changes differ (a wait reason to clear or not, ...) would split it into one per run of alike jobs
+_PLACED_COLUMNS = ("state", "reason", "attempt", "wait_reason", "estimated_start", "reclaiming", "preempt_reason")
 
 
 def plan_config(settings: Settings) -> PlanConfig:
@@ -341,15 +347,16 @@ class SchedulingPass:
             starts = result.estimated_start
             # write the wait reasons and estimated starts that changed; a job no longer held back by something
             # specific gets its reason cleared (a placed job's is cleared by its transition)
-            changed = [
-                {"id": r.id, "wait_reason": reasons.get(r.id), "estimated_start": starts.get(r.id)}
-                for r in seen
-                if (r.wait_reason != reasons.get(r.id) or r.estimated_start != starts.get(r.id))
-                and r.id not in placed
-                and r.id not in holds.failed
-            ]
-            if changed:
-                s.execute(update(JobRow), changed)
+            job_store.set_wait_reasons(
+                conn,
+                [
+                    (r.id, reasons.get(r.id), starts.get(r.id))
+                    for r in seen
+                    if (r.wait_reason != reasons.get(r.id) or r.estimated_start != starts.get(r.id))
+                    and r.id not in placed
+                    and r.id not in holds.failed
+                ],
+            )
             if result.blocked_by is not None:
                 # the jobs behind the blocked one were not looked at: they wait behind it, for no reason of
                 # their own
@@ -365,7 +372,8 @@ class SchedulingPass:
                 )
             if result.preemptions:
                 self._preempt(s, result, now)
-            jobs = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
+            # ``pinned`` keeps the tenant and code rows the workloads read in the identity map until the end
+            jobs, pinned = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
             attempts: list[dict] = []
             events: list[dict] = []
             replicas: list[dict] = []
@@ -425,19 +433,24 @@ class SchedulingPass:
         if asked:
             self.p.wake()  # the supervision stops them at its next pass
 
-    def _load_for_placement(self, s: Session, job_ids: list[str]) -> dict[str, JobRow]:
-        """The jobs to place, locked, in a few queries; their code rows go into the identity map so that
-        ``_workload`` needs no query (a query would autoflush, turning batched inserts into one per row)."""
+    def _load_for_placement(self, s: Session, job_ids: list[str]) -> tuple[dict[str, JobRow], list[object]]:
+        """The jobs to place, locked, in a few queries, and their tenant and code rows, for ``workloads.build``
+        to find in the identity map (``s.get``) with no query. A query there would autoflush: each placed job's
+        UPDATE would go alone, one round trip per job, instead of all of them in one flush at commit.
+
+        The caller holds the second list for as long as it builds workloads: the identity map references rows
+        weakly, and a row nothing else references is dropped from it at once."""
         jobs: dict[str, JobRow] = {}
         for lo in range(0, len(job_ids), 500):
             q = select(JobRow).where(JobRow.id.in_(job_ids[lo : lo + 500])).with_for_update()
             jobs.update((j.id, j) for j in s.scalars(q))
         tenant_ids = sorted({j.tenant_id for j in jobs.values()})
-        s.scalars(select(TenantRow).where(TenantRow.id.in_(tenant_ids))).all()  # their sandbox slots
+        pinned: list[object] = []
+        pinned.extend(s.scalars(select(TenantRow).where(TenantRow.id.in_(tenant_ids))))  # their sandbox slots
         code_ids = sorted({j.code_id for j in jobs.values() if j.code_id})
         for lo in range(0, len(code_ids), 500):
-            s.scalars(select(CodeRow).where(CodeRow.id.in_(code_ids[lo : lo + 500]))).all()
-        return jobs
+            pinned.extend(s.scalars(select(CodeRow).where(CodeRow.id.in_(code_ids[lo : lo + 500]))))
+        return jobs, pinned
 
     def _place(
         self,
@@ -505,6 +518,8 @@ class SchedulingPass:
             at=now,
             events=events,
         )
+        for column in _PLACED_COLUMNS:
+            flag_modified(job, column)
         if borrowing:
             events.append(
                 {

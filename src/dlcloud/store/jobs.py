@@ -6,15 +6,19 @@ statement skips query construction, and they run on a Core connection without OR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import String, Text, and_, bindparam, func, or_, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from dlcloud.schemas.jobs import JobState
 from dlcloud.store.ids import looks_like_id
-from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, UTCDateTime
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -219,3 +223,44 @@ def scheduling_figures(conn: Connection) -> dict[str, dict[str, Any]]:
     for tid, n in conn.execute(select(JobRow.tenant_id, func.sum(JobRow.preemptions)).group_by(JobRow.tenant_id)):
         of(tid)["preemptions"] += int(n or 0)  # every tenant with jobs: a counter that is there from the start
     return out
+
+
+_waits = (
+    func.unnest(
+        bindparam("ids", type_=postgresql.ARRAY(String)),
+        bindparam("reasons", type_=postgresql.ARRAY(Text)),
+        bindparam("starts", type_=postgresql.ARRAY(UTCDateTime())),
+    )
+    .table_valued("id", "wait_reason", "estimated_start")
+    .render_derived(name="waits")
+)
+# PostgreSQL: every row in one statement, the values as three arrays (one parse, plan and execution, whatever the
+# count; an executemany runs each row as a statement of its own on the server)
+_SET_WAITS_PG = (
+    update(JobRow)
+    .where(JobRow.id == _waits.c.id)
+    .values(wait_reason=_waits.c.wait_reason, estimated_start=_waits.c.estimated_start)
+)
+# SQLite: an executemany, which the driver runs in-process
+_SET_WAITS = (
+    update(JobRow)
+    .where(JobRow.id == bindparam("b_id", type_=String()))
+    .values(wait_reason=bindparam("b_reason", type_=Text()), estimated_start=bindparam("b_start", type_=UTCDateTime()))
+)
+
+
+def set_wait_reasons(conn: Connection, waits: Sequence[tuple[str, str | None, datetime | None]]) -> None:
+    """Set the wait reason and estimated start of each job named by id (``waits``: distinct ids), as the scheduling
+    pass does for thousands of queued jobs at a time. A job that is no longer there fails it: StaleDataError, as
+    the ORM's UPDATE by primary key raises."""
+    if not waits:
+        return
+    if conn.dialect.name == "postgresql":
+        ids, reasons, starts = zip(*waits, strict=True)
+        result = conn.execute(_SET_WAITS_PG, {"ids": list(ids), "reasons": list(reasons), "starts": list(starts)})
+    else:
+        result = conn.execute(_SET_WAITS, [{"b_id": i, "b_reason": r, "b_start": st} for i, r, st in waits])
+    if result.rowcount != len(waits):
+        raise StaleDataError(
+            f"UPDATE of the jobs' wait reasons expected {len(waits)} row(s); {result.rowcount} matched"
+        )
