@@ -77,7 +77,6 @@ from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s
 
 MAX_SEARCHES = 24  # victim searches per pass (each looks at ≤ preemption.MAX_CANDIDATES attempts)
-MAX_REFITS = 3  # a defragmenting search tries again without a moved attempt that would not fit again, this often
 NO_LIMITS = Limits()
 
 _PREEMPTING = {
@@ -516,7 +515,7 @@ class _Pass:
             return False
         if reclaim is None and c.nfree < job.gpus:
             return False
-        node_of = c.node_of
+        node_of, names = c.node_of, c.names
         memo = ("defrag", reclaim is not None, job.gpu_type, bool(job.groups))
         if not self.may_search(memo, job):
             return False
@@ -548,19 +547,27 @@ class _Pass:
             (Candidate(h, (2, lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
             key=lambda x: x.key,
         )
-        for _ in range(MAX_REFITS):
-            found = find_victims(job, c, evict + moves, at_most_its_gpus)
-            if found is None or not found[0]:
-                self.failed[memo].append((job.gpus, job.cpus, job.memory))
+        found = find_victims(job, c, evict + moves, at_most_its_gpus)
+        if found is None or not found[0]:
+            self.failed[memo].append((job.gpus, job.cpus, job.memory))
+            return False
+        chosen, gpus = found
+        # every moved attempt must fit again, on what stays free once ``job`` has its GPUs
+        free = [list(fl) for fl in c.free]
+        for x in chosen:
+            for g in x.held.gpus:
+                bisect.insort(free[node_of[g]], g)
+        for g in gpus:
+            fl = free[node_of[g]]
+            del fl[bisect.bisect_left(fl, g)]
+        for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
+            want = names.get(x.held.gpus[0], "").lower()
+            pick = choose(free, names, [(len(x.held.gpus), want)])
+            if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
                 return False
-            chosen, gpus = found
-            stuck = self._refit(chosen, gpus)
-            if stuck is None:
-                break
-            # the victims' node leaves ``stuck`` nowhere to go: search again without moving it (another node)
-            moves = [x for x in moves if x is not stuck]
-        else:
-            return False  # not remembered in ``failed``: a larger job may leave room elsewhere
+            for g in pick:
+                fl = free[node_of[g]]
+                del fl[bisect.bisect_left(fl, g)]
         self.claim(job, chosen, gpus, tenant)
         for x in chosen:
             self.result.preemptions.append(
@@ -577,28 +584,6 @@ class _Pass:
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{also}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
-
-    def _refit(self, chosen: Sequence[Candidate], gpus: tuple[int, ...]) -> Candidate | None:
-        """The first moved attempt of ``chosen`` (reason "defrag", largest first) that does not fit again on what
-        stays free once the victims are gone and the job has ``gpus``; None when every one fits."""
-        c = self.cluster
-        node_of, names = c.node_of, c.names
-        free = [list(fl) for fl in c.free]
-        for x in chosen:
-            for g in x.held.gpus:
-                bisect.insort(free[node_of[g]], g)
-        for g in gpus:
-            fl = free[node_of[g]]
-            del fl[bisect.bisect_left(fl, g)]
-        for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
-            want = names.get(x.held.gpus[0], "").lower()
-            pick = choose(free, names, [(len(x.held.gpus), want)])
-            if pick is None:
-                return x
-            for g in pick:
-                fl = free[node_of[g]]
-                del fl[bisect.bisect_left(fl, g)]
-        return None
 
 
 # -- fifo on many nodes ---------------------------------------------------------------------------------------------

@@ -519,23 +519,6 @@ def test_an_owed_job_evicts_borrowers_and_moves_owed_small_jobs_off_the_node_it_
     )
 
 
-def test_a_reclaim_across_nodes_tries_another_node_when_the_moved_job_would_not_fit_again() -> None:
-    # node 0 is the cheapest to clear (c's two borrowed jobs and b's fresh 2-GPU job), but b's job would find no
-    # 2 free GPUs anywhere; node 1 (c's three and b's older 1-GPU job) works: b's job goes to node 2's free GPU
-    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=3), "d": Limits(guarantee_gpus=3)}
-    held = [running("c0", "c", (0,), minutes=1), running("c1", "c", (1,), minutes=1)]
-    held += [running("b-two", "b", (2, 3), minutes=2), running("b-one", "b", (7,), minutes=60)]
-    held += [running(f"c{i}", "c", (i,), minutes=1) for i in (4, 5, 6)]
-    held += [running("d-owed", "d", (8, 9, 10), minutes=5)]
-    p = plan([job("a0", "a", 4)], held, limits, nodes(3, 4), NOW, FS)
-    assert {x.job_id: x.reason for x in p.preemptions} == {
-        "c4": "reclaim",
-        "c5": "reclaim",
-        "c6": "reclaim",
-        "b-one": "defrag",
-    }
-
-
 def test_only_what_the_gang_could_preempt_anyway_is_moved() -> None:
     # b and c are inside their guarantees: their jobs are not moved for a's gang; a's own job and borrowed ones are
     held = [running("s0", "b", (0,)), running("s1", "c", (4,)), running("s2", "d", (8,))]
