@@ -130,13 +130,14 @@ class Preemption:
 
     job_id: str
     by: str
-    reason: str  # "reclaim" (a tenant takes back its guarantee), "priority", "las", "fill", "defrag"
+    reason: str  # "reclaim" (a tenant takes back its guarantee), "share", "priority", "las", "fill", "defrag"
     message: str  # for the victim's events: who preempted it and why (``by`` and PREEMPTION_WHY[reason])
 
 
 # why a victim gives way, by Preemption.reason (the victim's events say it; the planner's message too)
 PREEMPTION_WHY = {
     "reclaim": "its tenant reclaims its guarantee",
+    "share": "its tenant, short of its guarantee, holds a smaller share than this job's tenant",
     "priority": "it has a higher priority in the same tenant",
     "fill": "this job ran as borrowed fill ahead of it",
     "las": "it has attained less service (las)",

@@ -81,6 +81,7 @@ NO_LIMITS = Limits()
 
 _PREEMPTING = {
     "reclaim": "to reclaim its guarantee",
+    "share": "of tenants with a larger share (its tenant is short of its guarantee)",
     "priority": "of lower priority in its tenant",
     "fill": "that started ahead of it as borrowed fill",
     "las": "with more attained service (las)",
@@ -234,6 +235,7 @@ class _Pass:
                 end = max(h.started_at + timedelta(seconds=h.max_run_time_s), now)
                 self.releases[id(h)] = (end, h.gpus, h.cpus, h.memory)
         self.victims: set[int] = set()  # id() of held attempts chosen as victims in this pass
+        self.victim_use: dict[str, Usage] = {}  # per tenant: what its victims of this pass hold
         self.inv_cpus, self.inv_memory = inventory.cpus, inventory.memory
         self.searches = 0
         self._shortages: dict[tuple, str] = {}
@@ -257,6 +259,25 @@ class _Pass:
     def share(self, t: _Tenant) -> float:
         u, (g, c, m) = t.use, self.total
         return max(u.gpus / g, u.cpus / c, u.memory / m) / (t.lim.weight if t.lim.weight > 0 else 1.0)
+
+    def share_with(self, t: _Tenant, job: QueuedJob) -> float:
+        """``t``'s share if ``job`` ran too."""
+        u, (g, c, m) = t.use, self.total
+        dominant = max((u.gpus + job.gpus) / g, (u.cpus + job.cpus) / c, (u.memory + job.memory) / m)
+        return dominant / (t.lim.weight if t.lim.weight > 0 else 1.0)
+
+    def share_without(self, tid: str, chosen: Sequence[Candidate]) -> float:
+        """Tenant ``tid``'s share once its victims of this pass and those of ``chosen`` are gone."""
+        t = self.tenant(tid)
+        v = self.victim_use.get(tid, Usage())
+        gone = [x.held for x in chosen if x.held.tenant_id == tid]
+        u, (g, c, m) = t.use, self.total
+        dominant = max(
+            (u.gpus - v.gpus - sum(len(h.gpus) for h in gone)) / g,
+            (u.cpus - v.cpus - sum(h.cpus for h in gone)) / c,
+            (u.memory - v.memory - sum(h.memory for h in gone)) / m,
+        )
+        return dominant / (t.lim.weight if t.lim.weight > 0 else 1.0)
 
     def share_text(self, t: _Tenant) -> str:
         u, (g, c, m) = t.use, self.total
@@ -401,6 +422,11 @@ class _Pass:
         for c in chosen:
             self.victims.add(id(c.held))
             self.releases.pop(id(c.held), None)
+            if c.reason:  # a preemption (not an attempt already stopping): its tenant's share shrinks
+                vu = self.victim_use.setdefault(c.held.tenant_id, Usage())
+                vu.gpus += len(c.held.gpus)
+                vu.cpus += c.held.cpus
+                vu.memory += c.held.memory
             theirs.update(c.held.gpus)
             cpus += c.held.cpus
             memory += c.held.memory
@@ -485,53 +511,26 @@ class _Pass:
                     f"preempted by job {job.id} ({c.reason}): {PREEMPTION_WHY[c.reason]}",
                 )
             )
-        main = next(k for k in ("reclaim", "priority", "fill", "las", "defrag") if k in kinds)
+        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag") if k in kinds)
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
-    def defragment(
-        self,
-        job: QueuedJob,
-        tenant: _Tenant | None,
-        borrowed: set[int],
-        reclaim: Callable[[], list[Candidate]] | None = None,
-    ) -> bool:
+    def defragment(self, job: QueuedJob, tenant: _Tenant | None, borrowed: set[int]) -> bool:
         """Enough GPUs are free for ``job`` but not on the nodes it needs (a gang wants whole nodes; free GPUs are
         scattered where small jobs ended): stop single-node preemptible attempts so that it fits, only where every
         one of them fits again on the GPUs that stay free (they resume at once: moved, not evicted). Least work
         lost first; at most ``job``'s GPUs are moved. Only attempts ``job`` could preempt anyway may be moved: its
         own tenant's of at most its priority, and other tenants' borrowed ones (``borrowed``: their ``id()``), so a
-        tenant cannot make another lose work inside its guarantee by submitting gangs.
-
-        ``reclaim``: ``job`` is owed (inside its tenant's guarantee) and these are the victims it may evict (its
-        reclaim candidates), but they do not free whole nodes where it needs them. Then they are evicted (they need
-        not fit again) and any single-node preemptible attempt in the way may be moved, whichever tenant's, as long
-        as it fits again on the GPUs that stay free (those the evicted ones free included): a tenant's guarantee is
-        not lost because owed small jobs of others sit on every node; the moved ones lose only the work since their
-        last checkpoint and keep their place."""
+        tenant cannot make another lose work inside its guarantee by submitting gangs."""
         c = self.cluster
-        if not self.cfg.defragment or not c.fits_totals(job) or c.single_node:
-            return False
-        if reclaim is None and c.nfree < job.gpus:
+        if not self.cfg.defragment or c.nfree < job.gpus or not c.fits_totals(job) or c.single_node:
             return False
         node_of, names = c.node_of, c.names
-        memo = ("defrag", reclaim is not None, job.gpu_type, bool(job.groups))
-        if not self.may_search(memo, job):
-            return False
-        evict = [x for x in reclaim() if id(x.held) not in self.victims] if reclaim is not None else []
-        evicting = {id(x.held) for x in evict}
-        if reclaim is not None and c.nfree + sum(len(x.held.gpus) for x in evict) < job.gpus:
-            self.failed[memo].append((job.gpus, job.cpus, job.memory))
-            return False
 
         def movable(h: Held) -> bool:
-            if reclaim is not None:
-                may = id(h) not in evicting
-            else:
-                may = h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed
             return (
-                may
+                (h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed)
                 and h.preemptible
                 and not h.stopping
                 and 0 < len(h.gpus) < c.max_size
@@ -540,19 +539,24 @@ class _Pass:
             )
 
         def at_most_its_gpus(chosen: Sequence[Candidate]) -> bool:
-            return sum(len(x.held.gpus) for x in chosen if x.reason == "defrag") <= job.gpus
+            return sum(len(x.held.gpus) for x in chosen) <= job.gpus
 
-        now = self.now
-        moves = sorted(
-            (Candidate(h, (2, lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
-            key=lambda x: x.key,
-        )
-        found = find_victims(job, c, evict + moves, at_most_its_gpus)
-        if found is None or not found[0]:
+        def candidates() -> list[Candidate]:
+            now = self.now
+            return sorted(
+                (Candidate(h, (lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
+                key=lambda x: x.key,
+            )
+
+        memo = ("defrag", job.gpu_type, bool(job.groups))
+        if not self.may_search(memo, job):
+            return False
+        found = find_victims(job, c, candidates(), at_most_its_gpus)
+        if found is None:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
-        # every moved attempt must fit again, on what stays free once ``job`` has its GPUs
+        # every victim must fit again, on what stays free once ``job`` has its GPUs
         free = [list(fl) for fl in c.free]
         for x in chosen:
             for g in x.held.gpus:
@@ -560,7 +564,7 @@ class _Pass:
         for g in gpus:
             fl = free[node_of[g]]
             del fl[bisect.bisect_left(fl, g)]
-        for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
+        for x in sorted(chosen, key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
             pick = choose(free, names, [(len(x.held.gpus), want)])
             if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
@@ -572,16 +576,10 @@ class _Pass:
         for x in chosen:
             self.result.preemptions.append(
                 Preemption(
-                    x.held.job_id,
-                    job.id,
-                    x.reason,
-                    f"preempted by job {job.id} ({x.reason}): {PREEMPTION_WHY[x.reason]}",
+                    x.held.job_id, job.id, "defrag", f"preempted by job {job.id} (defrag): {PREEMPTION_WHY['defrag']}"
                 )
             )
-        main = "reclaim" if any(x.reason == "reclaim" for x in chosen) else "defrag"
-        moved = sum(1 for x in chosen if x.reason == "defrag")
-        also = f", moving {moved} to gather whole nodes" if main == "reclaim" and moved else ""
-        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{also}"
+        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING['defrag']}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
@@ -659,8 +657,8 @@ def _straddles(lim: Limits, use: Usage, gpus: int, cpus: float, memory: int) -> 
 
 def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
     """id() of the running attempts beyond their tenant's guarantee (borrowed), and of those that straddle it: the
-    attempt that takes its tenant from short of its guarantee to beyond it (at most one a tenant, larger than the
-    guarantee or not; see the module docstring)."""
+    attempt that takes its tenant from short of its guarantee to beyond it and alone fits the guarantee (at most
+    one a tenant; see the module docstring). An attempt larger than the whole guarantee is borrowed."""
     by_tenant: dict[str, list[Held]] = {}
     for h in p.held:
         by_tenant.setdefault(h.tenant_id, []).append(h)
@@ -675,7 +673,7 @@ def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
         use = Usage()
         for h in sorted(hs, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
             if not _within(lim, use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory):
-                if h.preemptible and _below(lim, use):
+                if h.preemptible and _straddles(lim, use, len(h.gpus), h.cpus, h.memory):
                     straddling.add(id(h))
                 else:
                     borrowed.add(id(h))
@@ -776,27 +774,32 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             cands += [c for c in last_resort if c.held.tenant_id != t.id]
         fill = p.reservation is None and not inside and not straddle
         if catch_up or fill:
-            t.use.gpus += job.gpus
-            t.use.cpus += job.cpus
-            t.use.memory += job.memory
-            mine = p.share(t)  # its tenant's share with the job
-            t.use.gpus -= job.gpus
-            t.use.cpus -= job.cpus
-            t.use.memory -= job.memory
+            mine = p.share_with(t, job)
             since = job.submitted_at or now
             for c in reclaimable:
                 h = c.held
                 if h.tenant_id == t.id or p.share(p.tenant(h.tenant_id)) <= mine:
                     continue
                 if catch_up:
-                    # short of its guarantee, a job larger than it takes borrowed capacity of tenants that still
-                    # hold a larger share than its tenant will (dominant-resource fairness)
-                    cands.append(c)
+                    # short of its guarantee, a job larger than it takes borrowed capacity of tenants that hold a
+                    # larger share than its tenant will, and still do without it (``larger_shares_stay``)
+                    cands.append(Candidate(h, c.key, "share"))
                 elif h.started_at is not None and h.started_at >= since:
                     # what filled in ahead of it: borrowed attempts of tenants with a larger share, started after it
                     cands.append(Candidate(h, c.key, "fill"))
         cands.sort(key=lambda c: c.key)
         return cands
+
+    def larger_shares_stay(job: QueuedJob, t: _Tenant) -> Callable[[Sequence[Candidate]], bool]:
+        """For a catching-up job: every tenant it takes from keeps a share larger than ``t``'s with the job, once
+        its victims (of this pass and these) are gone."""
+        mine = p.share_with(t, job)
+
+        def check(chosen: Sequence[Candidate]) -> bool:
+            others = {x.held.tenant_id for x in chosen if x.reason == "share"}
+            return all(p.share_without(tid, chosen) > mine for tid in others)
+
+        return check
 
     def over_quota_by_priority(job: QueuedJob, t: _Tenant) -> bool:
         """A job held back by its tenant's caps may preempt its tenant's lower-priority attempts to get under them;
@@ -882,10 +885,9 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
             memo = ("fs", inside, straddle, catch_up, t.id if by_priority or catch_up else None, rank, fill)
             cands = lambda: candidates(job, t, inside, straddle, catch_up)  # noqa: E731
-            if p.preempt(job, cands, memo + (job.gpu_type, bool(job.groups)), t):
+            also = larger_shares_stay(job, t) if catch_up else None
+            if p.preempt(job, cands, memo + (job.gpu_type, bool(job.groups)), t, also):
                 return True
-        if owed and p.defragment(job, t, borrowed, reclaim=lambda: candidates(job, t, inside, straddle, False)):
-            return True  # its victims are on other nodes than the free GPUs: evict them and move what is in the way
         if r is None and p.defragment(job, t, borrowed):
             return True
         if r is None:

@@ -28,7 +28,7 @@ MAX_CANDIDATES = 256
 class Candidate:
     held: Held
     key: tuple  # waste order: smaller is preempted first
-    reason: str = ""  # "reclaim", "priority", "las", "fill", "defrag"; "" for a stopping attempt (no preemption)
+    reason: str = ""  # "reclaim", "share", "priority", "las", "fill", "defrag"; "" for a stopping attempt (none)
 
 
 def lost_gpu_s(h: Held, now: datetime) -> float:
