@@ -35,17 +35,14 @@ Guarantees are per resource; only the resources with a guarantee above zero are 
 usage with the job ≤ guarantee for each of them); a tenant without any guarantee borrows everything it uses. Of a
 tenant's running attempts, the owed ones are its non-preemptible, then highest-priority, then earliest-started
 attempts up to its guarantee; the one after them that takes the tenant from short of its guarantee to beyond it
-*straddles* it; the rest are borrowed. Jobs come in sizes, so a tenant holding 40 of 46 guaranteed GPUs with
-8-GPU jobs would never get the rest back: a job that straddles its tenant's guarantee (the tenant short of it,
-the job alone inside it) counts as owed: it reclaims borrowed attempts, but not straddling ones. A straddling
-attempt is taken back only by a job strictly inside its guarantee, after every borrowed one (so two tenants never
-take turns). A job larger than its tenant's guarantee, which the tenant is short of, may reclaim borrowed attempts
-of tenants whose share stays larger than its tenant's with it (dominant-resource fairness: a tenant with a small
-guarantee and large jobs is not starved under contention, and cannot take more than the tenants it takes from
-hold). An owed job whose victims are on other nodes than it needs (its GPUs on one node, a gang's on whole nodes)
-evicts them and moves small preemptible attempts of any tenant out of its way, where each fits again on the GPUs
-left free ("defrag"; ``_Pass.defragment``): a guarantee is not lost because others' owed small jobs sit on every
-node.
+*straddles* it, if it alone fits the guarantee; the rest are borrowed. Jobs come in sizes, so a tenant holding
+40 of 46 guaranteed GPUs with 8-GPU jobs would never get the rest back: a job that straddles its tenant's
+guarantee (the tenant short of it, the job alone inside it) counts as owed: it reclaims borrowed attempts, but
+not straddling ones. A straddling attempt is taken back only by a job strictly inside its guarantee, after every
+borrowed one (so two tenants never take turns). A job larger than its tenant's whole guarantee, which the tenant
+is short of, may preempt borrowed attempts of tenants whose share stays larger than its tenant's with it once
+their victims (of this pass too) are gone ("share": dominant-resource fairness; a tenant with a small guarantee
+and large jobs is not starved under contention, and cannot make the tenants it takes from poorer than itself).
 """
 
 from __future__ import annotations
