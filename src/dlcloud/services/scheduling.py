@@ -1,6 +1,7 @@
 """The scheduling pass: places queued jobs and records their new attempts, in one write transaction.
 
-The pass reads the queue (in QUEUE_ORDER, lazily), the live attempts (``Held``, with what the policies weigh:
+The pass reads the queue (in QUEUE_ORDER: whole, or lazily for fifo; ``QueueCache`` keeps each row's QueuedJob
+from pass to pass while the row stays the same), the live attempts (``Held``, with what the policies weigh:
 priority, submit and start times, preemptibility, declared run time, attained GPU-seconds, whether it is already
 being stopped) and the tenants' quotas and fair-share terms (``Limits``), plans with ``scheduler.planner`` under
 the server's ``PlanConfig`` (``plan_config``), writes the wait reasons and estimated starts that changed, asks
@@ -24,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, update
+from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, type_coerce, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
+from sqlalchemy.types import NULLTYPE
 
 from dlcloud.executors.base import Executor, Workload
 from dlcloud.scheduler.planner import (
@@ -155,13 +159,13 @@ def read_limits(conn: Connection) -> dict[str, Limits]:
     }
 
 
-def _behind(row: Row) -> ColumnElement[bool]:
-    """Jobs after ``row`` in QUEUE_ORDER."""
+def _behind(priority: int, created_at: datetime | None, job_id: str) -> ColumnElement[bool]:
+    """Jobs after the job of ``priority``, ``created_at`` and ``job_id`` in QUEUE_ORDER."""
     return or_(
-        JobRow.priority < row.priority,
+        JobRow.priority < priority,
         and_(
-            JobRow.priority == row.priority,
-            or_(JobRow.created_at > row.created_at, and_(JobRow.created_at == row.created_at, JobRow.id > row.id)),
+            JobRow.priority == priority,
+            or_(JobRow.created_at > created_at, and_(JobRow.created_at == created_at, JobRow.id > job_id)),
         ),
     )
 
@@ -246,71 +250,141 @@ class _EnvironmentHolds:
         return None if state == "READY" else f"environment {r.environment!r} is building"
 
 
-def _read_queue(conn: Connection, seen: list[Row], holds: _EnvironmentHolds) -> Iterator[QueuedJob]:
-    """The queue in QUEUE_ORDER, read lazily in growing chunks: a pass that stops at the first job that
-    must wait reads one small chunk, not the whole queue. Rows handed out are appended to ``seen``."""
-    size = 512
-    after: Row | None = None
-    while True:
-        q = select(
-            JobRow.id,
-            JobRow.tenant_id,
-            JobRow.gpus,
-            JobRow.cpus,
-            JobRow.memory,
-            JobRow.gpu_type,
-            JobRow.not_before,
-            JobRow.wait_reason,
-            JobRow.estimated_start,
-            JobRow.priority,
-            JobRow.created_at,
-            JobRow.environment,
-            JobRow.environment_hash,
-            JobRow.replica_groups,
-            JobRow.preemptible,
-            JobRow.max_run_time_seconds,
-            JobRow.attained_gpu_seconds,
-            JobRow.reclaiming,
-        ).where(JobRow.state.in_(QUEUE_STATES))
-        if after is not None:
-            q = q.where(_behind(after))
-        rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
-        for r in rows:
-            seen.append(r)
-            groups = tuple(
-                GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
-                for g in r.replica_groups or ()
-            )
-            yield QueuedJob(
-                r.id,
-                r.tenant_id,
-                r.gpus,
-                r.cpus,
-                r.memory,
-                r.gpu_type,
-                r.not_before,
-                holds.reason(r),
-                groups,
-                priority=r.priority,
-                submitted_at=r.created_at,  # kept across preemptions: a preempted job keeps its place
-                max_run_time_s=r.max_run_time_seconds,
-                preemptible=r.preemptible,
-                attained_gpu_s=r.attained_gpu_seconds or 0.0,
-                reclaiming=bool(r.reclaiming),
-            )
-        if len(rows) < size:
-            return
-        after = rows[-1]
-        size = min(size * 4, 16_384)
+# The queue's columns as the pass reads them, by position (a Row's attributes cost a lookup each): the row's id, what
+# the pass compares its results with, then what its QueuedJob is built from (``_JOB_VALUES``), the environment's
+# build first (its hold is decided per pass).
+_QUEUE_COLUMNS = (
+    JobRow.id,
+    JobRow.wait_reason,
+    JobRow.estimated_start,
+    JobRow.environment_hash,
+    JobRow.tenant_id,
+    JobRow.gpus,
+    JobRow.cpus,
+    JobRow.memory,
+    JobRow.gpu_type,
+    JobRow.not_before,
+    JobRow.priority,
+    JobRow.created_at,
+    JobRow.environment,
+    JobRow.replica_groups,
+    JobRow.preemptible,
+    JobRow.max_run_time_seconds,
+    JobRow.attained_gpu_seconds,
+    JobRow.reclaiming,
+)
+_JOB_VALUES = slice(3, None)
+_MAX_CHUNK = 16_384  # queue rows read by one query
+# read as the driver returns them and converted only for a row that changed (``QueueCache``): converting three
+# datetimes of each of 10,000 rows, every pass, was most of reading the queue
+_UNCONVERTED = ("estimated_start", "not_before", "created_at", "replica_groups")
+_QUEUE = select(*(type_coerce(c, NULLTYPE).label(c.key) if c.key in _UNCONVERTED else c for c in _QUEUE_COLUMNS)).where(
+    JobRow.state.in_(QUEUE_STATES)
+)
 
 
-def _reasons_with_tenants(result: Plan, seen: list[Row]) -> Iterator[tuple[str, str, str]]:
-    """(job id, the planner's wait reason, the job's tenant id) of every job the plan gave a reason."""
-    tenants = {r.id: r.tenant_id for r in seen}
-    for job_id, reason in result.wait_reasons.items():
-        tenant = tenants.get(job_id)
-        if tenant is not None:
-            yield job_id, reason, tenant
+@dataclass(slots=True)
+class _Queued:
+    """A queue row as the pass uses it: its QueuedJob (never held: a hold is decided per pass) and the row values it
+    was built from, and the wait reason and estimated start the row had when it was last read."""
+
+    values: tuple[Any, ...]
+    job: QueuedJob
+    wait_reason: str | None = None
+    start_read: Any = None  # ``estimated_start`` as read ...
+    start: datetime | None = None  # ... and converted
+
+
+class QueueCache:
+    """The queue as QueuedJobs, read by the scheduling passes of one control loop, one pass at a time (the write
+    transaction's lock serialises them). Each row's QueuedJob is kept from pass to pass by job id with the row values
+    it was built from, and reused while they are the same: an idle pass over a long queue builds none, and converts
+    no datetime. It is a memo of the row's values, read every pass, so it stays right whatever changed a row
+    and whoever led in between; it keeps the rows the last pass read and no others (``keep``)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, _Queued] = {}
+        self._convert: dict[str, Callable[[Any], Any]] | None = None  # column -> the dialect's result conversion
+        self.complete = False  # the last read reached the end of the queue
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def read(
+        self, conn: Connection, seen: list[_Queued], holds: _EnvironmentHolds, *, whole: bool
+    ) -> Iterator[QueuedJob]:
+        """The queue in QUEUE_ORDER, in chunks of at most ``_MAX_CHUNK`` rows. ``whole`` (a policy that reads it all):
+        in chunks that size from the first (each query sorts the rest of the queue again); else lazily, in growing
+        chunks: a pass that stops at the first job that must wait reads one small chunk, not the whole queue. Rows
+        handed out are appended to ``seen``."""
+        if self._convert is None:  # what SQLAlchemy would do to these values (a UTCDateTime's, JSON's conversion)
+            d = conn.dialect
+            self._convert = {
+                c.key: c.type.dialect_impl(d).result_processor(d, None) or _as_read
+                for c in _QUEUE_COLUMNS
+                if c.key in _UNCONVERTED
+            }
+        convert_start = self._convert["estimated_start"]
+        rows_before = self._rows
+        self.complete = False
+        size = _MAX_CHUNK if whole else 512
+        after: QueuedJob | None = None
+        while True:
+            q = _QUEUE if after is None else _QUEUE.where(_behind(after.priority, after.submitted_at, after.id))
+            rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
+            for row in rows:
+                job_id, wait_reason, start_read, environment_hash = row[0], row[1], row[2], row[3]
+                values = row[_JOB_VALUES]
+                queued = rows_before.get(job_id)
+                if queued is None or queued.values != values:
+                    queued = self._build(row, values)
+                queued.wait_reason = wait_reason
+                if queued.start_read != start_read:
+                    queued.start_read, queued.start = start_read, convert_start(start_read)
+                seen.append(queued)
+                held_by = None if environment_hash is None else holds.reason(row)
+                yield queued.job if held_by is None else replace(queued.job, held_by=held_by)
+            if len(rows) < size:
+                self.complete = True
+                return
+            after = seen[-1].job
+            size = min(size * 4, _MAX_CHUNK)
+
+    def keep(self, seen: list[_Queued], leaving: Container[str] = ()) -> None:
+        """Keep the rows of ``seen`` (the last pass's) but those of the jobs in ``leaving`` (it places or fails
+        them), drop every other."""
+        self._rows = {queued.job.id: queued for queued in seen if queued.job.id not in leaving}
+
+    def _build(self, r: Row, values: tuple[Any, ...]) -> _Queued:
+        assert self._convert is not None
+        convert = self._convert
+        groups = tuple(
+            GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
+            for g in convert["replica_groups"](r.replica_groups) or ()
+        )
+        job = QueuedJob(
+            r.id,
+            r.tenant_id,
+            r.gpus,
+            r.cpus,
+            r.memory,
+            r.gpu_type,
+            convert["not_before"](r.not_before),
+            None,
+            groups,
+            priority=r.priority,
+            # kept across preemptions: a preempted job keeps its place
+            submitted_at=convert["created_at"](r.created_at),
+            max_run_time_s=r.max_run_time_seconds,
+            preemptible=r.preemptible,
+            attained_gpu_s=r.attained_gpu_seconds or 0.0,
+            reclaiming=bool(r.reclaiming),
+        )
+        return _Queued(values, job)
+
+
+def _as_read(value: Any) -> Any:
+    return value
 
 
 class SchedulingPass:
@@ -320,52 +394,58 @@ class SchedulingPass:
         self.p = platform
         self.executor = executor
         self.write = write
+        self.queue = QueueCache()
 
     def run(self) -> list[tuple[str, Workload]]:
         """One pass; returns the (handle, workload) of the attempts it recorded, for the caller to start."""
         now = utcnow()
         workloads: list[tuple[str, Workload]] = []
+        config = plan_config(self.p.settings)
         with self.write() as s:
             if not self.p.db.is_sqlite:
                 # passes must not interleave (two would place the same job); SQLite's BEGIN IMMEDIATE
                 # already serialises them, PostgreSQL needs this transaction-scoped lock
                 s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEDULE_LOCK_ID})
             conn = s.connection()
-            seen: list[Row] = []  # queue rows the planner looked at, in order
+            seen: list[_Queued] = []  # queue rows the planner looked at, in order
             holds = _EnvironmentHolds(conn)
-            queue = _read_queue(conn, seen, holds)
+            # fifo stops at the first job that does not fit: it reads the queue lazily; the others read it whole
+            queue = self.queue.read(conn, seen, holds, whole=config.policy != Policy.FIFO)
             first = next(queue, None)
             if first is None:
+                self.queue.keep(seen)
                 return []
             held = read_held(conn, now)
             limits = read_limits(conn)
-            config = plan_config(self.p.settings)
             result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
+            self.queue.keep(seen, leaving=placed | holds.failed.keys())
             view = TenantView(conn)
-            reasons = {jid: view.text(r, t) for jid, r, t in _reasons_with_tenants(result, seen)}
-            starts = result.estimated_start
+            reasons, starts = result.wait_reasons, result.estimated_start
             # write the wait reasons and estimated starts that changed; a job no longer held back by something
             # specific gets its reason cleared (a placed job's is cleared by its transition)
-            job_store.set_wait_reasons(
-                conn,
-                [
-                    (r.id, reasons.get(r.id), starts.get(r.id))
-                    for r in seen
-                    if (r.wait_reason != reasons.get(r.id) or r.estimated_start != starts.get(r.id))
-                    and r.id not in placed
-                    and r.id not in holds.failed
-                ],
-            )
-            if result.blocked_by is not None:
-                # the jobs behind the blocked one were not looked at: they wait behind it, for no reason of
-                # their own
+            changed = []
+            for queued in seen:
+                job_id, tenant_id = queued.job.id, queued.job.tenant_id
+                reason = view.text(reasons.get(job_id), tenant_id)
+                start = starts.get(job_id)
+                if (
+                    (queued.wait_reason != reason or queued.start != start)
+                    and job_id not in placed
+                    and job_id not in holds.failed
+                ):
+                    changed.append((job_id, reason, start))
+            job_store.set_wait_reasons(conn, changed)
+            if result.blocked_by is not None and not self.queue.complete:
+                # the jobs behind the blocked one were not looked at (the planner stopped reading the queue): they
+                # wait behind it, for no reason of their own
+                last = seen[-1].job
                 s.execute(
                     update(JobRow)
                     .where(
                         JobRow.state.in_(QUEUE_STATES),
                         or_(JobRow.wait_reason.is_not(None), JobRow.estimated_start.is_not(None)),
-                        _behind(seen[-1]),
+                        _behind(last.priority, last.submitted_at, last.id),
                     )
                     .values(wait_reason=None, estimated_start=None)
                     .execution_options(synchronize_session=False)

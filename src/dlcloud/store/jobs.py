@@ -241,12 +241,10 @@ _SET_WAITS_PG = (
     .where(JobRow.id == _waits.c.id)
     .values(wait_reason=_waits.c.wait_reason, estimated_start=_waits.c.estimated_start)
 )
-# SQLite: an executemany, which the driver runs in-process
-_SET_WAITS = (
-    update(JobRow)
-    .where(JobRow.id == bindparam("b_id", type_=String()))
-    .values(wait_reason=bindparam("b_reason", type_=Text()), estimated_start=bindparam("b_start", type_=UTCDateTime()))
-)
+# SQLite: an executemany, which the driver runs in-process; sent as the driver's own (the values converted as
+# SQLAlchemy would: a datetime as SQLite stores it), as SQLAlchemy's executemany spends about half as long again as
+# the statements themselves on 10,000 rows of parameters
+_SET_WAITS_SQLITE = "UPDATE jobs SET wait_reason = ?, estimated_start = ? WHERE id = ?"
 
 
 def set_wait_reasons(conn: Connection, waits: Sequence[tuple[str, str | None, datetime | None]]) -> None:
@@ -259,7 +257,8 @@ def set_wait_reasons(conn: Connection, waits: Sequence[tuple[str, str | None, da
         ids, reasons, starts = zip(*waits, strict=True)
         result = conn.execute(_SET_WAITS_PG, {"ids": list(ids), "reasons": list(reasons), "starts": list(starts)})
     else:
-        result = conn.execute(_SET_WAITS, [{"b_id": i, "b_reason": r, "b_start": st} for i, r, st in waits])
+        to_db = UTCDateTime().dialect_impl(conn.dialect).bind_processor(conn.dialect) or (lambda v: v)
+        result = conn.exec_driver_sql(_SET_WAITS_SQLITE, [(r, to_db(st), i) for i, r, st in waits])
     if result.rowcount != len(waits):
         raise StaleDataError(
             f"UPDATE of the jobs' wait reasons expected {len(waits)} row(s); {result.rowcount} matched"
