@@ -119,6 +119,13 @@ def _queued(env: Env) -> int:
         return int(s.scalar(select(func.count()).select_from(JobRow).where(JobRow.state == "QUEUED")) or 0)
 
 
+def _hog_the_host(env: Env) -> None:
+    """Another tenant's job takes both GPUs: what is queued next waits."""
+    assert env.control is not None
+    env.new_tenant_user("other", "olga").jobs.submit(spec("hog", gpus=2))
+    assert env.control.schedule() == 1
+
+
 @pytest.mark.parametrize(
     ("name", "values"),
     [
@@ -133,9 +140,7 @@ def test_a_queued_job_whose_row_changed_is_planned_as_it_is_now(
 ) -> None:
     env, control = sim_env, sim_env.control
     assert control is not None
-    other = env.new_tenant_user("other", "olga")
-    other.jobs.submit(spec("hog", gpus=2))
-    assert control.schedule() == 1
+    _hog_the_host(env)
     env.admin.jobs.submit(spec("older", gpus=2))
     env.admin.jobs.submit(spec("newer", gpus=2))
     assert control.schedule() == 0  # both wait, as the pass has read them
@@ -152,9 +157,7 @@ def test_a_queued_jobs_hold_is_its_environment_build_as_it_is_now(sim_env: Env) 
     """The job's row does not change, its environment's build does: held while it builds, failed when it fails."""
     env, control = sim_env, sim_env.control
     assert control is not None
-    other = env.new_tenant_user("other", "olga")
-    other.jobs.submit(spec("hog", gpus=2))
-    assert control.schedule() == 1
+    _hog_the_host(env)
     env.admin.jobs.submit(spec("trainer", gpus=2))
     _update_job(env, "trainer", environment="torch", environment_hash="h-torch")
     with env.platform.db.write() as s:
@@ -190,9 +193,7 @@ def test_a_queued_jobs_hold_is_its_environment_build_as_it_is_now(sim_env: Env) 
 def test_the_pass_keeps_the_queued_jobs_and_no_others(sim_env: Env) -> None:
     env, control = sim_env, sim_env.control
     assert control is not None
-    other = env.new_tenant_user("other", "olga")
-    other.jobs.submit(spec("hog", gpus=2))
-    assert control.schedule() == 1
+    _hog_the_host(env)
     enqueue(env, "default", "admin", 20, gpus=1)
     assert control.schedule() == 0
     assert len(control.scheduling.queue) == _queued(env) == 20
@@ -212,9 +213,7 @@ def test_an_idle_pass_over_an_unchanged_queue_writes_nothing(sim_env: Env) -> No
     plans, and sends no UPDATE or INSERT."""
     env, control = sim_env, sim_env.control
     assert control is not None
-    other = env.new_tenant_user("other", "olga")
-    other.jobs.submit(spec("hog", gpus=2))
-    assert control.schedule() == 1
+    _hog_the_host(env)
     for name in ("big", "small-1", "small-2"):
         env.admin.jobs.submit(spec(name, gpus=2 if name == "big" else 1))
     control.schedule()
