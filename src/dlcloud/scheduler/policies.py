@@ -253,28 +253,31 @@ class _Pass:
         return t
 
     # -- shares ---------------------------------------------------------------------------------------------------
+    def _dominant(self, t: _Tenant, gpus: float, cpus: float, memory: float) -> float:
+        """Weighted dominant share of ``t`` holding ``gpus/cpus/memory``."""
+        g, c, m = self.total
+        return max(gpus / g, cpus / c, memory / m) / (t.lim.weight if t.lim.weight > 0 else 1.0)
+
     def share(self, t: _Tenant) -> float:
-        u, (g, c, m) = t.use, self.total
-        return max(u.gpus / g, u.cpus / c, u.memory / m) / (t.lim.weight if t.lim.weight > 0 else 1.0)
+        u = t.use
+        return self._dominant(t, u.gpus, u.cpus, u.memory)
 
     def share_with(self, t: _Tenant, job: QueuedJob) -> float:
         """``t``'s share if ``job`` ran too."""
-        u, (g, c, m) = t.use, self.total
-        dominant = max((u.gpus + job.gpus) / g, (u.cpus + job.cpus) / c, (u.memory + job.memory) / m)
-        return dominant / (t.lim.weight if t.lim.weight > 0 else 1.0)
+        u = t.use
+        return self._dominant(t, u.gpus + job.gpus, u.cpus + job.cpus, u.memory + job.memory)
 
     def share_without(self, tid: str, chosen: Sequence[Candidate]) -> float:
         """Tenant ``tid``'s share once its victims of this pass and those of ``chosen`` are gone."""
         t = self.tenant(tid)
-        v = self.victim_use.get(tid, Usage())
+        u, v = t.use, self.victim_use.get(tid, Usage())
         gone = [x.held for x in chosen if x.held.tenant_id == tid]
-        u, (g, c, m) = t.use, self.total
-        dominant = max(
-            (u.gpus - v.gpus - sum(len(h.gpus) for h in gone)) / g,
-            (u.cpus - v.cpus - sum(h.cpus for h in gone)) / c,
-            (u.memory - v.memory - sum(h.memory for h in gone)) / m,
+        return self._dominant(
+            t,
+            u.gpus - v.gpus - sum(len(h.gpus) for h in gone),
+            u.cpus - v.cpus - sum(h.cpus for h in gone),
+            u.memory - v.memory - sum(h.memory for h in gone),
         )
-        return dominant / (t.lim.weight if t.lim.weight > 0 else 1.0)
 
     def share_text(self, t: _Tenant) -> str:
         u, (g, c, m) = t.use, self.total
@@ -798,6 +801,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
         return check
 
+    def standing(job: QueuedJob, t: _Tenant) -> tuple[bool, bool]:
+        """(inside its tenant's guarantee, straddling it): owed either way (see the module docstring)."""
+        inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
+        return inside, not inside and job.preemptible and _straddles(t.lim, t.use, job.gpus, job.cpus, job.memory)
+
     def over_quota_by_priority(job: QueuedJob, t: _Tenant) -> bool:
         """A job held back by its tenant's caps may preempt its tenant's lower-priority attempts to get under them;
         its tenant's stopping attempts count as gone (no new victims while they stop)."""
@@ -848,8 +856,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if why is not None:
             reasons[job.id] = why
             return False
-        inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
-        straddle = not inside and job.preemptible and _straddles(t.lim, t.use, job.gpus, job.cpus, job.memory)
+        inside, straddle = standing(job, t)
         owed = inside or straddle
         # larger than its tenant's guarantee, which the tenant is short of (see ``candidates``)
         catch_up = not owed and job.preemptible and _below(t.lim, t.use)
@@ -900,10 +907,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         would borrow (as Kueue admits within nominal quota before borrowing), then by dominant share. Else,
         once a reclaim's victims have stopped and both shares are back to equal, the victim's older job would
         take the GPUs again and be preempted again, round after round."""
-        job = t.jobs[t.next]
-        inside = _within(t.lim, t.use.gpus + job.gpus, t.use.cpus + job.cpus, t.use.memory + job.memory)
-        owed = inside or (job.preemptible and _straddles(t.lim, t.use, job.gpus, job.cpus, job.memory))
-        return (0 if owed else 1, p.share(t))
+        inside, straddle = standing(t.jobs[t.next], t)
+        return (0 if inside or straddle else 1, p.share(t))
 
     # Jobs an earlier pass preempted for go first: what their victims free is theirs (as Kueue's nominated
     # workloads). Stateless, the next pass gave it to whoever came first in the order, and the job, still owed,
