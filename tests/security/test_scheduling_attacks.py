@@ -38,11 +38,11 @@ TWO_GPUS = {"gpus": 2, "cpu": 1, "memory": "1Gi"}
 
 @pytest.fixture
 def make_env(tmp_path, db_url) -> Iterator:
-    """``make_env(policy, **settings)``: the in-process API with a control loop that is driven by hand."""
+    """``make_env(policy, gpus=2, **settings)``: the in-process API with a control loop that is driven by hand."""
     made: list[Env] = []
 
-    def make(policy: str = "fair-share", **overrides: object) -> Env:
-        gpus = [GpuSpec(index=i, name=H100) for i in range(2)]
+    def make(policy: str = "fair-share", n_gpus: int = 2, **overrides: object) -> Env:
+        gpus = [GpuSpec(index=i, name=H100) for i in range(n_gpus)]
         settings = make_settings(tmp_path, db_url, gpu_inventory=gpus, scheduling_policy=policy, **overrides)
         e = build_env(settings, LocalExecutor())
         e.http.__enter__()
@@ -157,6 +157,33 @@ def test_reclaim_names_neither_the_victim_nor_the_preemptor_across_tenants(make_
     _assert_none_in(seen, _secrets_of(env, "victim-lab", "vera", [lent]))
     events = [e["reason"] for e in _get(env, mallory, "/api/v1/jobs/probe")["events"]]
     assert "reclaiming its tenant's guarantee: stopping a job of another tenant to make room" in events, events
+
+
+def test_catching_up_names_neither_the_victims_nor_the_preemptor_across_tenants(make_env):
+    # mallory's tenant is guaranteed 1 GPU and asks for 2; vera's tenant (no guarantee) borrows all 8: mallory's
+    # job takes two of vera's jobs (reason "share": vera's tenant keeps 6 of 8, more than mallory's 2)
+    env = make_env("fair-share", n_gpus=8, cpu_capacity=64, memory_capacity_bytes=64 * 1024**3)
+    mallory = _member(env, "mallory-lab", "mallory", quota={"gpus": 2})
+    env.admin.tenants.update("mallory-lab", scheduling={"guarantee": {"gpus": 1}})
+    victim = _member(env, "victim-lab", "vera")
+    lent = [_submit(env, victim, f"vera-secret-{i}", resources=ONE_GPU) for i in range(8)]
+    _pass(env)
+    _submit(env, mallory, "probe", resources=TWO_GPUS)
+    _pass(env)
+
+    stopped = [j for j in lent if _get(env, victim, f"/api/v1/jobs/{j['name']}")["preempt_requested"]]
+    assert len(stopped) == 2
+    for j in stopped:
+        got = _get(env, victim, f"/api/v1/jobs/{j['name']}")
+        assert got["preempt_reason"] == (
+            "preempted by a job of another tenant (share): its tenant, short of its guarantee, holds a smaller "
+            "share than this job's tenant"
+        )
+    _assert_none_in(_seen_by(env, victim, [j["name"] for j in lent]), ["probe", "mallory-lab", "mallory"])
+    seen = _seen_by(env, mallory, ["probe"])
+    _assert_none_in(seen, _secrets_of(env, "victim-lab", "vera", lent))
+    events = [e["reason"] for e in _get(env, mallory, "/api/v1/jobs/probe")["events"]]
+    assert "preemption (share): stopping a job of another tenant to make room" in events, events
 
 
 def test_priority_preemption_stays_inside_the_tenant_and_names_its_own_jobs(make_env):
