@@ -77,14 +77,9 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
 def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env, db_url):
     """Pausing became the default for template trials in 0014; a study submitted before keeps running as it was."""
     from dlcloud.store.rows import StudyRow
+    from tests.integration.test_studies import RECORDED
 
-    base = {
-        "algorithm": "asha",
-        "objective": {"metric": "m"},
-        "max_trials": 2,
-        "trial": {"command": "true"},
-        "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
-    }
+    base = {**RECORDED, "algorithm": "asha", "objective": {"metric": "m"}}
     env.admin.studies.submit({**base, "name": "older"})
     env.admin.studies.submit({**base, "name": "pausing", "early_stopping": {"pause": True, "max_resource": 9}})
     env.admin.studies.submit(

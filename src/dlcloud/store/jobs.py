@@ -244,7 +244,7 @@ _SET_WAITS_PG = (
 # SQLite: an executemany, which the driver runs in-process; sent as the driver's own (the values converted as
 # SQLAlchemy would: a datetime as SQLite stores it), as SQLAlchemy's executemany spends about half as long again as
 # the statements themselves on 10,000 rows of parameters
-_SET_WAITS_SQLITE = "UPDATE jobs SET wait_reason = ?, estimated_start = ? WHERE id = ?"
+_SET_WAITS_SQLITE = f"UPDATE {JobRow.__tablename__} SET wait_reason = ?, estimated_start = ? WHERE id = ?"
 
 
 def set_wait_reasons(conn: Connection, waits: Sequence[tuple[str, str | None, datetime | None]]) -> None:
