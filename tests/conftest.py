@@ -29,7 +29,7 @@ from dlcloud.executors.base import Executor
 from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.local.sandbox import Sandbox
-from dlcloud.scheduler.inventory import build_inventory
+from dlcloud.scheduler.inventory import Inventory, build_inventory
 from dlcloud.services.control import ControlLoop
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
@@ -185,14 +185,17 @@ def make_settings(tmp_path: Path, db_url: str, **overrides: object) -> Settings:
     return Settings(**values)
 
 
-def build_env(settings: Settings, executor: Executor | None = None) -> Env:
+def build_env(settings: Settings, executor: Executor | None = None, inventory: Inventory | None = None) -> Env:
+    """The platform, its API in-process and a signed client as the admin; a control loop when ``executor`` is
+    given. ``inventory``: the GPUs, CPUs and memory it schedules (default: the settings' declared host)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url)
     box = SecretBox.from_file(settings.resolved_server_key_file)
     boot = bootstrap(db, box, "default", "admin")
     assert boot.created and boot.access_key and boot.secret_key
     declared = [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory or []]
-    inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
+    if inventory is None:
+        inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     holder: dict[str, ControlLoop] = {}
     platform = Platform(
         settings,

@@ -99,3 +99,50 @@ def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env
     assert specs["older"]["early_stopping"] == {"pause": False}
     assert specs["pausing"]["early_stopping"]["pause"] is True
     assert specs["grid"].get("early_stopping") is None
+
+
+def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env, db_url):
+    """0015 moves the wait reasons and estimated starts of queued jobs from their rows to shared rows, one per
+    tenant and text; going back to 0014 puts them in the jobs' rows again."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    from tests.integration.test_quotas import enqueue
+
+    enqueue(env, "default", "admin", 3, gpus=0)
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0014")
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    start = datetime(2027, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
+    with engine.begin() as conn:  # as 0014 wrote them
+        for name, reason in (("bulk-0", "waiting for capacity"), ("bulk-1", "waiting for capacity")):
+            conn.execute(
+                text("UPDATE jobs SET wait_reason = :r, estimated_start = :s WHERE name = :n"),
+                {
+                    "r": reason,
+                    "s": start if db_url.startswith("postgresql") else "2027-01-02 03:04:05.600000",
+                    "n": name,
+                },
+            )
+    _alembic(db_url, "upgrade", "head")
+
+    for name in ("bulk-0", "bulk-1"):
+        job = env.admin.jobs.get(name)
+        assert (job["wait_reason"], job["estimated_start"]) == ("waiting for capacity", "2027-01-02T03:04:05.600000Z")
+    assert env.admin.jobs.get("bulk-2")["wait_reason"] == "waiting behind 2 earlier job(s) in the queue"
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM wait_reasons")).scalar() == 1
+        assert conn.execute(text("SELECT count(*) FROM job_waits")).scalar() == 2
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0014")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name, wait_reason FROM jobs ORDER BY name")).all()
+    assert [tuple(r) for r in rows] == [
+        ("bulk-0", "waiting for capacity"),
+        ("bulk-1", "waiting for capacity"),
+        ("bulk-2", None),
+    ]
+    _alembic(db_url, "upgrade", "head")
+    engine.dispose()

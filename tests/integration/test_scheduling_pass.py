@@ -13,11 +13,21 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, func, insert, select, update
-from sqlalchemy.orm.exc import StaleDataError
 
 from dlcloud.executors.simulated import SimulatedExecutor
-from dlcloud.store import jobs as job_store
-from dlcloud.store.rows import AttemptRow, EnvironmentBuildRow, JobEventRow, JobRow, utcnow
+from dlcloud.scheduler.inventory import Gpu, Inventory
+from dlcloud.services.scheduling import QUEUE_ORDER, QueueCache, _EnvironmentHolds
+from dlcloud.store import waits
+from dlcloud.store.rows import (
+    AttemptRow,
+    EnvironmentBuildRow,
+    JobEventRow,
+    JobRow,
+    JobWaitRow,
+    TenantRow,
+    WaitReasonRow,
+    utcnow,
+)
 from tests.conftest import Env, build_env, make_settings
 from tests.integration.test_quotas import enqueue, finish, running_names, spec
 
@@ -76,28 +86,162 @@ def test_a_placing_pass_sends_as_many_statements_for_30_jobs_as_for_3(roomy_env:
     assert len(placed_events) == 33 and all("attempt 1 placed on testhost" in r for r in placed_events)
 
 
-def test_wait_reasons_of_many_jobs_are_set_and_a_vanished_job_fails_the_write(env: Env) -> None:
+def _rows_written(env: Env, *tables: str) -> tuple[int, dict[str, list[str]]]:
+    """(jobs placed, per table: the statements of one scheduling pass writing it, once per row an executemany
+    writes; a DELETE once)."""
+    sent: dict[str, list[str]] = {table: [] for table in tables}
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        words = statement.split()
+        if words[0].upper() in ("UPDATE", "INSERT", "DELETE"):
+            table = words[1] if words[0].upper() == "UPDATE" else words[2]
+            if table in sent:
+                sent[table].extend([statement] * (len(parameters) if executemany else 1))
+
+    engine = env.platform.db.engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert env.control is not None
+        placed = env.control.schedule()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return placed, sent
+
+
+def test_jobs_that_wait_for_the_same_reason_share_one_row_which_alone_is_rewritten_when_the_reason_changes(
+    sim_env: Env,
+) -> None:
+    """40 jobs of one tenant wait: the first for capacity, 39 behind it. When the hog ends, two start and the reason
+    of the other 38 changes (their tenant's share, the job they wait behind): the pass rewrites the two shared rows
+    and moves the new first job to the other, and writes no row of the other 37."""
+    env, control = sim_env, sim_env.control
+    assert control is not None
+    _hog_the_host(env)
+    enqueue(env, "default", "admin", 40, gpus=1)
+    assert control.schedule() == 0
+    before = env.admin.jobs.get("bulk-39")["wait_reason"]
+    assert before.startswith("waiting behind job bulk-0 (reserved")
+    with env.platform.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(JobWaitRow)) == 40
+        assert s.scalar(select(func.count()).select_from(WaitReasonRow)) == 2
+    finish(env, "hog")
+
+    placed, written = _rows_written(env, "wait_reasons", "job_waits", "jobs")
+    assert placed == 2
+    after = env.admin.jobs.get("bulk-39")["wait_reason"]
+    assert after.startswith("waiting behind job bulk-2 (reserved") and "tenant default uses 100%" in after
+    assert env.admin.jobs.get("bulk-3")["wait_reason"] == after
+    assert env.admin.jobs.get("bulk-2")["wait_reason"].startswith("waiting for capacity: needs 1 GPU(s), 0 free")
+    assert [st.split()[0] for st in written["wait_reasons"]] == ["UPDATE", "UPDATE"]
+    assert sorted(st.split()[0] for st in written["job_waits"]) == ["DELETE", "UPDATE"]  # the placed; bulk-2
+    assert len(written["jobs"]) == 2  # the placed
+    with env.platform.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(JobWaitRow)) == 38
+        assert s.scalar(select(func.count()).select_from(WaitReasonRow)) == 2
+    placed, written = _rows_written(env, "wait_reasons", "job_waits", "jobs")
+    assert placed == 0 and written == {"wait_reasons": [], "job_waits": [], "jobs": []}
+
+
+def test_set_waits_shares_a_row_per_tenant_and_text_moves_jobs_and_drops_what_no_job_takes(env: Env) -> None:
+    """The same text in two tenants is two rows (a job reads only its own tenant's); a job whose text changes alone
+    moves to another row; a row no job takes is deleted with the waits still pointing to it."""
     env.new_tenant_user("lab", "alice")
-    enqueue(env, "lab", "alice", 300, gpus=0)
+    enqueue(env, "lab", "alice", 4, gpus=0)
+    enqueue(env, "default", "admin", 2, gpus=0)
     db = env.platform.db
     with db.read() as s:
-        ids = s.scalars(select(JobRow.id).order_by(JobRow.created_at)).all()
-    now = utcnow().replace(microsecond=123456)
-    waits = [
-        (job_id, f"waiting {i}" if i % 3 else None, now + timedelta(seconds=i) if i % 2 else None)
-        for i, job_id in enumerate(ids)
-    ]
-    with db.write() as s:
-        job_store.set_wait_reasons(s.connection(), waits)
-    with db.read() as s:
-        rows = s.execute(select(JobRow.id, JobRow.wait_reason, JobRow.estimated_start)).all()
-    stored = {job_id: (job_id, reason, start) for job_id, reason, start in rows}
-    assert [stored[job_id] for job_id in ids] == waits
+        jobs = {(t, n): i for i, t, n in s.execute(select(JobRow.id, TenantRow.name, JobRow.name).join(TenantRow))}
+        lab, default = (s.scalar(select(TenantRow.id).where(TenantRow.name == n)) for n in ("lab", "default"))
 
-    with pytest.raises(StaleDataError, match="expected 2 row"), db.write() as s:
-        job_store.set_wait_reasons(s.connection(), [(ids[0], "again", None), ("j-0000000000000000", "gone", None)])
-    with db.read() as s:  # rolled back whole
-        assert s.scalar(select(JobRow.wait_reason).where(JobRow.id == ids[0])) is None
+    def current(s) -> dict[str, int]:
+        return dict(s.execute(select(JobWaitRow.job_id, JobWaitRow.wait_id)).all())
+
+    start = utcnow().replace(microsecond=250000)
+    lab_jobs = [jobs["lab", f"bulk-{i}"] for i in range(4)]
+    with db.write() as s:
+        conn = s.connection()
+        waits.set_waits(
+            conn,
+            waits.read_waits(conn),
+            {
+                (lab, "waiting for capacity", start): [(j, None) for j in lab_jobs[:3]],
+                (lab, "environment 'x' is building", None): [(lab_jobs[3], None)],
+                (default, "waiting for capacity", start): [(jobs["default", f"bulk-{i}"], None) for i in range(2)],
+            },
+        )
+    with db.read() as s:
+        shared, pointing = waits.read_waits(s.connection()), current(s)
+    assert sorted(shared.values(), key=str) == sorted(
+        [(lab, "waiting for capacity", start), (lab, "environment 'x' is building", None)]
+        + [(default, "waiting for capacity", start)],
+        key=str,
+    )
+    assert len({pointing[j] for j in lab_jobs[:3]}) == 1
+    assert env.admin.jobs.get("bulk-0")["wait_reason"] == "waiting for capacity"
+    assert env.admin.jobs.get("bulk-0")["estimated_start"] is not None
+
+    # every text changes; lab's third job joins its fourth's; the default tenant's jobs wait for nothing specific
+    later = start.replace(microsecond=500000)
+    building = shared and pointing[lab_jobs[3]]
+    with db.write() as s:
+        conn = s.connection()
+        waits.set_waits(
+            conn,
+            waits.read_waits(conn),
+            {
+                (lab, "waiting for capacity: 0 free", later): [(j, pointing[j]) for j in lab_jobs[:2]],
+                (lab, "environment 'x' is building", later): [(j, pointing[j]) for j in lab_jobs[2:]],
+            },
+            gone=[jobs["default", "bulk-0"]],  # bulk-1 still points to the row no job takes now
+        )
+    with db.read() as s:
+        shared2, pointing2 = waits.read_waits(s.connection()), current(s)
+    assert set(pointing2) == set(lab_jobs)
+    assert pointing2[lab_jobs[0]] == pointing[lab_jobs[0]]  # kept its row, rewritten
+    assert pointing2[lab_jobs[2]] == pointing2[lab_jobs[3]] == building  # moved to the building one's
+    assert sorted(shared2) == sorted({pointing[lab_jobs[0]], building})
+    assert shared2[building] == (lab, "environment 'x' is building", later)
+    # a row of another tenant is never shown, whatever points to it
+    with db.write() as s:
+        s.execute(insert(JobWaitRow).values(job_id=jobs["default", "bulk-1"], wait_id=building))
+    assert (
+        env.admin.jobs.get("bulk-1")["wait_reason"] == "waiting behind 5 earlier job(s) in the queue"
+    )  # every tenant's
+    assert env.admin.jobs.get("bulk-1")["estimated_start"] is None
+
+
+def test_a_whole_read_hands_the_queue_to_the_planner_in_queue_order(sim_env: Env) -> None:
+    """Read unordered and sorted by the pass: the order the database gives (priority, submit time, then id, ties
+    included), and again after a priority changes while the job waits."""
+    env = sim_env
+    enqueue(env, "default", "admin", 30, gpus=1)
+    db = env.platform.db
+    with db.write() as s:
+        ids = s.scalars(select(JobRow.id).order_by(JobRow.created_at)).all()
+        tied = utcnow()
+        for i, job_id in enumerate(ids):
+            values: dict[str, Any] = {"priority": (i * 7) % 3}
+            if i % 4 == 0:
+                values["created_at"] = tied  # same submit time: the id decides
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(**values))
+    cache = QueueCache()
+
+    def read() -> tuple[list[str], list[str]]:
+        with db.read() as s:
+            conn = s.connection()
+            got = [job.id for job in cache.read(conn, [], _EnvironmentHolds(conn), whole=True)]
+            want = conn.execute(select(JobRow.id).where(JobRow.state == "QUEUED").order_by(*QUEUE_ORDER)).scalars()
+            return got, list(want)
+
+    got, want = read()
+    assert got == want and len(got) == 30
+    cache.keep([])  # as if the pass had read nothing: the next read builds every job again ...
+    _update_job(env, "bulk-29", priority=9)
+    got, want = read()
+    assert got == want and got[0] == ids[29]
+    _update_job(env, "bulk-28", priority=10)  # ... or only the job whose priority changed
+    got, want = read()
+    assert got == want and got[0] == ids[28]
 
 
 @pytest.fixture
@@ -223,3 +367,53 @@ def test_an_idle_pass_over_an_unchanged_queue_writes_nothing(sim_env: Env) -> No
     assert placed == 0
     writes = [st for st in sent if st.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))]
     assert writes == []
+
+
+@pytest.fixture
+def nodes_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
+    """``sim_env`` on three nodes of two GPUs (as a cluster would have; the local executor is one node)."""
+    gpus = tuple(Gpu(i, "NVIDIA H100", 81_559, f"n{i // 2}") for i in range(6))
+    e = build_env(make_settings(tmp_path, db_url), SimulatedExecutor(), Inventory("testhost", gpus, 64.0, 128 * GiB))
+    with e.http:
+        yield e
+    e.platform.db.dispose()
+
+
+def test_a_moved_job_resumes_on_the_gpus_held_for_it(nodes_env: Env) -> None:
+    """Three nodes of two GPUs; b's 1-GPU jobs sit on nodes 0 and 1, node 2 is free: the admin's gang of two
+    2-GPU replicas needs two whole nodes. The pass moves b's younger job (the least work lost) from node 1 to node
+    0's free GPU 1, which is held for it: while it stops and is queued again, another job that could take it waits;
+    then the gang starts on nodes 1 and 2, and the moved job on GPU 1."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None
+    b = env.new_tenant_user("b", "bob")
+    b.jobs.submit(spec("b-first", gpus=1))
+    env.admin.jobs.submit(spec("filler", gpus=1))
+    assert control.schedule() == 2  # b-first on GPU 0, filler on GPU 1
+    b.jobs.submit(spec("b-second", gpus=1))
+    assert control.schedule() == 1  # GPU 2: node 0 is full
+    finish(env, "filler")
+    env.admin.jobs.submit({**spec("gang", cpu=1), "framework": "pytorch", "replicas": {"worker": 2},
+                           "resources": {"gpus": 2, "cpu": 1, "memory": "1Gi"}})  # fmt: skip
+    assert control.schedule() == 0
+    with env.platform.db.read() as s:
+        rows = {r.name: r for r in s.execute(select(JobRow.name, JobRow.preempt_requested, JobRow.hold_gpus,
+                                                    JobRow.reclaiming))}  # fmt: skip
+    assert rows["b-second"][1:] == (True, [1], True)  # moved, GPU 1 held for it, considered first once queued
+    assert not rows["b-first"].preempt_requested
+
+    c = env.new_tenant_user("c", "carol")
+    c.jobs.submit(spec("late", gpus=1))  # GPU 1 is the only one free and not the gang's
+    assert control.schedule() == 0
+    assert c.jobs.get("late")["state"] == "QUEUED"
+    control.supervise()  # asks the executor to stop b-second ...
+    control.supervise()  # ... and sees it stopped: PREEMPTED, then QUEUED again
+    assert b.jobs.get("b-second")["state"] == "QUEUED"
+    assert control.schedule() == 2
+    with env.platform.db.read() as s:
+        got = dict(s.execute(select(JobRow.name, AttemptRow.gpus).join(AttemptRow, AttemptRow.job_id == JobRow.id)
+                             .where(AttemptRow.finished_at.is_(None))).all())  # fmt: skip
+        after = s.scalar(select(JobRow.hold_gpus).where(JobRow.name == "b-second"))
+    assert got["b-second"] == [1] and sorted(got["gang"]) == [2, 3, 4, 5] and "late" not in got
+    assert after is None  # placed: nothing held for it any more
+    assert c.jobs.get("late")["state"] == "QUEUED"

@@ -70,6 +70,9 @@ class QueuedJob:
     attained_gpu_s: float = 0.0  # GPU-seconds its earlier attempts used (las)
     # an earlier pass preempted attempts for it (fair-share): what they free is its own, it is considered first
     reclaiming: bool = False
+    # moved (a "defrag" preemption): the GPUs an earlier pass chose for its next attempt, held for it (no other job
+    # gets them) until it is placed
+    hold: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,9 @@ class Held:
     preemptible: bool = True
     attained_gpu_s: float = 0.0  # GPU-seconds over all its attempts up to ``now``
     stopping: bool = False  # already being stopped (preempted, cancelled): frees its resources soon, no victim
+    # being moved (stopping after a "defrag" preemption): the GPUs held for its next attempt (``QueuedJob.hold``)
+    hold: tuple[int, ...] = ()
+    preemptions: int = 0  # how often the job was preempted before (any reason)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ class Preemption:
     by: str
     reason: str  # "reclaim" (a tenant takes back its guarantee), "share", "priority", "las", "fill", "defrag"
     message: str  # for the victim's events: who preempted it and why (``by`` and PREEMPTION_WHY[reason])
+    # "defrag": the GPUs its next attempt gets, held for it from now on (``Held.hold``, then ``QueuedJob.hold``)
+    move_to: tuple[int, ...] = ()
 
 
 # why a victim gives way, by Preemption.reason (the victim's events say it; the planner's message too)

@@ -26,7 +26,11 @@ policies; the rules, in short:
   ("preemptible fill"), and a job inside its guarantee may start ahead of a reserved job that is not. With
   ``defragment`` (the default), the job at the head of the line that would get the reservation although enough
   GPUs are free, scattered over nodes, moves single-node preemptible attempts instead ("defrag",
-  ``_Pass.defragment``): only when every one of them fits again on the GPUs that stay free.
+  ``_Pass.defragment``): only when every one of them fits again on the GPUs that stay free, which are held for
+  it (``Preemption.move_to``, then ``Held.hold`` / ``QueuedJob.hold``: no other job gets them) until it is placed
+  again. An owed or catching-up job whose victims are not where it needs them evicts them and moves other
+  tenants' small jobs out of the way too, even those inside their guarantees, but only jobs never preempted
+  before (a job is moved for another tenant at most once).
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -69,7 +73,7 @@ from dlcloud.scheduler.contract import (
     Usage,
 )
 from dlcloud.scheduler.inventory import Inventory
-from dlcloud.scheduler.placement import Cluster, choose
+from dlcloud.scheduler.placement import Cluster, choose, processes
 from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s
 
@@ -245,6 +249,28 @@ class _Pass:
         self.changes = 0
         self._settled: dict[tuple, tuple[str, bool]] = {}
         self._settled_at = 0
+        self.holding: dict[str, list[int]] = {}  # moved jobs: the GPUs held for them (``hold``), out of ``cluster``
+        self.held_for: dict[str, set[int]] = {}  # moved jobs considered this pass: their held GPUs, given back
+
+    def hold(self, holds: dict[str, tuple[int, ...]]) -> None:
+        """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
+        (``unhold``). A held GPU that is not free (the attempt it is freed by still stopping) is held from the pass
+        that finds it free."""
+        c = self.cluster
+        for job_id, gpus in holds.items():
+            mine = [g for g in gpus if g in c.node_of and g in c.free[c.node_of[g]]]
+            mine = sorted(set(mine))
+            if mine:
+                c.take(mine, 0, 0)
+                self.holding[job_id] = mine
+
+    def unhold(self, job: QueuedJob) -> None:
+        """Give the GPUs held for ``job`` back to the free ones, preferred when it is placed (``fit_now``)."""
+        mine = self.holding.pop(job.id, None)
+        if mine:
+            self.cluster.give(mine, 0, 0)
+            self.held_for[job.id] = set(mine)
+            self.changes += 1
 
     def tenant(self, tid: str) -> _Tenant:
         t = self.tenants.get(tid)
@@ -322,9 +348,15 @@ class _Pass:
         return text
 
     def fit_now(self, job: QueuedJob) -> tuple[int, ...] | None:
-        if not self.cluster.fits_totals(job):
+        c = self.cluster
+        if not c.fits_totals(job):
             return None
-        return self.cluster.choose(job)
+        mine = self.held_for.get(job.id)
+        if mine:  # a moved job: on the GPUs held for it, where they suffice
+            got = choose([[g for g in fl if g in mine] for fl in c.free], c.names, processes(job))
+            if got is not None:
+                return got
+        return c.choose(job)
 
     def place(self, job: QueuedJob, gpus: tuple[int, ...], borrowed: bool = False) -> None:
         self.changes += 1
@@ -516,21 +548,51 @@ class _Pass:
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
-    def defragment(self, job: QueuedJob, tenant: _Tenant | None, borrowed: set[int]) -> bool:
+    def defragment(
+        self,
+        job: QueuedJob,
+        tenant: _Tenant | None,
+        borrowed: set[int],
+        reclaim: Callable[[], list[Candidate]] | None = None,
+        also: Callable[[Sequence[Candidate]], bool] | None = None,
+        memo: tuple = (),
+    ) -> bool:
         """Enough GPUs are free for ``job`` but not on the nodes it needs (a gang wants whole nodes; free GPUs are
         scattered where small jobs ended): stop single-node preemptible attempts so that it fits, only where every
-        one of them fits again on the GPUs that stay free (they resume at once: moved, not evicted). Least work
-        lost first; at most ``job``'s GPUs are moved. Only attempts ``job`` could preempt anyway may be moved: its
-        own tenant's of at most its priority, and other tenants' borrowed ones (``borrowed``: their ``id()``), so a
-        tenant cannot make another lose work inside its guarantee by submitting gangs."""
+        one of them fits again on the GPUs that stay free: they are moved, not evicted, and the GPUs each resumes on
+        are held for it from this pass until it is placed (``Preemption.move_to``; no other job gets them). Least
+        work lost first; at most ``job``'s GPUs are moved. Only attempts ``job`` could preempt anyway may be moved:
+        its own tenant's of at most its priority, and other tenants' borrowed ones (``borrowed``: their ``id()``).
+
+        ``reclaim``: ``job`` is owed (inside or straddling its tenant's guarantee) and these are the victims it may
+        evict, but they and the free GPUs are not on the nodes it needs: every node also holds small jobs of other
+        tenants running inside their guarantees. Then the victims are evicted (they need not fit again) and those
+        small jobs may be moved too, when they were never preempted: a job is moved for another tenant's guarantee
+        at most once, so submitting gangs cannot make a tenant lose work again and again, and a moved job keeps its
+        guarantee (it resumes at once, on GPUs held for it)."""
         c = self.cluster
-        if not self.cfg.defragment or c.nfree < job.gpus or not c.fits_totals(job) or c.single_node:
+        if not self.cfg.defragment or not c.fits_totals(job) or c.single_node:
+            return False
+        if reclaim is None and c.nfree < job.gpus:
             return False
         node_of, names = c.node_of, c.names
+        memo = ("defrag", reclaim is not None, *memo, job.gpu_type, bool(job.groups))
+        if not self.may_search(memo, job):
+            return False
+        evict = [x for x in reclaim() if id(x.held) not in self.victims] if reclaim is not None else []
+        evicting = {id(x.held) for x in evict}
+        if reclaim is not None and c.nfree + sum(len(x.held.gpus) for x in evict) < job.gpus:
+            self.failed[memo].append((job.gpus, job.cpus, job.memory))
+            return False
 
         def movable(h: Held) -> bool:
+            if h.tenant_id == job.tenant_id:
+                may = h.priority <= job.priority
+            else:
+                may = id(h) in borrowed or (reclaim is not None and h.preemptions == 0)
             return (
-                (h.priority <= job.priority if h.tenant_id == job.tenant_id else id(h) in borrowed)
+                may
+                and id(h) not in evicting
                 and h.preemptible
                 and not h.stopping
                 and 0 < len(h.gpus) < c.max_size
@@ -539,24 +601,20 @@ class _Pass:
             )
 
         def at_most_its_gpus(chosen: Sequence[Candidate]) -> bool:
-            return sum(len(x.held.gpus) for x in chosen) <= job.gpus
+            moved = sum(len(x.held.gpus) for x in chosen if x.reason == "defrag")
+            return moved <= job.gpus and (also is None or also(chosen))
 
-        def candidates() -> list[Candidate]:
-            now = self.now
-            return sorted(
-                (Candidate(h, (lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
-                key=lambda x: x.key,
-            )
-
-        memo = ("defrag", job.gpu_type, bool(job.groups))
-        if not self.may_search(memo, job):
-            return False
-        found = find_victims(job, c, candidates(), at_most_its_gpus)
-        if found is None:
+        now = self.now
+        moves = sorted(
+            (Candidate(h, (2, lost_gpu_s(h, now), len(h.gpus)), "defrag") for h in self.held if movable(h)),
+            key=lambda x: x.key,
+        )
+        found = find_victims(job, c, evict + moves, at_most_its_gpus)
+        if found is None or not found[0]:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
-        # every victim must fit again, on what stays free once ``job`` has its GPUs
+        # every moved attempt must fit again, on what stays free once ``job`` has its GPUs
         free = [list(fl) for fl in c.free]
         for x in chosen:
             for g in x.held.gpus:
@@ -564,22 +622,34 @@ class _Pass:
         for g in gpus:
             fl = free[node_of[g]]
             del fl[bisect.bisect_left(fl, g)]
-        for x in sorted(chosen, key=lambda x: -len(x.held.gpus)):
+        move_to: dict[int, tuple[int, ...]] = {}
+        for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
             pick = choose(free, names, [(len(x.held.gpus), want)])
             if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
                 return False
+            move_to[id(x.held)] = pick
             for g in pick:
                 fl = free[node_of[g]]
                 del fl[bisect.bisect_left(fl, g)]
         self.claim(job, chosen, gpus, tenant)
+        for pick in move_to.values():  # held for the moved jobs from now on (the victims' own GPUs are not free)
+            self.cluster.take([g for g in pick if g in c.free[node_of[g]]], 0, 0)
         for x in chosen:
             self.result.preemptions.append(
                 Preemption(
-                    x.held.job_id, job.id, "defrag", f"preempted by job {job.id} (defrag): {PREEMPTION_WHY['defrag']}"
+                    x.held.job_id,
+                    job.id,
+                    x.reason,
+                    f"preempted by job {job.id} ({x.reason}): {PREEMPTION_WHY[x.reason]}",
+                    move_to.get(id(x.held), ()),
                 )
             )
-        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING['defrag']}"
+        kinds = {x.reason for x in chosen}
+        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag") if k in kinds)
+        moved = len(move_to)
+        moving = f", moving {moved} to gather whole nodes" if main != "defrag" and moved else ""
+        self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{moving}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
@@ -883,7 +953,9 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return True
         by_priority = outranks(job, t)
         fill = r is None and not owed and bool(reclaimable)
-        if (owed or by_priority) and p.wait_for_stopping(job, t):
+        # a job whose preemptions were granted (``reclaiming``: a gang that moved jobs out of its way too) waits for
+        # what is stopping, as an owed job does, rather than let others take the GPUs it freed in the meantime
+        if (owed or by_priority or job.reclaiming) and p.wait_for_stopping(job, t):
             return True
         if (inside and (reclaimable or last_resort)) or ((straddle or catch_up) and reclaimable) or by_priority or fill:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
@@ -892,6 +964,15 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             also = larger_shares_stay(job, t) if catch_up else None
             if p.preempt(job, cands, memo + (job.gpu_type, bool(job.groups)), t, also):
                 return True
+        if (owed or catch_up) and p.defragment(
+            job,
+            t,
+            borrowed,
+            reclaim=lambda: candidates(job, t, inside, straddle, catch_up),
+            also=larger_shares_stay(job, t) if catch_up else None,
+            memo=(inside, straddle, t.id if catch_up else None),
+        ):
+            return True  # its victims are on other nodes than the free GPUs: evict them, move what is in the way
         if r is None and p.defragment(job, t, borrowed):
             return True
         if r is None:
@@ -913,11 +994,18 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     # Jobs an earlier pass preempted for go first: what their victims free is theirs (as Kueue's nominated
     # workloads). Stateless, the next pass gave it to whoever came first in the order, and the job, still owed,
     # preempted again, round after round (docs/scheduling.md, "Results").
+    # GPUs held for moved jobs (an earlier pass's defrag) are theirs: out of the free ones until each is considered
     first = sorted(
-        (j for t in p.tenants.values() for j in t.jobs if j.reclaiming), key=lambda j: (j.submitted_at or now, j.id)
+        (j for t in p.tenants.values() for j in t.jobs if j.reclaiming or j.hold),
+        key=lambda j: (j.submitted_at or now, j.id),
     )
+    holds = {h.job_id: h.hold for h in p.held if h.hold and h.stopping}
+    holds.update((j.id, j.hold) for j in first if j.hold)
+    if holds:
+        p.hold(holds)
     done = {j.id for j in first}
     for job in first:
+        p.unhold(job)
         consider(job, p.tenants[job.tenant_id])
 
     def remaining(t: _Tenant) -> bool:

@@ -363,8 +363,8 @@ class Simulator:
         i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
         del self.queue[i]
         del self.queued[i]
-        if job.qjob.reclaiming:
-            job.qjob = dataclasses.replace(job.qjob, reclaiming=False)
+        if job.qjob.reclaiming or job.qjob.hold:
+            job.qjob = dataclasses.replace(job.qjob, reclaiming=False, hold=())
         self.queued_gpus -= job.trace.gpus
         job.state = "running"
         job.attempt += 1
@@ -417,6 +417,8 @@ class Simulator:
             preemptible=True,
             attained_gpu_s=job.attained + ran * len(job.gpus),
             stopping=job.state == "stopping",
+            hold=job.qjob.hold if job.state == "stopping" else (),
+            preemptions=job.preemptions,
         )
         every = self.cfg.checkpoint_every_s
         job.held_until = job.start_s + kept + every if every else math.inf
@@ -460,8 +462,9 @@ class Simulator:
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
             job.state = "stopping"
-            if p.reason == "defrag":  # moved, not evicted: considered first once queued again (as the control plane)
-                job.qjob = dataclasses.replace(job.qjob, reclaiming=True)
+            if p.reason == "defrag":  # moved, not evicted: considered first once queued again, on the GPUs held
+                # for it (as the control plane)
+                job.qjob = dataclasses.replace(job.qjob, reclaiming=True, hold=p.move_to)
             job.held = None
             self.held_list = None
             self.preemptions += 1

@@ -84,12 +84,7 @@ def transition(
         job.started_at = now
     if to in TERMINAL_STATES:
         job.finished_at = now
-        job.wait_reason = None
-        job.estimated_start = None
         job.preempt_requested = False
-    if to in (S.STARTING, S.RUNNING):
-        job.wait_reason = None
-        job.estimated_start = None
     event = {
         "job_id": job.id,
         "tenant_id": job.tenant_id,

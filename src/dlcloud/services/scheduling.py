@@ -4,7 +4,8 @@ The pass reads the queue (in QUEUE_ORDER: whole, or lazily for fifo; ``QueueCach
 from pass to pass while the row stays the same), the live attempts (``Held``, with what the policies weigh:
 priority, submit and start times, preemptibility, declared run time, attained GPU-seconds, whether it is already
 being stopped) and the tenants' quotas and fair-share terms (``Limits``), plans with ``scheduler.planner`` under
-the server's ``PlanConfig`` (``plan_config``), writes the wait reasons and estimated starts that changed, asks
+the server's ``PlanConfig`` (``plan_config``), writes the wait reasons and estimated starts (store/waits.py: one row per
+tenant and text, shared by the jobs that wait for it; only what changed is written), asks
 for the preemptions the plan chose (``job_states.request_preemption``: the supervision stops those attempts), and
 for each placement records the attempt (STARTING) with its ports and replicas and builds its Workload
 (``workloads.build``); a placement beyond its tenant's guarantee gets a "borrowing" event.
@@ -28,9 +29,10 @@ import re
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, insert, or_, select, text, type_coerce, update
+from sqlalchemy import ColumnElement, Connection, and_, insert, or_, select, text, type_coerce
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 from sqlalchemy.types import NULLTYPE
@@ -53,8 +55,17 @@ from dlcloud.services.jobs import QUEUE_STATES
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import PortAllocator
 from dlcloud.settings import Settings
-from dlcloud.store import jobs as job_store
-from dlcloud.store.rows import AttemptRow, CodeRow, EnvironmentBuildRow, JobRow, ReplicaRow, TenantRow, utcnow
+from dlcloud.store import waits
+from dlcloud.store.rows import (
+    AttemptRow,
+    CodeRow,
+    EnvironmentBuildRow,
+    JobRow,
+    JobWaitRow,
+    ReplicaRow,
+    TenantRow,
+    utcnow,
+)
 
 SCHEDULE_LOCK_ID = 0x646C636C6F7565  # PostgreSQL advisory lock: one scheduling pass at a time
 # a fenced write transaction of the control loop (ControlLoop._write)
@@ -65,7 +76,7 @@ QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
 # what placing a job may change in its row, written for every placed job whether it changed or not: the flush at
 # commit sends the UPDATEs of one column set as one executemany (one round trip on PostgreSQL), and jobs whose
 # changes differ (a wait reason to clear or not, ...) would split it into one per run of alike jobs
-_PLACED_COLUMNS = ("state", "reason", "attempt", "wait_reason", "estimated_start", "reclaiming", "preempt_reason")
+_PLACED_COLUMNS = ("state", "reason", "attempt", "reclaiming", "preempt_reason", "hold_gpus")
 
 
 def plan_config(settings: Settings) -> PlanConfig:
@@ -99,11 +110,16 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
         JobRow.attained_gpu_seconds,
         JobRow.cancel_requested,
         JobRow.preempt_requested,
+        JobRow.preemptions,
+        JobRow.hold_gpus,
     ).outerjoin(JobRow, JobRow.id == AttemptRow.job_id)
     held = []
     for r in conn.execute(q.where(AttemptRow.finished_at.is_(None))):
         gpus = tuple(r.gpus)
         running_s = max(0.0, (now - r.started_at).total_seconds()) if r.started_at is not None else 0.0
+        stopping = bool(r.cancel_requested or r.preempt_requested)
+        # a moved job's next GPUs are held while it stops (a cancelled one's are not: it does not come back)
+        hold = tuple(r.hold_gpus or ()) if r.preempt_requested and not r.cancel_requested else ()
         held.append(
             Held(
                 r.tenant_id,
@@ -119,7 +135,9 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
                 # a job deleted under a live attempt (no row) cannot be a victim
                 preemptible=bool(r.preemptible) if r.preemptible is not None else False,
                 attained_gpu_s=(r.attained_gpu_seconds or 0.0) + len(gpus) * running_s,
-                stopping=bool(r.cancel_requested or r.preempt_requested),
+                stopping=stopping,
+                hold=hold,
+                preemptions=r.preemptions or 0,
             )
         )
     return held
@@ -237,70 +255,82 @@ class _EnvironmentHolds:
         self.failed: dict[str, str] = {}  # job id -> the reason it fails
         self._builds: dict[str, tuple[str, str | None]] | None = None
 
-    def reason(self, r: Row) -> str | None:
-        if r.environment_hash is None:
-            return None
+    def reason(self, job_id: str, environment: str | None, environment_hash: str) -> str | None:
         if self._builds is None:
             q = select(EnvironmentBuildRow.spec_hash, EnvironmentBuildRow.state, EnvironmentBuildRow.error)
             self._builds = {h: (st, e) for h, st, e in self.conn.execute(q.where(EnvironmentBuildRow.state != "READY"))}
-        state, error = self._builds.get(r.environment_hash, ("READY", None))
+        state, error = self._builds.get(environment_hash, ("READY", None))
         if state == "FAILED":
-            self.failed[r.id] = f"environment {r.environment!r} failed to build: {error}"
-            return f"environment {r.environment!r} failed to build"
-        return None if state == "READY" else f"environment {r.environment!r} is building"
+            self.failed[job_id] = f"environment {environment!r} failed to build: {error}"
+            return f"environment {environment!r} failed to build"
+        return None if state == "READY" else f"environment {environment!r} is building"
 
 
-# The queue's columns as the pass reads them, by position (a Row's attributes cost a lookup each): the row's id, what
-# the pass compares its results with, then what its QueuedJob is built from (``_JOB_VALUES``), the environment's
-# build first (its hold is decided per pass).
-_QUEUE_COLUMNS = (
-    JobRow.id,
-    JobRow.wait_reason,
-    JobRow.estimated_start,
-    JobRow.environment_hash,
+# The queue's columns as the pass reads them, by position (a Row's attributes cost a lookup each): those fixed at
+# submit (nothing writes them after, store/rows.py JobRow) and those that change while a job waits. A whole read (every
+# policy but fifo) reads the changing ones and the job's wait of every queued job, every pass, and the fixed ones only
+# of the jobs ``QueueCache`` does not hold yet; fifo's lazy read reads them all at once.
+FIXED_AT_SUBMIT = (
+    JobRow.environment_hash,  # first: whether the job may be held (the hold is decided per pass)
+    JobRow.environment,
     JobRow.tenant_id,
     JobRow.gpus,
     JobRow.cpus,
     JobRow.memory,
     JobRow.gpu_type,
-    JobRow.not_before,
-    JobRow.priority,
     JobRow.created_at,
-    JobRow.environment,
     JobRow.replica_groups,
     JobRow.preemptible,
     JobRow.max_run_time_seconds,
-    JobRow.attained_gpu_seconds,
-    JobRow.reclaiming,
 )
-_JOB_VALUES = slice(3, None)
-_MAX_CHUNK = 16_384  # queue rows read by one query
-# read as the driver returns them and converted only for a row that changed (``QueueCache``): converting three
-# datetimes of each of 10,000 rows, every pass, was most of reading the queue
-_UNCONVERTED = ("estimated_start", "not_before", "created_at", "replica_groups")
-_QUEUE = select(*(type_coerce(c, NULLTYPE).label(c.key) if c.key in _UNCONVERTED else c for c in _QUEUE_COLUMNS)).where(
-    JobRow.state.in_(QUEUE_STATES)
-)
+# (``hold_gpus`` is set only as a job leaves the queue, preempted, and cleared as it leaves it again, placed: read
+# every pass all the same, as whatever a pass relies on that is not the submit's)
+_CHANGING = (JobRow.priority, JobRow.not_before, JobRow.attained_gpu_seconds, JobRow.reclaiming, JobRow.hold_gpus)
+_MAX_CHUNK = 16_384  # queue rows read by one query (fifo)
+_MAX_IDS = 2_000  # ids in one query's IN list
+# read as the driver returns them and converted only for a row that changed (``QueueCache``): converting datetimes of
+# each of 10,000 rows, every pass, was most of reading the queue
+_UNCONVERTED = ("not_before", "created_at", "replica_groups", "hold_gpus")
+
+
+def _as_read_column(c: Any) -> Any:
+    return type_coerce(c, NULLTYPE).label(c.key) if c.key in _UNCONVERTED else c
+
+
+_QUEUED = JobRow.state.in_(QUEUE_STATES)
+_WITH_WAIT = JobRow.__table__.outerjoin(JobWaitRow, JobWaitRow.job_id == JobRow.id)
+# whole: (id, wait id, *changing); then (id, *fixed) of the jobs not held; fifo: (id, wait id, *fixed, *changing)
+_QUEUE_CHANGING = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, _CHANGING)).select_from(_WITH_WAIT)
+_QUEUE_CHANGING = _QUEUE_CHANGING.where(_QUEUED)
+_QUEUE_FIXED = select(JobRow.id, *map(_as_read_column, FIXED_AT_SUBMIT))
+_QUEUE = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, FIXED_AT_SUBMIT + _CHANGING))
+_QUEUE = _QUEUE.select_from(_WITH_WAIT).where(_QUEUED)
+_FIXED = slice(2, 2 + len(FIXED_AT_SUBMIT))
+_CHANGED = slice(2 + len(FIXED_AT_SUBMIT), None)
 
 
 @dataclass(slots=True)
 class _Queued:
-    """A queue row as the pass uses it: its QueuedJob (never held: a hold is decided per pass) and the row values it
-    was built from, and the wait reason and estimated start the row had when it was last read."""
+    """A queue row as the pass uses it: its QueuedJob (never held: a hold is decided per pass), the row values it was
+    built from, its place in QUEUE_ORDER, and the id of its wait (store/waits.py) as last read."""
 
-    values: tuple[Any, ...]
+    fixed: tuple[Any, ...]
+    changing: tuple[Any, ...]
     job: QueuedJob
-    wait_reason: str | None = None
-    start_read: Any = None  # ``estimated_start`` as read ...
-    start: datetime | None = None  # ... and converted
+    order: tuple[int, Any, str]  # (-priority, created_at as read, id)
+    wait_id: int | None = None
+
+
+_ORDER = attrgetter("order")
 
 
 class QueueCache:
     """The queue as QueuedJobs, read by the scheduling passes of one control loop, one pass at a time (the write
     transaction's lock serialises them). Each row's QueuedJob is kept from pass to pass by job id with the row values
     it was built from, and reused while they are the same: an idle pass over a long queue builds none, and converts
-    no datetime. It is a memo of the row's values, read every pass, so it stays right whatever changed a row
-    and whoever led in between; it keeps the rows the last pass read and no others (``keep``)."""
+    no datetime. It is a memo of the row's values, and the values that may change are read every pass (those fixed
+    at submit only once: nothing writes them after), so it stays right whatever changed a row and whoever led in
+    between; it keeps the rows the last pass read and no others (``keep``)."""
 
     def __init__(self) -> None:
         self._rows: dict[str, _Queued] = {}
@@ -313,74 +343,112 @@ class QueueCache:
     def read(
         self, conn: Connection, seen: list[_Queued], holds: _EnvironmentHolds, *, whole: bool
     ) -> Iterator[QueuedJob]:
-        """The queue in QUEUE_ORDER, in chunks of at most ``_MAX_CHUNK`` rows. ``whole`` (a policy that reads it all):
-        in chunks that size from the first (each query sorts the rest of the queue again); else lazily, in growing
-        chunks: a pass that stops at the first job that must wait reads one small chunk, not the whole queue. Rows
-        handed out are appended to ``seen``."""
+        """The queue in QUEUE_ORDER. ``whole`` (a policy that reads it all): in one query, unordered, sorted here (the
+        database's sort of the whole queue cost more than the rest of its read); else lazily, in growing chunks of
+        at most ``_MAX_CHUNK`` rows: a pass that stops at the first job that must wait reads one small chunk, not the
+        whole queue. Rows handed out are appended to ``seen``."""
         if self._convert is None:  # what SQLAlchemy would do to these values (a UTCDateTime's, JSON's conversion)
             d = conn.dialect
             self._convert = {
                 c.key: c.type.dialect_impl(d).result_processor(d, None) or _as_read
-                for c in _QUEUE_COLUMNS
+                for c in FIXED_AT_SUBMIT + _CHANGING
                 if c.key in _UNCONVERTED
             }
-        convert_start = self._convert["estimated_start"]
-        rows_before = self._rows
         self.complete = False
-        size = _MAX_CHUNK if whole else 512
+        rows = self._whole(conn) if whole else self._lazily(conn, seen)
+        for queued in rows:
+            if whole:
+                seen.append(queued)
+            environment_hash, environment = queued.fixed[0], queued.fixed[1]
+            held_by = None if environment_hash is None else holds.reason(queued.job.id, environment, environment_hash)
+            yield queued.job if held_by is None else replace(queued.job, held_by=held_by)
+        self.complete = True
+
+    def _whole(self, conn: Connection) -> list[_Queued]:
+        before = self._rows
+        rows = conn.execute(_QUEUE_CHANGING).all()
+        missing = [row[0] for row in rows if row[0] not in before]
+        fixed: dict[str, tuple[Any, ...]] = {}
+        if len(missing) > len(rows) // 2:  # most of the queue (the first pass): one scan, no list of ids
+            fixed = {r[0]: r[1:] for r in conn.execute(_QUEUE_FIXED.where(_QUEUED))}
+        else:
+            for lo in range(0, len(missing), _MAX_IDS):
+                q = _QUEUE_FIXED.where(JobRow.id.in_(missing[lo : lo + _MAX_IDS]))
+                fixed.update((r[0], r[1:]) for r in conn.execute(q))
+        queue = []
+        for row in rows:
+            job_id, changing = row[0], row[2:]
+            queued = before.get(job_id)
+            if queued is None:
+                values = fixed.get(job_id)
+                if values is None:
+                    continue  # left the queue between the two reads (PostgreSQL: each reads what is committed)
+                queued = self._build(job_id, values, changing)
+            elif queued.changing != changing:
+                queued = self._build(job_id, queued.fixed, changing)
+            queued.wait_id = row[1]
+            queue.append(queued)
+        queue.sort(key=_ORDER)
+        return queue
+
+    def _lazily(self, conn: Connection, seen: list[_Queued]) -> Iterator[_Queued]:
+        before = self._rows
+        size = 512
         after: QueuedJob | None = None
         while True:
             q = _QUEUE if after is None else _QUEUE.where(_behind(after.priority, after.submitted_at, after.id))
             rows = conn.execute(q.order_by(*QUEUE_ORDER).limit(size)).all()
             for row in rows:
-                job_id, wait_reason, start_read, environment_hash = row[0], row[1], row[2], row[3]
-                values = row[_JOB_VALUES]
-                queued = rows_before.get(job_id)
-                if queued is None or queued.values != values:
-                    queued = self._build(row, values)
-                queued.wait_reason = wait_reason
-                if queued.start_read != start_read:
-                    queued.start_read, queued.start = start_read, convert_start(start_read)
+                job_id, fixed, changing = row[0], row[_FIXED], row[_CHANGED]
+                queued = before.get(job_id)
+                if queued is None or queued.changing != changing or queued.fixed != fixed:
+                    queued = self._build(job_id, fixed, changing)
+                queued.wait_id = row[1]
                 seen.append(queued)
-                held_by = None if environment_hash is None else holds.reason(row)
-                yield queued.job if held_by is None else replace(queued.job, held_by=held_by)
+                yield queued
             if len(rows) < size:
-                self.complete = True
                 return
             after = seen[-1].job
             size = min(size * 4, _MAX_CHUNK)
 
-    def keep(self, seen: list[_Queued], leaving: Container[str] = ()) -> None:
+    def keep(self, seen: list[_Queued], leaving: Container[str] = ()) -> list[str]:
         """Keep the rows of ``seen`` (the last pass's) but those of the jobs in ``leaving`` (it places or fails
-        them), drop every other."""
+        them), drop every other. Returns the jobs dropped that had a wait as last read: they no longer wait."""
+        before = self._rows
         self._rows = {queued.job.id: queued for queued in seen if queued.job.id not in leaving}
+        gone = {q.job.id for q in before.values() if q.wait_id is not None and q.job.id not in self._rows}
+        gone.update(q.job.id for q in seen if q.wait_id is not None and q.job.id in leaving)
+        return sorted(gone)
 
-    def _build(self, r: Row, values: tuple[Any, ...]) -> _Queued:
+    def _build(self, job_id: str, fixed: tuple[Any, ...], changing: tuple[Any, ...]) -> _Queued:
         assert self._convert is not None
         convert = self._convert
+        _, _, tenant_id, gpus, cpus, memory, gpu_type, created_at, replica_groups, preemptible, max_run_time = fixed
+        priority, not_before, attained_gpu_s, reclaiming, hold_gpus = changing
         groups = tuple(
             GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
-            for g in convert["replica_groups"](r.replica_groups) or ()
+            for g in convert["replica_groups"](replica_groups) or ()
         )
         job = QueuedJob(
-            r.id,
-            r.tenant_id,
-            r.gpus,
-            r.cpus,
-            r.memory,
-            r.gpu_type,
-            convert["not_before"](r.not_before),
+            job_id,
+            tenant_id,
+            gpus,
+            cpus,
+            memory,
+            gpu_type,
+            convert["not_before"](not_before),
             None,
             groups,
-            priority=r.priority,
+            priority=priority,
             # kept across preemptions: a preempted job keeps its place
-            submitted_at=convert["created_at"](r.created_at),
-            max_run_time_s=r.max_run_time_seconds,
-            preemptible=r.preemptible,
-            attained_gpu_s=r.attained_gpu_seconds or 0.0,
-            reclaiming=bool(r.reclaiming),
+            submitted_at=convert["created_at"](created_at),
+            max_run_time_s=max_run_time,
+            preemptible=preemptible,
+            attained_gpu_s=attained_gpu_s or 0.0,
+            reclaiming=bool(reclaiming),
+            hold=tuple(convert["hold_gpus"](hold_gpus) or ()),
         )
-        return _Queued(values, job)
+        return _Queued(tuple(fixed), tuple(changing), job, (-priority, created_at, job_id))
 
 
 def _as_read(value: Any) -> Any:
@@ -413,43 +481,15 @@ class SchedulingPass:
             queue = self.queue.read(conn, seen, holds, whole=config.policy != Policy.FIFO)
             first = next(queue, None)
             if first is None:
-                self.queue.keep(seen)
+                if self.queue.keep(seen):  # the last jobs left: no job waits
+                    waits.set_waits(conn, waits.read_waits(conn), {})
                 return []
             held = read_held(conn, now)
             limits = read_limits(conn)
             result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
-            self.queue.keep(seen, leaving=placed | holds.failed.keys())
-            view = TenantView(conn)
-            reasons, starts = result.wait_reasons, result.estimated_start
-            # write the wait reasons and estimated starts that changed; a job no longer held back by something
-            # specific gets its reason cleared (a placed job's is cleared by its transition)
-            changed = []
-            for queued in seen:
-                job_id, tenant_id = queued.job.id, queued.job.tenant_id
-                reason = view.text(reasons.get(job_id), tenant_id)
-                start = starts.get(job_id)
-                if (
-                    (queued.wait_reason != reason or queued.start != start)
-                    and job_id not in placed
-                    and job_id not in holds.failed
-                ):
-                    changed.append((job_id, reason, start))
-            job_store.set_wait_reasons(conn, changed)
-            if result.blocked_by is not None and not self.queue.complete:
-                # the jobs behind the blocked one were not looked at (the planner stopped reading the queue): they
-                # wait behind it, for no reason of their own
-                last = seen[-1].job
-                s.execute(
-                    update(JobRow)
-                    .where(
-                        JobRow.state.in_(QUEUE_STATES),
-                        or_(JobRow.wait_reason.is_not(None), JobRow.estimated_start.is_not(None)),
-                        _behind(last.priority, last.submitted_at, last.id),
-                    )
-                    .values(wait_reason=None, estimated_start=None)
-                    .execution_options(synchronize_session=False)
-                )
+            gone = self.queue.keep(seen, leaving=placed | holds.failed.keys())
+            shared = waits.read_waits(conn)
             if result.preemptions:
                 self._preempt(s, result, now)
             # ``pinned`` keeps the tenant and code rows the workloads read in the identity map until the end
@@ -459,6 +499,7 @@ class SchedulingPass:
             replicas: list[dict] = []
             settings = self.p.settings
             ports = PortAllocator(s, settings.job_port_range_start, settings.job_port_range_end)
+            no_ports: dict[str, str] = {}  # placed by the plan, left waiting: why
             for job_id, gpus in result.placements:
                 job = jobs.get(job_id)
                 if job is None or job.state not in QUEUE_STATES:
@@ -466,7 +507,7 @@ class SchedulingPass:
                 needed = recipes.ports_needed(job.spec, job.replica_groups)
                 got = ports.allocate(job.id, job.attempt + 1, needed, now)
                 if got is None:
-                    job.wait_reason = (
+                    no_ports[job_id] = (
                         f"waiting for {needed} free port(s) in {settings.job_port_range_start}-"
                         f"{settings.job_port_range_end}"
                     )
@@ -475,6 +516,7 @@ class SchedulingPass:
                 lim = limits.get(job.tenant_id)
                 borrowing = job_id in result.borrowing and lim is not None and lim.guaranteed
                 workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing))
+            self._write_waits(conn, seen, result, shared, gone, placed, holds.failed, no_ports)
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
                     if job.state in QUEUE_STATES:
@@ -485,6 +527,61 @@ class SchedulingPass:
                 s.execute(insert(ReplicaRow), replicas)
             job_states.add_events(s, events)
         return workloads
+
+    def _write_waits(
+        self,
+        conn: Connection,
+        seen: list[_Queued],
+        result: Plan,
+        shared: dict[int, waits.Wait],
+        gone: list[str],
+        placed: Container[str],
+        failed: Container[str],
+        no_ports: dict[str, str],
+    ) -> None:
+        """Record why each job the planner looked at waits, as its tenant may read it (``TenantView``), and when it
+        may start; a job no longer held back by something specific has none, nor has a job that leaves the queue
+        (``gone``) or that the planner did not look at."""
+        reasons, starts = result.wait_reasons, result.estimated_start
+        # the planner's texts, each with the jobs that wait for it (most of a tenant's jobs share a few texts) ...
+        planned: dict[waits.Wait, list[tuple[str, int | None]]] = {}
+        clear = [job_id for job_id in gone if job_id not in no_ports]
+        reason: str | None
+        for queued in seen:
+            job_id = queued.job.id
+            if job_id in placed:
+                if job_id not in no_ports:
+                    continue
+                reason, start = no_ports[job_id], None
+            elif job_id in failed:
+                continue
+            else:
+                reason, start = reasons.get(job_id), starts.get(job_id)
+            if reason is None and start is None:
+                if queued.wait_id is not None:
+                    clear.append(job_id)
+                continue
+            key = (queued.job.tenant_id, reason, start)
+            members = planned.get(key)
+            if members is None:
+                members = planned[key] = []
+            members.append((job_id, queued.wait_id))
+        # ... as their tenant may read it: texts that read alike are one
+        view = TenantView(conn)
+        shown: dict[waits.Wait, list[tuple[str, int | None]]] = {}
+        for (tenant_id, reason, start), members in planned.items():
+            key = (tenant_id, view.text(reason, tenant_id), start)
+            if key in shown:
+                shown[key] += members
+            else:
+                shown[key] = members
+        waits.set_waits(conn, shared, shown, clear)
+        if not self.queue.complete:
+            # the jobs behind the last one the planner looked at (it stopped reading the queue there) wait behind it,
+            # for no reason of their own
+            last = seen[-1].job
+            behind = select(JobRow.id).where(_QUEUED, _behind(last.priority, last.submitted_at, last.id))
+            waits.clear_waits(conn, behind)
 
     def _preempt(self, s: Session, result: Plan, now: datetime) -> None:
         """Ask for the plan's preemptions: each victim's row gets ``preempt_requested`` and an event naming the
@@ -504,7 +601,9 @@ class SchedulingPass:
                 continue
             asked = True
             if p.reason == "defrag":
-                victim.reclaiming = True  # moved, not evicted: considered first once it is queued again
+                # moved, not evicted: considered first once it is queued again, on the GPUs held for it
+                victim.reclaiming = True
+                victim.hold_gpus = list(p.move_to) or None
             if by is not None:
                 by.reclaiming = True  # what its victims free is its own: the planner considers it first
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
@@ -521,6 +620,8 @@ class SchedulingPass:
         The caller holds the second list for as long as it builds workloads: the identity map references rows
         weakly, and a row nothing else references is dropped from it at once."""
         jobs: dict[str, JobRow] = {}
+        if not job_ids:
+            return jobs, []
         for lo in range(0, len(job_ids), 500):
             q = select(JobRow).where(JobRow.id.in_(job_ids[lo : lo + 500])).with_for_update()
             jobs.update((j.id, j) for j in s.scalars(q))
@@ -586,6 +687,7 @@ class SchedulingPass:
         if workload.replicas:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
         job.reclaiming = False
+        job.hold_gpus = None
         resumed = ""
         if job.preempt_reason is not None:  # the first attempt after a preemption
             resumed = f"resumed after preemption {job.preemptions}: "

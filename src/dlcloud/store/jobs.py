@@ -6,19 +6,16 @@ statement skips query construction, and they run on a Core connection without OR
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, Text, and_, bindparam, func, or_, select, update
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.exc import StaleDataError
 
 from dlcloud.schemas.jobs import JobState
+from dlcloud.store import waits
 from dlcloud.store.ids import looks_like_id
-from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow, UTCDateTime
+from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -83,8 +80,8 @@ def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str, bool]]:
 _jobs, _users = JobRow.__table__, UserRow.__table__
 _events, _attempts, _replicas = JobEventRow.__table__, AttemptRow.__table__, ReplicaRow.__table__
 _DESCRIBE_JOB = (
-    select(_jobs, _users.c.name.label("user_name"))
-    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
+    select(_jobs, _users.c.name.label("user_name"), waits.WAIT_REASON, waits.ESTIMATED_START)
+    .select_from(waits.with_waits(_jobs.outerjoin(_users, _users.c.id == _jobs.c.user_id)))
     .where(_jobs.c.tenant_id == bindparam("tenant_id"))
 )
 _DESCRIBE_JOB_BY_NAME = _DESCRIBE_JOB.where(_jobs.c.name == bindparam("name_or_id"))
@@ -187,13 +184,16 @@ _QUEUE = (
         _jobs.c.preemptible,
         _jobs.c.preemptions,
         _jobs.c.created_at,
-        _jobs.c.wait_reason,
-        _jobs.c.estimated_start,
+        waits.WAIT_REASON,
+        waits.ESTIMATED_START,
         _tenants.c.name.label("tenant_name"),
         _users.c.name.label("user_name"),
     )
-    .join(_tenants, _tenants.c.id == _jobs.c.tenant_id)
-    .outerjoin(_users, _users.c.id == _jobs.c.user_id)
+    .select_from(
+        waits.with_waits(
+            _jobs.join(_tenants, _tenants.c.id == _jobs.c.tenant_id).outerjoin(_users, _users.c.id == _jobs.c.user_id)
+        )
+    )
     .where(_jobs.c.state.in_(QUEUE_STATES))
     .order_by(_jobs.c.priority.desc(), _jobs.c.created_at, _jobs.c.id)
 )
@@ -223,43 +223,3 @@ def scheduling_figures(conn: Connection) -> dict[str, dict[str, Any]]:
     for tid, n in conn.execute(select(JobRow.tenant_id, func.sum(JobRow.preemptions)).group_by(JobRow.tenant_id)):
         of(tid)["preemptions"] += int(n or 0)  # every tenant with jobs: a counter that is there from the start
     return out
-
-
-_waits = (
-    func.unnest(
-        bindparam("ids", type_=postgresql.ARRAY(String)),
-        bindparam("reasons", type_=postgresql.ARRAY(Text)),
-        bindparam("starts", type_=postgresql.ARRAY(UTCDateTime())),
-    )
-    .table_valued("id", "wait_reason", "estimated_start")
-    .render_derived(name="waits")
-)
-# PostgreSQL: every row in one statement, the values as three arrays (one parse, plan and execution, whatever the
-# count; an executemany runs each row as a statement of its own on the server)
-_SET_WAITS_PG = (
-    update(JobRow)
-    .where(JobRow.id == _waits.c.id)
-    .values(wait_reason=_waits.c.wait_reason, estimated_start=_waits.c.estimated_start)
-)
-# SQLite: an executemany, which the driver runs in-process; sent as the driver's own (the values converted as
-# SQLAlchemy would: a datetime as SQLite stores it), as SQLAlchemy's executemany spends about half as long again as
-# the statements themselves on 10,000 rows of parameters
-_SET_WAITS_SQLITE = f"UPDATE {JobRow.__tablename__} SET wait_reason = ?, estimated_start = ? WHERE id = ?"
-
-
-def set_wait_reasons(conn: Connection, waits: Sequence[tuple[str, str | None, datetime | None]]) -> None:
-    """Set the wait reason and estimated start of each job named by id (``waits``: distinct ids), as the scheduling
-    pass does for thousands of queued jobs at a time. A job that is no longer there fails it: StaleDataError, as
-    the ORM's UPDATE by primary key raises."""
-    if not waits:
-        return
-    if conn.dialect.name == "postgresql":
-        ids, reasons, starts = zip(*waits, strict=True)
-        result = conn.execute(_SET_WAITS_PG, {"ids": list(ids), "reasons": list(reasons), "starts": list(starts)})
-    else:
-        to_db = UTCDateTime().dialect_impl(conn.dialect).bind_processor(conn.dialect) or (lambda v: v)
-        result = conn.exec_driver_sql(_SET_WAITS_SQLITE, [(r, to_db(st), i) for i, r, st in waits])
-    if result.rowcount != len(waits):
-        raise StaleDataError(
-            f"UPDATE of the jobs' wait reasons expected {len(waits)} row(s); {result.rowcount} matched"
-        )

@@ -137,7 +137,6 @@ class JobRow(Base):
     code_id: Mapped[str | None] = mapped_column(String(40))
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
-    wait_reason: Mapped[str | None] = mapped_column(Text)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     cpus: Mapped[float] = mapped_column(Float, default=1.0)
@@ -162,7 +161,10 @@ class JobRow(Base):
     # preempted, its declared maximum run time of an attempt (backfill and estimates; the smaller of
     # ``max_run_time`` and ``timeout``), a preemption the scheduler asked for and not yet carried out (the
     # supervision stops the attempt like a cancel, then the job is queued again), the preemptions so far,
-    # GPU-seconds of its ended attempts, and when the scheduler expects it to start (while it waits)
+    # GPU-seconds of its ended attempts (why it waits and when it may start: ``WaitReasonRow``).
+    # Fixed at submit, never written after (the scheduling pass reads them once per queued job, services/scheduling.py
+    # ``FIXED_AT_SUBMIT``): tenant_id, gpus, cpus, memory, gpu_type, created_at, environment, environment_hash,
+    # replica_groups, preemptible, max_run_time_seconds.
     priority_class: Mapped[str | None] = mapped_column(String(63))
     preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
     max_run_time_seconds: Mapped[float | None] = mapped_column(Float)
@@ -170,10 +172,32 @@ class JobRow(Base):
     preempt_reason: Mapped[str | None] = mapped_column(Text)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    estimated_start: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # the scheduler preempted attempts for it (fair-share): it is considered first until it starts, on what its
     # victims free
     reclaiming: Mapped[bool] = mapped_column(Boolean, default=False)
+    # moved (a "defrag" preemption): the GPU indices its next attempt gets, held for it by the scheduler (no other
+    # job gets them) from the preemption until it is placed again
+    hold_gpus: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+
+
+class WaitReasonRow(Base):
+    """Why queued jobs of one tenant wait and when they may start, as that tenant may read it (the scheduling pass's
+    ``TenantView``): one row shared by all of them (``JobWaitRow``). The scheduling pass alone writes it and assigns
+    its ids (store/waits.py)."""
+
+    __tablename__ = "wait_reasons"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    estimated_start: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class JobWaitRow(Base):
+    """The wait reason of a queued job the last scheduling pass looked at (none: it waits for nothing specific)."""
+
+    __tablename__ = "job_waits"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    wait_id: Mapped[int] = mapped_column(ForeignKey("wait_reasons.id", ondelete="CASCADE"), index=True)
 
 
 class AttemptRow(Base):

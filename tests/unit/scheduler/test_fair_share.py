@@ -514,16 +514,79 @@ def test_non_preemptible_and_whole_node_attempts_are_never_moved() -> None:
     assert victims(p) == [] and p.blocked_by == "g"
 
 
-def test_an_owed_job_never_moves_other_tenants_jobs_inside_their_guarantee() -> None:
-    # node 0: b's owed 1-GPU job and c's three borrowed ones; node 1: b's other owed job, two of c's, one GPU free.
-    # a (guaranteed 4, idle) needs a whole node: moving b's job from node 0 to node 1 would make it fit, but b's
-    # jobs run inside b's guarantee and the planner cannot hold the GPU it would move to across passes (a tenant
-    # could make b lose work again and again: the review of this rule), so a waits
+def _owed_small_jobs_on_every_node(b_preempted: int = 0) -> tuple[dict, list]:
+    # node 0: b's owed 1-GPU job and c's three borrowed ones; node 1: b's other owed job, two of c's, GPU 7 free.
+    # a (guaranteed 4, idle) needs a whole node; c's borrowed jobs alone free none
     limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2)}
-    held = [running("b-n0", "b", (0,), minutes=5), running("b-n1", "b", (4,), minutes=50)]
+    held = [
+        running("b-n0", "b", (0,), minutes=5, preemptions=b_preempted),
+        running("b-n1", "b", (4,), minutes=50, preemptions=b_preempted),
+    ]
     held += [running(f"c{i}", "c", (i,), minutes=20) for i in (1, 2, 3, 5, 6)]
+    return limits, held
+
+
+def test_an_owed_job_moves_another_tenants_owed_job_to_gpus_held_for_it() -> None:
+    # a evicts c's borrowed jobs on node 0 and moves b's job there to the free GPU 7 of node 1 (the least work lost
+    # of b's two): b keeps its guarantee, and GPU 7 is held for b-n0's next attempt
+    limits, held = _owed_small_jobs_on_every_node()
+    p = plan([job("a0", "a", 4), job("c9", "c", 1)], held, limits, nodes(2, 4), NOW, FS)
+    assert sorted(victims(p)) == ["b-n0", "c1", "c2", "c3"]
+    moved = {x.job_id: x for x in p.preemptions if x.reason == "defrag"}
+    assert list(moved) == ["b-n0"] and moved["b-n0"].move_to == (7,)
+    assert {x.reason for x in p.preemptions if x.job_id != "b-n0"} == {"reclaim"}
+    assert p.wait_reasons["a0"] == "preempting 4 job(s) to reclaim its guarantee, moving 1 to gather whole nodes"
+    assert placed(p) == []  # c9 does not get GPU 7, held for b-n0 from this pass on
+
+
+def test_a_job_is_moved_for_another_tenants_guarantee_at_most_once() -> None:
+    # b's jobs were preempted before: they are not moved for a again (a tenant submitting gangs cannot make b lose
+    # work again and again), and without moving them nothing frees a node: a waits
+    limits, held = _owed_small_jobs_on_every_node(b_preempted=1)
     p = plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
     assert not {"b-n0", "b-n1"} & set(victims(p))
+    assert not any(x.reason == "defrag" for x in p.preemptions)
+
+
+def test_a_job_catching_up_moves_an_owed_job_out_of_the_node_it_takes_from_a_richer_tenant() -> None:
+    # s (guaranteed 1) wants 4 GPUs: more than its guarantee, so it catches up from tenants that stay richer. r
+    # borrows GPUs 1-3 of node 0, where o's owed job sits on GPU 0; r's owed jobs fill nodes 1 and 2, q's node 3
+    # but GPU 12. Evicting r's borrowed jobs frees 3 GPUs of node 0 only: o's job moves to GPU 12 (held for it)
+    limits = {"s": Limits(guarantee_gpus=1), "r": Limits(guarantee_gpus=8), "o": Limits(guarantee_gpus=1),
+              "q": Limits(guarantee_gpus=3)}  # fmt: skip
+    held = [running("o0", "o", (0,), minutes=30)]
+    held += [running(f"r-b{i}", "r", (i,), minutes=20) for i in (1, 2, 3)]
+    held += [running("r-a", "r", (4, 5, 6, 7), minutes=90), running("r-b", "r", (8, 9, 10, 11), minutes=90)]
+    held += [running(f"q{i}", "q", (i,), minutes=60) for i in (13, 14, 15)]
+    p = plan([job("s0", "s", 4)], held, limits, nodes(4, 4), NOW, FS)
+    assert {x.job_id: x.reason for x in p.preemptions} == {"r-b1": "share", "r-b2": "share", "r-b3": "share",
+                                                          "o0": "defrag"}  # fmt: skip
+    assert next(x.move_to for x in p.preemptions if x.job_id == "o0") == (12,)
+    assert p.wait_reasons["s0"].startswith("preempting 4 job(s) of tenants with a larger share")
+    # r would not stay richer than s with the job: nothing is taken, nothing moved
+    poorer = [h for h in held if h.job_id != "r-b"]
+    assert victims(plan([job("s0", "s", 4)], poorer, limits, nodes(4, 4), NOW, FS)) == []
+
+
+def test_the_gpus_held_for_a_moved_job_are_its_own_until_it_is_placed() -> None:
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2)}
+    busy = [running(f"c{i}", "c", (i,), minutes=20) for i in (5, 6)] + [running("b-n1", "b", (4,))]
+    # while the moved job is stopping, nobody gets GPU 7; the gang waits for its victims
+    stopping = [running("b-n0", "b", (0,), stopping=True, hold=(7,))]
+    stopping += [running(f"c{i}", "c", (i,), stopping=True) for i in (1, 2, 3)]
+    p = plan([job("a0", "a", 4, reclaiming=True), job("c9", "c", 1)], busy + stopping, limits, nodes(2, 4), NOW, FS)
+    assert placed(p) == [] and victims(p) == []
+    # once they have stopped: the moved job goes on GPU 7, the gang on node 0, c's job on nothing (it is full)
+    queue = [
+        job("c9", "c", 1, submitted_at=NOW - timedelta(hours=2)),
+        job("b-n0", "b", 1, reclaiming=True, hold=(7,)),
+        job("a0", "a", 4, reclaiming=True),
+    ]
+    p = plan(queue, busy, limits, nodes(2, 4), NOW, FS)
+    assert dict(p.placements) == {"a0": (0, 1, 2, 3), "b-n0": (7,)}
+    # a held GPU is preferred even where best fit would choose another one
+    p = plan([job("m", "b", 1, hold=(7,)), job("x", "c", 1)], [running("y", "c", (0, 1, 2))], {}, nodes(2, 4), NOW, FS)
+    assert dict(p.placements)["m"] == (7,)
 
 
 def test_only_what_the_gang_could_preempt_anyway_is_moved() -> None:

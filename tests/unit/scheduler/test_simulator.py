@@ -139,6 +139,54 @@ def test_without_checkpoints_a_preempted_job_starts_over() -> None:
     assert r["work_lost_gpu_s"] == 1000.0
 
 
+class Mover:
+    """A planner with a known answer: places queued jobs on the first free GPUs (a job with held GPUs on those),
+    and when ``b1`` is queued and ``a1`` runs, moves ``a1`` (a "defrag" preemption) to GPU 1. Records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, list[QueuedJob], list[Held]]] = []
+
+    def __call__(
+        self,
+        queue: Iterable[QueuedJob],
+        held: Iterable[Held],
+        limits: dict[str, Limits],
+        inventory: Inventory,
+        now: datetime,
+        config: PlanConfig,
+    ) -> Plan:
+        queue, held = list(queue), list(held)
+        self.seen.append(((now - EPOCH).total_seconds(), queue, held))
+        holds = {g for h in held for g in h.hold} | {g for q in queue for g in q.hold}
+        used = {g for h in held for g in h.gpus} | holds
+        free = [g.index for g in inventory.gpus if g.index not in used]
+        result = Plan()
+        for q in queue:
+            if q.hold:
+                result.placements.append((q.id, q.hold))
+            elif q.id == "b1" and any(h.job_id == "a1" and not h.stopping for h in held):
+                result.preemptions.append(Preemption("a1", "b1", "defrag", "moved", move_to=(1,)))
+            elif len(free) >= q.gpus:
+                result.placements.append((q.id, tuple(free[: q.gpus])))
+                free = free[q.gpus :]
+        return result
+
+
+def test_a_moved_job_carries_its_held_gpus_until_it_is_placed_again() -> None:
+    planner = Mover()
+    # c1 arrives while a1 stops: the pass it causes sees a1 stopping
+    trace = [tj("a1", 0.0, 5000.0, tenant="a"), tj("b1", 1000.0, 100.0, tenant="b"), tj("c1", 1010.0, 1.0, tenant="c")]
+    sim = Simulator(trace, cfg(gpus=2, per_node=1, checkpoint_every_s=300.0, grace_s=30.0), planner=planner)
+    sim.run()
+    stopping = [h for t, _, held in planner.seen for h in held if h.job_id == "a1" and h.stopping]
+    assert stopping and all(h.hold == (1,) for h in stopping)  # while it stops, its next GPUs are held
+    queued = [q for t, queue, _ in planner.seen for q in queue if q.id == "a1" and t >= 1030]
+    assert queued and queued[0].hold == (1,) and queued[0].reclaiming  # then its queued job carries them
+    after = [h for t, _, held in planner.seen for h in held if h.job_id == "a1" and t > 1031]
+    assert after and after[0].gpus == (1,) and after[0].hold == () and after[0].preemptions == 1
+    assert all(not q.hold for t, queue, _ in planner.seen for q in queue if q.id == "a1" and t > 1031)
+
+
 def test_the_attempt_rules_shared_with_the_control_plane() -> None:
     assert attempt_end(exit_code=None, stopped=True, timed_out=False, preempt_requested=True) == AttemptEnd.PREEMPTED
     assert attempt_end(exit_code=0, stopped=False, timed_out=False, preempt_requested=True) == AttemptEnd.SUCCEEDED
