@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, insert, select, update
 
+from dlcloud.client import Client
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.services.scheduling import QUEUE_ORDER, QueueCache, _EnvironmentHolds
@@ -379,14 +380,16 @@ def nodes_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     e.platform.db.dispose()
 
 
-def test_a_moved_job_resumes_on_the_gpus_held_for_it(nodes_env: Env) -> None:
-    """Three nodes of two GPUs; b's 1-GPU jobs sit on nodes 0 and 1, node 2 is free: the admin's gang of two
-    2-GPU replicas needs two whole nodes. The pass moves b's younger job (the least work lost) from node 1 to node
-    0's free GPU 1, which is held for it: while it stops and is queued again, another job that could take it waits;
-    then the gang starts on nodes 1 and 2, and the moved job on GPU 1."""
-    env, control = nodes_env, nodes_env.control
+def _move_a_job(env: Env) -> Client:
+    """Three nodes of two GPUs; b's 1-GPU jobs sit on nodes 0 and 1, inside b's guarantee, node 2 is free: the
+    default tenant's gang of two 2-GPU replicas, inside its guarantee, needs two whole nodes. The pass moves b's
+    younger job (the least work lost, never preempted) from node 1 to node 0's free GPU 1, which is held for it.
+    Returns b's client."""
+    control = env.control
     assert control is not None
     b = env.new_tenant_user("b", "bob")
+    env.admin.tenants.update("b", scheduling={"guarantee": {"gpus": 2}})
+    env.admin.tenants.update("default", scheduling={"guarantee": {"gpus": 4}})
     b.jobs.submit(spec("b-first", gpus=1))
     env.admin.jobs.submit(spec("filler", gpus=1))
     assert control.schedule() == 2  # b-first on GPU 0, filler on GPU 1
@@ -398,22 +401,53 @@ def test_a_moved_job_resumes_on_the_gpus_held_for_it(nodes_env: Env) -> None:
     assert control.schedule() == 0
     with env.platform.db.read() as s:
         rows = {r.name: r for r in s.execute(select(JobRow.name, JobRow.preempt_requested, JobRow.hold_gpus,
-                                                    JobRow.reclaiming))}  # fmt: skip
-    assert rows["b-second"][1:] == (True, [1], True)  # moved, GPU 1 held for it, considered first once queued
+                                                    JobRow.reclaiming, JobRow.hold_until))}  # fmt: skip
+    assert rows["b-second"][1:4] == (True, [1], True)  # moved, GPU 1 held for it, considered first once queued
+    assert rows["b-second"].hold_until > utcnow()
     assert not rows["b-first"].preempt_requested
+    assert env.admin.jobs.get("gang")["wait_reason"] == (
+        "preempting 1 job(s) to gather whole nodes (they resume at once on GPUs left free)"
+    )
+    return b
 
+
+def _running_gpus(env: Env) -> dict[str, list[int]]:
+    with env.platform.db.read() as s:
+        q = select(JobRow.name, AttemptRow.gpus).join(AttemptRow, AttemptRow.job_id == JobRow.id)
+        return dict(s.execute(q.where(AttemptRow.finished_at.is_(None))).all())  # type: ignore[arg-type]
+
+
+def test_a_moved_job_resumes_on_the_gpus_held_for_it(nodes_env: Env) -> None:
+    """While the moved job stops and is queued again, another job that could take its GPU waits; then the gang
+    starts on nodes 1 and 2, and the moved job on GPU 1."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None
+    b = _move_a_job(env)
     c = env.new_tenant_user("c", "carol")
     c.jobs.submit(spec("late", gpus=1))  # GPU 1 is the only one free and not the gang's
     assert control.schedule() == 0
     assert c.jobs.get("late")["state"] == "QUEUED"
+    assert env.admin.jobs.get("gang")["wait_reason"] == "waiting for 1 stopping job(s) to free their resources"
     control.supervise()  # asks the executor to stop b-second ...
     control.supervise()  # ... and sees it stopped: PREEMPTED, then QUEUED again
     assert b.jobs.get("b-second")["state"] == "QUEUED"
     assert control.schedule() == 2
-    with env.platform.db.read() as s:
-        got = dict(s.execute(select(JobRow.name, AttemptRow.gpus).join(AttemptRow, AttemptRow.job_id == JobRow.id)
-                             .where(AttemptRow.finished_at.is_(None))).all())  # fmt: skip
-        after = s.scalar(select(JobRow.hold_gpus).where(JobRow.name == "b-second"))
+    got = _running_gpus(env)
     assert got["b-second"] == [1] and sorted(got["gang"]) == [2, 3, 4, 5] and "late" not in got
-    assert after is None  # placed: nothing held for it any more
+    with env.platform.db.read() as s:
+        after = s.execute(select(JobRow.hold_gpus, JobRow.hold_until).where(JobRow.name == "b-second")).one()
+    assert tuple(after) == (None, None)  # placed: nothing held for it any more
     assert c.jobs.get("late")["state"] == "QUEUED"
+
+
+def test_a_moved_job_that_takes_longer_than_the_grace_period_to_stop_holds_nothing(nodes_env: Env) -> None:
+    """A job may set a long grace period and take it: once the server's grace period and a tick have passed, its
+    GPUs are free for others (a tenant cannot keep GPUs idle by getting its own job moved)."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None
+    _move_a_job(env)
+    _update_job(env, "b-second", hold_until=utcnow() - timedelta(seconds=1))
+    c = env.new_tenant_user("c", "carol")
+    c.jobs.submit(spec("late", gpus=1))
+    assert control.schedule() == 1
+    assert _running_gpus(env)["late"] == [1]

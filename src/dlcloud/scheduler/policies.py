@@ -75,7 +75,7 @@ from dlcloud.scheduler.contract import (
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.scheduler.placement import Cluster, choose, processes
 from dlcloud.scheduler.planner import quota_reason
-from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s
+from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away
 
 MAX_SEARCHES = 24  # victim searches per pass (each looks at ≤ preemption.MAX_CANDIDATES attempts)
 NO_LIMITS = Limits()
@@ -254,8 +254,8 @@ class _Pass:
 
     def hold(self, holds: dict[str, tuple[int, ...]]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
-        (``unhold``). A held GPU that is not free (the attempt it is freed by still stopping) is held from the pass
-        that finds it free."""
+        (``unhold``, ``resume``). They were free when the job was moved (``defragment``) and nobody got them since;
+        one that is not free (an inventory that changed) is not held."""
         c = self.cluster
         for job_id, gpus in holds.items():
             mine = [g for g in gpus if g in c.node_of and g in c.free[c.node_of[g]]]
@@ -264,13 +264,34 @@ class _Pass:
                 c.take(mine, 0, 0)
                 self.holding[job_id] = mine
 
-    def unhold(self, job: QueuedJob) -> None:
-        """Give the GPUs held for ``job`` back to the free ones, preferred when it is placed (``fit_now``)."""
+    def unhold(self, job: QueuedJob) -> bool:
+        """Give the GPUs held for ``job`` back to the free ones, preferred when it is placed (``fit_now``); whether
+        there were any."""
         mine = self.holding.pop(job.id, None)
-        if mine:
-            self.cluster.give(mine, 0, 0)
-            self.held_for[job.id] = set(mine)
-            self.changes += 1
+        if not mine:
+            return False
+        self.cluster.give(mine, 0, 0)
+        self.held_for[job.id] = set(mine)
+        self.changes += 1
+        return True
+
+    def resume(self, job: QueuedJob, t: _Tenant) -> bool:
+        """Place a moved job on the GPUs held for it (``unhold``) if they suffice and nothing holds it back (its
+        restart backoff, environment, quota, borrowing limit, CPUs or memory), whatever the order or a reservation:
+        it was moved to resume at once. Else it is decided as any other job, its GPUs free for all."""
+        mine = self.held_for.get(job.id)
+        c = self.cluster
+        if not mine or self.not_now(job) is not None or not c.fits_totals(job):
+            return False
+        if quota_reason(job, t.lim, t.use) is not None or _borrow_reason(job, t.lim, t.use) is not None:
+            return False
+        gpus = choose([[g for g in fl if g in mine] for fl in c.free], c.names, processes(job))
+        if gpus is None:
+            return False
+        u = t.use
+        inside = _within(t.lim, u.gpus + job.gpus, u.cpus + job.cpus, u.memory + job.memory)
+        self.place(job, gpus, borrowed=not inside and not _straddles(t.lim, u, job.gpus, job.cpus, job.memory))
+        return True
 
     def tenant(self, tid: str) -> _Tenant:
         t = self.tenants.get(tid)
@@ -460,8 +481,9 @@ class _Pass:
                 vu.cpus += c.held.cpus
                 vu.memory += c.held.memory
             theirs.update(c.held.gpus)
-            cpus += c.held.cpus
-            memory += c.held.memory
+            if not moves_away(c):
+                cpus += c.held.cpus
+                memory += c.held.memory
         free = [g for g in gpus if g not in theirs]
         self.cluster.take(free, max(job.cpus - cpus, 0.0), int(max(job.memory - memory, 0)))
         if tenant is not None:
@@ -614,14 +636,15 @@ class _Pass:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
-        # every moved attempt must fit again, on what stays free once ``job`` has its GPUs
+        # every moved attempt must fit again on GPUs free now that ``job`` does not take (not on a victim's: it may
+        # stop after the moved job, which would then find nothing held and resume anywhere, the node ``job`` needs
+        # included); its CPUs and memory go with it (``moves_away``)
         free = [list(fl) for fl in c.free]
-        for x in chosen:
-            for g in x.held.gpus:
-                bisect.insort(free[node_of[g]], g)
         for g in gpus:
             fl = free[node_of[g]]
-            del fl[bisect.bisect_left(fl, g)]
+            i = bisect.bisect_left(fl, g)
+            if i < len(fl) and fl[i] == g:
+                del fl[i]
         move_to: dict[int, tuple[int, ...]] = {}
         for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
@@ -633,8 +656,8 @@ class _Pass:
                 fl = free[node_of[g]]
                 del fl[bisect.bisect_left(fl, g)]
         self.claim(job, chosen, gpus, tenant)
-        for pick in move_to.values():  # held for the moved jobs from now on (the victims' own GPUs are not free)
-            self.cluster.take([g for g in pick if g in c.free[node_of[g]]], 0, 0)
+        for pick in move_to.values():  # held for the moved jobs from now on
+            self.cluster.take(pick, 0, 0)
         for x in chosen:
             self.result.preemptions.append(
                 Preemption(
@@ -953,9 +976,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return True
         by_priority = outranks(job, t)
         fill = r is None and not owed and bool(reclaimable)
-        # a job whose preemptions were granted (``reclaiming``: a gang that moved jobs out of its way too) waits for
-        # what is stopping, as an owed job does, rather than let others take the GPUs it freed in the meantime
-        if (owed or by_priority or job.reclaiming) and p.wait_for_stopping(job, t):
+        if (owed or by_priority) and p.wait_for_stopping(job, t):
             return True
         if (inside and (reclaimable or last_resort)) or ((straddle or catch_up) and reclaimable) or by_priority or fill:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
@@ -1005,8 +1026,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         p.hold(holds)
     done = {j.id for j in first}
     for job in first:
-        p.unhold(job)
-        consider(job, p.tenants[job.tenant_id])
+        t = p.tenants[job.tenant_id]
+        if p.unhold(job) and p.resume(job, t):
+            continue
+        consider(job, t)
 
     def remaining(t: _Tenant) -> bool:
         """Skip the jobs considered first; True while ``t`` has jobs left."""

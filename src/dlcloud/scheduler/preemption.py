@@ -31,6 +31,13 @@ class Candidate:
     reason: str = ""  # "reclaim", "share", "priority", "las", "fill", "defrag"; "" for a stopping attempt (none)
 
 
+def moves_away(c: Candidate) -> bool:
+    """A victim whose CPUs and memory are not freed for the job it makes room for: a job moved (reason "defrag",
+    or already stopping after such a move: ``Held.hold``) takes them with it to the GPUs it resumes on. It frees
+    only its GPUs."""
+    return c.reason == "defrag" or (c.held.stopping and bool(c.held.hold))
+
+
 def lost_gpu_s(h: Held, now: datetime) -> float:
     """Work lost by stopping ``h`` now: time since its last checkpoint (else its start) × its GPUs."""
     since = h.progress_at or h.started_at
@@ -57,8 +64,8 @@ def find_victims(
     def fit(chosen: Sequence[Candidate]) -> tuple[int, ...] | None:
         if also is not None and not also(chosen):
             return None
-        cpus = cluster.cpus + sum(c.held.cpus for c in chosen)
-        memory = cluster.memory + sum(c.held.memory for c in chosen)
+        cpus = cluster.cpus + sum(c.held.cpus for c in chosen if not moves_away(c))
+        memory = cluster.memory + sum(c.held.memory for c in chosen if not moves_away(c))
         if job.cpus > cpus + 1e-9 or job.memory > memory:
             return None
         free: list[list[int]] = list(cluster.free)

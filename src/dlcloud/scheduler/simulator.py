@@ -497,8 +497,10 @@ class Simulator:
             if self.alloc >= BUSY_FRACTION * n - 1e-9:
                 self.contended_busy_s += dt
         active = [x for x in self.tenants.values() if x.demand]
+        w = int((t0 - self.origin) // WINDOW_S)
         while t0 < t:
-            w = int((t0 - self.origin) // WINDOW_S)
+            # the window index steps: recomputed from the float time, an hour's end could round back into the
+            # same window, and the loop would not advance (a trace whose first submit is fractional)
             end = min(t, self.origin + (w + 1) * WINDOW_S)
             d = end - t0
             self.hourly[w] = self.hourly.get(w, 0.0) + self.alloc * d
@@ -510,6 +512,7 @@ class Simulator:
                 acc[1] += min(x.demand, x.guarantee) * d
                 x.used_gpu_s += x.alloc * d
             t0 = end
+            w += 1
         self.now = t
 
     def _report(self, wall_s: float) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import itertools
 import re
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -76,7 +76,10 @@ QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
 # what placing a job may change in its row, written for every placed job whether it changed or not: the flush at
 # commit sends the UPDATEs of one column set as one executemany (one round trip on PostgreSQL), and jobs whose
 # changes differ (a wait reason to clear or not, ...) would split it into one per run of alike jobs
-_PLACED_COLUMNS = ("state", "reason", "attempt", "reclaiming", "preempt_reason", "hold_gpus")
+_PLACED_COLUMNS = ("state", "reason", "attempt", "reclaiming", "preempt_reason", "hold_gpus", "hold_until")
+# how much longer than the server's grace period GPUs stay held for a moved job that is stopping: the supervision's
+# SIGKILL comes at the end of the grace period, its next pass (a tick) sees the attempt ended
+HOLD_MARGIN_S = 60.0
 
 
 def plan_config(settings: Settings) -> PlanConfig:
@@ -112,14 +115,18 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
         JobRow.preempt_requested,
         JobRow.preemptions,
         JobRow.hold_gpus,
+        JobRow.hold_until,
     ).outerjoin(JobRow, JobRow.id == AttemptRow.job_id)
     held = []
     for r in conn.execute(q.where(AttemptRow.finished_at.is_(None))):
         gpus = tuple(r.gpus)
         running_s = max(0.0, (now - r.started_at).total_seconds()) if r.started_at is not None else 0.0
         stopping = bool(r.cancel_requested or r.preempt_requested)
-        # a moved job's next GPUs are held while it stops (a cancelled one's are not: it does not come back)
-        hold = tuple(r.hold_gpus or ()) if r.preempt_requested and not r.cancel_requested else ()
+        # a moved job's next GPUs are held while it stops (a cancelled one's are not: it does not come back), for
+        # at most the server's grace period and a tick (``_preempt``): a job that sets a longer grace period and
+        # takes it keeps no GPUs idle
+        moving = r.preempt_requested and not r.cancel_requested and r.hold_until is not None and r.hold_until > now
+        hold = tuple(r.hold_gpus or ()) if moving else ()
         held.append(
             Held(
                 r.tenant_id,
@@ -604,6 +611,7 @@ class SchedulingPass:
                 # moved, not evicted: considered first once it is queued again, on the GPUs held for it
                 victim.reclaiming = True
                 victim.hold_gpus = list(p.move_to) or None
+                victim.hold_until = now + timedelta(seconds=self.p.settings.stop_grace_seconds + HOLD_MARGIN_S)
             if by is not None:
                 by.reclaiming = True  # what its victims free is its own: the planner considers it first
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
@@ -687,7 +695,7 @@ class SchedulingPass:
         if workload.replicas:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
         job.reclaiming = False
-        job.hold_gpus = None
+        job.hold_gpus = job.hold_until = None
         resumed = ""
         if job.preempt_reason is not None:  # the first attempt after a preemption
             resumed = f"resumed after preemption {job.preemptions}: "

@@ -176,8 +176,10 @@ class JobRow(Base):
     # victims free
     reclaiming: Mapped[bool] = mapped_column(Boolean, default=False)
     # moved (a "defrag" preemption): the GPU indices its next attempt gets, held for it by the scheduler (no other
-    # job gets them) from the preemption until it is placed again
+    # job gets them) from the preemption until it is placed again; while it stops, only until ``hold_until`` (a job
+    # that takes longer to stop than the server's grace period does not keep GPUs idle for it)
     hold_gpus: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+    hold_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class WaitReasonRow(Base):

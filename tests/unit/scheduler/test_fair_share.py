@@ -548,6 +548,47 @@ def test_a_job_is_moved_for_another_tenants_guarantee_at_most_once() -> None:
     assert not any(x.reason == "defrag" for x in p.preemptions)
 
 
+def test_a_moved_job_goes_to_gpus_free_now_not_to_a_victims() -> None:
+    # a victim may stop after the job it makes room for was moved: a target on its GPUs would not be free (nor held)
+    # when the moved job comes back, which would then resume anywhere, the node the gang needs included
+    limits = {"a": Limits(guarantee_gpus=6), "b": Limits(guarantee_gpus=3), "n": Limits(guarantee_gpus=3)}
+    held = [running("m", "b", (0, 1), minutes=5), running("v1", "c", (2, 3), minutes=5)]
+    held += [running("m2", "b", (4,), minutes=6), running("v3", "c", (5, 6), minutes=5)]
+    held += [running(f"n{g}", "n", (g,), preemptible=False, minutes=60) for g in (7, 10, 11)]
+    p = plan([gang("g", "a", 2, 3)], held, limits, nodes(3, 4), NOW, FS)
+    busy = {g for h in held for g in h.gpus}
+    assert all(not busy & set(x.move_to) for x in p.preemptions)
+
+
+def test_a_moved_job_resumes_on_its_held_gpus_whatever_the_reservation() -> None:
+    # e's older job (reclaiming, no estimated start) holds the reservation; b's moved job, its GPU 7 held and free,
+    # resumes on it anyway, and c's borrowing jobs do not get it
+    limits = {"e": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2), "n": Limits(guarantee_gpus=2)}
+    held = [running("b-n1", "b", (4,), minutes=50)]
+    held += [running(f"n{g}", "n", (g,), preemptible=False, minutes=30) for g in (0, 5, 6)]
+    e4 = job("e4", "e", 4, submitted_at=NOW - timedelta(hours=5), reclaiming=True)
+    moved = job("b-n0", "b", 1, submitted_at=NOW - timedelta(hours=1), reclaiming=True, hold=(7,))
+    c = [job(f"c{i}", "c", 1) for i in range(4)]
+    p = plan([e4, moved, *c], held, limits, nodes(2, 4), NOW, FS)
+    assert dict(p.placements)["b-n0"] == (7,)
+    assert all(7 not in gpus for jid, gpus in p.placements if jid != "b-n0")
+
+
+def test_a_moved_job_takes_its_cpus_and_memory_with_it() -> None:
+    # moving b-n0 (2 CPUs) frees its GPU for a's job, not its CPUs: a's job fits on the CPUs free and those of the
+    # jobs it evicts, e's CPU-only job does not get the moved job's, and both resume at the next pass
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2), "e": Limits(guarantee_gpus=1)}
+    held = [running("b-n0", "b", (0,), cpus=2, minutes=5), running("b-n1", "b", (4,), minutes=50)]
+    held += [running(f"c{i}", "c", (i,), minutes=20) for i in (1, 2, 3, 5, 6)]
+    inv = nodes(2, 4, cpus=12)  # 4 CPUs free
+    p = plan([job("a0", "a", 4, cpus=4), job("e-cpu", "e", 0, cpus=4)], held, limits, inv, NOW, FS)
+    assert {x.job_id: x.move_to for x in p.preemptions if x.reason == "defrag"} == {"b-n0": (7,)}
+    assert "e-cpu" not in placed(p)
+    after = [h for h in held if h.job_id in ("b-n1", "c5", "c6")]
+    queue = [job("a0", "a", 4, cpus=4, reclaiming=True), job("b-n0", "b", 1, cpus=2, reclaiming=True, hold=(7,))]
+    assert dict(plan(queue, after, limits, inv, NOW, FS).placements) == {"a0": (0, 1, 2, 3), "b-n0": (7,)}
+
+
 def test_a_job_catching_up_moves_an_owed_job_out_of_the_node_it_takes_from_a_richer_tenant() -> None:
     # s (guaranteed 1) wants 4 GPUs: more than its guarantee, so it catches up from tenants that stay richer. r
     # borrows GPUs 1-3 of node 0, where o's owed job sits on GPU 0; r's owed jobs fill nodes 1 and 2, q's node 3

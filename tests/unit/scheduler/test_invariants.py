@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -112,3 +113,69 @@ def test_invariants(policy: Policy, seed: int) -> None:
     # non-preemptible jobs never run borrowed
     assert all(by_id[jid].preemptible for jid in p.borrowing)
     assert p.borrowing <= placed_ids
+
+
+def _with_holds(rng: random.Random, queue: list[QueuedJob], held: list[Held], inv: object) -> tuple[list, list]:
+    """The scenario with moved jobs: stopping attempts with GPUs held for them (free ones, or one not in the
+    inventory), queued jobs with held GPUs on one node, attempts preempted before."""
+    gpus = inv.gpus  # type: ignore[attr-defined]
+    busy = {g for h in held for g in h.gpus}
+    free = [g.index for g in gpus if g.index not in busy]
+    rng.shuffle(free)
+    out_held = []
+    for h in held:
+        hold: tuple[int, ...] = ()
+        if h.stopping and free and rng.random() < 0.6:
+            k = min(len(h.gpus), len(free))
+            hold = tuple(free[:k]) if rng.random() < 0.8 else (len(gpus) + 5,)
+            free = free[k:]
+        out_held.append(replace(h, hold=hold, preemptions=rng.choice((0, 0, 1))))
+    node = {g.index: g.node for g in gpus}
+    out_queue = []
+    for j in queue:
+        if not j.groups and j.gpus and free and rng.random() < 0.3:
+            by_node: dict[str, list[int]] = {}
+            for g in free:
+                by_node.setdefault(node[g], []).append(g)
+            fits = [gs for gs in by_node.values() if len(gs) >= j.gpus]
+            if fits:
+                pick = tuple(sorted(rng.choice(fits)[: j.gpus]))
+                j = replace(j, hold=pick, reclaiming=True)
+                free = [g for g in free if g not in pick]
+        out_queue.append(j)
+    return out_queue, out_held
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_held_gpus_go_to_their_moved_job_and_moves_go_to_free_gpus(seed: int) -> None:
+    rng = random.Random(seed)
+    queue, held, limits, inv = scenario(rng)
+    queue, held = _with_holds(rng, queue, held, inv)
+    p = plan(queue, held, limits, inv, NOW, PlanConfig(policy=Policy.FAIR_SHARE))
+    busy = {g for h in held for g in h.gpus}
+    placed = dict(p.placements)
+    got = [g for gs in placed.values() for g in gs]
+    assert len(got) == len(set(got)) and not set(got) & busy
+    stopping_holds = {g for h in held if h.stopping for g in h.hold}
+    assert not set(got) & stopping_holds  # nobody gets the GPUs of a moved job that is still stopping
+    # a queued moved job resumes on its held GPUs unless something holds it back (then they are free for all):
+    # checked where nothing can (no caps, no backoff, CPUs and memory for every job considered first)
+    first = [q for q in queue if q.reclaiming or q.hold]
+    cpus_free = inv.cpus - sum(h.cpus for h in held)  # type: ignore[attr-defined]
+    memory_free = inv.memory - sum(h.memory for h in held)  # type: ignore[attr-defined]
+    roomy = sum(q.cpus for q in first) <= cpus_free and sum(q.memory for q in first) <= memory_free
+    for q in queue:
+        lim = limits.get(q.tenant_id, Limits())
+        uncapped = lim.gpus is None and lim.max_running_jobs is None and lim.borrow_gpus is None
+        if q.hold and roomy and uncapped and q.not_before is None and q.held_by is None:
+            assert placed.get(q.id) == q.hold
+    held_by_id = {h.job_id: h for h in held}
+    targets: list[int] = []
+    for x in p.preemptions:
+        if x.reason != "defrag":
+            assert x.move_to == ()
+            continue
+        assert len(x.move_to) == len(held_by_id[x.job_id].gpus)
+        assert not set(x.move_to) & (busy | stopping_holds | set(got))  # free GPUs only, and held from now on
+        targets += x.move_to
+    assert len(targets) == len(set(targets))

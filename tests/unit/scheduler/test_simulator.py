@@ -285,3 +285,12 @@ def test_a_philly_slice_replays_identically_for_a_seed(policy: Policy, limit: in
     assert set(first["tenants"]) == {j.tenant for j in jobs}
     for tenant in first["tenants"].values():
         assert 0 <= tenant["windows_below_90pct"] <= tenant["windows_with_demand"]
+
+
+def test_a_trace_whose_first_submit_is_fractional_ends() -> None:
+    # the hour windows are counted from the first submit: at 490.4646124193495 s an hour's end rounded back into
+    # the same window, and the replay never ended (found fuzzing the simulator)
+    sim = Simulator([tj("j", 490.4646124193495, 40_000.0)], cfg())
+    r = sim.run()
+    assert jcts(sim) == {"j": 40_000.0}
+    assert r["tenants"]["a"]["windows_with_demand"] == 12  # 40,000 s from the first submit: 11.1 hours

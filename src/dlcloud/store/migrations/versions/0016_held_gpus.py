@@ -19,8 +19,10 @@ def upgrade() -> None:
     # jobs already being moved when the server was upgraded hold nothing: they resume on whatever is free
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("hold_gpus", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("hold_until", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("hold_until")
         batch_op.drop_column("hold_gpus")
