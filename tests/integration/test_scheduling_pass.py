@@ -58,14 +58,18 @@ def _sent_by_a_pass(env: Env) -> tuple[int, list[str]]:
     def count(conn, cursor, statement, parameters, context, executemany) -> None:
         sent.append(statement)
 
+    return _a_pass_watched(env, count), sent
+
+
+def _a_pass_watched(env: Env, listener: Any) -> int:
+    """One scheduling pass with ``listener`` on the engine's ``before_cursor_execute``; the jobs it placed."""
     engine = env.platform.db.engine
-    event.listen(engine, "before_cursor_execute", count)
+    event.listen(engine, "before_cursor_execute", listener)
     try:
         assert env.control is not None
-        placed = env.control.schedule()
+        return env.control.schedule()
     finally:
-        event.remove(engine, "before_cursor_execute", count)
-    return placed, sent
+        event.remove(engine, "before_cursor_execute", listener)
 
 
 def test_a_placing_pass_sends_as_many_statements_for_30_jobs_as_for_3(roomy_env: Env) -> None:
@@ -99,14 +103,7 @@ def _rows_written(env: Env, *tables: str) -> tuple[int, dict[str, list[str]]]:
             if table in sent:
                 sent[table].extend([statement] * (len(parameters) if executemany else 1))
 
-    engine = env.platform.db.engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        assert env.control is not None
-        placed = env.control.schedule()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
-    return placed, sent
+    return _a_pass_watched(env, count), sent
 
 
 def test_jobs_that_wait_for_the_same_reason_share_one_row_which_alone_is_rewritten_when_the_reason_changes(

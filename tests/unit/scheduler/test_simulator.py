@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -72,10 +73,8 @@ def test_remainder_replica_for_gangs_not_a_multiple_of_the_node() -> None:
     assert [(g.count, g.gpus) for g in sim.jobs["g"].qjob.groups] == [(1, 8), (1, 4)]
 
 
-class Reclaimer:
-    """A planner with a known answer: places what fits, tenant ``b``'s jobs first, then in queue order; a queued
-    job of tenant ``b`` that does not fit preempts the first running, not yet stopping attempt of tenant ``a``.
-    Records what it saw."""
+class Recording(ABC):
+    """A planner with a known answer (``decide``) that records what each pass saw: (now, queue, held)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[datetime, list[QueuedJob], list[Held]]] = []
@@ -91,6 +90,17 @@ class Reclaimer:
     ) -> Plan:
         queue, held = list(queue), list(held)
         self.seen.append((now, queue, held))
+        return self.decide(queue, held, inventory)
+
+    @abstractmethod
+    def decide(self, queue: list[QueuedJob], held: list[Held], inventory: Inventory) -> Plan: ...
+
+
+class Reclaimer(Recording):
+    """Places what fits, tenant ``b``'s jobs first, then in queue order; a queued job of tenant ``b`` that does not
+    fit preempts the first running, not yet stopping attempt of tenant ``a``."""
+
+    def decide(self, queue: list[QueuedJob], held: list[Held], inventory: Inventory) -> Plan:
         used = {g for h in held for g in h.gpus}
         free = [g.index for g in inventory.gpus if g.index not in used]
         result = Plan()
@@ -139,24 +149,11 @@ def test_without_checkpoints_a_preempted_job_starts_over() -> None:
     assert r["work_lost_gpu_s"] == 1000.0
 
 
-class Mover:
-    """A planner with a known answer: places queued jobs on the first free GPUs (a job with held GPUs on those),
-    and when ``b1`` is queued and ``a1`` runs, moves ``a1`` (a "defrag" preemption) to GPU 1. Records what it saw."""
+class Mover(Recording):
+    """Places queued jobs on the first free GPUs (a job with held GPUs on those), and when ``b1`` is queued and
+    ``a1`` runs, moves ``a1`` (a "defrag" preemption) to GPU 1."""
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, list[QueuedJob], list[Held]]] = []
-
-    def __call__(
-        self,
-        queue: Iterable[QueuedJob],
-        held: Iterable[Held],
-        limits: dict[str, Limits],
-        inventory: Inventory,
-        now: datetime,
-        config: PlanConfig,
-    ) -> Plan:
-        queue, held = list(queue), list(held)
-        self.seen.append(((now - EPOCH).total_seconds(), queue, held))
+    def decide(self, queue: list[QueuedJob], held: list[Held], inventory: Inventory) -> Plan:
         holds = {g for h in held for g in h.hold} | {g for q in queue for g in q.hold}
         used = {g for h in held for g in h.gpus} | holds
         free = [g.index for g in inventory.gpus if g.index not in used]
@@ -178,13 +175,14 @@ def test_a_moved_job_carries_its_held_gpus_until_it_is_placed_again() -> None:
     trace = [tj("a1", 0.0, 5000.0, tenant="a"), tj("b1", 1000.0, 100.0, tenant="b"), tj("c1", 1010.0, 1.0, tenant="c")]
     sim = Simulator(trace, cfg(gpus=2, per_node=1, checkpoint_every_s=300.0, grace_s=30.0), planner=planner)
     sim.run()
-    stopping = [h for t, _, held in planner.seen for h in held if h.job_id == "a1" and h.stopping]
+    seen = [((now - EPOCH).total_seconds(), queue, held) for now, queue, held in planner.seen]
+    stopping = [h for t, _, held in seen for h in held if h.job_id == "a1" and h.stopping]
     assert stopping and all(h.hold == (1,) for h in stopping)  # while it stops, its next GPUs are held
-    queued = [q for t, queue, _ in planner.seen for q in queue if q.id == "a1" and t >= 1030]
+    queued = [q for t, queue, _ in seen for q in queue if q.id == "a1" and t >= 1030]
     assert queued and queued[0].hold == (1,) and queued[0].reclaiming  # then its queued job carries them
-    after = [h for t, _, held in planner.seen for h in held if h.job_id == "a1" and t > 1031]
+    after = [h for t, _, held in seen for h in held if h.job_id == "a1" and t > 1031]
     assert after and after[0].gpus == (1,) and after[0].hold == () and after[0].preemptions == 1
-    assert all(not q.hold for t, queue, _ in planner.seen for q in queue if q.id == "a1" and t > 1031)
+    assert all(not q.hold for t, queue, _ in seen for q in queue if q.id == "a1" and t > 1031)
 
 
 def test_the_attempt_rules_shared_with_the_control_plane() -> None:
