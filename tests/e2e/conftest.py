@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -202,8 +203,10 @@ def bucket_keys(s3: S3Server, server: Server) -> list[str]:
     return sorted(keys)
 
 
-def bucket_multipart_uploads(s3: S3Server, server: Server) -> list[str]:
-    """The keys (relative to the server's prefix) of unfinished multipart uploads under it."""
+def bucket_multipart_uploads(s3: S3Server, server: Server, client: Any = None) -> list[str]:
+    """The keys (relative to the server's prefix) of unfinished multipart uploads under it. ``client``: one from
+    ``s3.client()`` to reuse (a poll that builds a client each time looks once every tens of milliseconds, and
+    misses a phase that short)."""
     prefix = server.extra_args[1].split("/", 3)[3] + "/"
-    listed = s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
+    listed = (client or s3.client()).list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
     return sorted(u["Key"][len(prefix) :] for u in listed.get("Uploads") or ())
