@@ -1,0 +1,116 @@
+"""Why tenants fall below their entitlement in a trace replay: a diagnostic for the fairness target of
+bench/scheduling_policies.py (docs/scheduling.md, "Results").
+
+Replays the trace with the fair-share policy (the same simulator and planner as ``dlcloud simulate``) and, for
+every moment a tenant holds less than 90 % of min(its demand, its guarantee), adds the time to a row of: the
+tenant, the wait reason the last pass gave its oldest queued job (numbers replaced by N), that job's GPUs, and
+how many whole nodes were then free or held only by other tenants' borrowed attempts (what a reclaim could
+gather without moving anything). Prints the rows with the most hours first.
+
+    python bench/fairness_probe.py                                 # the 14-day Philly window, ~5 min
+    python bench/fairness_probe.py --limit-jobs 3000 --top 20
+    python bench/fairness_probe.py --tenant vc_ee9e8c
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+from dlcloud.errors import DlcloudError
+from dlcloud.scheduler.planner import Plan
+from dlcloud.scheduler.policies import _owed_split, _Pass
+from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
+from dlcloud.scheduler.trace import load_trace
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
+DEFAULT_TRACE = DEFAULT_TRACE / "philly_jobs_2017-10-02_to_2017-10-16.csv"
+_NUMBERS = re.compile(r"\d[\d,.:T+-]*")
+
+Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
+
+
+class Probe(Simulator):
+    """The simulator, recording after each pass why each tenant below its entitlement waits (``rows``: hours)."""
+
+    def __init__(self, *args: object, only: str | None = None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.only = only
+        self.rows: Counter[Row] = Counter()
+        self._waiting: dict[str, Row] = {}
+
+    def _below(self, name: str) -> bool:
+        t = self.tenants[name]
+        return bool(t.demand) and t.alloc < FAIR_FRACTION * min(t.demand, t.guarantee)
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for name, row in self._waiting.items():
+                if self._below(name):
+                    self.rows[row] += dt / 3600
+        super()._advance(t)
+
+    def _apply(self, result: Plan) -> None:
+        super()._apply(result)
+        below = [n for n in self.tenants if (self.only is None or n == self.only) and self._below(n)]
+        self._waiting = {}
+        if not below:
+            return
+        held = [self._held(j) for j in self.running.values()]
+        p = _Pass(held, self.limits, self.inventory, EPOCH + timedelta(seconds=self.now), self.pcfg)
+        borrowed, _ = _owed_split(p)
+        node_of = {g.index: g.node for g in self.inventory.gpus}
+        kept: dict[str, set[str]] = {}  # per tenant: nodes with a GPU a reclaim by it could not take
+        for h in held:
+            for g in h.gpus:
+                for name in below:
+                    if not (id(h) in borrowed and not h.stopping and h.tenant_id != name):
+                        kept.setdefault(name, set()).add(node_of[g])
+        nodes = {g.node for g in self.inventory.gpus}
+        oldest = {}
+        for q in self.queued:
+            if q.tenant_id in below and q.tenant_id not in oldest:
+                oldest[q.tenant_id] = q
+        for name in below:
+            q = oldest.get(name)
+            reason = _NUMBERS.sub("N", result.wait_reasons.get(q.id, "placed")) if q is not None else "nothing queued"
+            whole = len(nodes - kept.get(name, set()))
+            self._waiting[name] = (name, reason[:90], q.gpus if q is not None else 0, whole)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE.resolve(), help="default: %(default)s")
+    ap.add_argument("--gpus", type=int, default=256)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit-jobs", type=int, help="replay only the first N jobs")
+    ap.add_argument("--tenant", help="only this tenant")
+    ap.add_argument("--top", type=int, default=30, help="rows printed (default: %(default)s)")
+    args = ap.parse_args()
+    try:
+        jobs = load_trace(args.trace, limit_jobs=args.limit_jobs)
+        cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed)
+        cfg.validate()
+        sim = Probe(jobs, cfg, only=args.tenant)
+        report = sim.run()
+    except DlcloudError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    per_tenant = {n: t["windows_below_90pct"] for n, t in report["tenants"].items() if t["windows_below_90pct"]}
+    print(f"tenant-hours below 90 %: {report['fairness']['windows_below_90pct']} {per_tenant}")
+    print()
+    print("| hours | tenant | oldest queued job's GPUs | reclaimable whole nodes | its wait reason |")
+    print("|---|---|---|---|---|")
+    for (name, reason, gpus, whole), hours in sorted(sim.rows.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"| {hours:.1f} | {name} | {gpus} | {whole} | {reason} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
