@@ -250,47 +250,38 @@ class _Pass:
         self._settled: dict[tuple, tuple[str, bool]] = {}
         self._settled_at = 0
         self.holding: dict[str, list[int]] = {}  # moved jobs: the GPUs held for them (``hold``), out of ``cluster``
-        self.held_for: dict[str, set[int]] = {}  # moved jobs considered this pass: their held GPUs, given back
 
     def hold(self, holds: dict[str, tuple[int, ...]]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
-        (``unhold``, ``resume``). They were free when the job was moved (``defragment``) and nobody got them since;
+        (``resume``). They were free when the job was moved (``defragment``) and nobody got them since;
         one that is not free (an inventory that changed) is not held."""
         c = self.cluster
         for job_id, gpus in holds.items():
-            mine = [g for g in gpus if g in c.node_of and g in c.free[c.node_of[g]]]
-            mine = sorted(set(mine))
+            mine = sorted({g for g in gpus if g in c.node_of and g in c.free[c.node_of[g]]})
             if mine:
                 c.take(mine, 0, 0)
                 self.holding[job_id] = mine
 
-    def unhold(self, job: QueuedJob) -> bool:
-        """Give the GPUs held for ``job`` back to the free ones, preferred when it is placed (``fit_now``); whether
-        there were any."""
+    def resume(self, job: QueuedJob, t: _Tenant, borrowed: bool) -> bool:
+        """Give the GPUs held for moved ``job`` back to the free ones, and place it on them if they suffice and
+        nothing holds it back (its restart backoff, environment, quota, borrowing limit, CPUs or memory), whatever
+        the order or a reservation: it was moved to resume at once. Else (False) it is decided as any other job, its
+        GPUs free for all."""
         mine = self.holding.pop(job.id, None)
         if not mine:
             return False
-        self.cluster.give(mine, 0, 0)
-        self.held_for[job.id] = set(mine)
-        self.changes += 1
-        return True
-
-    def resume(self, job: QueuedJob, t: _Tenant) -> bool:
-        """Place a moved job on the GPUs held for it (``unhold``) if they suffice and nothing holds it back (its
-        restart backoff, environment, quota, borrowing limit, CPUs or memory), whatever the order or a reservation:
-        it was moved to resume at once. Else it is decided as any other job, its GPUs free for all."""
-        mine = self.held_for.get(job.id)
         c = self.cluster
-        if not mine or self.not_now(job) is not None or not c.fits_totals(job):
+        c.give(mine, 0, 0)
+        self.changes += 1
+        if self.not_now(job) is not None or not c.fits_totals(job):
             return False
         if quota_reason(job, t.lim, t.use) is not None or _borrow_reason(job, t.lim, t.use) is not None:
             return False
-        gpus = choose([[g for g in fl if g in mine] for fl in c.free], c.names, processes(job))
+        held = set(mine)
+        gpus = choose([[g for g in fl if g in held] for fl in c.free], c.names, processes(job))
         if gpus is None:
             return False
-        u = t.use
-        inside = _within(t.lim, u.gpus + job.gpus, u.cpus + job.cpus, u.memory + job.memory)
-        self.place(job, gpus, borrowed=not inside and not _straddles(t.lim, u, job.gpus, job.cpus, job.memory))
+        self.place(job, gpus, borrowed)
         return True
 
     def tenant(self, tid: str) -> _Tenant:
@@ -369,15 +360,9 @@ class _Pass:
         return text
 
     def fit_now(self, job: QueuedJob) -> tuple[int, ...] | None:
-        c = self.cluster
-        if not c.fits_totals(job):
+        if not self.cluster.fits_totals(job):
             return None
-        mine = self.held_for.get(job.id)
-        if mine:  # a moved job: on the GPUs held for it, where they suffice
-            got = choose([[g for g in fl if g in mine] for fl in c.free], c.names, processes(job))
-            if got is not None:
-                return got
-        return c.choose(job)
+        return self.cluster.choose(job)
 
     def place(self, job: QueuedJob, gpus: tuple[int, ...], borrowed: bool = False) -> None:
         self.changes += 1
@@ -1027,7 +1012,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     done = {j.id for j in first}
     for job in first:
         t = p.tenants[job.tenant_id]
-        if p.unhold(job) and p.resume(job, t):
+        if job.hold and p.resume(job, t, borrowed=not any(standing(job, t))):
             continue
         consider(job, t)
 

@@ -568,20 +568,12 @@ class SchedulingPass:
                 if queued.wait_id is not None:
                     clear.append(job_id)
                 continue
-            key = (queued.job.tenant_id, reason, start)
-            members = planned.get(key)
-            if members is None:
-                members = planned[key] = []
-            members.append((job_id, queued.wait_id))
+            planned.setdefault((queued.job.tenant_id, reason, start), []).append((job_id, queued.wait_id))
         # ... as their tenant may read it: texts that read alike are one
         view = TenantView(conn)
         shown: dict[waits.Wait, list[tuple[str, int | None]]] = {}
         for (tenant_id, reason, start), members in planned.items():
-            key = (tenant_id, view.text(reason, tenant_id), start)
-            if key in shown:
-                shown[key] += members
-            else:
-                shown[key] = members
+            shown.setdefault((tenant_id, view.text(reason, tenant_id), start), []).extend(members)
         waits.set_waits(conn, shared, shown, clear)
         if not self.queue.complete:
             # the jobs behind the last one the planner looked at (it stopped reading the queue there) wait behind it,
