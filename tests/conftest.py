@@ -193,7 +193,9 @@ def build_env(settings: Settings, executor: Executor | None = None, inventory: I
     box = SecretBox.from_file(settings.resolved_server_key_file)
     boot = bootstrap(db, box, "default", "admin")
     assert boot.created and boot.access_key and boot.secret_key
-    declared = [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory or []]
+    # None: detect the host's GPUs (as the server does); [] declares a host without any
+    gpus = settings.gpu_inventory
+    declared = None if gpus is None else [(g.index, g.name, g.memory_mb) for g in gpus]
     if inventory is None:
         inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     holder: dict[str, ControlLoop] = {}
