@@ -4,7 +4,9 @@ Uses the real store and ``ControlLoop.schedule()`` with the SimulatedExecutor. M
 
 - placements/s of passes that place jobs: the queue is ordered, jobs ask for 1-8 GPUs, so one pass fills
   the ~1,000 GPUs (then a job that does not fit blocks the line); between rounds every running attempt is
-  finished and supervised (not timed), and the next pass fills the host again;
+  finished and supervised (not timed), and the next pass fills the host again. The first pass after a start
+  reads and converts every queued job once (the control loop keeps them from pass to pass) and writes the wait
+  of nearly every job: it is printed apart, and the rate is that of the later passes (also printed with it);
 - ms per idle pass: every GPU is taken, the queue is still ~full, nothing can start.
 
 A placing pass ends by starting its workloads, which for every job creates its checkpoint and output
@@ -241,10 +243,13 @@ def run(args: argparse.Namespace) -> int:
                 queued = s.scalar(text("SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'RESTARTING')"))
             db.dispose()
 
-    placements = sum(placed_counts)
-    rate = placements / sum(place_times)
-    rate_sched = placements / (sum(place_times) - sum(start_times))
-    start_share = sum(start_times) / sum(place_times)
+    # the first pass after a start reads every queued job's fixed columns and builds its QueuedJob (``QueueCache``),
+    # and writes a wait for nearly every job: it is timed apart; the rate is that of the passes of a running server
+    placements = sum(placed_counts[1:])
+    rate = placements / sum(place_times[1:])
+    rate_sched = placements / (sum(place_times[1:]) - sum(start_times[1:]))
+    rate_all = sum(placed_counts) / sum(place_times)
+    start_share = sum(start_times[1:]) / sum(place_times[1:])
     median, p99 = statistics.median(idle), percentile(idle, 99)
     backend = "PostgreSQL" if args.database_url and not args.database_url.startswith("sqlite") else "SQLite"
     print(f"machine:   {machine()}, load average {load_average()}")
@@ -253,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         f"inserted in {setup_s:.2f} s"
     )
     print(
-        f"placing:   {args.rounds} passes placed {placements} jobs ({', '.join(map(str, placed_counts))}); "
+        f"placing:   {args.rounds} passes placed {sum(placed_counts)} jobs ({', '.join(map(str, placed_counts))}); "
         f"finish+supervise between rounds {statistics.mean(finish_times) * 1000 if finish_times else 0:.0f} ms"
     )
     print(f"idle:      {args.idle_passes} passes with {gpus_busy} of {args.gpus} GPUs busy and {queued} jobs queued")
@@ -266,7 +271,9 @@ def run(args: argparse.Namespace) -> int:
             rate >= TARGET_PLACEMENTS_PER_S,
         ),
         ("  without starting workloads", f"{rate_sched:,.0f}", "", None),
-        ("ms per placing pass (mean)", f"{statistics.mean(place_times) * 1000:.1f}", "", None),
+        ("  with the first pass after a start", f"{rate_all:,.0f}", "", None),
+        ("ms per placing pass (mean)", f"{statistics.mean(place_times[1:]) * 1000:.1f}", "", None),
+        ("ms of the first pass after a start", f"{place_times[0] * 1000:.1f}", "", None),
         ("  share starting workloads (mkdir)", f"{start_share:.0%}", "", None),
         ("ms per idle pass, median", f"{median:.1f}", f"<= {TARGET_IDLE_MS}", median <= TARGET_IDLE_MS),
         ("ms per idle pass, p99", f"{p99:.1f}", f"<= {TARGET_IDLE_MS}", p99 <= TARGET_IDLE_MS),
@@ -368,7 +375,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--tenants", type=int, default=50)
     ap.add_argument("--gpus", type=int, default=1_000)
-    ap.add_argument("--rounds", type=int, default=5, help="placing passes (the host is emptied between them)")
+    ap.add_argument("--rounds", type=int, default=6, help="placing passes (the host is emptied between them)")
     ap.add_argument("--idle-passes", type=int, default=30)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--policy", choices=[*(p.value for p in Policy), "all"], help="time plan() alone with it")
@@ -376,6 +383,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.policy:
         return planner_only(args)
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2: the first pass after a start is timed apart")
     if args.idle_passes < 20:
         ap.error("--idle-passes must be at least 20 for a meaningful p99")
     logging.basicConfig(level=logging.WARNING)

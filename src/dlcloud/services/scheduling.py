@@ -24,6 +24,7 @@ runs twice.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import re
 from collections.abc import Callable, Container, Iterator
@@ -290,9 +291,11 @@ FIXED_AT_SUBMIT = (
     JobRow.preemptible,
     JobRow.max_run_time_seconds,
 )
-# (``hold_gpus`` is set only as a job leaves the queue, preempted, and cleared as it leaves it again, placed: read
-# every pass all the same, as whatever a pass relies on that is not the submit's)
-_CHANGING = (JobRow.priority, JobRow.not_before, JobRow.attained_gpu_seconds, JobRow.reclaiming, JobRow.hold_gpus)
+# The changing ones are the last columns of the queue's index (``ix_jobs_queue``, store/rows.py): a whole read reads
+# the index alone, not the ~1 KB rows. ``hold_gpus`` is not in it (a JSON column has no B-tree order on PostgreSQL): it
+# is set only with ``reclaiming`` (a moved job, as it leaves the queue) and both are cleared as the job is placed, so a
+# whole read reads it of the reclaiming jobs alone, in a second query (``_QUEUE_HOLDS``).
+_CHANGING = (JobRow.priority, JobRow.not_before, JobRow.attained_gpu_seconds, JobRow.reclaiming)
 _MAX_CHUNK = 16_384  # queue rows read by one query (fifo)
 _MAX_IDS = 2_000  # ids in one query's IN list
 # read as the driver returns them and converted only for a row that changed (``QueueCache``): converting datetimes of
@@ -306,11 +309,13 @@ def _as_read_column(c: Any) -> Any:
 
 _QUEUED = JobRow.state.in_(QUEUE_STATES)
 _WITH_WAIT = JobRow.__table__.outerjoin(JobWaitRow, JobWaitRow.job_id == JobRow.id)
-# whole: (id, wait id, *changing); then (id, *fixed) of the jobs not held; fifo: (id, wait id, *fixed, *changing)
+# whole: (id, wait id, *changing), (id, hold) of the reclaiming jobs, then (id, *fixed) of the jobs not held; fifo:
+# (id, wait id, *fixed, *changing, hold)
 _QUEUE_CHANGING = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, _CHANGING)).select_from(_WITH_WAIT)
 _QUEUE_CHANGING = _QUEUE_CHANGING.where(_QUEUED)
+_QUEUE_HOLDS = select(JobRow.id, _as_read_column(JobRow.hold_gpus)).where(_QUEUED, JobRow.reclaiming)
 _QUEUE_FIXED = select(JobRow.id, *map(_as_read_column, FIXED_AT_SUBMIT))
-_QUEUE = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, FIXED_AT_SUBMIT + _CHANGING))
+_QUEUE = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, (*FIXED_AT_SUBMIT, *_CHANGING, JobRow.hold_gpus)))
 _QUEUE = _QUEUE.select_from(_WITH_WAIT).where(_QUEUED)
 _FIXED = slice(2, 2 + len(FIXED_AT_SUBMIT))
 _CHANGED = slice(2 + len(FIXED_AT_SUBMIT), None)
@@ -358,7 +363,7 @@ class QueueCache:
             d = conn.dialect
             self._convert = {
                 c.key: c.type.dialect_impl(d).result_processor(d, None) or _as_read
-                for c in FIXED_AT_SUBMIT + _CHANGING
+                for c in (*FIXED_AT_SUBMIT, *_CHANGING, JobRow.hold_gpus)
                 if c.key in _UNCONVERTED
             }
         self.complete = False
@@ -374,6 +379,7 @@ class QueueCache:
     def _whole(self, conn: Connection) -> list[_Queued]:
         before = self._rows
         rows = conn.execute(_QUEUE_CHANGING).all()
+        holds: dict[str, Any] = dict(conn.execute(_QUEUE_HOLDS).all()) if any(row[-1] for row in rows) else {}
         missing = [row[0] for row in rows if row[0] not in before]
         fixed: dict[str, tuple[Any, ...]] = {}
         if len(missing) > len(rows) // 2:  # most of the queue (the first pass): one scan, no list of ids
@@ -384,7 +390,9 @@ class QueueCache:
                 fixed.update((r[0], r[1:]) for r in conn.execute(q))
         queue = []
         for row in rows:
-            job_id, changing = row[0], row[2:]
+            job_id = row[0]
+            # (priority, not_before, attained, reclaiming[, hold]): as ``_lazily`` reads it when the job is reclaiming
+            changing = (*row[2:], holds.get(job_id)) if row[-1] else row[2:]
             queued = before.get(job_id)
             if queued is None:
                 values = fixed.get(job_id)
@@ -431,7 +439,8 @@ class QueueCache:
         assert self._convert is not None
         convert = self._convert
         _, _, tenant_id, gpus, cpus, memory, gpu_type, created_at, replica_groups, preemptible, max_run_time = fixed
-        priority, not_before, attained_gpu_s, reclaiming, hold_gpus = changing
+        priority, not_before, attained_gpu_s, reclaiming = changing[:4]
+        hold_gpus = changing[4] if len(changing) > 4 and reclaiming else None
         groups = tuple(
             GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
             for g in convert["replica_groups"](replica_groups) or ()
@@ -462,6 +471,23 @@ def _as_read(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the length of a pass. A pass allocates ~10 objects per queued job
+    (its row as read, the planner's per-job state) that reference counting frees as the pass ends; the collections
+    their allocation set off promoted them, alive, to the oldest generation, whose full collections then walked them
+    and every cached QueuedJob: a quarter of an idle pass's time and most of its p99 (bench/scheduler.py). Cycles made
+    meanwhile are collected by the first collection after it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class SchedulingPass:
     """One scheduling pass at a time (``run``), writing through the loop's fenced transactions."""
 
@@ -473,6 +499,10 @@ class SchedulingPass:
 
     def run(self) -> list[tuple[str, Workload]]:
         """One pass; returns the (handle, workload) of the attempts it recorded, for the caller to start."""
+        with _collector_paused():
+            return self._run()
+
+    def _run(self) -> list[tuple[str, Workload]]:
         now = utcnow()
         workloads: list[tuple[str, Workload]] = []
         config = plan_config(self.p.settings)

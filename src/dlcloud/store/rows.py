@@ -125,7 +125,18 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("tenant_id", "name"),
-        Index("ix_jobs_queue", "state", "priority", "created_at"),
+        # the queue in its order (fifo reads it so), and what changes while a job waits: a scheduling pass that reads
+        # the whole queue reads this index alone (services/scheduling.py, _CHANGING)
+        Index(
+            "ix_jobs_queue",
+            "state",
+            "priority",
+            "created_at",
+            "id",
+            "not_before",
+            "attained_gpu_seconds",
+            "reclaiming",
+        ),
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
