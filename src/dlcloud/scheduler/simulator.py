@@ -422,6 +422,14 @@ class Simulator:
         )
         every = self.cfg.checkpoint_every_s
         job.held_until = job.start_s + kept + every if every else math.inf
+        # fair-share weighs a running job's attained service by its tenant's las queue: the Held is stale once the
+        # job crosses the next boundary (before, a pass up to a checkpoint interval later saw the old queue, and
+        # when the cache was filled, not the trace, decided what the planner saw)
+        attained = job.held.attained_gpu_s
+        for bound in self.pcfg.tenant_las_queues_gpu_s:
+            if bound > attained and job.gpus:
+                job.held_until = min(job.held_until, self.now + (bound - attained) / len(job.gpus))
+                break
         return job.held
 
     # --- the scheduling pass ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime
@@ -183,6 +184,21 @@ def test_a_moved_job_carries_its_held_gpus_until_it_is_placed_again() -> None:
     after = [h for t, _, held in seen for h in held if h.job_id == "a1" and t > 1031]
     assert after and after[0].gpus == (1,) and after[0].hold == () and after[0].preemptions == 1
     assert all(not q.hold for t, queue, _ in seen for q in queue if q.id == "a1" and t > 1031)
+
+
+def test_every_pass_sees_a_running_jobs_tenant_las_queue_as_it_is_then() -> None:
+    """The simulator keeps each running job's Held from pass to pass (until its next checkpoint): not past the moment
+    its attained service crosses a boundary of ``tenant_las_queues_gpu_s``, which fair-share weighs."""
+    planner = Reclaimer()
+    bounds = (1000.0, 5000.0)
+    # a1 runs alone on the one GPU; each later submit (it waits) causes a pass, around a1's boundary crossings
+    trace = [tj("a1", 0.0, 10_000.0)] + [tj(f"w{t}", float(t), 10.0) for t in (950, 1100, 1700, 4900, 5100)]
+    sim = Simulator(trace, cfg(checkpoint_every_s=900.0, tenant_las_queues_gpu_s=bounds), planner=planner)
+    sim.run()
+    seen = [((now - EPOCH).total_seconds(), h) for now, _, held in planner.seen for h in held if h.job_id == "a1"]
+    assert [t for t, _ in seen] == [950.0, 1100.0, 1700.0, 4900.0, 5100.0]
+    for t, h in seen:  # a1 started at 0 on one GPU: t GPU-seconds attained at t
+        assert bisect.bisect_right(bounds, h.attained_gpu_s) == bisect.bisect_right(bounds, t), (t, h.attained_gpu_s)
 
 
 def test_the_attempt_rules_shared_with_the_control_plane() -> None:
