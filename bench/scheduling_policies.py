@@ -79,6 +79,9 @@ def main() -> int:
         help="fair-share: las boundaries (GPU-s) inside tenants, comma-separated; none: off (default: %(default)s)",
     )
     ap.add_argument("--no-defragment", action="store_true", help="fair-share: do not move jobs to gather whole nodes")
+    ap.add_argument(
+        "--turn-window", type=float, default=3600.0, help="fair-share: turns' window in seconds (0: no turns)"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="policies replayed at once, in worker processes")
     ap.add_argument("--json", type=Path, help="write every policy's full report here (outside the repository)")
     args = ap.parse_args()
@@ -103,6 +106,7 @@ def main() -> int:
                 "tick_s": args.tick,
                 "tenant_las_queues_gpu_s": boundaries,
                 "defragment": not args.no_defragment,
+                "turn_window_s": args.turn_window,
             },
             args.end_s,
             args.limit_jobs,

@@ -487,3 +487,50 @@ def test_a_moved_job_that_takes_longer_than_the_grace_period_to_stop_holds_nothi
     c.jobs.submit(spec("late", gpus=1))
     assert control.schedule() == 1
     assert _running_gpus(env)["late"] == [1]
+
+
+def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_turn(nodes_env: Env) -> None:
+    """Three nodes of two GPUs. The default tenant (guaranteed 4) has run six 1-GPU jobs for two hours; b
+    (guaranteed 2) has waited 30 minutes with a gang of two 2-GPU replicas, larger than its guarantee: no share
+    rule can start it (the default tenant would keep less than b), a turn does. Its victims stop, it is placed for
+    its turn (``turn_until``, and an event says so); until then the default tenant's jobs inside its guarantee take
+    nothing back; after it, they reclaim the gang."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None
+    b = env.new_tenant_user("b", "bob")
+    env.admin.tenants.update("b", scheduling={"guarantee": {"gpus": 2}})
+    env.admin.tenants.update("default", scheduling={"guarantee": {"gpus": 4}})
+    for i in range(6):
+        env.admin.jobs.submit(spec(f"d{i}", gpus=1))
+    assert control.schedule() == 6
+    with env.platform.db.write() as s:  # what the pass reads of the last hour: the attempts' GPU-seconds
+        s.execute(update(AttemptRow).values(started_at=utcnow() - timedelta(hours=2)))
+    b.jobs.submit({**spec("gang", cpu=1), "framework": "pytorch", "replicas": {"worker": 2},
+                   "resources": {"gpus": 2, "cpu": 1, "memory": "1Gi"}})  # fmt: skip
+    _update_job(env, "gang", created_at=utcnow() - timedelta(minutes=30))
+    assert control.schedule() == 0
+    assert b.jobs.get("gang")["wait_reason"] == (
+        "preempting 4 job(s) for its tenant's turn (short of its guarantee over the turn window)"
+    )
+    with env.platform.db.read() as s:
+        asked = s.scalars(select(JobRow.name).where(JobRow.preempt_requested)).all()
+    assert len(asked) == 4
+    control.supervise()  # asks the executor to stop them ...
+    control.supervise()  # ... and sees them stopped: queued again
+    assert control.schedule() == 1
+    gang = b.jobs.get("gang")
+    assert gang["state"] in ("STARTING", "RUNNING")
+    with env.platform.db.read() as s:
+        until = s.scalar(select(JobRow.turn_until).where(JobRow.name == "gang"))
+    # b needs 2 GPUs x 1 hour; at 4 GPUs, half an hour
+    assert until is not None and timedelta(minutes=29) < until - utcnow() <= timedelta(minutes=30)
+    assert any("its tenant's turn until" in e["reason"] for e in gang["events"])
+    # during the turn the default tenant's queued jobs, inside its guarantee, take nothing back
+    assert control.schedule() == 0
+    with env.platform.db.read() as s:
+        assert not s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
+    # the turn is over: the gang is borrowed beyond b's guarantee, and is reclaimed
+    _update_job(env, "gang", turn_until=utcnow() - timedelta(seconds=1))
+    control.schedule()
+    with env.platform.db.read() as s:
+        assert s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))

@@ -40,6 +40,11 @@ def simulate(
     defragment: bool = typer.Option(
         True, "--defragment/--no-defragment", help="fair-share: move small jobs to gather whole nodes for gangs."
     ),
+    turn_window: float = typer.Option(
+        3600.0,
+        "--turn-window",
+        help="fair-share: seconds over which a tenant whose jobs exceed its guarantee gets it in turns; 0: none.",
+    ),
     output: Output = OutputOption,
 ) -> None:
     """Replay a job trace through the production planner with a simulated clock; report JCT, GPU allocation,
@@ -55,7 +60,7 @@ def simulate(
 
       dlcloud simulate --trace jobs.csv --gpus 64 --policy fifo --limit-jobs 2000 --seed 1 -o json
 
-      dlcloud simulate --trace jobs.csv --gpus 64 --tenant-las-queues none --no-defragment
+      dlcloud simulate --trace jobs.csv --gpus 64 --tenant-las-queues none --no-defragment --turn-window 0
     """
     from dlcloud.scheduler.simulator import SimConfig, Simulator, parse_boundaries
     from dlcloud.scheduler.trace import load_trace
@@ -71,6 +76,7 @@ def simulate(
         estimates=estimates,
         tenant_las_queues_gpu_s=parse_boundaries(tenant_las_queues),
         defragment=defragment,
+        turn_window_s=turn_window,
     )
     config.validate()
     jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
@@ -119,7 +125,8 @@ def render_report(r: dict[str, Any]) -> None:
         (
             "fair-share inside tenants",
             f"las boundaries {', '.join(f'{x:g}' for x in r['tenant_las_queues_gpu_s']) or 'none'} GPU-s; "
-            f"defragment {'on' if r['defragment'] else 'off'}",
+            f"defragment {'on' if r['defragment'] else 'off'}; "
+            f"turns {'over ' + _hours(r['turn_window_s']) if r['turn_window_s'] else 'off'}",
         ),
         ("planner pass (mean / max)", f"{timing['planner_ms_mean']:.2f} / {timing['planner_ms_max']:.2f} ms"),
         ("passes / wall time", f"{r['passes']} / {timing['wall_s']:.1f} s"),

@@ -49,6 +49,10 @@ class PlanConfig:
     # how long a stopping (preempted) attempt is expected to take to free its resources: the grace period; used
     # only for estimated starts
     preemption_grace_s: float = 60.0
+    # fair-share turns: a tenant below its guarantee over the last ``turn_window_s`` (``Limits.recent_gpu_s``) whose
+    # next job is larger than what its guarantee leaves may run it for a bounded turn, taking owed capacity of
+    # tenants above their guarantee over that window
+    turn_window_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class Limits:
     borrow_memory: int | None = None
     # ... and its weight in dominant-resource fairness
     weight: float = 1.0
+    # GPU-seconds its attempts held over the last ``PlanConfig.turn_window_s`` (None: unknown, no turns)
+    recent_gpu_s: float | None = None
 
     @property
     def guaranteed(self) -> bool:
@@ -128,6 +134,7 @@ class Held:
     # being moved (stopping after a "defrag" preemption): the GPUs held for its next attempt (``QueuedJob.hold``)
     hold: tuple[int, ...] = ()
     preemptions: int = 0  # how often the job was preempted before (any reason)
+    turn_until: datetime | None = None  # placed for its tenant's turn: owed (not reclaimable) until then
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,8 @@ PREEMPTION_WHY = {
     "fill": "this job ran as borrowed fill ahead of it",
     "las": "it has attained less service (las)",
     "defrag": "it needs whole nodes; this job resumes at once on GPUs left free elsewhere",
+    "turn": "its tenant held more than 90 % of its guarantee over the turn window; this job's tenant, short of its "
+    "own, takes a turn",
 }
 
 
@@ -162,3 +171,4 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
     borrowing: set[str] = field(default_factory=set)  # placed jobs that run beyond their tenant's guarantee
     estimated_start: dict[str, datetime] = field(default_factory=dict)  # waiting jobs, where computable
+    turns: dict[str, datetime] = field(default_factory=dict)  # placed jobs on their tenant's turn: its end

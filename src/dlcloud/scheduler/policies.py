@@ -47,6 +47,12 @@ borrowed one (so two tenants never take turns). A job larger than its tenant's w
 is short of, may preempt borrowed attempts of tenants whose share stays larger than its tenant's with it once
 their victims (of this pass too) are gone ("share": dominant-resource fairness; a tenant with a small guarantee
 and large jobs is not starved under contention, and cannot make the tenants it takes from poorer than itself).
+When nothing borrowed is left to catch up from (under contention nearly every GPU runs inside some guarantee), such
+a job takes *turns* (``PlanConfig.turn_window_s``): once it waited ``TURN_MIN_WAIT_S`` while its tenant held less than
+90 % of its guarantee over the window (``Limits.recent_gpu_s``), it may preempt borrowed attempts and attempts of
+tenants that held more than 90 % of theirs over the window, each only as much as that tenant can spare over the turn
+("turn"); it is then placed for a turn as long as its tenant needs to reach its guarantee over the window
+(``Plan.turns``), owed until it ends (``Held.turn_until``), borrowed after.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ from dlcloud.scheduler.placement import Cluster, choose, processes
 from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away
 
+FAIR_SHARE_FLOOR = 0.9  # turns: a tenant is due one below this fraction of its guarantee over the window
 MAX_SEARCHES = 24  # victim searches per pass (each looks at ≤ preemption.MAX_CANDIDATES attempts)
 NO_LIMITS = Limits()
 
@@ -87,7 +94,10 @@ _PREEMPTING = {
     "fill": "that started ahead of it as borrowed fill",
     "las": "with more attained service (las)",
     "defrag": "to gather whole nodes (they resume at once on GPUs left free)",
+    "turn": "for its tenant's turn (short of its guarantee over the turn window)",
 }
+TURN_MIN_WAIT_S = 900.0  # a tenant's demand must have waited this long before it takes a turn
+TURN_MIN_S = 900.0  # a turn lasts at least this long (a job's work up to its first checkpoint)
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -550,7 +560,7 @@ class _Pass:
                     f"preempted by job {job.id} ({c.reason}): {PREEMPTION_WHY[c.reason]}",
                 )
             )
-        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag") if k in kinds)
+        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag", "turn") if k in kinds)
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
@@ -654,7 +664,7 @@ class _Pass:
                 )
             )
         kinds = {x.reason for x in chosen}
-        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag") if k in kinds)
+        main = next(k for k in ("reclaim", "share", "priority", "fill", "las", "defrag", "turn") if k in kinds)
         moved = len(move_to)
         moving = f", moving {moved} to gather whole nodes" if main != "defrag" and moved else ""
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{moving}"
@@ -733,6 +743,10 @@ def _straddles(lim: Limits, use: Usage, gpus: int, cpus: float, memory: int) -> 
     )
 
 
+def _on_turn(h: Held, now: datetime) -> bool:
+    return h.turn_until is not None and h.turn_until > now
+
+
 def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
     """id() of the running attempts beyond their tenant's guarantee (borrowed), and of those that straddle it: the
     attempt that takes its tenant from short of its guarantee to beyond it and alone fits the guarantee (at most
@@ -749,7 +763,13 @@ def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
             borrowed.update(id(h) for h in hs)
             continue
         use = Usage()
-        for h in sorted(hs, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
+        order = sorted(
+            hs, key=lambda h: (not _on_turn(h, p.now), h.preemptible, -h.priority, h.started_at or far, h.job_id)
+        )
+        for h in order:
+            if _on_turn(h, p.now):  # its tenant's turn: owed until it ends
+                use.gpus, use.cpus, use.memory = use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory
+                continue
             if not _within(lim, use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory):
                 if h.preemptible and _straddles(lim, use, len(h.gpus), h.cpus, h.memory):
                     straddling.add(id(h))
@@ -917,11 +937,62 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         reasons[job.id] += " to make room in its quota"
         return True
 
+    window = cfg.turn_window_s
+    pending_turn: dict[str, float] = {}  # catching-up jobs due a turn: its length
+
+    def slack_s(tid: str) -> float:
+        """GPU-seconds ``tid`` held over the window beyond 90 % of its guarantee over it (what a turn may take)."""
+        lim = p.limits.get(tid, NO_LIMITS)
+        if lim.recent_gpu_s is None or lim.guarantee_gpus <= 0:
+            return 0.0
+        return lim.recent_gpu_s - FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
+
+    def turn_length(job: QueuedJob, t: _Tenant) -> float | None:
+        """How long a turn ``job`` is due (its tenant below 90 % of its guarantee over the window, the job waiting
+        long enough), or None."""
+        lim = t.lim
+        if window <= 0 or lim.recent_gpu_s is None or lim.guarantee_gpus <= 0 or not job.preemptible:
+            return None
+        waited = (now - (job.submitted_at or now)).total_seconds()
+        span = min(window, waited)
+        if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * span:
+            return None
+        need = lim.guarantee_gpus * window - lim.recent_gpu_s
+        return max(TURN_MIN_S, min(window / 2, need / max(job.gpus, 1)))
+
+    def turn_candidates(job: QueuedJob, t: _Tenant) -> list[Candidate]:
+        out = []
+        for h in live:
+            if h.tenant_id == t.id or _on_turn(h, now):
+                continue
+            if id(h) in borrowed:
+                out.append(Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "turn"))
+                continue
+            if slack_s(h.tenant_id) > 0:
+                out.append(Candidate(h, (1, h.priority, lost_gpu_s(h, now)), "turn"))
+        out.sort(key=lambda c: c.key)
+        return out
+
+    def turn_affordable(length: float) -> Callable[[Sequence[Candidate]], bool]:
+        def check(chosen: Sequence[Candidate]) -> bool:
+            taken: dict[str, int] = {}
+            for c in chosen:
+                if id(c.held) not in borrowed:
+                    taken[c.held.tenant_id] = taken.get(c.held.tenant_id, 0) + len(c.held.gpus)
+            return all(n * length <= slack_s(tid) for tid, n in taken.items())
+
+        return check
+
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
         key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority,
                lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job))  # fmt: skip
-        return p.settled(key, job, lambda: decide(job, t), t.waiting)
+        if not p.settled(key, job, lambda: decide(job, t), t.waiting):
+            return False
+        length = pending_turn.pop(job.id, None)
+        if length is not None and p.result.placements and p.result.placements[-1][0] == job.id:
+            p.result.turns[job.id] = now + timedelta(seconds=length)
+        return True
 
     def decide(job: QueuedJob, t: _Tenant) -> bool:
         why = p.not_now(job) if job.held_by is not None or job.not_before is not None else None
@@ -938,6 +1009,9 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         owed = inside or straddle
         # larger than its tenant's guarantee, which the tenant is short of (see ``candidates``)
         catch_up = not owed and job.preemptible and _below(t.lim, t.use)
+        turn = turn_length(job, t) if catch_up else None
+        if turn is not None:
+            pending_turn[job.id] = turn
         if not job.preemptible and not inside:
             lim = t.lim
             reasons[job.id] = (
@@ -980,6 +1054,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         ):
             return True  # its victims are on other nodes than the free GPUs: evict them, move what is in the way
         if r is None and p.defragment(job, t, borrowed):
+            return True
+        if turn is not None and p.preempt(
+            job, lambda: turn_candidates(job, t), ("turn", t.id, job.gpu_type, bool(job.groups)), t,
+            turn_affordable(turn),
+        ):  # fmt: skip
             return True
         if r is None:
             p.make_reservation(job, p.shortage(job))

@@ -62,9 +62,11 @@ class SimConfig:
     grace_s: float = 30.0
     checkpoint_every_s: float = 900.0
     estimates: bool | None = None  # declare max_run_time_s = duration; None: on unless the policy is las
-    # fair-share's knobs, as the server's settings (PlanConfig): las inside tenants (() = off), defragmentation
+    # fair-share's knobs, as the server's settings (PlanConfig): las inside tenants (() = off), defragmentation,
+    # the turn window (0 = no turns)
     tenant_las_queues_gpu_s: tuple[float, ...] = PlanConfig.tenant_las_queues_gpu_s
     defragment: bool = PlanConfig.defragment
+    turn_window_s: float = PlanConfig.turn_window_s
 
     def validate(self) -> None:
         if self.gpus < 1:
@@ -83,6 +85,8 @@ class SimConfig:
             raise InvalidArgument(
                 f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
             )
+        if not math.isfinite(self.turn_window_s) or self.turn_window_s < 0:
+            raise InvalidArgument(f"--turn-window must be >= 0 seconds (0: no turns), got {self.turn_window_s:g}")
         q = self.tenant_las_queues_gpu_s
         if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
             raise InvalidArgument(
@@ -97,7 +101,10 @@ class SimConfig:
     @property
     def planner(self) -> PlanConfig:
         return PlanConfig(
-            policy=self.policy, tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s, defragment=self.defragment
+            policy=self.policy,
+            tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s,
+            defragment=self.defragment,
+            turn_window_s=self.turn_window_s,
         )
 
 
@@ -132,9 +139,11 @@ class _Job:
         "start_s",
         "state",
         "trace",
+        "turn_until",
     )
 
     def __init__(self, trace: TraceJob, qjob: QueuedJob, key: tuple) -> None:
+        self.turn_until: float | None = None
         self.trace = trace
         self.qjob = qjob
         self.key = key
@@ -209,6 +218,7 @@ class Simulator:
         self.skipped_too_large = len(jobs) - len(fits)
         self.guarantee = guarantees(fits, n)
         self.limits = {t: Limits(guarantee_gpus=g, weight=1.0) for t, g in self.guarantee.items()}
+        self.usage_log: dict[str, list[tuple[float, float, int]]] = {t: [] for t in self.guarantee}  # ended attempts
         self.tenants = {t: _Tenant(g) for t, g in self.guarantee.items()}
         self.origin = min((j.submit_s for j in fits), default=0.0)
         estimates = config.uses_estimates
@@ -388,6 +398,8 @@ class Simulator:
 
     def _release(self, job: _Job, ran: float) -> None:
         del self.running[job.trace.job_id]
+        self.usage_log[job.trace.tenant].append((job.start_s, self.now, len(job.gpus)))
+        job.turn_until = None
         self.free.update(job.gpus)
         self.alloc -= len(job.gpus)
         t = self.tenants[job.trace.tenant]
@@ -419,6 +431,7 @@ class Simulator:
             stopping=job.state == "stopping",
             hold=job.qjob.hold if job.state == "stopping" else (),
             preemptions=job.preemptions,
+            turn_until=None if job.turn_until is None else EPOCH + timedelta(seconds=job.turn_until),
         )
         every = self.cfg.checkpoint_every_s
         job.held_until = job.start_s + kept + every if every else math.inf
@@ -439,6 +452,8 @@ class Simulator:
             self.held_list = [self._held(j) for j in self.running.values()]
             self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
         now = EPOCH + timedelta(seconds=self.now)
+        if self.pcfg.policy == Policy.FAIR_SHARE and self.pcfg.turn_window_s > 0:
+            self._recent_usage()
         t0 = time.perf_counter()
         result = self.plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
         self.pass_seconds.append(time.perf_counter() - t0)
@@ -454,6 +469,19 @@ class Simulator:
             self._push(self.now + self.pcfg.aging_interval_s, _WAKE)
             self.wake_pending = True
 
+    def _recent_usage(self) -> None:
+        """Each tenant's GPU-seconds over the last turn window (``Limits.recent_gpu_s``), as the control plane reads
+        them from the attempts."""
+        since = self.now - self.pcfg.turn_window_s
+        used = dict.fromkeys(self.limits, 0.0)
+        for tenant, log in self.usage_log.items():
+            keep = [x for x in log if x[1] > since]
+            self.usage_log[tenant] = keep
+            used[tenant] += sum(n * (end - max(start, since)) for start, end, n in keep)
+        for job in self.running.values():
+            used[job.trace.tenant] += len(job.gpus) * (self.now - max(job.start_s, since))
+        self.limits = {t: dataclasses.replace(lim, recent_gpu_s=used[t]) for t, lim in self.limits.items()}
+
     def _apply(self, result: Plan) -> None:
         for job_id, gpus in result.placements:
             job = self.jobs.get(job_id)
@@ -464,6 +492,12 @@ class Simulator:
             if not self._on_nodes(job, gpus):
                 self.node_violations += 1
             self._start(job, gpus)
+        for job_id, until in result.turns.items():
+            turned = self.jobs.get(job_id)
+            if turned is None or turned.state != "running" or turned.start_s != self.now:
+                raise RuntimeError(f"planner gave {job_id} a turn, which it did not place")
+            turned.turn_until = (until - EPOCH).total_seconds()
+            self._push(turned.turn_until, _WAKE)  # its turn ends: a pass lets the owners take their GPUs back
         for p in result.preemptions:
             self._reclaiming(p.by)
             job = self.jobs.get(p.job_id)
@@ -564,6 +598,7 @@ class Simulator:
             "estimates": self.cfg.uses_estimates,
             "tenant_las_queues_gpu_s": list(self.cfg.tenant_las_queues_gpu_s),
             "defragment": self.cfg.defragment,
+            "turn_window_s": self.cfg.turn_window_s,
             "jobs": {
                 "total": len(self.jobs),
                 "finished": len(done),

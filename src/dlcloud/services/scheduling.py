@@ -77,7 +77,16 @@ QUEUE_ORDER = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
 # what placing a job may change in its row, written for every placed job whether it changed or not: the flush at
 # commit sends the UPDATEs of one column set as one executemany (one round trip on PostgreSQL), and jobs whose
 # changes differ (a wait reason to clear or not, ...) would split it into one per run of alike jobs
-_PLACED_COLUMNS = ("state", "reason", "attempt", "reclaiming", "preempt_reason", "hold_gpus", "hold_until")
+_PLACED_COLUMNS = (
+    "state",
+    "reason",
+    "attempt",
+    "reclaiming",
+    "preempt_reason",
+    "hold_gpus",
+    "hold_until",
+    "turn_until",
+)
 # how much longer than the server's grace period GPUs stay held for a moved job that is stopping: the supervision's
 # SIGKILL comes at the end of the grace period, its next pass (a tick) sees the attempt ended
 HOLD_MARGIN_S = 60.0
@@ -93,6 +102,7 @@ def plan_config(settings: Settings) -> PlanConfig:
         las_queues_gpu_s=tuple(settings.scheduling_las_queues_gpu_seconds),
         tenant_las_queues_gpu_s=tuple(settings.scheduling_tenant_las_queues_gpu_seconds),
         defragment=settings.scheduling_defragment,
+        turn_window_s=settings.scheduling_turn_window_seconds,
         preemption_grace_s=settings.stop_grace_seconds,
     )
 
@@ -117,6 +127,7 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
         JobRow.preemptions,
         JobRow.hold_gpus,
         JobRow.hold_until,
+        JobRow.turn_until,
     ).outerjoin(JobRow, JobRow.id == AttemptRow.job_id)
     held = []
     for r in conn.execute(q.where(AttemptRow.finished_at.is_(None))):
@@ -146,13 +157,31 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
                 stopping=stopping,
                 hold=hold,
                 preemptions=r.preemptions or 0,
+                turn_until=r.turn_until,
             )
         )
     return held
 
 
-def read_limits(conn: Connection) -> dict[str, Limits]:
-    """Every tenant's quota (hard caps) and fair-share terms."""
+def recent_gpu_seconds(conn: Connection, now: datetime, window_s: float) -> dict[str, float]:
+    """GPU-seconds each tenant's attempts held over the last ``window_s`` (``Limits.recent_gpu_s``, for turns): the
+    live attempts and those that ended within the window, each counted from its start or the window's."""
+    since = now - timedelta(seconds=window_s)
+    q = select(AttemptRow.tenant_id, AttemptRow.gpus, AttemptRow.started_at, AttemptRow.finished_at).where(
+        or_(AttemptRow.finished_at.is_(None), AttemptRow.finished_at > since)
+    )
+    used: dict[str, float] = {}
+    for tenant_id, gpus, started_at, finished_at in conn.execute(q):
+        if not gpus or started_at is None:
+            continue
+        seconds = ((finished_at or now) - max(started_at, since)).total_seconds()
+        if seconds > 0:
+            used[tenant_id] = used.get(tenant_id, 0.0) + len(gpus) * seconds
+    return used
+
+
+def read_limits(conn: Connection, recent: dict[str, float] | None = None) -> dict[str, Limits]:
+    """Every tenant's quota (hard caps) and fair-share terms; ``recent``: ``recent_gpu_seconds`` (None: no turns)."""
     q = select(
         TenantRow.id,
         TenantRow.quota_gpus,
@@ -180,6 +209,7 @@ def read_limits(conn: Connection) -> dict[str, Limits]:
             borrow_cpus=r.borrow_cpus,
             borrow_memory=r.borrow_memory,
             weight=r.weight or 1.0,
+            recent_gpu_s=None if recent is None else recent.get(r.id, 0.0),
         )
         for r in conn.execute(q)
     }
@@ -522,7 +552,8 @@ class SchedulingPass:
                     waits.set_waits(conn, waits.read_waits(conn), {})
                 return []
             held = read_held(conn, now)
-            limits = read_limits(conn)
+            turns = config.policy == Policy.FAIR_SHARE and config.turn_window_s > 0
+            limits = read_limits(conn, recent_gpu_seconds(conn, now, config.turn_window_s) if turns else None)
             result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
             gone = self.queue.keep(seen, leaving=placed | holds.failed.keys())
@@ -552,7 +583,8 @@ class SchedulingPass:
                 # a tenant without a guarantee borrows all it uses: no event says so for every job
                 lim = limits.get(job.tenant_id)
                 borrowing = job_id in result.borrowing and lim is not None and lim.guaranteed
-                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing))
+                turn = result.turns.get(job_id)
+                workloads.append(self._place(s, job, gpus, now, attempts, events, replicas, got, borrowing, turn))
             self._write_waits(conn, seen, result, shared, gone, placed, holds.failed, no_ports)
             if holds.failed:  # their environment failed to build: they can never start
                 for job in s.scalars(select(JobRow).where(JobRow.id.in_(list(holds.failed))).with_for_update()):
@@ -674,6 +706,7 @@ class SchedulingPass:
         replicas: list[dict],
         ports: list[int],
         borrowing: bool = False,
+        turn_until: datetime | None = None,
     ) -> tuple[str, Workload]:
         """Record attempt ``job.attempt + 1``: the attempt, replica and event rows go to ``attempts`` /
         ``replicas`` / ``events`` for one bulk insert each."""
@@ -718,6 +751,7 @@ class SchedulingPass:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
         job.reclaiming = False
         job.hold_gpus = job.hold_until = None
+        job.turn_until = turn_until
         resumed = ""
         if job.preempt_reason is not None:  # the first attempt after a preemption
             resumed = f"resumed after preemption {job.preemptions}: "
@@ -732,7 +766,18 @@ class SchedulingPass:
         )
         for column in _PLACED_COLUMNS:
             flag_modified(job, column)
-        if borrowing:
+        if borrowing or turn_until is not None:
+            if turn_until is not None:
+                why = (
+                    f"its tenant's turn until {turn_until.isoformat(timespec='seconds')}: larger than what its "
+                    "tenant's guarantee leaves, which the tenant was short of over the last hour; others may not "
+                    "take these GPUs back before then"
+                )
+            else:
+                why = (
+                    "borrowing idle capacity beyond its tenant's guarantee: it may be preempted when the lenders "
+                    "need it back"
+                )
             events.append(
                 {
                     "job_id": job.id,
@@ -740,8 +785,7 @@ class SchedulingPass:
                     "time": now,
                     "from_state": JobState.STARTING.value,
                     "to_state": JobState.STARTING.value,
-                    "reason": "borrowing idle capacity beyond its tenant's guarantee: it may be preempted when the "
-                    "lenders need it back",
+                    "reason": why,
                     "attempt": job.attempt,
                 }
             )

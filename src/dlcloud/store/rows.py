@@ -191,6 +191,8 @@ class JobRow(Base):
     # that takes longer to stop than the server's grace period does not keep GPUs idle for it)
     hold_gpus: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     hold_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # placed for its tenant's turn (fair-share, "Turns" in docs/scheduling.md): owed, not reclaimable, until then
+    turn_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class WaitReasonRow(Base):

@@ -641,3 +641,65 @@ def test_only_what_the_gang_could_preempt_anyway_is_moved() -> None:
     assert sorted(victims(p)) == ["s0", "s2"]
     higher = [running("s0", "a", (0,), priority=5), running("s1", "c", (4,)), running("s2", "d", (8,))]
     assert victims(plan([gang("g", "a", 2, 4)], higher, limits, nodes(3, 4), NOW, FS)) == []
+
+
+# -- turns: a tenant whose jobs are larger than its guarantee, short of it over the last hour -----------------------
+def _turn_case(b_recent: float = 0.0, a_recent: float = 4 * 3600.0, waited_min: float = 30) -> tuple:
+    """One node of 4 GPUs: a (guaranteed 3) runs four 1-GPU jobs (3 owed, 1 borrowed); b (guaranteed 1) has held
+    ``b_recent`` GPU-seconds over the last hour and waits with a 4-GPU job, which no share or reclaim rule can
+    start: only a turn."""
+    limits = {
+        "a": Limits(guarantee_gpus=3, recent_gpu_s=a_recent),
+        "b": Limits(guarantee_gpus=1, recent_gpu_s=b_recent),
+    }
+    held = [running(f"a{i}", "a", (i,), minutes=90 - i) for i in range(4)]
+    b0 = job("b0", "b", 4, submitted_at=NOW - timedelta(minutes=waited_min))
+    return [b0], held, limits
+
+
+def test_a_tenant_short_of_its_guarantee_over_the_hour_takes_a_turn_from_one_above_it() -> None:
+    queue, held, limits = _turn_case()
+    assert (
+        victims(plan(queue, held, {t: replace(x, recent_gpu_s=None) for t, x in limits.items()}, nodes(1, 4), NOW, FS))
+        == []
+    )
+    p = plan(queue, held, limits, nodes(1, 4), NOW, FS)
+    assert sorted(victims(p)) == ["a0", "a1", "a2", "a3"] and {x.reason for x in p.preemptions} == {"turn"}
+    assert p.wait_reasons["b0"] == (
+        "preempting 4 job(s) for its tenant's turn (short of its guarantee over the turn window)"
+    )
+    # once they stopped, it is placed for a turn as long as b needs to reach its guarantee over the hour (1 GPU x
+    # 3600 s on 4 GPUs: 900 s)
+    placed_now = plan([replace(queue[0], reclaiming=True)], [], limits, nodes(1, 4), NOW, FS)
+    assert placed(placed_now) == ["b0"] and placed_now.turns == {"b0": NOW + timedelta(seconds=900)}
+
+
+def test_no_turn_when_the_tenant_had_its_share_or_has_not_waited() -> None:
+    # b held 0.9 of its guarantee over the 30 minutes its job waited: no turn
+    queue, held, limits = _turn_case(b_recent=0.9 * 1 * 1800)
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+    queue, held, limits = _turn_case(waited_min=10)  # demand shown for less than TURN_MIN_WAIT_S
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+    # turns off (a window of 0)
+    queue, held, limits = _turn_case()
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, replace(FS, turn_window_s=0))) == []
+
+
+def test_a_turn_takes_only_what_its_victims_tenants_can_spare() -> None:
+    # a held exactly its guarantee over the hour: losing 3 owed GPUs for the 900-s turn would take it below 90 %
+    queue, held, limits = _turn_case(a_recent=3 * 3600.0)
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+    # a tenant below its own guarantee over the hour is never a victim of a turn, whatever its borrowed attempts
+    queue, held, limits = _turn_case(a_recent=2 * 3600.0)
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+
+
+def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
+    limits = {"a": Limits(guarantee_gpus=3, recent_gpu_s=0.0), "b": Limits(guarantee_gpus=1, recent_gpu_s=900.0)}
+    until = NOW + timedelta(minutes=5)
+    on_turn = [running("b0", "b", (0, 1, 2, 3), minutes=10, turn_until=until)]
+    a9 = job("a9", "a", 1)  # inside a's guarantee
+    assert victims(plan([a9], on_turn, limits, nodes(1, 4), NOW, FS)) == []
+    later = until + timedelta(seconds=1)  # the turn is over: b0 is borrowed beyond b's guarantee again
+    p = plan([a9], on_turn, limits, nodes(1, 4), later, FS)
+    assert victims(p) == ["b0"] and p.preemptions[0].reason == "reclaim"

@@ -63,6 +63,17 @@ def scenario(rng: random.Random) -> tuple[list[QueuedJob], list[Held], dict[str,
             queue.append(QueuedJob(f"j{i}", t, r * g, float(r), r * GiB, groups=(GroupDemand("w", r, g),), **kw))
         else:
             queue.append(QueuedJob(f"j{i}", t, rng.randint(0, per_node + 1), rng.choice((1.0, 4.0)), GiB, **kw))
+    # turns (fair-share): each tenant's GPU-seconds over the last hour, and some attempts on their tenant's turn
+    # (drawn apart, so that the scenarios above stay those of each seed)
+    more = random.Random(rng.random())
+    for t, lim in limits.items():
+        of_guarantee = more.choice((None, 0.0, 0.5, 0.95, 1.5))  # the fraction of its guarantee over the hour
+        recent = None if of_guarantee is None else of_guarantee * lim.guarantee_gpus * 3600.0
+        limits[t] = replace(lim, recent_gpu_s=recent)
+    held = [
+        replace(h, turn_until=NOW + timedelta(minutes=more.choice((-5, 5)))) if more.random() < 0.15 else h
+        for h in held
+    ]
     return queue, held, limits, inv
 
 
@@ -113,6 +124,17 @@ def test_invariants(policy: Policy, seed: int) -> None:
     # non-preemptible jobs never run borrowed
     assert all(by_id[jid].preemptible for jid in p.borrowing)
     assert p.borrowing <= placed_ids
+    # turns: only of placed jobs, ending after now and at most half a window later; an attempt on its tenant's turn
+    # is not another tenant's victim, and a turn takes nothing of its own tenant's
+    assert set(p.turns) <= placed_ids
+    window = PlanConfig().turn_window_s
+    assert all(NOW < end <= NOW + timedelta(seconds=max(window / 2, 900.0)) for end in p.turns.values())
+    for x in p.preemptions:
+        victim, by = held_by_id[x.job_id], by_id[x.by]
+        on_turn = victim.turn_until is not None and victim.turn_until > NOW
+        assert not (on_turn and victim.tenant_id != by.tenant_id), (x, victim)
+        if x.reason == "turn":
+            assert victim.tenant_id != by.tenant_id and limits[by.tenant_id].recent_gpu_s is not None
 
 
 def _with_holds(rng: random.Random, queue: list[QueuedJob], held: list[Held], inv: object) -> tuple[list, list]:
@@ -179,3 +201,61 @@ def test_held_gpus_go_to_their_moved_job_and_moves_go_to_free_gpus(seed: int) ->
         assert not set(x.move_to) & (busy | stopping_holds | set(got))  # free GPUs only, and held from now on
         targets += x.move_to
     assert len(targets) == len(set(targets))
+
+
+def _turn_scenario(seed: int) -> tuple[list[QueuedJob], list[Held], dict[str, Limits], object]:
+    """``scenario`` with small guarantees (jobs larger than them), demand waiting long enough, and every tenant's
+    usage over the last hour known: where turns happen."""
+    rng = random.Random(seed)
+    queue, held, limits, inv = scenario(rng)
+    per_node = len([g for g in inv.gpus if g.node == "n0"])  # type: ignore[attr-defined]
+    limits = {
+        t: replace(lim, gpus=None, max_running_jobs=None, borrow_gpus=None,
+                   guarantee_gpus=rng.choice((1, max(1, per_node // 2))),
+                   recent_gpu_s=rng.choice((0.0, 0.5, 1.0, 3.0)) * per_node * 3600.0)
+        for t, lim in limits.items()
+    }  # fmt: skip
+    queue = [replace(j, submitted_at=NOW - timedelta(minutes=rng.randint(20, 600))) for j in queue]
+    return queue, held, limits, inv
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_turns_keep_the_invariants(seed: int) -> None:
+    queue, held, limits, inv = _turn_scenario(seed)
+    p = plan(queue, held, limits, inv, NOW, PlanConfig(policy=Policy.FAIR_SHARE))  # type: ignore[arg-type]
+    placed_ids = {jid for jid, _ in p.placements}
+    taken = [g for h in held for g in h.gpus]
+    got = [g for _, gs in p.placements for g in gs]
+    assert len(got) == len(set(got)) and not set(got) & set(taken)
+    assert set(p.turns) <= placed_ids
+    by_id, held_by_id = {j.id: j for j in queue}, {h.job_id: h for h in held}
+    window = PlanConfig().turn_window_s
+    taken_by: dict[tuple[str, str], int] = {}
+    for x in p.preemptions:
+        victim, by = held_by_id[x.job_id], by_id[x.by]
+        assert not (victim.turn_until is not None and victim.turn_until > NOW and victim.tenant_id != by.tenant_id)
+        if x.reason == "turn":
+            assert victim.tenant_id != by.tenant_id
+            mine = limits[by.tenant_id]
+            waited = (NOW - by.submitted_at).total_seconds()  # type: ignore[operator]
+            # due: its tenant below 90 % of its guarantee over what it waited (at most the window)
+            assert mine.recent_gpu_s < 0.9 * mine.guarantee_gpus * min(window, waited)  # type: ignore[operator]
+            taken_by[by.id, victim.tenant_id] = taken_by.get((by.id, victim.tenant_id), 0) + len(victim.gpus)
+    # a tenant that held at most 90 % of its guarantee over the window spares nothing but what it borrows: a turn
+    # leaves it at least its guarantee (or all it held)
+    for (_, tid), gpus in taken_by.items():
+        lim = limits[tid]
+        if lim.recent_gpu_s <= 0.9 * lim.guarantee_gpus * window:  # type: ignore[operator]
+            use = sum(len(h.gpus) for h in held if h.tenant_id == tid)
+            assert use - gpus >= min(use, lim.guarantee_gpus), (tid, use, gpus)
+
+
+def test_turn_scenarios_exercise_turns() -> None:
+    """The scenarios above are not vacuous: some preempt for a turn, some place a job on one."""
+    preempting = placing = 0
+    for seed in range(300):
+        queue, held, limits, inv = _turn_scenario(seed)
+        p = plan(queue, held, limits, inv, NOW, PlanConfig(policy=Policy.FAIR_SHARE))  # type: ignore[arg-type]
+        preempting += any(x.reason == "turn" for x in p.preemptions)
+        placing += bool(p.turns)
+    assert preempting >= 5 and placing >= 5, (preempting, placing)
