@@ -43,10 +43,11 @@ attempts up to its guarantee; the one after them that takes the tenant from shor
 40 of 46 guaranteed GPUs with 8-GPU jobs would never get the rest back: a job that straddles its tenant's
 guarantee (the tenant short of it, the job alone inside it) counts as owed: it reclaims borrowed attempts, but
 not straddling ones. A straddling attempt is taken back only by a job strictly inside its guarantee, after every
-borrowed one (so two tenants never take turns). A job larger than its tenant's whole guarantee, which the tenant
-is short of, may preempt borrowed attempts of tenants whose share stays larger than its tenant's with it once
-their victims (of this pass too) are gone ("share": dominant-resource fairness; a tenant with a small guarantee
-and large jobs is not starved under contention, and cannot make the tenants it takes from poorer than itself).
+borrowed one (so two tenants never take one back and forth). A job larger than its tenant's whole guarantee,
+which the tenant is short of, may preempt borrowed attempts of tenants whose share stays larger than its tenant's
+with it once their victims (of this pass too) are gone ("share": dominant-resource fairness; a tenant with a small
+guarantee and large jobs is not starved under contention, and cannot make the tenants it takes from poorer than
+itself).
 When nothing borrowed is left to catch up from (under contention nearly every GPU runs inside some guarantee), such
 a job takes *turns* (``PlanConfig.turn_window_s``): once it waited ``TURN_MIN_WAIT_S`` while its tenant held less than
 90 % of its guarantee over the window (``Limits.recent_gpu_s``), it may preempt borrowed attempts and attempts of
@@ -824,7 +825,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         key=lambda c: c.key,
     )
     # straddling attempts of other tenants: only a job strictly inside its guarantee takes them back, after every
-    # borrowed one (a straddling job reclaims borrowed capacity only, so two tenants never take turns)
+    # borrowed one (a straddling job reclaims borrowed capacity only, so two tenants never take one back and forth)
     last_resort = sorted(
         (Candidate(h, (1, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in straddling),
         key=lambda c: c.key,
