@@ -138,6 +138,11 @@ class Settings(BaseSettings):
         for name in ("scheduling_las_queues_gpu_seconds", "scheduling_tenant_las_queues_gpu_seconds"):
             if sorted(getattr(self, name)) != getattr(self, name):
                 raise ValueError(f"{name} must be in increasing order")
+        if 0 < self.scheduling_turn_window_seconds < 1800:
+            raise ValueError(
+                "scheduling_turn_window_seconds must be 0 (no turns) or at least 1800: a turn lasts 900 s to half "
+                f"the window, got {self.scheduling_turn_window_seconds:g}"
+            )
         return self
 
     # Runtime environments (venvs built by the control plane)

@@ -514,15 +514,21 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
     )
     with env.platform.db.read() as s:
         asked = s.scalars(select(JobRow.name).where(JobRow.preempt_requested)).all()
-    assert len(asked) == 4
+        granted = s.scalar(select(JobRow.turn_seconds).where(JobRow.name == "gang"))
+    assert len(asked) == 4 and granted == 1800.0  # b needs 2 GPUs x 1 hour: at 4 GPUs, half an hour
+    assert control.schedule() == 0  # while they stop, the gang waits for them: no more victims
+    with env.platform.db.read() as s:
+        assert len(s.scalars(select(JobRow.name).where(JobRow.preempt_requested)).all()) == 4
     control.supervise()  # asks the executor to stop them ...
     control.supervise()  # ... and sees them stopped: queued again
     assert control.schedule() == 1
     gang = b.jobs.get("gang")
     assert gang["state"] in ("STARTING", "RUNNING")
+    gang_attempt = select(AttemptRow.turn_until).join(JobRow, JobRow.id == AttemptRow.job_id)
+    gang_attempt = gang_attempt.where(JobRow.name == "gang", AttemptRow.finished_at.is_(None))
     with env.platform.db.read() as s:
-        until = s.scalar(select(JobRow.turn_until).where(JobRow.name == "gang"))
-    # b needs 2 GPUs x 1 hour; at 4 GPUs, half an hour
+        until = s.scalar(gang_attempt)
+        assert s.scalar(select(JobRow.turn_seconds).where(JobRow.name == "gang")) is None  # given to the attempt
     assert until is not None and timedelta(minutes=29) < until - utcnow() <= timedelta(minutes=30)
     assert any("its tenant's turn until" in e["reason"] for e in gang["events"])
     # during the turn the default tenant's queued jobs, inside its guarantee, take nothing back
@@ -530,7 +536,39 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
     with env.platform.db.read() as s:
         assert not s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
     # the turn is over: the gang is borrowed beyond b's guarantee, and is reclaimed
-    _update_job(env, "gang", turn_until=utcnow() - timedelta(seconds=1))
+    with env.platform.db.write() as s:
+        ids = s.scalars(select(JobRow.id).where(JobRow.name == "gang")).all()
+        s.execute(
+            update(AttemptRow).where(AttemptRow.job_id.in_(ids)).values(turn_until=utcnow() - timedelta(seconds=1))
+        )
     control.schedule()
     with env.platform.db.read() as s:
         assert s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
+
+
+def test_recent_gpu_seconds_count_the_window_and_a_turn_through_its_end(env: Env) -> None:
+    """What turns weigh of each tenant: GPU-seconds of its attempts over the window, live or ended in it; an attempt
+    placed for a turn counts through the turn's end even if it ended sooner (a tenant cannot take turn after turn
+    with jobs that fail or are cancelled at once)."""
+    from dlcloud.services.scheduling import recent_gpu_seconds
+
+    env.admin.jobs.submit(spec("j"))
+    now = utcnow()
+    with env.platform.db.write() as s:
+        job_id, tenant_id, user_id = s.execute(select(JobRow.id, JobRow.tenant_id, JobRow.user_id)).one()
+        attempt = {"job_id": job_id, "tenant_id": tenant_id, "user_id": user_id, "host": "h", "cpus": 1.0,
+                   "memory": GiB, "handle": "x"}  # fmt: skip
+        rows = [
+            {"number": 1, "gpus": [0, 1], "started_at": now - timedelta(hours=2), "finished_at": None},  # 2 x 3600
+            {"number": 2, "gpus": [2], "started_at": now - timedelta(minutes=90),
+             "finished_at": now - timedelta(minutes=30)},  # 1 x 1800
+            {"number": 3, "gpus": [3], "started_at": now - timedelta(hours=3),
+             "finished_at": now - timedelta(hours=2)},  # before the window: 0
+            {"number": 4, "gpus": [4, 5, 6, 7], "started_at": now - timedelta(minutes=10),
+             "finished_at": now - timedelta(minutes=9), "turn_until": now + timedelta(minutes=20)},  # 4 x 600
+            {"number": 5, "gpus": [], "started_at": now - timedelta(minutes=10), "finished_at": None},  # no GPUs
+        ]  # fmt: skip
+        s.execute(insert(AttemptRow), [{**attempt, "turn_until": None, **r} for r in rows])
+    with env.platform.db.read() as s:
+        used = recent_gpu_seconds(s.connection(), now, 3600.0)
+    assert used == {tenant_id: pytest.approx(2 * 3600 + 1800 + 4 * 600)}

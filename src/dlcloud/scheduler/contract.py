@@ -77,6 +77,8 @@ class QueuedJob:
     # moved (a "defrag" preemption): the GPUs an earlier pass chose for its next attempt, held for it (no other job
     # gets them) until it is placed
     hold: tuple[int, ...] = ()
+    # an earlier pass preempted for it for its tenant's turn (fair-share): the turn's length, given when it is placed
+    turn_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,3 +174,5 @@ class Plan:
     borrowing: set[str] = field(default_factory=set)  # placed jobs that run beyond their tenant's guarantee
     estimated_start: dict[str, datetime] = field(default_factory=dict)  # waiting jobs, where computable
     turns: dict[str, datetime] = field(default_factory=dict)  # placed jobs on their tenant's turn: its end
+    # jobs that preempted for their tenant's turn: its length (``QueuedJob.turn_s`` until they are placed)
+    turn_grants: dict[str, float] = field(default_factory=dict)

@@ -51,9 +51,10 @@ itself).
 When nothing borrowed is left to catch up from (under contention nearly every GPU runs inside some guarantee), such
 a job takes *turns* (``PlanConfig.turn_window_s``): once it waited ``TURN_MIN_WAIT_S`` while its tenant held less than
 90 % of its guarantee over the window (``Limits.recent_gpu_s``), it may preempt borrowed attempts and attempts of
-tenants that held more than 90 % of theirs over the window, each only as much as that tenant can spare over the turn
-("turn"); it is then placed for a turn as long as its tenant needs to reach its guarantee over the window
-(``Plan.turns``), owed until it ends (``Held.turn_until``), borrowed after.
+tenants that keep 90 % of theirs over the window that ends with the turn ("turn"). The turn's length (what its
+tenant needs to reach its guarantee over the window at the job's size) is granted then (``Plan.turn_grants``, then
+``QueuedJob.turn_s``); the job waits for its victims and, placed on what they free, runs on its turn
+(``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed after.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ _PREEMPTING = {
     "turn": "for its tenant's turn (short of its guarantee over the turn window)",
 }
 TURN_MIN_WAIT_S = 900.0  # a tenant's demand must have waited this long before it takes a turn
-TURN_MIN_S = 900.0  # a turn lasts at least this long (a job's work up to its first checkpoint)
+TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint): none for a job too large
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -606,8 +607,8 @@ class _Pass:
         def movable(h: Held) -> bool:
             if h.tenant_id == job.tenant_id:
                 may = h.priority <= job.priority
-            else:
-                may = id(h) in borrowed or (reclaim is not None and h.preemptions == 0)
+            else:  # never another tenant's attempt on its turn (it is owed until the turn ends)
+                may = (id(h) in borrowed or (reclaim is not None and h.preemptions == 0)) and not _on_turn(h, self.now)
             return (
                 may
                 and id(h) not in evicting
@@ -939,37 +940,45 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         return True
 
     window = cfg.turn_window_s
-    pending_turn: dict[str, float] = {}  # catching-up jobs due a turn: its length
 
-    def slack_s(tid: str) -> float:
-        """GPU-seconds ``tid`` held over the window beyond 90 % of its guarantee over it (what a turn may take)."""
+    def can_spare(tid: str, gpus: int, length: float) -> bool:
+        """Whether tenant ``tid`` keeps 90 % of its guarantee over the window that ends when a turn of ``length``
+        does, if it loses ``gpus`` more GPUs now: what it held over the window (as if evenly: the part the turn's length
+        pushes out goes) plus what it holds then for the turn's length, its attempts stopping and this pass's victims
+        gone. Forward-looking, so turns granted earlier (this pass or before) count through what they took."""
         lim = p.limits.get(tid, NO_LIMITS)
         if lim.recent_gpu_s is None or lim.guarantee_gpus <= 0:
-            return 0.0
-        return lim.recent_gpu_s - FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
+            return False
+        gone = p.victim_use.get(tid, Usage()).gpus + p.stopping_use.get(tid, Usage()).gpus
+        keeps = p.tenant(tid).use.gpus - gone - gpus
+        ahead = lim.recent_gpu_s * (window - length) / window + keeps * length
+        return ahead >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
 
     def turn_length(job: QueuedJob, t: _Tenant) -> float | None:
         """How long a turn ``job`` is due (its tenant below 90 % of its guarantee over the window, the job waiting
-        long enough), or None."""
+        long enough): as long as its tenant needs to reach its guarantee over the window at the job's size, at most
+        half the window; None when not due, or when that is shorter than ``TURN_MIN_S`` (the job is too large for
+        its tenant's guarantee over the window: a turn would give it more than its guarantee)."""
         lim = t.lim
-        if window <= 0 or lim.recent_gpu_s is None or lim.guarantee_gpus <= 0 or not job.preemptible:
+        if window <= 0 or lim.recent_gpu_s is None or lim.guarantee_gpus <= 0 or job.gpus <= 0:
             return None
         waited = (now - (job.submitted_at or now)).total_seconds()
         span = min(window, waited)
         if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * span:
             return None
-        need = lim.guarantee_gpus * window - lim.recent_gpu_s
-        return max(TURN_MIN_S, min(window / 2, need / max(job.gpus, 1)))
+        length = min(window / 2, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus)
+        return length if length >= TURN_MIN_S else None
 
-    def turn_candidates(job: QueuedJob, t: _Tenant) -> list[Candidate]:
+    def turn_candidates(job: QueuedJob, t: _Tenant, length: float) -> list[Candidate]:
+        """Other tenants' borrowed attempts, then (lowest priority, least work lost first) attempts inside the
+        guarantees of tenants that can spare one; never an attempt on its own tenant's turn."""
         out = []
         for h in live:
             if h.tenant_id == t.id or _on_turn(h, now):
                 continue
             if id(h) in borrowed:
                 out.append(Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "turn"))
-                continue
-            if slack_s(h.tenant_id) > 0:
+            elif can_spare(h.tenant_id, len(h.gpus), length):
                 out.append(Candidate(h, (1, h.priority, lost_gpu_s(h, now)), "turn"))
         out.sort(key=lambda c: c.key)
         return out
@@ -980,7 +989,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             for c in chosen:
                 if id(c.held) not in borrowed:
                     taken[c.held.tenant_id] = taken.get(c.held.tenant_id, 0) + len(c.held.gpus)
-            return all(n * length <= slack_s(tid) for tid, n in taken.items())
+            return all(can_spare(tid, n, length) for tid, n in taken.items())
 
         return check
 
@@ -990,9 +999,9 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
                lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job))  # fmt: skip
         if not p.settled(key, job, lambda: decide(job, t), t.waiting):
             return False
-        length = pending_turn.pop(job.id, None)
-        if length is not None and p.result.placements and p.result.placements[-1][0] == job.id:
-            p.result.turns[job.id] = now + timedelta(seconds=length)
+        if job.turn_s is not None and p.result.placements and p.result.placements[-1][0] == job.id:
+            # placed on what its turn's victims freed: the turn granted when they were chosen starts now
+            p.result.turns[job.id] = now + timedelta(seconds=job.turn_s)
         return True
 
     def decide(job: QueuedJob, t: _Tenant) -> bool:
@@ -1010,9 +1019,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         owed = inside or straddle
         # larger than its tenant's guarantee, which the tenant is short of (see ``candidates``)
         catch_up = not owed and job.preemptible and _below(t.lim, t.use)
-        turn = turn_length(job, t) if catch_up else None
-        if turn is not None:
-            pending_turn[job.id] = turn
+        # a job granted a turn (its victims are stopping) waits for them, it does not look for more
+        turn = turn_length(job, t) if catch_up and job.turn_s is None else None
         if not job.preemptible and not inside:
             lim = t.lim
             reasons[job.id] = (
@@ -1036,7 +1044,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return True
         by_priority = outranks(job, t)
         fill = r is None and not owed and bool(reclaimable)
-        if (owed or by_priority) and p.wait_for_stopping(job, t):
+        if (owed or by_priority or job.turn_s is not None) and p.wait_for_stopping(job, t):
             return True
         if (inside and (reclaimable or last_resort)) or ((straddle or catch_up) and reclaimable) or by_priority or fill:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None
@@ -1057,9 +1065,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if r is None and p.defragment(job, t, borrowed):
             return True
         if turn is not None and p.preempt(
-            job, lambda: turn_candidates(job, t), ("turn", t.id, job.gpu_type, bool(job.groups)), t,
+            job, lambda: turn_candidates(job, t, turn), ("turn", t.id, job.gpu_type, bool(job.groups)), t,
             turn_affordable(turn),
         ):  # fmt: skip
+            p.result.turn_grants[job.id] = turn
             return True
         if r is None:
             p.make_reservation(job, p.shortage(job))

@@ -49,7 +49,7 @@ FAIR_FRACTION = 0.9  # a tenant with demand gets at least this share of min(its 
 BUSY_FRACTION = 0.9  # allocation target whenever queued demand exceeds free capacity
 
 # event kinds, in the order they apply at one instant: capacity frees before new work arrives
-_END, _STOP, _ARRIVE, _WAKE = 0, 1, 2, 3
+_END, _STOP, _ARRIVE, _WAKE, _TURN_END = 0, 1, 2, 3, 4  # a turn's end: a pass, no aging wake
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,11 @@ class SimConfig:
             raise InvalidArgument(
                 f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
             )
-        if not math.isfinite(self.turn_window_s) or self.turn_window_s < 0:
-            raise InvalidArgument(f"--turn-window must be >= 0 seconds (0: no turns), got {self.turn_window_s:g}")
+        if not math.isfinite(self.turn_window_s) or self.turn_window_s < 0 or 0 < self.turn_window_s < 1800:
+            raise InvalidArgument(
+                f"--turn-window must be 0 (no turns) or at least 1800 seconds (a turn lasts 900 s to half the "
+                f"window), got {self.turn_window_s:g}"
+            )
         q = self.tenant_las_queues_gpu_s
         if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
             raise InvalidArgument(
@@ -278,7 +281,7 @@ class Simulator:
 
     def _push(self, t: float, kind: int, job_id: str = "", attempt: int = 0) -> None:
         self.seq += 1
-        if kind != _WAKE:
+        if kind not in (_WAKE, _TURN_END):
             self.real_events += 1
         heapq.heappush(self.events, (t, kind, self.rng.random(), self.seq, job_id, attempt))
 
@@ -299,7 +302,7 @@ class Simulator:
             t, kind, _, _, job_id, attempt = heapq.heappop(self.events)
             if kind == _WAKE:
                 self.wake_pending = False
-            else:
+            elif kind != _TURN_END:
                 self.real_events -= 1
             self._advance(t)
             if self._handle(kind, job_id, attempt) and pass_at is None:
@@ -313,7 +316,7 @@ class Simulator:
 
     def _handle(self, kind: int, job_id: str, attempt: int) -> bool:
         """Apply one event; True when it changed what a pass would see."""
-        if kind == _WAKE:
+        if kind in (_WAKE, _TURN_END):
             return bool(self.queue)
         job = self.jobs[job_id]
         if kind == _ARRIVE:
@@ -360,21 +363,22 @@ class Simulator:
         self.queued_gpus += job.trace.gpus
         self.tenants[job.trace.tenant].demand += job.trace.gpus
 
-    def _reclaiming(self, job_id: str) -> None:
-        """``job_id`` was granted preemptions: it stays marked (and is considered first) until it starts, as the
-        control plane's ``reclaiming`` column."""
+    def _reclaiming(self, job_id: str, turn_s: float | None = None) -> None:
+        """``job_id`` was granted preemptions (``turn_s``: for its tenant's turn, that long): it stays marked (and is
+        considered first) until it starts, as the control plane's ``reclaiming`` (and ``turn_seconds``) columns."""
         job = self.jobs.get(job_id)
-        if job is None or job.state != "queued" or job.qjob.reclaiming:
+        if job is None or job.state != "queued" or (job.qjob.reclaiming and turn_s is None):
             return
         i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
-        job.qjob = self.queued[i] = dataclasses.replace(job.qjob, reclaiming=True)
+        turn = job.qjob.turn_s if turn_s is None else turn_s
+        job.qjob = self.queued[i] = dataclasses.replace(job.qjob, reclaiming=True, turn_s=turn)
 
     def _start(self, job: _Job, gpus: tuple[int, ...]) -> None:
         i = bisect.bisect_left(self.queue, (job.key, job.trace.job_id))
         del self.queue[i]
         del self.queued[i]
-        if job.qjob.reclaiming or job.qjob.hold:
-            job.qjob = dataclasses.replace(job.qjob, reclaiming=False, hold=())
+        if job.qjob.reclaiming or job.qjob.hold or job.qjob.turn_s is not None:
+            job.qjob = dataclasses.replace(job.qjob, reclaiming=False, hold=(), turn_s=None)
         self.queued_gpus -= job.trace.gpus
         job.state = "running"
         job.attempt += 1
@@ -398,7 +402,10 @@ class Simulator:
 
     def _release(self, job: _Job, ran: float) -> None:
         del self.running[job.trace.job_id]
-        self.usage_log[job.trace.tenant].append((job.start_s, self.now, len(job.gpus)))
+        # a turn is charged through its end even if the attempt ends sooner (as the control plane's
+        # ``recent_gpu_seconds``): a tenant cannot take turn after turn with jobs that fail or are cancelled at once
+        end = self.now if job.turn_until is None else max(self.now, job.turn_until)
+        self.usage_log[job.trace.tenant].append((job.start_s, end, len(job.gpus)))
         job.turn_until = None
         self.free.update(job.gpus)
         self.alloc -= len(job.gpus)
@@ -477,7 +484,7 @@ class Simulator:
         for tenant, log in self.usage_log.items():
             keep = [x for x in log if x[1] > since]
             self.usage_log[tenant] = keep
-            used[tenant] += sum(n * (end - max(start, since)) for start, end, n in keep)
+            used[tenant] += sum(n * max(0.0, min(end, self.now) - max(start, since)) for start, end, n in keep)
         for job in self.running.values():
             used[job.trace.tenant] += len(job.gpus) * (self.now - max(job.start_s, since))
         self.limits = {t: dataclasses.replace(lim, recent_gpu_s=used[t]) for t, lim in self.limits.items()}
@@ -497,9 +504,9 @@ class Simulator:
             if turned is None or turned.state != "running" or turned.start_s != self.now:
                 raise RuntimeError(f"planner gave {job_id} a turn, which it did not place")
             turned.turn_until = (until - EPOCH).total_seconds()
-            self._push(turned.turn_until, _WAKE)  # its turn ends: a pass lets the owners take their GPUs back
+            self._push(turned.turn_until, _TURN_END)  # its turn ends: a pass lets the owners take their GPUs back
         for p in result.preemptions:
-            self._reclaiming(p.by)
+            self._reclaiming(p.by, result.turn_grants.get(p.by))
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")

@@ -85,7 +85,7 @@ _PLACED_COLUMNS = (
     "preempt_reason",
     "hold_gpus",
     "hold_until",
-    "turn_until",
+    "turn_seconds",
 )
 # how much longer than the server's grace period GPUs stay held for a moved job that is stopping: the supervision's
 # SIGKILL comes at the end of the grace period, its next pass (a tick) sees the attempt ended
@@ -127,7 +127,7 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
         JobRow.preemptions,
         JobRow.hold_gpus,
         JobRow.hold_until,
-        JobRow.turn_until,
+        AttemptRow.turn_until,
     ).outerjoin(JobRow, JobRow.id == AttemptRow.job_id)
     held = []
     for r in conn.execute(q.where(AttemptRow.finished_at.is_(None))):
@@ -167,14 +167,18 @@ def recent_gpu_seconds(conn: Connection, now: datetime, window_s: float) -> dict
     """GPU-seconds each tenant's attempts held over the last ``window_s`` (``Limits.recent_gpu_s``, for turns): the
     live attempts and those that ended within the window, each counted from its start or the window's."""
     since = now - timedelta(seconds=window_s)
-    q = select(AttemptRow.tenant_id, AttemptRow.gpus, AttemptRow.started_at, AttemptRow.finished_at).where(
-        or_(AttemptRow.finished_at.is_(None), AttemptRow.finished_at > since)
+    a = AttemptRow
+    q = select(a.tenant_id, a.gpus, a.started_at, a.finished_at, a.turn_until).where(
+        or_(a.finished_at.is_(None), a.finished_at > since, a.turn_until > since)
     )
     used: dict[str, float] = {}
-    for tenant_id, gpus, started_at, finished_at in conn.execute(q):
+    for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(q):
         if not gpus or started_at is None:
             continue
-        seconds = ((finished_at or now) - max(started_at, since)).total_seconds()
+        end = finished_at or now
+        if turn_until is not None:  # a turn counts through its end, even if its attempt ended sooner
+            end = min(max(end, turn_until), now)
+        seconds = (end - max(started_at, since)).total_seconds()
         if seconds > 0:
             used[tenant_id] = used.get(tenant_id, 0.0) + len(gpus) * seconds
     return used
@@ -343,9 +347,15 @@ _WITH_WAIT = JobRow.__table__.outerjoin(JobWaitRow, JobWaitRow.job_id == JobRow.
 # (id, wait id, *fixed, *changing, hold)
 _QUEUE_CHANGING = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, _CHANGING)).select_from(_WITH_WAIT)
 _QUEUE_CHANGING = _QUEUE_CHANGING.where(_QUEUED)
-_QUEUE_HOLDS = select(JobRow.id, _as_read_column(JobRow.hold_gpus)).where(_QUEUED, JobRow.reclaiming)
+_QUEUE_HOLDS = select(JobRow.id, _as_read_column(JobRow.hold_gpus), JobRow.turn_seconds)
+_QUEUE_HOLDS = _QUEUE_HOLDS.where(_QUEUED, JobRow.reclaiming)
 _QUEUE_FIXED = select(JobRow.id, *map(_as_read_column, FIXED_AT_SUBMIT))
-_QUEUE = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, (*FIXED_AT_SUBMIT, *_CHANGING, JobRow.hold_gpus)))
+_QUEUE = select(
+    JobRow.id,
+    JobWaitRow.wait_id,
+    *map(_as_read_column, (*FIXED_AT_SUBMIT, *_CHANGING, JobRow.hold_gpus)),
+    JobRow.turn_seconds,
+)
 _QUEUE = _QUEUE.select_from(_WITH_WAIT).where(_QUEUED)
 _FIXED = slice(2, 2 + len(FIXED_AT_SUBMIT))
 _CHANGED = slice(2 + len(FIXED_AT_SUBMIT), None)
@@ -409,7 +419,7 @@ class QueueCache:
     def _whole(self, conn: Connection) -> list[_Queued]:
         before = self._rows
         rows = conn.execute(_QUEUE_CHANGING).all()
-        holds: dict[str, Any] = dict(conn.execute(_QUEUE_HOLDS).all()) if any(row[-1] for row in rows) else {}
+        holds = {r[0]: tuple(r[1:]) for r in conn.execute(_QUEUE_HOLDS)} if any(row[-1] for row in rows) else {}
         missing = [row[0] for row in rows if row[0] not in before]
         fixed: dict[str, tuple[Any, ...]] = {}
         if len(missing) > len(rows) // 2:  # most of the queue (the first pass): one scan, no list of ids
@@ -421,8 +431,8 @@ class QueueCache:
         queue = []
         for row in rows:
             job_id = row[0]
-            # (priority, not_before, attained, reclaiming[, hold]): as ``_lazily`` reads it when the job is reclaiming
-            changing = (*row[2:], holds.get(job_id)) if row[-1] else row[2:]
+            # (priority, not_before, attained, reclaiming[, hold, turn]): as ``_lazily`` reads it when reclaiming
+            changing = (*row[2:], *holds.get(job_id, (None, None))) if row[-1] else row[2:]
             queued = before.get(job_id)
             if queued is None:
                 values = fixed.get(job_id)
@@ -470,7 +480,7 @@ class QueueCache:
         convert = self._convert
         _, _, tenant_id, gpus, cpus, memory, gpu_type, created_at, replica_groups, preemptible, max_run_time = fixed
         priority, not_before, attained_gpu_s, reclaiming = changing[:4]
-        hold_gpus = changing[4] if len(changing) > 4 and reclaiming else None
+        hold_gpus, turn_s = changing[4:6] if len(changing) > 4 and reclaiming else (None, None)
         groups = tuple(
             GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
             for g in convert["replica_groups"](replica_groups) or ()
@@ -493,6 +503,7 @@ class QueueCache:
             attained_gpu_s=attained_gpu_s or 0.0,
             reclaiming=bool(reclaiming),
             hold=tuple(convert["hold_gpus"](hold_gpus) or ()),
+            turn_s=turn_s,
         )
         return _Queued(tuple(fixed), tuple(changing), job, (-priority, created_at, job_id))
 
@@ -668,6 +679,8 @@ class SchedulingPass:
                 victim.hold_until = now + timedelta(seconds=self.p.settings.stop_grace_seconds + HOLD_MARGIN_S)
             if by is not None:
                 by.reclaiming = True  # what its victims free is its own: the planner considers it first
+                if by.id in result.turn_grants:  # the turn starts when it is placed on what they free
+                    by.turn_seconds = result.turn_grants[by.id]
                 what = "reclaiming its tenant's guarantee" if p.reason == "reclaim" else f"preemption ({p.reason})"
                 whom = f"job {victim.name}" if victim.tenant_id == by.tenant_id else OTHER_JOB
                 job_states.note(s, by, f"{what}: stopping {whom} to make room", at=now)
@@ -744,6 +757,7 @@ class SchedulingPass:
                 "handle": handle,
                 "started_at": now,
                 "ports": list(ports) or None,
+                "turn_until": turn_until,
             }
         )
         where = f" on GPU(s) {','.join(map(str, gpus))}" if gpus else ""
@@ -751,7 +765,7 @@ class SchedulingPass:
             where = f" as a gang of {len(workload.replicas)} replica(s){where}"
         job.reclaiming = False
         job.hold_gpus = job.hold_until = None
-        job.turn_until = turn_until
+        job.turn_seconds = None
         resumed = ""
         if job.preempt_reason is not None:  # the first attempt after a preemption
             resumed = f"resumed after preemption {job.preemptions}: "
@@ -770,8 +784,8 @@ class SchedulingPass:
             if turn_until is not None:
                 why = (
                     f"its tenant's turn until {turn_until.isoformat(timespec='seconds')}: larger than what its "
-                    "tenant's guarantee leaves, which the tenant was short of over the last hour; others may not "
-                    "take these GPUs back before then"
+                    "tenant's guarantee leaves, which the tenant was short of over the turn window; others may "
+                    "not take these GPUs back before then"
                 )
             else:
                 why = (

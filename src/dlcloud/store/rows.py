@@ -191,8 +191,9 @@ class JobRow(Base):
     # that takes longer to stop than the server's grace period does not keep GPUs idle for it)
     hold_gpus: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     hold_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    # placed for its tenant's turn (fair-share, "Turns" in docs/scheduling.md): owed, not reclaimable, until then
-    turn_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # preempted for its tenant's turn (fair-share, "Guarantees when jobs are large" in docs/scheduling.md): the turn's
+    # length, given to the attempt it is placed on (``AttemptRow.turn_until``); set only with ``reclaiming``
+    turn_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class WaitReasonRow(Base):
@@ -237,6 +238,8 @@ class AttemptRow(Base):
     handle: Mapped[str] = mapped_column("attempt_dir", Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # placed for its tenant's turn: owed (not reclaimable) until then, and its tenant's usage counts it until then
+    turn_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     exit_code: Mapped[int | None] = mapped_column(Integer)
     outcome: Mapped[str | None] = mapped_column(String(16))
     ports: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)  # from the managed range

@@ -668,10 +668,21 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_takes_a_turn_from_one_abo
     assert p.wait_reasons["b0"] == (
         "preempting 4 job(s) for its tenant's turn (short of its guarantee over the turn window)"
     )
-    # once they stopped, it is placed for a turn as long as b needs to reach its guarantee over the hour (1 GPU x
-    # 3600 s on 4 GPUs: 900 s)
-    placed_now = plan([replace(queue[0], reclaiming=True)], [], limits, nodes(1, 4), NOW, FS)
-    assert placed(placed_now) == ["b0"] and placed_now.turns == {"b0": NOW + timedelta(seconds=900)}
+    # the turn is as long as b needs to reach its guarantee over the hour (1 GPU x 3600 s on 4 GPUs: 900 s); it
+    # starts when b0 is placed on what its victims free
+    assert p.turn_grants == {"b0": 900.0} and p.turns == {}
+    granted = replace(queue[0], reclaiming=True, turn_s=900.0)
+    stopping = [replace(h, stopping=True) for h in held]
+    # while they stop, it waits for them: no more victims (each pass would otherwise pick new ones)
+    waiting = plan([granted], stopping, limits, nodes(1, 4), NOW, FS)
+    assert (
+        victims(waiting) == [] and waiting.wait_reasons["b0"] == "waiting for 4 stopping job(s) to free their resources"
+    )
+    placed_now = plan([granted], [], limits, nodes(1, 4), NOW + timedelta(minutes=1), FS)
+    assert placed(placed_now) == ["b0"] and placed_now.turns == {"b0": NOW + timedelta(minutes=1, seconds=900)}
+    # placed without a turn granted (on GPUs free anyway), it is borrowed like any job beyond a guarantee
+    free = plan(queue, [], limits, nodes(1, 4), NOW, FS)
+    assert placed(free) == ["b0"] and free.turns == {} and "b0" in free.borrowing
 
 
 def test_no_turn_when_the_tenant_had_its_share_or_has_not_waited() -> None:
@@ -692,6 +703,40 @@ def test_a_turn_takes_only_what_its_victims_tenants_can_spare() -> None:
     # a tenant below its own guarantee over the hour is never a victim of a turn, whatever its borrowed attempts
     queue, held, limits = _turn_case(a_recent=2 * 3600.0)
     assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+
+
+def test_turns_in_one_pass_take_together_only_what_a_tenant_can_spare() -> None:
+    # a (guaranteed 8, held 9 GPUs on average over the hour) can spare up to 6 GPUs for 900 s; b, c and d each wait
+    # with a 4-GPU job: one turn, not two
+    limits = {"a": Limits(guarantee_gpus=8, recent_gpu_s=9 * 3600.0)}
+    limits |= {t: Limits(guarantee_gpus=1, recent_gpu_s=0.0) for t in "bcd"}
+    held = [running(f"a{i}", "a", (i,), minutes=90 - i) for i in range(8)]
+    queue = [job(f"{t}0", t, 4, submitted_at=NOW - timedelta(minutes=30 + i)) for i, t in enumerate("bcd")]
+    p = plan(queue, held, limits, nodes(2, 4), NOW, FS)
+    assert len(victims(p)) == 4 and len(p.turn_grants) == 1
+    # the next pass, with those 4 stopping, takes nothing more: a would keep too little over the hour
+    rest = [replace(h, stopping=h.job_id in victims(p)) for h in held]
+    again = plan([q for q in queue if q.id not in p.turn_grants], rest, limits, nodes(2, 4), NOW, FS)
+    assert victims(again) == []
+
+
+def test_no_turn_for_a_job_too_large_for_its_tenants_guarantee_over_the_window() -> None:
+    # b is guaranteed 1 GPU: an 8-GPU job's shortest turn (900 s) would give it twice its guarantee over the hour
+    limits = {"a": Limits(guarantee_gpus=7, recent_gpu_s=10 * 3600.0), "b": Limits(guarantee_gpus=1, recent_gpu_s=0.0)}
+    held = [running(f"a{i}", "a", (i,), minutes=90 - i) for i in range(8)]
+    b0 = job("b0", "b", 8, submitted_at=NOW - timedelta(minutes=30))
+    assert victims(plan([b0], held, limits, nodes(1, 8), NOW, FS)) == []
+
+
+def test_an_attempt_on_its_tenants_turn_is_never_moved_for_another_tenant() -> None:
+    # three nodes of 2 GPUs: b0 runs on its turn on node 0, c's job (not preemptible) on node 2; a's gang of two
+    # 2-GPU replicas, inside a's guarantee, would need b0 moved to GPU 5
+    limits = {"a": Limits(guarantee_gpus=4, recent_gpu_s=0.0), "b": Limits(guarantee_gpus=1, recent_gpu_s=900.0)}
+    on_turn = running("b0", "b", (0,), minutes=5, turn_until=NOW + timedelta(minutes=10))
+    held = [on_turn, running("c0", "c", (4,), preemptible=False)]
+    assert victims(plan([gang("g", "a", 2, 2)], held, limits, nodes(3, 2), NOW, FS)) == []
+    ended = replace(on_turn, turn_until=NOW - timedelta(seconds=1))  # once the turn is over, it is moved
+    assert victims(plan([gang("g", "a", 2, 2)], [ended, held[1]], limits, nodes(3, 2), NOW, FS)) == ["b0"]
 
 
 def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
