@@ -99,7 +99,7 @@ _PREEMPTING = {
     "turn": "for its tenant's turn (short of its guarantee over the turn window)",
 }
 TURN_MIN_WAIT_S = 900.0  # a tenant's demand must have waited this long before it takes a turn
-TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint): none for a job too large
+TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint)
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -956,18 +956,19 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def turn_length(job: QueuedJob, t: _Tenant) -> float | None:
         """How long a turn ``job`` is due (its tenant below 90 % of its guarantee over the window, the job waiting
-        long enough): as long as its tenant needs to reach its guarantee over the window at the job's size, at most
-        half the window; None when not due, or when that is shorter than ``TURN_MIN_S`` (the job is too large for
-        its tenant's guarantee over the window: a turn would give it more than its guarantee)."""
+        long enough): as long as its tenant needs to reach its guarantee over the window at the job's size, at least
+        ``TURN_MIN_S``, at most half the window; None when not due, or when the job is too large for its tenant's
+        guarantee over the window (its shortest turn would give the tenant more than that)."""
         lim = t.lim
         if window <= 0 or lim.recent_gpu_s is None or lim.guarantee_gpus <= 0 or job.gpus <= 0:
+            return None
+        if job.gpus * TURN_MIN_S > lim.guarantee_gpus * window:
             return None
         waited = (now - (job.submitted_at or now)).total_seconds()
         span = min(window, waited)
         if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * span:
             return None
-        length = min(window / 2, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus)
-        return length if length >= TURN_MIN_S else None
+        return min(window / 2, max(TURN_MIN_S, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus))
 
     def turn_candidates(job: QueuedJob, t: _Tenant, length: float) -> list[Candidate]:
         """Other tenants' borrowed attempts, then (lowest priority, least work lost first) attempts inside the
