@@ -531,8 +531,10 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
         assert s.scalar(select(JobRow.turn_seconds).where(JobRow.name == "gang")) is None  # given to the attempt
     assert until is not None and timedelta(minutes=29) < until - utcnow() <= timedelta(minutes=30)
     assert any("its tenant's turn until" in e["reason"] for e in gang["events"])
-    # during the turn the default tenant's queued jobs, inside its guarantee, take nothing back
+    # during the turn the default tenant's queued jobs, inside its guarantee, take nothing back, and say why
     assert control.schedule() == 0
+    waiting = [env.admin.jobs.get(j["name"]) for j in env.admin.jobs.list(states=["QUEUED"])]
+    assert waiting and all("run other tenants' turns, the first ending" in j["wait_reason"] for j in waiting)
     with env.platform.db.read() as s:
         assert not s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
     # the turn is over: the gang is borrowed beyond b's guarantee, and is reclaimed

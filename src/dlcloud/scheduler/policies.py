@@ -940,6 +940,19 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         return True
 
     window = cfg.turn_window_s
+    # per tenant: a note for its owed jobs that wait while other tenants' jobs run on their turns (owed until then)
+    turns_of_others: dict[str, str] = {}
+    on_turn = [h for h in live if _on_turn(h, now)]
+    if on_turn:
+        for tid in p.tenants:
+            theirs = [h for h in on_turn if h.tenant_id != tid]
+            if theirs:
+                ends = min(h.turn_until for h in theirs if h.turn_until is not None)
+                gpus = sum(len(h.gpus) for h in theirs)
+                turns_of_others[tid] = (
+                    f"; {gpus} GPU(s) run other tenants' turns, the first ending {_when(ends)} (they may not be "
+                    "reclaimed before)"
+                )
 
     def can_spare(tid: str, gpus: int, length: float) -> bool:
         """Whether tenant ``tid`` keeps 90 % of its guarantee over the window that ends when a turn of ``length``
@@ -1076,6 +1089,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             p.reserved_inside = owed
         else:
             reasons[job.id] = p.behind(job)
+        if owed and t.id in turns_of_others:  # what it would reclaim may be another tenant's turn: say until when
+            reasons[job.id] += turns_of_others[t.id]
         t.waiting.append(job.id)
         return False
 

@@ -744,7 +744,13 @@ def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
     until = NOW + timedelta(minutes=5)
     on_turn = [running("b0", "b", (0, 1, 2, 3), minutes=10, turn_until=until)]
     a9 = job("a9", "a", 1)  # inside a's guarantee
-    assert victims(plan([a9], on_turn, limits, nodes(1, 4), NOW, FS)) == []
+    during = plan([a9], on_turn, limits, nodes(1, 4), NOW, FS)
+    assert victims(during) == []
+    # its wait says why and until when (no tenant named: TenantView shows another tenant's id as "another tenant")
+    assert (
+        "; 4 GPU(s) run other tenants' turns, the first ending 2024-01-01T12:05:00+00:00 (they may not be "
+        "reclaimed before)" in during.wait_reasons["a9"]
+    )
     later = until + timedelta(seconds=1)  # the turn is over: b0 is borrowed beyond b's guarantee again
     p = plan([a9], on_turn, limits, nodes(1, 4), later, FS)
     assert victims(p) == ["b0"] and p.preemptions[0].reason == "reclaim"
