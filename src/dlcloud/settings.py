@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlcloud.scheduler.contract import MIN_TURN_WINDOW_S, TURN_MIN_S
+
 
 class GpuSpec(BaseModel):
     """One GPU of a declared inventory (used where detection is not wanted)."""
@@ -138,10 +140,10 @@ class Settings(BaseSettings):
         for name in ("scheduling_las_queues_gpu_seconds", "scheduling_tenant_las_queues_gpu_seconds"):
             if sorted(getattr(self, name)) != getattr(self, name):
                 raise ValueError(f"{name} must be in increasing order")
-        if 0 < self.scheduling_turn_window_seconds < 1800:
+        if 0 < self.scheduling_turn_window_seconds < MIN_TURN_WINDOW_S:
             raise ValueError(
-                "scheduling_turn_window_seconds must be 0 (no turns) or at least 1800: a turn lasts 900 s to half "
-                f"the window, got {self.scheduling_turn_window_seconds:g}"
+                f"scheduling_turn_window_seconds must be 0 (no turns) or at least {MIN_TURN_WINDOW_S:g}: a turn lasts "
+                f"{TURN_MIN_S:g} s to half the window, got {self.scheduling_turn_window_seconds:g}"
             )
         return self
 

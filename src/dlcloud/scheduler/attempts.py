@@ -12,6 +12,8 @@ Invariants:
   its queue position; its restart count is unchanged (preemptions never consume ``max_restarts``) and its
   preemption count grows by one; its next attempt has no restart backoff.
 - The work an attempt keeps is what it saved at its last checkpoint; what it did since is lost.
+- What an attempt counts towards its tenant's recent usage (fair-share turns) is its GPUs over the part of the window
+  it held them; an attempt placed for a turn counts through the turn's end even if it ended sooner.
 """
 
 from __future__ import annotations
@@ -70,3 +72,16 @@ def last_checkpoint_s(ran_s: float, checkpoint_every_s: float | None) -> float:
     if not checkpoint_every_s or ran_s <= 0:
         return 0.0
     return math.floor(ran_s / checkpoint_every_s) * checkpoint_every_s
+
+
+def gpu_seconds_in_window(
+    gpus: int, started: float, ended: float | None, turn_until: float | None, since: float, now: float
+) -> float:
+    """GPU-seconds an attempt of ``gpus`` GPUs counts towards its tenant's usage over the window [``since``,
+    ``now``] (times in seconds on one clock; ``ended`` None: still running): from its start to its end, and for an
+    attempt placed for a turn (``turn_until``) through the turn's end even if it ended sooner, so that a tenant
+    cannot take turn after turn with jobs that fail or are cancelled at once."""
+    end = now if ended is None else ended
+    if turn_until is not None:
+        end = max(end, turn_until)
+    return gpus * max(0.0, min(end, now) - max(started, since))

@@ -27,6 +27,11 @@ class Policy(StrEnum):
     LAS = "las"  # least attained service (GPU-seconds) first, Tiresias-style; needs no run-time estimates
 
 
+TURN_MIN_WAIT_S = 900.0  # fair-share turns: a job waits this long before its tenant takes a turn for it
+TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint) ...
+MIN_TURN_WINDOW_S = 2 * TURN_MIN_S  # ... nor longer than half the window: the shortest window that has turns
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     policy: Policy = Policy.FIFO
@@ -51,7 +56,7 @@ class PlanConfig:
     preemption_grace_s: float = 60.0
     # fair-share turns: a tenant below its guarantee over the last ``turn_window_s`` (``Limits.recent_gpu_s``) whose
     # next job is larger than what its guarantee leaves may run it for a bounded turn, taking owed capacity of
-    # tenants above their guarantee over that window
+    # tenants above their guarantee over that window; 0: no turns, else at least ``MIN_TURN_WINDOW_S``
     turn_window_s: float = 3600.0
 
 

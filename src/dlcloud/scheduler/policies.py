@@ -71,6 +71,8 @@ from datetime import datetime, timedelta
 from dlcloud.scheduler.backfill import Release, Reservation, reserve
 from dlcloud.scheduler.contract import (
     PREEMPTION_WHY,
+    TURN_MIN_S,
+    TURN_MIN_WAIT_S,
     Held,
     Limits,
     Plan,
@@ -98,8 +100,6 @@ _PREEMPTING = {
     "defrag": "to gather whole nodes (they resume at once on GPUs left free)",
     "turn": "for its tenant's turn (short of its guarantee over the turn window)",
 }
-TURN_MIN_WAIT_S = 900.0  # a tenant's demand must have waited this long before it takes a turn
-TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint)
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -765,13 +765,11 @@ def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
             borrowed.update(id(h) for h in hs)
             continue
         use = Usage()
-        order = sorted(
-            hs, key=lambda h: (not _on_turn(h, p.now), h.preemptible, -h.priority, h.started_at or far, h.job_id)
-        )
-        for h in order:
-            if _on_turn(h, p.now):  # its tenant's turn: owed until it ends
+        for h in hs:  # on its tenant's turn: owed until it ends, counted first
+            if _on_turn(h, p.now):
                 use.gpus, use.cpus, use.memory = use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory
-                continue
+        rest = [h for h in hs if not _on_turn(h, p.now)]
+        for h in sorted(rest, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
             if not _within(lim, use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory):
                 if h.preemptible and _straddles(lim, use, len(h.gpus), h.cpus, h.memory):
                     straddling.add(id(h))

@@ -39,6 +39,7 @@ from typing import Any
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.scheduler import attempts
+from dlcloud.scheduler.contract import MIN_TURN_WINDOW_S, TURN_MIN_S
 from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.scheduler.trace import TraceJob
@@ -85,10 +86,11 @@ class SimConfig:
             raise InvalidArgument(
                 f"--checkpoint-every must be >= 0 seconds (0: never), got {self.checkpoint_every_s:g}"
             )
-        if not math.isfinite(self.turn_window_s) or self.turn_window_s < 0 or 0 < self.turn_window_s < 1800:
+        w = self.turn_window_s
+        if not math.isfinite(w) or w < 0 or 0 < w < MIN_TURN_WINDOW_S:
             raise InvalidArgument(
-                f"--turn-window must be 0 (no turns) or at least 1800 seconds (a turn lasts 900 s to half the "
-                f"window), got {self.turn_window_s:g}"
+                f"--turn-window must be 0 (no turns) or at least {MIN_TURN_WINDOW_S:g} seconds (a turn lasts "
+                f"{TURN_MIN_S:g} s to half the window), got {w:g}"
             )
         q = self.tenant_las_queues_gpu_s
         if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
@@ -221,7 +223,8 @@ class Simulator:
         self.skipped_too_large = len(jobs) - len(fits)
         self.guarantee = guarantees(fits, n)
         self.limits = {t: Limits(guarantee_gpus=g, weight=1.0) for t, g in self.guarantee.items()}
-        self.usage_log: dict[str, list[tuple[float, float, int]]] = {t: [] for t in self.guarantee}  # ended attempts
+        # ended attempts: (GPUs, start, end, turn's end) for ``attempts.gpu_seconds_in_window``
+        self.usage_log: dict[str, list[tuple[int, float, float, float | None]]] = {t: [] for t in self.guarantee}
         self.tenants = {t: _Tenant(g) for t, g in self.guarantee.items()}
         self.origin = min((j.submit_s for j in fits), default=0.0)
         estimates = config.uses_estimates
@@ -402,10 +405,7 @@ class Simulator:
 
     def _release(self, job: _Job, ran: float) -> None:
         del self.running[job.trace.job_id]
-        # a turn is charged through its end even if the attempt ends sooner (as the control plane's
-        # ``recent_gpu_seconds``): a tenant cannot take turn after turn with jobs that fail or are cancelled at once
-        end = self.now if job.turn_until is None else max(self.now, job.turn_until)
-        self.usage_log[job.trace.tenant].append((job.start_s, end, len(job.gpus)))
+        self.usage_log[job.trace.tenant].append((len(job.gpus), job.start_s, self.now, job.turn_until))
         job.turn_until = None
         self.free.update(job.gpus)
         self.alloc -= len(job.gpus)
@@ -479,14 +479,15 @@ class Simulator:
     def _recent_usage(self) -> None:
         """Each tenant's GPU-seconds over the last turn window (``Limits.recent_gpu_s``), as the control plane reads
         them from the attempts."""
-        since = self.now - self.pcfg.turn_window_s
+        since, now = self.now - self.pcfg.turn_window_s, self.now
+        in_window = attempts.gpu_seconds_in_window
         used = dict.fromkeys(self.limits, 0.0)
         for tenant, log in self.usage_log.items():
-            keep = [x for x in log if x[1] > since]
+            keep = [x for x in log if max(x[2], x[3] or x[2]) > since]
             self.usage_log[tenant] = keep
-            used[tenant] += sum(n * max(0.0, min(end, self.now) - max(start, since)) for start, end, n in keep)
+            used[tenant] += sum(in_window(*x, since, now) for x in keep)
         for job in self.running.values():
-            used[job.trace.tenant] += len(job.gpus) * (self.now - max(job.start_s, since))
+            used[job.trace.tenant] += in_window(len(job.gpus), job.start_s, None, job.turn_until, since, now)
         self.limits = {t: dataclasses.replace(lim, recent_gpu_s=used[t]) for t, lim in self.limits.items()}
 
     def _apply(self, result: Plan) -> None:

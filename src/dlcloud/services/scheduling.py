@@ -39,6 +39,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from sqlalchemy.types import NULLTYPE
 
 from dlcloud.executors.base import Executor, Workload
+from dlcloud.scheduler.attempts import gpu_seconds_in_window
 from dlcloud.scheduler.planner import (
     PREEMPTION_WHY,
     GroupDemand,
@@ -172,15 +173,13 @@ def recent_gpu_seconds(conn: Connection, now: datetime, window_s: float) -> dict
         or_(a.finished_at.is_(None), a.finished_at > since, a.turn_until > since)
     )
     used: dict[str, float] = {}
+    t0, t1 = since.timestamp(), now.timestamp()
     for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(q):
-        if not gpus or started_at is None:
-            continue
-        end = finished_at or now
-        if turn_until is not None:  # a turn counts through its end, even if its attempt ended sooner
-            end = min(max(end, turn_until), now)
-        seconds = (end - max(started_at, since)).total_seconds()
-        if seconds > 0:
-            used[tenant_id] = used.get(tenant_id, 0.0) + len(gpus) * seconds
+        if gpus and started_at is not None:
+            ended = None if finished_at is None else finished_at.timestamp()
+            turn = None if turn_until is None else turn_until.timestamp()
+            seconds = gpu_seconds_in_window(len(gpus), started_at.timestamp(), ended, turn, t0, t1)
+            used[tenant_id] = used.get(tenant_id, 0.0) + seconds
     return used
 
 
@@ -780,18 +779,19 @@ class SchedulingPass:
         )
         for column in _PLACED_COLUMNS:
             flag_modified(job, column)
-        if borrowing or turn_until is not None:
-            if turn_until is not None:
-                why = (
-                    f"its tenant's turn until {turn_until.isoformat(timespec='seconds')}: larger than what its "
-                    "tenant's guarantee leaves, which the tenant was short of over the turn window; others may "
-                    "not take these GPUs back before then"
-                )
-            else:
-                why = (
-                    "borrowing idle capacity beyond its tenant's guarantee: it may be preempted when the lenders "
-                    "need it back"
-                )
+        why = None
+        if turn_until is not None:
+            why = (
+                f"its tenant's turn until {turn_until.isoformat(timespec='seconds')}: larger than what its tenant's "
+                "guarantee leaves, which the tenant was short of over the turn window; others may not take these "
+                "GPUs back before then"
+            )
+        elif borrowing:
+            why = (
+                "borrowing idle capacity beyond its tenant's guarantee: it may be preempted when the lenders need it "
+                "back"
+            )
+        if why is not None:
             events.append(
                 {
                     "job_id": job.id,

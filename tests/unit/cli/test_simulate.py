@@ -72,7 +72,20 @@ def test_fair_share_knobs_reach_the_planner_and_the_report() -> None:
     off = json.loads(res.stdout)
     assert off["tenant_las_queues_gpu_s"] == [] and off["defragment"] is False
     table = CliRunner().invoke(app, args[:-2] + ["--tenant-las-queues", "3600,36000"], catch_exceptions=False)
-    assert "las boundaries 3600, 36000 GPU-s; defragment on" in table.stdout
+    assert "las boundaries 3600, 36000 GPU-s; defragment on; turns over 1.00 h" in table.stdout
+    assert on["turn_window_s"] == 3600.0
+    res = CliRunner().invoke(app, [*args, "--turn-window", "0"], catch_exceptions=False)
+    assert json.loads(res.stdout)["turn_window_s"] == 0.0
+    table = CliRunner().invoke(app, [*args[:-2], "--turn-window", "0"], catch_exceptions=False)
+    assert "defragment on; turns off" in table.stdout
+
+
+def test_a_turn_window_too_short_for_a_turn_is_a_clear_error() -> None:
+    for value in ("600", "-1", "nan"):
+        res = _dlcloud("--trace", str(SLICE), "--gpus", "8", "--turn-window", value)
+        assert res.returncode == 1, res.stderr
+        assert "--turn-window must be 0 (no turns) or at least 1800 seconds" in res.stderr
+        assert "Traceback" not in res.stderr + res.stdout
 
 
 def test_bad_tenant_las_queues_are_a_clear_error() -> None:

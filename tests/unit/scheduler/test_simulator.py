@@ -220,6 +220,18 @@ def test_the_attempt_rules_shared_with_the_control_plane() -> None:
     assert last_checkpoint_s(1030.0, 0.0) == 0.0
 
 
+def test_an_attempts_gpu_seconds_over_the_window_count_a_turn_through_its_end() -> None:
+    from dlcloud.scheduler.attempts import gpu_seconds_in_window as used
+
+    # window [1000, 4600]: 2 GPUs running since 0 count the whole window; one that ran 2000-3000 counts 1000 s
+    assert used(2, 0.0, None, None, 1000.0, 4600.0) == 2 * 3600.0
+    assert used(1, 2000.0, 3000.0, None, 1000.0, 4600.0) == 1000.0
+    assert used(4, 0.0, 900.0, None, 1000.0, 4600.0) == 0.0  # ended before the window
+    # placed for a turn until 5000, failed at 4000: counted through the turn's end, up to now
+    assert used(4, 3900.0, 4000.0, 5000.0, 1000.0, 4600.0) == 4 * 700.0
+    assert used(4, 3900.0, 4000.0, 5000.0, 1000.0, 5400.0) == 4 * 1100.0
+
+
 def test_guarantees_are_proportional_to_gpu_time_and_never_exceed_the_cluster() -> None:
     trace = [tj("1", 0, 100, gpus=1, tenant="a"), tj("2", 0, 100, gpus=2, tenant="b"), tj("3", 0, 300, tenant="c")]
     g = guarantees(trace, 10)
