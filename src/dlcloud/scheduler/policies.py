@@ -1008,7 +1008,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
         key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority,
-               lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job))  # fmt: skip
+               lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job), job.turn_s is not None)  # fmt: skip
         if not p.settled(key, job, lambda: decide(job, t), t.waiting):
             return False
         if job.turn_s is not None and p.result.placements and p.result.placements[-1][0] == job.id:
@@ -1031,8 +1031,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         owed = inside or straddle
         # larger than its tenant's guarantee, which the tenant is short of (see ``candidates``)
         catch_up = not owed and job.preemptible and _below(t.lim, t.use)
-        # a job granted a turn (its victims are stopping) waits for them, it does not look for more
-        turn = turn_length(job, t) if catch_up and job.turn_s is None else None
+        # a job granted a turn (its victims are stopping) waits for them, it does not look for more; once nothing is
+        # stopping, a grant it could not use (what its victims freed went to a job considered before it) is void
+        granted = job.turn_s is not None and bool(p.stopping_use)
+        turn = turn_length(job, t) if catch_up and not granted else None
         if not job.preemptible and not inside:
             lim = t.lim
             reasons[job.id] = (
@@ -1056,7 +1058,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return True
         by_priority = outranks(job, t)
         fill = r is None and not owed and bool(reclaimable)
-        if (owed or by_priority or job.turn_s is not None) and p.wait_for_stopping(job, t):
+        if (owed or by_priority or granted) and p.wait_for_stopping(job, t):
             return True
         if (inside and (reclaimable or last_resort)) or ((straddle or catch_up) and reclaimable) or by_priority or fill:
             rank = (job.priority, lq(job.attained_gpu_s)) if by_priority else None

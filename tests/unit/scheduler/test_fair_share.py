@@ -685,6 +685,31 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_takes_a_turn_from_one_abo
     assert placed(free) == ["b0"] and free.turns == {} and "b0" in free.borrowing
 
 
+def test_a_granted_turn_whose_victims_are_gone_is_granted_anew() -> None:
+    # b0 was granted a turn, but what its victims freed went elsewhere and nothing is stopping any more: the grant is
+    # void, and b0 (still due) is granted a turn again instead of waiting for victims that will never stop
+    queue, held, limits = _turn_case()
+    stale = replace(queue[0], reclaiming=True, turn_s=900.0)
+    p = plan([stale], held, limits, nodes(1, 4), NOW, FS)
+    assert sorted(victims(p)) == ["a0", "a1", "a2", "a3"] and p.turn_grants == {"b0": 900.0}
+
+
+def test_a_granted_job_that_cannot_wait_does_not_decide_for_one_not_granted() -> None:
+    # node 0: a's four 1-GPU jobs (a can spare them); node 1: c's, one of them stopping (c cannot spare any). d0, a
+    # gang that cannot start, holds the reservation. b0 was granted a turn and, with something stopping, looks only at
+    # stopping attempts: too few, and it waits behind d0. b1, of the same shape but granted nothing, is not decided
+    # by b0's wait (the pass's memo of decisions): it takes a turn of its own
+    queue, held, limits = _turn_case()
+    limits = limits | {"c": Limits(guarantee_gpus=4, recent_gpu_s=0.0), "d": Limits(guarantee_gpus=0)}
+    held = held + [running("c0", "c", (4,), stopping=True)] + [running(f"c{i}", "c", (4 + i,)) for i in (1, 2, 3)]
+    d0 = gang("d0", "d", 2, 4, reclaiming=True, submitted_at=NOW - timedelta(minutes=40))
+    b0 = replace(queue[0], reclaiming=True, turn_s=900.0)
+    b1 = replace(queue[0], id="b1", submitted_at=queue[0].submitted_at + timedelta(seconds=1))
+    p = plan([d0, b0, b1], held, limits, nodes(2, 4), NOW, FS)
+    assert p.wait_reasons["b0"].startswith("waiting behind job d0")
+    assert sorted(victims(p)) == ["a0", "a1", "a2", "a3"] and p.turn_grants == {"b1": 900.0}
+
+
 def test_no_turn_when_the_tenant_had_its_share_or_has_not_waited() -> None:
     # b held 0.9 of its guarantee over the 30 minutes its job waited: no turn
     queue, held, limits = _turn_case(b_recent=0.9 * 1 * 1800)
