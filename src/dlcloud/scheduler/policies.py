@@ -88,6 +88,9 @@ from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away
 
 FAIR_SHARE_FLOOR = 0.9  # turns: a tenant is due one below this fraction of its guarantee over the window
+# turns: victims inside guarantees come first from tenants that held the most of their guarantee over the window, in
+# steps of this fraction of it (within a step, the longest-running attempts first)
+TURN_VICTIM_STEP = 0.25
 MAX_SEARCHES = 24  # victim searches per pass (each looks at ≤ preemption.MAX_CANDIDATES attempts)
 NO_LIMITS = Limits()
 
@@ -982,16 +985,21 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         return min(window / 2, max(TURN_MIN_S, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus))
 
     def turn_candidates(job: QueuedJob, t: _Tenant, length: float) -> list[Candidate]:
-        """Other tenants' borrowed attempts, then (lowest priority, least work lost first) attempts inside the
-        guarantees of tenants that can spare one; never an attempt on its own tenant's turn."""
+        """Other tenants' borrowed attempts, then attempts inside the guarantees of tenants that can spare one; each
+        group by lowest priority, then (inside guarantees) the tenants that held the most of their guarantee over the
+        window first (``TURN_VICTIM_STEP``), then highest las queue (as Tiresias: delaying what has run longest costs
+        completion times least), then least work lost; never an attempt on its own tenant's turn."""
         out = []
         for h in live:
             if h.tenant_id == t.id or _on_turn(h, now):
                 continue
             if id(h) in borrowed:
-                out.append(Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "turn"))
+                out.append(Candidate(h, (0, h.priority, 0, -lq(h.attained_gpu_s), lost_gpu_s(h, now)), "turn"))
             elif can_spare(h.tenant_id, len(h.gpus), length):
-                out.append(Candidate(h, (1, h.priority, lost_gpu_s(h, now)), "turn"))
+                lim = p.limits[h.tenant_id]  # can_spare: known, with a guarantee and its recent usage
+                held = lim.recent_gpu_s / (lim.guarantee_gpus * window)  # type: ignore[operator]
+                poorer = -math.floor(held / TURN_VICTIM_STEP)
+                out.append(Candidate(h, (1, h.priority, poorer, -lq(h.attained_gpu_s), lost_gpu_s(h, now)), "turn"))
         out.sort(key=lambda c: c.key)
         return out
 

@@ -745,6 +745,26 @@ def test_turns_in_one_pass_take_together_only_what_a_tenant_can_spare() -> None:
     assert victims(again) == []
 
 
+def test_a_turn_takes_first_from_the_tenant_that_held_most_of_its_guarantee_then_what_ran_longest() -> None:
+    # two nodes of 4: a's four 1-GPU jobs on node 0, c's on node 1, all inside guarantees of 4, both able to spare
+    # them for b's 900-s turn. a held 1.75 of its guarantee over the hour, c 1.25: a gives, though c's jobs have
+    # attained more service (a higher las queue)
+    limits = {
+        "a": Limits(guarantee_gpus=4, recent_gpu_s=7 * 3600.0),
+        "b": Limits(guarantee_gpus=1, recent_gpu_s=0.0),
+        "c": Limits(guarantee_gpus=4, recent_gpu_s=5 * 3600.0),
+    }
+    a = [running(f"a{i}", "a", (i,), minutes=30) for i in range(4)]
+    c = [running(f"c{i}", "c", (4 + i,), minutes=40, attained_gpu_s=50 * 3600.0) for i in range(4)]
+    b0 = job("b0", "b", 4, submitted_at=NOW - timedelta(minutes=30))
+    p = plan([b0], a + c, limits, nodes(2, 4), NOW, FS)
+    assert sorted(victims(p)) == ["a0", "a1", "a2", "a3"] and p.turn_grants == {"b0": 900.0}
+    # held alike (the same quarter of a guarantee): the attempts that have attained most go, though they lose more
+    # work (40 minutes since their start, against 30)
+    p = plan([b0], a + c, limits | {"c": replace(limits["c"], recent_gpu_s=7 * 3600.0)}, nodes(2, 4), NOW, FS)
+    assert sorted(victims(p)) == ["c0", "c1", "c2", "c3"]
+
+
 def test_no_turn_for_a_job_too_large_for_its_tenants_guarantee_over_the_window() -> None:
     # b is guaranteed 1 GPU: an 8-GPU job's shortest turn (900 s) would give it twice its guarantee over the hour
     limits = {"a": Limits(guarantee_gpus=7, recent_gpu_s=10 * 3600.0), "b": Limits(guarantee_gpus=1, recent_gpu_s=0.0)}
