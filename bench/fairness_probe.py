@@ -7,6 +7,10 @@ tenant, the wait reason the last pass gave its oldest queued job (numbers replac
 how many whole nodes were then free or held only by other tenants' borrowed attempts (what a reclaim could
 gather without moving anything). Prints the rows with the most hours first.
 
+Then the windows the report counts as below: their shortfall (GPU-hours short of min(demand, guarantee)) by the
+same rows, plus one row per tenant for the time since the last pass (a job of it ended or arrived and no pass has
+run yet: the simulator passes at most once per tick), which the first table does not see.
+
     python bench/fairness_probe.py                                 # the 14-day Philly window, ~5 min
     python bench/fairness_probe.py --limit-jobs 3000 --top 20
     python bench/fairness_probe.py --tenant vc_ee9e8c
@@ -24,7 +28,7 @@ from pathlib import Path
 from dlcloud.errors import DlcloudError
 from dlcloud.scheduler.planner import Plan
 from dlcloud.scheduler.policies import _owed_split, _Pass
-from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
+from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, WINDOW_S, SimConfig, Simulator
 from dlcloud.scheduler.trace import load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
@@ -32,6 +36,7 @@ DEFAULT_TRACE = DEFAULT_TRACE / "philly_jobs_2017-10-02_to_2017-10-16.csv"
 _NUMBERS = re.compile(r"\d[\d,.:T+-]*")
 
 Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
+SINCE_PASS = "since the last pass (a job ended or arrived; the next pass is up to a tick away)"
 
 
 class Probe(Simulator):
@@ -42,6 +47,8 @@ class Probe(Simulator):
         self.only = only
         self.rows: Counter[Row] = Counter()
         self._waiting: dict[str, Row] = {}
+        # (tenant, window) -> row -> GPU-seconds short of min(demand, guarantee)
+        self.short: dict[tuple[str, int], Counter[Row]] = {}
 
     def _below(self, name: str) -> bool:
         t = self.tenants[name]
@@ -53,7 +60,25 @@ class Probe(Simulator):
             for name, row in self._waiting.items():
                 if self._below(name):
                     self.rows[row] += dt / 3600
+            self._shortfall(t)
         super()._advance(t)
+
+    def _shortfall(self, t: float) -> None:
+        """Each tenant's GPU-seconds short of min(demand, guarantee) from now to ``t``, per window, by the row its
+        oldest queued job had at the last pass, or ``SINCE_PASS`` where it was not below then."""
+        t0 = self.now
+        w = int((t0 - self.origin) // WINDOW_S)
+        while t0 < t:
+            end = min(t, self.origin + (w + 1) * WINDOW_S)
+            for name, x in self.tenants.items():
+                if self.only is not None and name != self.only:
+                    continue
+                short = min(x.demand, x.guarantee) - x.alloc
+                if short > 0:
+                    row = self._waiting.get(name) or (name, SINCE_PASS, 0, -1)
+                    self.short.setdefault((name, w), Counter())[row] += short * (end - t0)
+            t0 = end
+            w += 1
 
     def _apply(self, result: Plan) -> None:
         super()._apply(result)
@@ -109,6 +134,19 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for (name, reason, gpus, whole), hours in sorted(sim.rows.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| {hours:.1f} | {name} | {gpus} | {whole} | {reason} |")
+    below: Counter[Row] = Counter()
+    for name, x in sim.tenants.items():
+        for w, (got, owed) in x.windows.items():
+            if owed > 0 and got < FAIR_FRACTION * owed - 1e-6:
+                below.update(sim.short.get((name, w), Counter()))
+    print()
+    print("In the windows below: GPU-hours short of min(demand, guarantee), by the reason at the last pass")
+    print()
+    print("| GPU-hours short | tenant | oldest queued job's GPUs | reclaimable whole nodes | its wait reason |")
+    print("|---|---|---|---|---|")
+    for (name, reason, gpus, whole), gpu_s in sorted(below.items(), key=lambda kv: -kv[1])[: args.top]:
+        shape = f"{gpus} | {whole}" if whole >= 0 else " | "  # SINCE_PASS: no job, no nodes looked at
+        print(f"| {gpu_s / 3600:.1f} | {name} | {shape} | {reason} |")
     return 0
 
 
