@@ -51,10 +51,12 @@ itself).
 When nothing borrowed is left to catch up from (under contention nearly every GPU runs inside some guarantee), such
 a job takes *turns* (``PlanConfig.turn_window_s``): once it waited ``TURN_MIN_WAIT_S`` while its tenant held less than
 90 % of its guarantee over the window (``Limits.recent_gpu_s``), it may preempt borrowed attempts and attempts of
-tenants that keep 90 % of theirs over the window that ends with the turn ("turn"). The turn's length (what its
+tenants that keep 90 % of theirs over the window that ends with the turn ("turn"; those that held the most of their
+guarantee first, then their longest-running attempts: ``turn_candidates``). The turn's length (what its
 tenant needs to reach its guarantee over the window at the job's size) is granted then (``Plan.turn_grants``, then
-``QueuedJob.turn_s``); the job waits for its victims and, placed on what they free, runs on its turn
-(``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed after.
+``QueuedJob.turn_s``); the job waits for its victims (a grant it could not use is void once nothing is stopping)
+and, placed on what they free, runs on its turn (``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed
+after.
 """
 
 from __future__ import annotations
