@@ -28,7 +28,7 @@ from pathlib import Path
 from dlcloud.errors import DlcloudError
 from dlcloud.scheduler.planner import Plan
 from dlcloud.scheduler.policies import _owed_split, _Pass
-from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, WINDOW_S, SimConfig, Simulator
+from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
 from dlcloud.scheduler.trace import load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
@@ -66,19 +66,12 @@ class Probe(Simulator):
     def _shortfall(self, t: float) -> None:
         """Each tenant's GPU-seconds short of min(demand, guarantee) from now to ``t``, per window, by the row its
         oldest queued job had at the last pass, or ``SINCE_PASS`` where it was not below then."""
-        t0 = self.now
-        w = int((t0 - self.origin) // WINDOW_S)
-        while t0 < t:
-            end = min(t, self.origin + (w + 1) * WINDOW_S)
+        for w, d in self.window_spans(t):
             for name, x in self.tenants.items():
-                if self.only is not None and name != self.only:
-                    continue
                 short = min(x.demand, x.guarantee) - x.alloc
-                if short > 0:
+                if short > 0 and (self.only is None or name == self.only):
                     row = self._waiting.get(name) or (name, SINCE_PASS, 0, -1)
-                    self.short.setdefault((name, w), Counter())[row] += short * (end - t0)
-            t0 = end
-            w += 1
+                    self.short.setdefault((name, w), Counter())[row] += short * d
 
     def _apply(self, result: Plan) -> None:
         super()._apply(result)

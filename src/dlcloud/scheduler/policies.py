@@ -999,8 +999,8 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
                 out.append(Candidate(h, (0, h.priority, 0, -lq(h.attained_gpu_s), lost_gpu_s(h, now)), "turn"))
             elif can_spare(h.tenant_id, len(h.gpus), length):
                 lim = p.limits[h.tenant_id]  # can_spare: known, with a guarantee and its recent usage
-                held = lim.recent_gpu_s / (lim.guarantee_gpus * window)  # type: ignore[operator]
-                poorer = -math.floor(held / TURN_VICTIM_STEP)
+                kept = lim.recent_gpu_s / (lim.guarantee_gpus * window)  # type: ignore[operator]
+                poorer = -math.floor(kept / TURN_VICTIM_STEP)
                 out.append(Candidate(h, (1, h.priority, poorer, -lq(h.attained_gpu_s), lost_gpu_s(h, now)), "turn"))
         out.sort(key=lambda c: c.key)
         return out

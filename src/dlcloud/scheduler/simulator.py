@@ -32,7 +32,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -547,12 +547,7 @@ class Simulator:
             if self.alloc >= BUSY_FRACTION * n - 1e-9:
                 self.contended_busy_s += dt
         active = [x for x in self.tenants.values() if x.demand]
-        w = int((t0 - self.origin) // WINDOW_S)
-        while t0 < t:
-            # the window index steps: recomputed from the float time, an hour's end could round back into the
-            # same window, and the loop would not advance (a trace whose first submit is fractional)
-            end = min(t, self.origin + (w + 1) * WINDOW_S)
-            d = end - t0
+        for w, d in self.window_spans(t):
             self.hourly[w] = self.hourly.get(w, 0.0) + self.alloc * d
             for x in active:
                 acc = x.windows.get(w)
@@ -561,9 +556,19 @@ class Simulator:
                 acc[0] += x.alloc * d
                 acc[1] += min(x.demand, x.guarantee) * d
                 x.used_gpu_s += x.alloc * d
+        self.now = t
+
+    def window_spans(self, t: float) -> Iterator[tuple[int, float]]:
+        """(one-hour window, seconds of it) from now up to ``t``."""
+        t0 = self.now
+        w = int((t0 - self.origin) // WINDOW_S)
+        while t0 < t:
+            # the window index steps: recomputed from the float time, an hour's end could round back into the
+            # same window, and the loop would not advance (a trace whose first submit is fractional)
+            end = min(t, self.origin + (w + 1) * WINDOW_S)
+            yield w, end - t0
             t0 = end
             w += 1
-        self.now = t
 
     def _report(self, wall_s: float) -> dict[str, Any]:
         done = [j for j in self.jobs.values() if j.state == "done"]
