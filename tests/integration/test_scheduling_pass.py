@@ -208,6 +208,41 @@ def test_set_waits_shares_a_row_per_tenant_and_text_moves_jobs_and_drops_what_no
     assert env.admin.jobs.get("bulk-1")["estimated_start"] is None
 
 
+def test_set_waits_moves_many_jobs_at_once_each_to_its_row(env: Env) -> None:
+    """Enough moves for one statement over arrays on PostgreSQL (``MOVE_ALL_MIN``): each job ends on its row."""
+    env.new_tenant_user("lab", "alice")
+    enqueue(env, "lab", "alice", 40, gpus=0)
+    db = env.platform.db
+    with db.read() as s:
+        ids = s.scalars(select(JobRow.id).order_by(JobRow.name)).all()
+        lab = s.scalar(select(TenantRow.id).where(TenantRow.name == "lab"))
+    a, b = (lab, "waiting for capacity", None), (lab, "waiting behind job x", None)
+    with db.write() as s:
+        conn = s.connection()
+        waits.set_waits(
+            conn, waits.read_waits(conn), {a: [(j, None) for j in ids[:20]], b: [(j, None) for j in ids[20:]]}
+        )
+    with db.read() as s:
+        first = dict(s.execute(select(JobWaitRow.job_id, JobWaitRow.wait_id)).all())
+    row_a, row_b = first[ids[0]], first[ids[20]]
+    assert row_a != row_b
+    # half of each group goes to the other's row: 20 moves, to two rows
+    swapped = ids[:10] + ids[30:], ids[20:30] + ids[10:20]
+    assert len(swapped[0]) + len(swapped[1]) == 40 and waits.MOVE_ALL_MIN <= 20
+    with db.write() as s:
+        conn = s.connection()
+        waits.set_waits(
+            conn,
+            waits.read_waits(conn),
+            {a: [(j, first[j]) for j in swapped[0]], b: [(j, first[j]) for j in swapped[1]]},
+        )
+    with db.read() as s:
+        now = dict(s.execute(select(JobWaitRow.job_id, JobWaitRow.wait_id)).all())
+        shared = waits.read_waits(s.connection())
+    assert {j: now[j] for j in ids} == {**{j: row_a for j in swapped[0]}, **{j: row_b for j in swapped[1]}}
+    assert shared == {row_a: a, row_b: b}
+
+
 def test_a_whole_read_hands_the_queue_to_the_planner_in_queue_order(sim_env: Env) -> None:
     """Read unordered and sorted by the pass: the order the database gives (priority, submit time, then id, ties
     included), and again after a priority changes while the job waits."""

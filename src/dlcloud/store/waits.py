@@ -27,7 +27,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, insert, select, update
+from sqlalchemy import and_, bindparam, delete, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import FromClause
 
@@ -55,6 +55,14 @@ def read_waits(conn: Connection) -> dict[int, Wait]:
 
 
 _MOVE = update(JobWaitRow).where(JobWaitRow.job_id == bindparam("j")).values(wait_id=bindparam("w"))
+# PostgreSQL: the moves as one statement over two arrays instead of an executemany (one UPDATE a job, each executed
+# apart by the server): a placing pass of bench/scheduler.py moves ~550 jobs' waits, 21-24 -> 15-17 ms
+_MOVE_ALL = text(
+    f"UPDATE {JobWaitRow.__tablename__} AS w SET wait_id = m.wait_id "
+    "FROM unnest(CAST(:jobs AS VARCHAR[]), CAST(:waits AS INTEGER[])) AS m(job_id, wait_id) "
+    "WHERE w.job_id = m.job_id"
+)
+MOVE_ALL_MIN = 16
 _REWRITE = (
     update(WaitReasonRow)
     .where(WaitReasonRow.id == bindparam("i"))
@@ -129,7 +137,9 @@ def set_waits(
         conn.execute(insert(WaitReasonRow), new)
     if rewrite:
         conn.execute(_REWRITE, rewrite)
-    if moves:
+    if len(moves) >= MOVE_ALL_MIN and conn.dialect.name == "postgresql":
+        conn.execute(_MOVE_ALL, {"jobs": [m["j"] for m in moves], "waits": [m["w"] for m in moves]})
+    elif moves:
         conn.execute(_MOVE, moves)
     if joins:
         conn.execute(insert(JobWaitRow), joins)
