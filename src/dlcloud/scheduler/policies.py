@@ -957,6 +957,24 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
                     "reclaimed before)"
                 )
 
+    def after_turns(job: QueuedJob, t: _Tenant) -> datetime | None:
+        """When owed ``job`` may start by reclaiming what other tenants' turns hold, once they have ended (with what
+        is free or reclaimable now): the end of the last turn it needs, plus its victims' grace; None when their
+        ends make no room for it. An estimate for its wait only: the reservation, and so backfill, does not use it.
+        Asked once a pass at most (for the job that makes the reservation)."""
+        theirs = sorted(
+            (h for h in on_turn if h.tenant_id != t.id and id(h) not in p.victims),
+            key=lambda h: h.turn_until or now,
+        )
+        pool = [c for c in reclaimable if c.held.tenant_id != t.id and id(c.held) not in p.victims]
+        for i, h in enumerate(theirs):
+            if i + 1 < len(theirs) and theirs[i + 1].turn_until == h.turn_until:
+                continue  # ending together: tried with the last of them
+            ended = [Candidate(x, (0, x.priority, lost_gpu_s(x, now)), "reclaim") for x in theirs[: i + 1]]
+            if find_victims(job, p.cluster, ended + pool) is not None:
+                return (h.turn_until or now) + p.grace
+        return None
+
     def can_spare(tid: str, gpus: int, length: float) -> bool:
         """Whether tenant ``tid`` keeps 90 % of its guarantee over the window that ends when a turn of ``length``
         does, if it loses ``gpus`` more GPUs now: what it held over the window (as if evenly: the part the turn's length
@@ -1094,13 +1112,21 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         ):  # fmt: skip
             p.result.turn_grants[job.id] = turn
             return True
+        # what it would reclaim may be another tenant's turn: say until when, and (the job at the head of the line,
+        # on the GPUs free before its reservation takes them) when it may start once they have ended
+        behind_turns = owed and t.id in turns_of_others
+        when = after_turns(job, t) if behind_turns and r is None else None
         if r is None:
             p.make_reservation(job, p.shortage(job))
             p.reserved_inside = owed
         else:
             reasons[job.id] = p.behind(job)
-        if owed and t.id in turns_of_others:  # what it would reclaim may be another tenant's turn: say until when
+        if behind_turns:
             reasons[job.id] += turns_of_others[t.id]
+            est = p.result.estimated_start.get(job.id)
+            if when is not None and (est is None or when < est):
+                p.result.estimated_start[job.id] = when
+                reasons[job.id] += f": estimated start {_when(when)}, once the turns it needs have ended"
         t.waiting.append(job.id)
         return False
 

@@ -784,6 +784,38 @@ def test_an_attempt_on_its_tenants_turn_is_never_moved_for_another_tenant() -> N
     assert victims(plan([gang("g", "a", 2, 2)], [ended, held[1]], limits, nodes(3, 2), NOW, FS)) == ["b0"]
 
 
+def test_an_owed_job_behind_turns_is_told_when_the_turns_it_needs_have_ended() -> None:
+    limits = {
+        "a": Limits(guarantee_gpus=4, recent_gpu_s=0.0),
+        "b": Limits(guarantee_gpus=1, recent_gpu_s=900.0),
+        "c": Limits(guarantee_gpus=3),
+    }
+    soon, late = NOW + timedelta(minutes=5), NOW + timedelta(minutes=20)
+    grace = timedelta(seconds=FS.preemption_grace_s)
+    # two nodes of 4: b's turns on GPUs 0-1 (ends soon) and 4-7 (ends late); c's owed job on GPUs 2-3
+    held = [
+        running("b-soon", "b", (0, 1), turn_until=soon),
+        running("b-late", "b", (4, 5, 6, 7), turn_until=late),
+        running("c-own", "c", (2, 3)),
+    ]
+    # 2 GPUs: the first turn's end makes room
+    p = plan([job("a2", "a", 2)], held, limits, nodes(2, 4), NOW, FS)
+    assert victims(p) == [] and p.estimated_start["a2"] == soon + grace
+    # 4 GPUs on one node: only the node of the later turn can hold it
+    p = plan([job("a4", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert p.estimated_start["a4"] == late + grace
+    # a job behind it in the line gets no such estimate: the head job goes first
+    p = plan([job("a4", "a", 4), job("a1", "a", 1, submitted_at=NOW)], held, limits, nodes(2, 4), NOW, FS)
+    assert p.estimated_start["a4"] == late + grace and "a1" not in p.estimated_start
+    assert "once the turns it needs have ended" not in p.wait_reasons["a1"]
+    # no end of a turn makes room for 4 GPUs when the late turn's node also holds c's owed job
+    held[1] = running("b-late", "b", (4, 5), turn_until=late)
+    held.append(running("c-own2", "c", (6,)))
+    p = plan([job("a4", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert "a4" not in p.estimated_start
+    assert "other tenants' turns" in p.wait_reasons["a4"] and "once the turns" not in p.wait_reasons["a4"]
+
+
 def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
     limits = {"a": Limits(guarantee_gpus=3, recent_gpu_s=0.0), "b": Limits(guarantee_gpus=1, recent_gpu_s=900.0)}
     until = NOW + timedelta(minutes=5)
@@ -795,6 +827,13 @@ def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
     assert (
         "; 4 GPU(s) run other tenants' turns, the first ending 2024-01-01T12:05:00+00:00 (they may not be "
         "reclaimed before)" in during.wait_reasons["a9"]
+    )
+    # and, at the head of the line, when it may start: once the turn has ended and its victim has had its grace
+    start = until + timedelta(seconds=FS.preemption_grace_s)
+    assert during.estimated_start["a9"] == start
+    assert (
+        f"(they may not be reclaimed before): estimated start {start.isoformat(timespec='seconds')}, once the turns "
+        "it needs have ended" in during.wait_reasons["a9"]
     )
     later = until + timedelta(seconds=1)  # the turn is over: b0 is borrowed beyond b's guarantee again
     p = plan([a9], on_turn, limits, nodes(1, 4), later, FS)
