@@ -425,21 +425,33 @@ class _Pass:
                 return True
         return r.ends_in_time(job, self.now) and self.place_any(job, borrowed)
 
-    def make_reservation(self, job: QueuedJob, shortage: str) -> None:
+    def make_reservation(self, job: QueuedJob, shortage: str, sooner: datetime | None = None) -> bool:
+        """Reserve for ``job`` what it needs at the earliest declared ends (``reserve``), and say so in its wait.
+        ``sooner``: a start the job may expect before that (the end of other tenants' turns, ``after_turns``); where
+        it is earlier, it is the job's estimated start and the wait names no other (True: the caller says why). The
+        reservation, which backfill keeps to, stays at the declared ends."""
         self.changes += 1
         r = self.reservation = reserve(self.cluster, job, list(self.releases.values()))
         self.result.blocked_by = job.id
-        if r.at is None:
+        earlier = False
+        if sooner is not None and (r.at is None or sooner < r.at):
+            earlier = True
+            self.result.estimated_start[job.id] = sooner
+            self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}"
+        elif r.at is None:
             self.result.wait_reasons[job.id] = (
                 f"waiting for capacity: {shortage}; no estimated start (a running job declares no maximum run time)"
             )
-            return
-        self.result.estimated_start[job.id] = r.at
-        self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}; estimated start {_when(r.at)}"
+        else:
+            self.result.estimated_start[job.id] = r.at
+            self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}; estimated start {_when(r.at)}"
+        if r.at is None:
+            return earlier
         free = self.cluster.free
         node_of = self.cluster.node_of
         r.free_reserved = sorted(g for g in r.gpus if g in free[node_of[g]])
         self.cluster.take(r.free_reserved, 0, 0)
+        return earlier
 
     def behind(self, job: QueuedJob) -> str:
         if not self._behind:
@@ -824,8 +836,12 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         t.jobs = _tenant_order(t.jobs, now, cfg)
     borrowed, straddling = _owed_split(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
+
+    def as_reclaim(h: Held) -> Candidate:
+        return Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim")
+
     reclaimable = sorted(
-        (Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim") for h in live if id(h) in borrowed),
+        (as_reclaim(h) for h in live if id(h) in borrowed),
         key=lambda c: c.key,
     )
     # straddling attempts of other tenants: only a job strictly inside its guarantee takes them back, after every
@@ -970,7 +986,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         for i, h in enumerate(theirs):
             if i + 1 < len(theirs) and theirs[i + 1].turn_until == h.turn_until:
                 continue  # ending together: tried with the last of them
-            ended = [Candidate(x, (0, x.priority, lost_gpu_s(x, now)), "reclaim") for x in theirs[: i + 1]]
+            ended = [as_reclaim(x) for x in theirs[: i + 1]]
             if find_victims(job, p.cluster, ended + pool) is not None:
                 return (h.turn_until or now) + p.grace
         return None
@@ -1116,16 +1132,15 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         # on the GPUs free before its reservation takes them) when it may start once they have ended
         behind_turns = owed and t.id in turns_of_others
         when = after_turns(job, t) if behind_turns and r is None else None
+        after = False
         if r is None:
-            p.make_reservation(job, p.shortage(job))
+            after = p.make_reservation(job, p.shortage(job), sooner=when)
             p.reserved_inside = owed
         else:
             reasons[job.id] = p.behind(job)
         if behind_turns:
             reasons[job.id] += turns_of_others[t.id]
-            est = p.result.estimated_start.get(job.id)
-            if when is not None and (est is None or when < est):
-                p.result.estimated_start[job.id] = when
+            if after and when is not None:
                 reasons[job.id] += f": estimated start {_when(when)}, once the turns it needs have ended"
         t.waiting.append(job.id)
         return False

@@ -835,6 +835,13 @@ def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
         f"(they may not be reclaimed before): estimated start {start.isoformat(timespec='seconds')}, once the turns "
         "it needs have ended" in during.wait_reasons["a9"]
     )
+    assert "no estimated start" not in during.wait_reasons["a9"]  # one estimate in the wait, not two
+    # a declared end before the turn's is the estimate, and the only one said
+    declared = [running("b0", "b", (0, 1, 2, 3), minutes=1, turn_until=until, max_run_time_s=120)]
+    early = plan([a9], declared, limits, nodes(1, 4), NOW, FS)
+    assert early.estimated_start["a9"] == NOW + timedelta(minutes=1)
+    assert "estimated start 2024-01-01T12:01:00+00:00" in early.wait_reasons["a9"]
+    assert "once the turns it needs have ended" not in early.wait_reasons["a9"]
     later = until + timedelta(seconds=1)  # the turn is over: b0 is borrowed beyond b's guarantee again
     p = plan([a9], on_turn, limits, nodes(1, 4), later, FS)
     assert victims(p) == ["b0"] and p.preemptions[0].reason == "reclaim"
