@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, insert, or_, select, text, type_coerce
+from sqlalchemy import ColumnElement, Connection, Select, and_, func, insert, or_, select, text, type_coerce
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 from sqlalchemy.types import NULLTYPE
@@ -164,21 +164,27 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
     return held
 
 
+def _recent_attempts(since: datetime) -> Select[str, int, datetime, datetime | None, datetime | None]:
+    """The attempts that count towards usage since ``since``: live, ended since, or placed for a turn that ends
+    since. Each term has its index (ix_attempts_live, ix_attempts_turns), so the read does not grow with the
+    attempts history; the database counts the GPUs (not Python, from each row's JSON list)."""
+    a = AttemptRow
+    return select(a.tenant_id, func.json_array_length(a.gpus), a.started_at, a.finished_at, a.turn_until).where(
+        or_(a.finished_at.is_(None), a.finished_at > since, a.turn_until > since)
+    )
+
+
 def recent_gpu_seconds(conn: Connection, now: datetime, window_s: float) -> dict[str, float]:
     """GPU-seconds each tenant's attempts held over the last ``window_s`` (``Limits.recent_gpu_s``, for turns): the
     live attempts and those that ended within the window, each counted from its start or the window's."""
     since = now - timedelta(seconds=window_s)
-    a = AttemptRow
-    q = select(a.tenant_id, a.gpus, a.started_at, a.finished_at, a.turn_until).where(
-        or_(a.finished_at.is_(None), a.finished_at > since, a.turn_until > since)
-    )
     used: dict[str, float] = {}
     t0, t1 = since.timestamp(), now.timestamp()
-    for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(q):
+    for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(_recent_attempts(since)):
         if gpus and started_at is not None:
             ended = None if finished_at is None else finished_at.timestamp()
             turn = None if turn_until is None else turn_until.timestamp()
-            seconds = gpu_seconds_in_window(len(gpus), started_at.timestamp(), ended, turn, t0, t1)
+            seconds = gpu_seconds_in_window(gpus, started_at.timestamp(), ended, turn, t0, t1)
             used[tenant_id] = used.get(tenant_id, 0.0) + seconds
     return used
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -222,6 +223,13 @@ class AttemptRow(Base):
         UniqueConstraint("job_id", "number"),
         Index("ix_attempts_tenant_time", "tenant_id", "started_at"),
         Index("ix_attempts_live", "finished_at"),
+        # the attempts placed for a turn, for a pass's recent GPU-seconds (services/scheduling.py); few of them
+        Index(
+            "ix_attempts_turns",
+            "turn_until",
+            postgresql_where=text("turn_until IS NOT NULL"),
+            sqlite_where=text("turn_until IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     # no foreign key: attempts outlive a deleted job, they are the usage record
