@@ -30,7 +30,7 @@ from dlcloud.store.rows import (
     utcnow,
 )
 from tests.conftest import Env, build_env, make_settings
-from tests.integration.test_quotas import enqueue, finish, running_names, spec
+from tests.integration.test_quotas import enqueue, executor, finish, running_names, spec
 
 GiB = 1024**3
 
@@ -522,6 +522,51 @@ def test_a_moved_job_that_takes_longer_than_the_grace_period_to_stop_holds_nothi
     c.jobs.submit(spec("late", gpus=1))
     assert control.schedule() == 1
     assert _running_gpus(env)["late"] == [1]
+
+
+def test_a_job_moved_onto_a_borrowed_job_evicted_with_it_waits_for_it_to_stop(
+    nodes_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three nodes of two GPUs, no GPU free: b's jobs (inside its guarantee) on nodes 0 and 1, c's borrowed ones
+    beside them and on node 2. The default tenant's gang (inside its guarantee) needs two whole nodes: c's borrowed
+    GPUs are scattered over all three. It evicts c's jobs on nodes 1 and 2, moves b-second onto c-1's GPU on node 0
+    and evicts c-1 too (a chain). c-1 takes its grace period: b-second, queued again first, waits for GPU 1 instead
+    of starting on GPU 2 (the gang's node); once c-1 stopped, it resumes there."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None
+    b, c = env.new_tenant_user("b", "bob"), env.new_tenant_user("c", "carol")
+    env.admin.tenants.update("b", scheduling={"guarantee": {"gpus": 2}})
+    env.admin.tenants.update("default", scheduling={"guarantee": {"gpus": 4}})
+    for client, name in ((b, "b-first"), (c, "c-1"), (b, "b-second"), (c, "c-3"), (c, "c-4"), (c, "c-5")):
+        client.jobs.submit(spec(name, gpus=1))
+        assert control.schedule() == 1
+    assert _running_gpus(env) == {"b-first": [0], "c-1": [1], "b-second": [2], "c-3": [3], "c-4": [4], "c-5": [5]}
+    env.admin.jobs.submit({**spec("gang", cpu=1), "framework": "pytorch", "replicas": {"worker": 2},
+                           "resources": {"gpus": 2, "cpu": 1, "memory": "1Gi"}})  # fmt: skip
+    assert control.schedule() == 0
+    with env.platform.db.read() as s:
+        rows = {r.name: r for r in s.execute(select(JobRow.name, JobRow.preempt_requested, JobRow.hold_gpus))}
+    assert {n for n, r in rows.items() if r.preempt_requested} == {"c-1", "b-second", "c-3", "c-4", "c-5"}
+    assert rows["b-second"].hold_gpus == [1]
+    assert env.admin.jobs.get("gang")["wait_reason"] == (
+        "preempting 5 job(s) to reclaim its guarantee, moving 1 to gather whole nodes"
+    )
+    ex = executor(env)
+    c1 = next(h for h, w in ex.running().items() if w.job_id == c.jobs.get("c-1")["id"])
+    stop = ex._stop
+    monkeypatch.setattr(ex, "_stop", lambda handle: None if handle == c1 else stop(handle))
+    control.supervise()  # asks the executor to stop them: c-1 takes its grace period ...
+    control.supervise()  # ... the others are PREEMPTED, then QUEUED again
+    assert b.jobs.get("b-second")["state"] == "QUEUED" and "c-1" in _running_gpus(env)
+    assert control.schedule() == 1
+    assert sorted(_running_gpus(env)["gang"]) == [2, 3, 4, 5]
+    assert b.jobs.get("b-second")["wait_reason"] == (
+        "moved: waiting for 1 GPU(s) held for it that a stopping job still holds"
+    )
+    stop(c1)  # it stopped at last
+    control.supervise()
+    assert control.schedule() == 1
+    assert _running_gpus(env)["b-second"] == [1]
 
 
 def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_turn(nodes_env: Env) -> None:

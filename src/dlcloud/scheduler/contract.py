@@ -30,6 +30,10 @@ class Policy(StrEnum):
 TURN_MIN_WAIT_S = 900.0  # fair-share turns: a job waits this long before its tenant takes a turn for it
 TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint) ...
 MIN_TURN_WINDOW_S = 2 * TURN_MIN_S  # ... nor longer than half the window: the shortest window that has turns
+# how much longer than the grace period GPUs stay held for a moved job that is stopping (``Held.hold``), and it waits
+# for those of its hold a victim still stopping holds (``QueuedJob.hold_until``): the supervision's SIGKILL comes at
+# the end of the grace period, its next pass (a tick) sees the attempt ended
+HOLD_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class QueuedJob:
     # moved (a "defrag" preemption): the GPUs an earlier pass chose for its next attempt, held for it (no other job
     # gets them) until it is placed
     hold: tuple[int, ...] = ()
+    # moved onto GPUs of a victim evicted with it (``Preemption.move_to``): until then, while such a victim is still
+    # stopping on them, it waits for them rather than starting elsewhere
+    hold_until: datetime | None = None
     # an earlier pass preempted for it for its tenant's turn (fair-share): the turn's length, given when it is placed
     turn_s: float | None = None
 
@@ -152,7 +159,8 @@ class Preemption:
     by: str
     reason: str  # "reclaim" (a tenant takes back its guarantee), "share", "priority", "las", "fill", "defrag"
     message: str  # for the victim's events: who preempted it and why (``by`` and PREEMPTION_WHY[reason])
-    # "defrag": the GPUs its next attempt gets, held for it from now on (``Held.hold``, then ``QueuedJob.hold``)
+    # "defrag": the GPUs its next attempt gets, held for it from now on (``Held.hold``, then ``QueuedJob.hold``):
+    # free ones, or those of a borrowed attempt preempted in the same pass to make room for it on another node
     move_to: tuple[int, ...] = ()
 
 

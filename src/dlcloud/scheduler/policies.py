@@ -30,7 +30,10 @@ policies; the rules, in short:
   it (``Preemption.move_to``, then ``Held.hold`` / ``QueuedJob.hold``: no other job gets them) until it is placed
   again. An owed or catching-up job whose victims are not where it needs them evicts them and moves other
   tenants' small jobs out of the way too, even those inside their guarantees, but only jobs never preempted
-  before (a job is moved for another tenant at most once).
+  before (a job is moved for another tenant at most once). Where no GPUs stay free for a moved job, it goes onto
+  GPUs of borrowed attempts the job may evict anyway, on another node, evicted with it ("chained": the job's own
+  borrowed GPUs are scattered over nodes that each hold some owed job), unless the declared ends free what the job
+  needs within ``CHAIN_UNLESS_FREE_WITHIN_S``; it waits for them while they stop (``QueuedJob.hold_until``).
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -87,7 +90,7 @@ from dlcloud.scheduler.contract import (
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.scheduler.placement import Cluster, choose, processes
 from dlcloud.scheduler.planner import quota_reason
-from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away
+from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away, victims_cost
 
 FAIR_SHARE_FLOOR = 0.9  # turns: a tenant is due one below this fraction of its guarantee over the window
 # turns: victims inside guarantees come first from tenants that held the most of their guarantee over the window, in
@@ -105,6 +108,12 @@ _PREEMPTING = {
     "defrag": "to gather whole nodes (they resume at once on GPUs left free)",
     "turn": "for its tenant's turn (short of its guarantee over the turn window)",
 }
+
+
+# an owed job that finds no node to take whole moves small jobs onto GPUs of borrowed attempts evicted elsewhere
+# ("chained", ``_Pass.defragment``) only when the declared ends free what it needs no sooner than this: a chain costs
+# the moved jobs' and the extra victims' work since their last checkpoints
+CHAIN_UNLESS_FREE_WITHIN_S = 900.0
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -267,27 +276,54 @@ class _Pass:
         self._settled: dict[tuple, tuple[str, bool]] = {}
         self._settled_at = 0
         self.holding: dict[str, list[int]] = {}  # moved jobs: the GPUs held for them (``hold``), out of ``cluster``
+        # moved jobs: the GPUs of their hold that an attempt still stopping holds (moved onto a victim's, chained)
+        self.pending: dict[str, list[int]] = {}
 
     def hold(self, holds: dict[str, tuple[int, ...]]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
         (``resume``). They were free when the job was moved (``defragment``) and nobody got them since;
         one that is not free (an inventory that changed) is not held."""
         c = self.cluster
+        stopping = {g for x in self.stopping for g in x.held.gpus}
         for job_id, gpus in holds.items():
             mine = sorted({g for g in gpus if g in c.node_of and g in c.free[c.node_of[g]]})
             if mine:
                 c.take(mine, 0, 0)
                 self.holding[job_id] = mine
+            pending = [g for g in gpus if g in stopping]
+            if pending:
+                self.pending[job_id] = pending
 
     def resume(self, job: QueuedJob, t: _Tenant, borrowed: bool) -> bool:
         """Give the GPUs held for moved ``job`` back to the free ones, and place it on them if they suffice and
         nothing holds it back (its restart backoff, environment, quota, borrowing limit, CPUs or memory), whatever
         the order or a reservation: it was moved to resume at once. Else (False) it is decided as any other job, its
         GPUs free for all."""
+        c = self.cluster
+        pending = self.pending.get(job.id)
+        if (
+            pending
+            and job.hold_until is not None
+            and self.now < job.hold_until
+            and job.cpus <= c.cpus + 1e-9
+            and job.memory <= c.memory
+        ):
+            # moved onto GPUs of a victim evicted with it, which is still stopping: it waits for them (the free ones
+            # of its hold stay held), rather than start elsewhere (the node it was moved off, say), until hold_until
+            c.take((), job.cpus, job.memory)
+            t.use.gpus += job.gpus
+            t.use.cpus += job.cpus
+            t.use.memory += job.memory
+            t.use.running_jobs += 1
+            self.changes += 1
+            self.result.wait_reasons[job.id] = (
+                f"moved: waiting for {len(pending)} GPU(s) held for it that a stopping job still holds"
+            )
+            self.result.estimated_start[job.id] = self.now + self.grace
+            return True
         mine = self.holding.pop(job.id, None)
         if not mine:
             return False
-        c = self.cluster
         c.give(mine, 0, 0)
         self.changes += 1
         if self.not_now(job) is not None or not c.fits_totals(job):
@@ -605,7 +641,10 @@ class _Pass:
         tenants running inside their guarantees. Then the victims are evicted (they need not fit again) and those
         small jobs may be moved too, when they were never preempted: a job is moved for another tenant's guarantee
         at most once, so submitting gangs cannot make a tenant lose work again and again, and a moved job keeps its
-        guarantee (it resumes at once, on GPUs held for it)."""
+        guarantee (it resumes at once, on GPUs held for it). Under contention no GPUs stay free for a moved job: it
+        then goes onto GPUs of more of those victims on another node (``_chain``), evicted with it, so that what the
+        job may take back, scattered over nodes that each hold some owed job, is gathered into the nodes it needs;
+        not when the declared ends free what ``job`` needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
         c = self.cluster
         if not self.cfg.defragment or not c.fits_totals(job) or c.single_node:
             return False
@@ -650,28 +689,49 @@ class _Pass:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
         chosen, gpus = found
-        # every moved attempt must fit again on GPUs free now that ``job`` does not take (not on a victim's: it may
-        # stop after the moved job, which would then find nothing held and resume anywhere, the node ``job`` needs
-        # included); its CPUs and memory go with it (``moves_away``)
+        # every moved attempt must fit again on GPUs free now that ``job`` does not take, or (an owed or catching-up
+        # job, chained) on one node with GPUs of borrowed attempts ``job`` may evict anyway, evicted with it: such a
+        # victim may stop after the moved job, which then waits for it (``resume``, until ``QueuedJob.hold_until``)
+        # instead of starting anywhere, the node ``job`` needs included; its CPUs and memory go with it
+        # (``moves_away``)
         free = [list(fl) for fl in c.free]
         for g in gpus:
             fl = free[node_of[g]]
             i = bisect.bisect_left(fl, g)
             if i < len(fl) and fl[i] == g:
                 del fl[i]
+        free_now = {g for fl in free for g in fl}
         move_to: dict[int, tuple[int, ...]] = {}
+        chained: list[Candidate] = []
+        spare = [x for x in evict if id(x.held) not in {id(y.held) for y in chosen}]
+        soon: bool | None = None  # whether the declared ends free what ``job`` needs soon (asked once, if needed)
         for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
-            pick = choose(free, names, [(len(x.held.gpus), want)])
+            k = len(x.held.gpus)
+            pick = choose(free, names, [(k, want)])
+            if pick is None and spare:
+                if soon is None:
+                    r = reserve(c, job, list(self.releases.values()))
+                    soon = r.at is not None and r.at <= now + timedelta(seconds=CHAIN_UNLESS_FREE_WITHIN_S)
+                more = None if soon else self._chain(k, want, free, spare, gpus)
+                if more is not None and (also is None or also([*chosen, *chained, *more])):
+                    chained += more
+                    spare = [y for y in spare if all(y is not z for z in more)]
+                    for y in more:
+                        for g in y.held.gpus:
+                            if g in node_of and g not in gpus:
+                                bisect.insort(free[node_of[g]], g)
+                    pick = choose(free, names, [(k, want)])
             if pick is None:  # not remembered in ``failed``: a larger job may leave room elsewhere
                 return False
             move_to[id(x.held)] = pick
             for g in pick:
                 fl = free[node_of[g]]
                 del fl[bisect.bisect_left(fl, g)]
+        chosen += chained
         self.claim(job, chosen, gpus, tenant)
-        for pick in move_to.values():  # held for the moved jobs from now on
-            self.cluster.take(pick, 0, 0)
+        for pick in move_to.values():  # held for the moved jobs from now on (a chained victim's: once it stopped)
+            self.cluster.take([g for g in pick if g in free_now], 0, 0)
         for x in chosen:
             self.result.preemptions.append(
                 Preemption(
@@ -689,6 +749,33 @@ class _Pass:
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{moving}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
+
+    def _chain(
+        self, k: int, want: str, free: list[list[int]], spare: list[Candidate], taken: tuple[int, ...]
+    ) -> list[Candidate] | None:
+        """Victims among ``spare`` (borrowed attempts the job may evict, waste order) whose GPUs on one node, with the
+        GPUs free there (``free``, what the moves so far left), make room for a moved job of ``k`` GPUs (of type
+        ``want``): the node where they cost least (``find_victims``' rule), not the GPUs ``taken`` by the job."""
+        c = self.cluster
+        best: list[Candidate] | None = None
+        best_cost: tuple = ()
+        for n, fl in enumerate(free):
+            have = len(fl) if not want else sum(1 for g in fl if want in c.names[g])
+            picked: list[Candidate] = []
+            for y in spare:
+                if have >= k:
+                    break
+                here = sum(
+                    1
+                    for g in y.held.gpus
+                    if c.node_of.get(g) == n and g not in taken and (not want or want in c.names[g])
+                )
+                if here:
+                    picked.append(y)
+                    have += here
+            if have >= k and picked and (best is None or victims_cost(picked) < best_cost):
+                best, best_cost = picked, victims_cost(picked)
+        return best
 
 
 # -- fifo on many nodes ---------------------------------------------------------------------------------------------

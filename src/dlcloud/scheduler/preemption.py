@@ -45,7 +45,7 @@ def lost_gpu_s(h: Held, now: datetime) -> float:
     return secs * max(len(h.gpus), 1)
 
 
-def _cost(chosen: Sequence[Candidate]) -> tuple:
+def victims_cost(chosen: Sequence[Candidate]) -> tuple:
     # the most expensive victim first, then the next...; fewer victims win a tie
     return tuple(sorted((c.key for c in chosen), reverse=True))
 
@@ -100,7 +100,7 @@ def find_victims(
                 picked.append(c)
                 have += held_here
             if have >= k:
-                cost = _cost(picked)
+                cost = victims_cost(picked)
                 if best is None or cost < best_cost:
                     best, best_cost = picked, cost
         if best is None:

@@ -39,7 +39,7 @@ from typing import Any
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.scheduler import attempts
-from dlcloud.scheduler.contract import MIN_TURN_WINDOW_S, TURN_MIN_S
+from dlcloud.scheduler.contract import HOLD_MARGIN_S, MIN_TURN_WINDOW_S, TURN_MIN_S
 from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.scheduler.trace import TraceJob
@@ -381,7 +381,7 @@ class Simulator:
         del self.queue[i]
         del self.queued[i]
         if job.qjob.reclaiming or job.qjob.hold or job.qjob.turn_s is not None:
-            job.qjob = dataclasses.replace(job.qjob, reclaiming=False, hold=(), turn_s=None)
+            job.qjob = dataclasses.replace(job.qjob, reclaiming=False, hold=(), hold_until=None, turn_s=None)
         self.queued_gpus -= job.trace.gpus
         job.state = "running"
         job.attempt += 1
@@ -514,7 +514,8 @@ class Simulator:
             job.state = "stopping"
             if p.reason == "defrag":  # moved, not evicted: considered first once queued again, on the GPUs held
                 # for it (as the control plane)
-                job.qjob = dataclasses.replace(job.qjob, reclaiming=True, hold=p.move_to)
+                until = EPOCH + timedelta(seconds=self.now + self.cfg.grace_s + HOLD_MARGIN_S)
+                job.qjob = dataclasses.replace(job.qjob, reclaiming=True, hold=p.move_to, hold_until=until)
             job.held = None
             self.held_list = None
             self.preemptions += 1

@@ -40,6 +40,7 @@ from sqlalchemy.types import NULLTYPE
 
 from dlcloud.executors.base import Executor, Workload
 from dlcloud.scheduler.attempts import gpu_seconds_in_window
+from dlcloud.scheduler.contract import HOLD_MARGIN_S
 from dlcloud.scheduler.planner import (
     PREEMPTION_WHY,
     GroupDemand,
@@ -88,9 +89,6 @@ _PLACED_COLUMNS = (
     "hold_until",
     "turn_seconds",
 )
-# how much longer than the server's grace period GPUs stay held for a moved job that is stopping: the supervision's
-# SIGKILL comes at the end of the grace period, its next pass (a tick) sees the attempt ended
-HOLD_MARGIN_S = 60.0
 
 
 def plan_config(settings: Settings) -> PlanConfig:
@@ -348,11 +346,11 @@ def _as_read_column(c: Any) -> Any:
 
 _QUEUED = JobRow.state.in_(QUEUE_STATES)
 _WITH_WAIT = JobRow.__table__.outerjoin(JobWaitRow, JobWaitRow.job_id == JobRow.id)
-# whole: (id, wait id, *changing), (id, hold) of the reclaiming jobs, then (id, *fixed) of the jobs not held; fifo:
-# (id, wait id, *fixed, *changing, hold)
+# whole: (id, wait id, *changing), (id, hold, turn, hold until) of the reclaiming jobs, then (id, *fixed) of the jobs
+# not held; fifo: (id, wait id, *fixed, *changing, hold, turn, hold until)
 _QUEUE_CHANGING = select(JobRow.id, JobWaitRow.wait_id, *map(_as_read_column, _CHANGING)).select_from(_WITH_WAIT)
 _QUEUE_CHANGING = _QUEUE_CHANGING.where(_QUEUED)
-_QUEUE_HOLDS = select(JobRow.id, _as_read_column(JobRow.hold_gpus), JobRow.turn_seconds)
+_QUEUE_HOLDS = select(JobRow.id, _as_read_column(JobRow.hold_gpus), JobRow.turn_seconds, JobRow.hold_until)
 _QUEUE_HOLDS = _QUEUE_HOLDS.where(_QUEUED, JobRow.reclaiming)
 _QUEUE_FIXED = select(JobRow.id, *map(_as_read_column, FIXED_AT_SUBMIT))
 _QUEUE = select(
@@ -360,6 +358,7 @@ _QUEUE = select(
     JobWaitRow.wait_id,
     *map(_as_read_column, (*FIXED_AT_SUBMIT, *_CHANGING, JobRow.hold_gpus)),
     JobRow.turn_seconds,
+    JobRow.hold_until,
 )
 _QUEUE = _QUEUE.select_from(_WITH_WAIT).where(_QUEUED)
 _FIXED = slice(2, 2 + len(FIXED_AT_SUBMIT))
@@ -436,8 +435,9 @@ class QueueCache:
         queue = []
         for row in rows:
             job_id = row[0]
-            # (priority, not_before, attained, reclaiming[, hold, turn]): as ``_lazily`` reads it when reclaiming
-            changing = (*row[2:], *holds.get(job_id, (None, None))) if row[-1] else row[2:]
+            # (priority, not_before, attained, reclaiming[, hold, turn, hold until]): as ``_lazily`` reads it when
+            # reclaiming
+            changing = (*row[2:], *holds.get(job_id, (None, None, None))) if row[-1] else row[2:]
             queued = before.get(job_id)
             if queued is None:
                 values = fixed.get(job_id)
@@ -485,7 +485,7 @@ class QueueCache:
         convert = self._convert
         _, _, tenant_id, gpus, cpus, memory, gpu_type, created_at, replica_groups, preemptible, max_run_time = fixed
         priority, not_before, attained_gpu_s, reclaiming = changing[:4]
-        hold_gpus, turn_s = changing[4:6] if len(changing) > 4 and reclaiming else (None, None)
+        hold_gpus, turn_s, hold_until = changing[4:7] if len(changing) > 4 and reclaiming else (None, None, None)
         groups = tuple(
             GroupDemand(g["role"], int(g["count"]), int(g["gpus"]), g.get("gpu_type"))
             for g in convert["replica_groups"](replica_groups) or ()
@@ -508,6 +508,7 @@ class QueueCache:
             attained_gpu_s=attained_gpu_s or 0.0,
             reclaiming=bool(reclaiming),
             hold=tuple(convert["hold_gpus"](hold_gpus) or ()),
+            hold_until=hold_until,
             turn_s=turn_s,
         )
         return _Queued(tuple(fixed), tuple(changing), job, (-priority, created_at, job_id))

@@ -528,7 +528,8 @@ def _owed_small_jobs_on_every_node(b_preempted: int = 0) -> tuple[dict, list]:
 
 def test_an_owed_job_moves_another_tenants_owed_job_to_gpus_held_for_it() -> None:
     # a evicts c's borrowed jobs on node 0 and moves b's job there to the free GPU 7 of node 1 (the least work lost
-    # of b's two): b keeps its guarantee, and GPU 7 is held for b-n0's next attempt
+    # of b's two): b keeps its guarantee, and GPU 7 is held for b-n0's next attempt. A GPU is free: no more of c's
+    # jobs are evicted to make room for the moved one (a chain)
     limits, held = _owed_small_jobs_on_every_node()
     p = plan([job("a0", "a", 4), job("c9", "c", 1)], held, limits, nodes(2, 4), NOW, FS)
     assert sorted(victims(p)) == ["b-n0", "c1", "c2", "c3"]
@@ -548,16 +549,58 @@ def test_a_job_is_moved_for_another_tenants_guarantee_at_most_once() -> None:
     assert not any(x.reason == "defrag" for x in p.preemptions)
 
 
-def test_a_moved_job_goes_to_gpus_free_now_not_to_a_victims() -> None:
-    # a victim may stop after the job it makes room for was moved: a target on its GPUs would not be free (nor held)
-    # when the moved job comes back, which would then resume anywhere, the node the gang needs included
-    limits = {"a": Limits(guarantee_gpus=6), "b": Limits(guarantee_gpus=3), "n": Limits(guarantee_gpus=3)}
-    held = [running("m", "b", (0, 1), minutes=5), running("v1", "c", (2, 3), minutes=5)]
-    held += [running("m2", "b", (4,), minutes=6), running("v3", "c", (5, 6), minutes=5)]
-    held += [running(f"n{g}", "n", (g,), preemptible=False, minutes=60) for g in (7, 10, 11)]
-    p = plan([gang("g", "a", 2, 3)], held, limits, nodes(3, 4), NOW, FS)
-    busy = {g for h in held for g in h.gpus}
-    assert all(not busy & set(x.move_to) for x in p.preemptions)
+def _owed_small_jobs_and_no_free_gpu(**c_kw: object) -> tuple[dict, list]:
+    # as ``_owed_small_jobs_on_every_node``, but c's borrowed jobs take GPU 7 too: nothing is free anywhere
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2)}
+    held = [running("b-n0", "b", (0,), minutes=5), running("b-n1", "b", (4,), minutes=50)]
+    held += [running(f"c{i}", "c", (i,), minutes=20, **c_kw) for i in (1, 2, 3, 5, 6, 7)]
+    return limits, held
+
+
+def test_an_owed_job_chains_a_move_onto_a_borrowed_job_it_evicts_on_another_node() -> None:
+    # a's 4 GPUs of c's borrowed capacity are scattered over both nodes, each holding an owed job of b: a evicts c's
+    # jobs on node 0, moves b-n0 onto GPU 5 of node 1 and evicts c5 there too; b keeps its guarantee
+    limits, held = _owed_small_jobs_and_no_free_gpu()
+    p = plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert {x.job_id: x.reason for x in p.preemptions} == {
+        "c1": "reclaim", "c2": "reclaim", "c3": "reclaim", "b-n0": "defrag", "c5": "reclaim"}  # fmt: skip
+    assert next(x.move_to for x in p.preemptions if x.job_id == "b-n0") == (5,)
+    assert p.wait_reasons["a0"] == "preempting 5 job(s) to reclaim its guarantee, moving 1 to gather whole nodes"
+    # b's jobs preempted before are not moved again: nothing is
+    once = [replace(h, preemptions=1) if h.tenant_id == "b" else h for h in held]
+    assert victims(plan([job("a0", "a", 4)], once, limits, nodes(2, 4), NOW, FS)) == []
+
+
+def test_no_chain_when_the_declared_ends_free_a_node_soon() -> None:
+    # c's jobs and b-n0 declare they end within 10 minutes (node 0 whole then): a waits for that, losing no work
+    limits, held = _owed_small_jobs_and_no_free_gpu(max_run_time_s=30 * 60)
+    held = [replace(h, max_run_time_s=15 * 60) if h.job_id == "b-n0" else h for h in held]
+    p = plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
+    assert victims(p) == []
+    assert p.estimated_start["a0"] == NOW + timedelta(minutes=10)
+    # b-n0 ends in 20 minutes, more than CHAIN_UNLESS_FREE_WITHIN_S (15): the chain
+    held = [replace(h, max_run_time_s=25 * 60) if h.job_id == "b-n0" else h for h in held]
+    assert "c5" in victims(plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS))
+
+
+def test_a_job_moved_onto_a_stopping_victims_gpus_waits_for_them_until_its_hold_ends() -> None:
+    # the pass after the chain: node 0 is free, c5 still stops on GPU 5, held for b-n0. b-n0 (submitted first, so
+    # considered before a0) waits for it rather than start on node 0, which a0 gets
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=2)}
+    held = [running("b-n1", "b", (4,), minutes=51), running("c5", "c", (5,), minutes=21, stopping=True)]
+    held += [running(f"c{i}", "c", (i,), minutes=21) for i in (6, 7)]
+    a0 = job("a0", "a", 4, reclaiming=True)
+    until = NOW + timedelta(seconds=30)
+    b0 = job("b-n0", "b", 1, submitted_at=NOW - timedelta(hours=1), reclaiming=True, hold=(5,), hold_until=until)
+    p = plan([a0, b0], held, limits, nodes(2, 4), NOW, FS)
+    assert dict(p.placements) == {"a0": (0, 1, 2, 3)}
+    assert p.wait_reasons["b-n0"] == "moved: waiting for 1 GPU(s) held for it that a stopping job still holds"
+    # its hold over (the victim takes longer than the server's grace period and the margin): decided as any job
+    late = replace(b0, hold_until=NOW - timedelta(seconds=1))
+    assert placed(plan([a0, late], held, limits, nodes(2, 4), NOW, FS)) == ["b-n0"]  # on node 0: a0 waits again
+    # once c5 stopped, b-n0 resumes on GPU 5
+    after = [h for h in held if h.job_id != "c5"]
+    assert dict(plan([b0], after, limits, nodes(2, 4), NOW, FS).placements) == {"b-n0": (5,)}
 
 
 def test_a_moved_job_resumes_on_its_held_gpus_whatever_the_reservation() -> None:

@@ -193,13 +193,16 @@ def test_held_gpus_go_to_their_moved_job_and_moves_go_to_free_gpus(seed: int) ->
         if q.hold and roomy and uncapped and q.not_before is None and q.held_by is None:
             assert placed.get(q.id) == q.hold
     held_by_id = {h.job_id: h for h in held}
+    # a move goes to free GPUs, held from now on, or (chained) to GPUs of an attempt evicted in this pass
+    evicted = {g for x in p.preemptions if x.reason != "defrag" for g in held_by_id[x.job_id].gpus}
     targets: list[int] = []
     for x in p.preemptions:
         if x.reason != "defrag":
             assert x.move_to == ()
             continue
         assert len(x.move_to) == len(held_by_id[x.job_id].gpus)
-        assert not set(x.move_to) & (busy | stopping_holds | set(got))  # free GPUs only, and held from now on
+        assert not set(x.move_to) & (stopping_holds | set(got))
+        assert not set(x.move_to) & busy - evicted
         targets += x.move_to
     assert len(targets) == len(set(targets))
 
