@@ -279,10 +279,12 @@ class _Pass:
         # moved jobs: the GPUs of their hold that an attempt still stopping holds (moved onto a victim's, chained)
         self.pending: dict[str, list[int]] = {}
 
-    def hold(self, holds: dict[str, tuple[int, ...]]) -> None:
+    def hold(self, holds: dict[str, tuple[int, ...]], until: dict[str, datetime]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
-        (``resume``). They were free when the job was moved (``defragment``) and nobody got them since;
-        one that is not free (an inventory that changed) is not held."""
+        (``resume``). They were free when the job was moved (``defragment``) and nobody got them since, or (a chain)
+        a victim's evicted with it: a queued moved job whose hold has not ended (``until``: ``QueuedJob.hold_until``)
+        has those an attempt still stopping holds promised: that attempt frees them for nobody else (no job waits
+        for it, no reservation counts it). One that is neither (an inventory that changed) is not held."""
         c = self.cluster
         stopping = {g for x in self.stopping for g in x.held.gpus}
         for job_id, gpus in holds.items():
@@ -291,8 +293,14 @@ class _Pass:
                 c.take(mine, 0, 0)
                 self.holding[job_id] = mine
             pending = [g for g in gpus if g in stopping]
-            if pending:
+            if pending and job_id in until and self.now < until[job_id]:
                 self.pending[job_id] = pending
+        if self.pending:
+            promised = {g for gs in self.pending.values() for g in gs}
+            for x in self.stopping:
+                if not promised.isdisjoint(x.held.gpus):
+                    self.releases.pop(id(x.held), None)
+            self.stopping = [x for x in self.stopping if promised.isdisjoint(x.held.gpus)]
 
     def resume(self, job: QueuedJob, t: _Tenant, borrowed: bool) -> bool:
         """Give the GPUs held for moved ``job`` back to the free ones, and place it on them if they suffice and
@@ -303,13 +311,15 @@ class _Pass:
         pending = self.pending.get(job.id)
         if (
             pending
-            and job.hold_until is not None
-            and self.now < job.hold_until
+            and self.not_now(job) is None
+            and quota_reason(job, t.lim, t.use) is None
+            and _borrow_reason(job, t.lim, t.use) is None
             and job.cpus <= c.cpus + 1e-9
             and job.memory <= c.memory
         ):
             # moved onto GPUs of a victim evicted with it, which is still stopping: it waits for them (the free ones
-            # of its hold stay held), rather than start elsewhere (the node it was moved off, say), until hold_until
+            # of its hold stay held), rather than start elsewhere (the node it was moved off, say), until its hold
+            # ends (``hold``); its CPUs and memory are kept for it, and it counts towards its tenant's usage
             c.take((), job.cpus, job.memory)
             t.use.gpus += job.gpus
             t.use.cpus += job.cpus
@@ -703,7 +713,18 @@ class _Pass:
         free_now = {g for fl in free for g in fl}
         move_to: dict[int, tuple[int, ...]] = {}
         chained: list[Candidate] = []
-        spare = [x for x in evict if id(x.held) not in {id(y.held) for y in chosen}]
+        # what a chain may evict: other tenants' borrowed attempts on one node (not gangs, not straddling attempts,
+        # not the job's own tenant's), among those the job may evict anyway
+        taken = {id(y.held) for y in chosen}
+        spare = [
+            x
+            for x in evict
+            if id(x.held) not in taken
+            and id(x.held) in borrowed
+            and x.held.tenant_id != job.tenant_id
+            and x.held.gpus
+            and all(node_of.get(g) == node_of.get(x.held.gpus[0]) for g in x.held.gpus)
+        ]
         soon: bool | None = None  # whether the declared ends free what ``job`` needs soon (asked once, if needed)
         for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
@@ -753,28 +774,31 @@ class _Pass:
     def _chain(
         self, k: int, want: str, free: list[list[int]], spare: list[Candidate], taken: tuple[int, ...]
     ) -> list[Candidate] | None:
-        """Victims among ``spare`` (borrowed attempts the job may evict, waste order) whose GPUs on one node, with the
-        GPUs free there (``free``, what the moves so far left), make room for a moved job of ``k`` GPUs (of type
-        ``want``): the node where they cost least (``find_victims``' rule), not the GPUs ``taken`` by the job."""
+        """Victims among ``spare`` (other tenants' borrowed single-node attempts the job may evict, waste order) on one
+        node whose GPUs, with those free there (``free``, what the moves so far left), make room for a moved job of
+        ``k`` GPUs (of type ``want``), not on the GPUs ``taken`` by the job: the node where they are fewest GPUs,
+        then cost least (``find_victims``' rule)."""
         c = self.cluster
+        on_node: dict[int, list[Candidate]] = {}
+        for y in spare:
+            n = c.node_of.get(y.held.gpus[0])
+            if n is not None and set(y.held.gpus).isdisjoint(taken):
+                on_node.setdefault(n, []).append(y)
         best: list[Candidate] | None = None
         best_cost: tuple = ()
-        for n, fl in enumerate(free):
+        for n, ys in on_node.items():
+            fl = free[n]
             have = len(fl) if not want else sum(1 for g in fl if want in c.names[g])
             picked: list[Candidate] = []
-            for y in spare:
+            for y in ys:
                 if have >= k:
                     break
-                here = sum(
-                    1
-                    for g in y.held.gpus
-                    if c.node_of.get(g) == n and g not in taken and (not want or want in c.names[g])
-                )
-                if here:
-                    picked.append(y)
-                    have += here
-            if have >= k and picked and (best is None or victims_cost(picked) < best_cost):
-                best, best_cost = picked, victims_cost(picked)
+                picked.append(y)
+                have += len(y.held.gpus) if not want else sum(1 for g in y.held.gpus if want in c.names[g])
+            if have >= k:
+                cost = (sum(len(y.held.gpus) for y in picked), victims_cost(picked))
+                if best is None or cost < best_cost:
+                    best, best_cost = picked, cost
         return best
 
 
@@ -1251,7 +1275,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
     holds = {h.job_id: h.hold for h in p.held if h.hold and h.stopping}
     holds.update((j.id, j.hold) for j in first if j.hold)
     if holds:
-        p.hold(holds)
+        p.hold(holds, {j.id: j.hold_until for j in first if j.hold and j.hold_until is not None})
     done = {j.id for j in first}
     for job in first:
         t = p.tenants[job.tenant_id]

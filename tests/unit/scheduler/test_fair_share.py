@@ -571,6 +571,23 @@ def test_an_owed_job_chains_a_move_onto_a_borrowed_job_it_evicts_on_another_node
     assert victims(plan([job("a0", "a", 4)], once, limits, nodes(2, 4), NOW, FS)) == []
 
 
+def test_a_chain_evicts_the_fewest_gpus_on_one_node_and_never_a_gang() -> None:
+    # 3 nodes of 4; b's owed jobs on every node, c's borrowed ones fill node 0. For one GPU for b-n0 the chain takes
+    # e's 1-GPU job on node 2, not d's 3-GPU one on node 1 (which loses the least work); a gang of d over nodes 1 and
+    # 2 is never chained (it would free GPUs on two nodes for one moved GPU): then a waits (review of the chain)
+    limits = {"a": Limits(guarantee_gpus=4), "b": Limits(guarantee_gpus=3)}
+    held = [running("b-n0", "b", (0,), minutes=5), running("b-n1", "b", (4,), minutes=50)]
+    held += [running("b-n2", "b", (8,), minutes=50)]
+    held += [running(f"c{i}", "c", (i,), minutes=20) for i in (1, 2, 3)]
+    small = [running("d3", "d", (5, 6, 7), minutes=2), running("e1", "e", (9,), minutes=30)]
+    small += [running("f2", "f", (10, 11), minutes=30)]
+    p = plan([job("a0", "a", 4)], held + small, limits, nodes(3, 4), NOW, FS)
+    assert sorted(victims(p)) == ["b-n0", "c1", "c2", "c3", "e1"]
+    assert next(x.move_to for x in p.preemptions if x.job_id == "b-n0") == (9,)
+    gang = [running("d-gang", "d", (5, 6, 7, 9, 10, 11), minutes=60)]
+    assert victims(plan([job("a0", "a", 4)], held + gang, limits, nodes(3, 4), NOW, FS)) == []
+
+
 def test_no_chain_when_the_declared_ends_free_a_node_soon() -> None:
     # c's jobs and b-n0 declare they end within 10 minutes (node 0 whole then): a waits for that, losing no work
     limits, held = _owed_small_jobs_and_no_free_gpu(max_run_time_s=30 * 60)
@@ -601,6 +618,34 @@ def test_a_job_moved_onto_a_stopping_victims_gpus_waits_for_them_until_its_hold_
     # once c5 stopped, b-n0 resumes on GPU 5
     after = [h for h in held if h.job_id != "c5"]
     assert dict(plan([b0], after, limits, nodes(2, 4), NOW, FS).placements) == {"b-n0": (5,)}
+
+
+def test_the_free_gpus_of_a_waiting_moved_jobs_hold_stay_held() -> None:
+    # b-n0 (2 GPUs) was moved onto GPU 6 (free) and GPU 7 (c7's, still stopping): while it waits, GPU 6 stays held
+    # for it (x does not get it); held back by its tenant's quota, it does not wait: both are free for all
+    limits = {"b": Limits(guarantee_gpus=4)}
+    held = [running("c7", "c", (7,), minutes=21, stopping=True)]
+    held += [running(f"f{i}", "f", (i,), minutes=21) for i in (0, 1, 2, 3, 4, 5)]
+    b0 = job("b-n0", "b", 2, submitted_at=NOW - timedelta(hours=1), reclaiming=True, hold=(6, 7),
+             hold_until=NOW + timedelta(seconds=30))  # fmt: skip
+    p = plan([b0, job("x", "x", 1)], held, limits, nodes(2, 4), NOW, FS)
+    assert placed(p) == [] and p.wait_reasons["b-n0"].startswith("moved: waiting for 1 GPU(s)")
+    capped = {"b": Limits(gpus=1, guarantee_gpus=4)}
+    p = plan([b0, job("x", "x", 1)], held, capped, nodes(2, 4), NOW, FS)
+    assert dict(p.placements) == {"x": (6,)} and not p.wait_reasons["b-n0"].startswith("moved")
+
+
+def test_gpus_promised_to_a_waiting_moved_job_are_waited_for_by_nobody_else() -> None:
+    # b-n0 waits for GPU 5 (c5 stopping, chained): e0 (owed, 1 GPU, nothing free) is not told it gets it once c5
+    # has stopped, and no reservation counts it (review of the chain)
+    limits = {"b": Limits(guarantee_gpus=2), "e": Limits(guarantee_gpus=2)}
+    held = [running("c5", "c", (5,), minutes=21, stopping=True)]
+    held += [running(f"f{i}", "f", (i,), minutes=21, preemptible=False) for i in (0, 1, 2, 3, 4, 6, 7)]
+    b0 = job("b-n0", "b", 1, submitted_at=NOW - timedelta(hours=1), reclaiming=True, hold=(5,),
+             hold_until=NOW + timedelta(seconds=30))  # fmt: skip
+    p = plan([b0, job("e0", "e", 1)], held, limits, nodes(2, 4), NOW, FS)
+    assert p.wait_reasons["b-n0"].startswith("moved: waiting")
+    assert "stopping" not in p.wait_reasons["e0"] and "e0" not in p.estimated_start
 
 
 def test_a_moved_job_resumes_on_its_held_gpus_whatever_the_reservation() -> None:
