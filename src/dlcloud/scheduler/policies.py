@@ -31,8 +31,8 @@ policies; the rules, in short:
   again. An owed or catching-up job whose victims are not where it needs them evicts them and moves other
   tenants' small jobs out of the way too, even those inside their guarantees, but only jobs never preempted
   before (a job is moved for another tenant at most once). Where no GPUs stay free for a moved job, it goes onto
-  GPUs of borrowed attempts the job may evict anyway, on another node, evicted with it ("chained": the job's own
-  borrowed GPUs are scattered over nodes that each hold some owed job), unless the declared ends free what the job
+  GPUs of other tenants' borrowed single-node attempts on another node, evicted with it ("chained": what the job
+  may take back is scattered over nodes that each hold some owed job), unless the declared ends free what the job
   needs within ``CHAIN_UNLESS_FREE_WITHIN_S``; it waits for them while they stop (``QueuedJob.hold_until``).
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
