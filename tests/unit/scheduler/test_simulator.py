@@ -5,13 +5,14 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.scheduler.attempts import AttemptEnd, attempt_end, last_checkpoint_s, requeue_after_preemption
+from dlcloud.scheduler.contract import HOLD_MARGIN_S
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.scheduler.planner import Held, Limits, Plan, PlanConfig, Policy, Preemption, QueuedJob
 from dlcloud.scheduler.simulator import EPOCH, SimConfig, Simulator, guarantees, simulate
@@ -181,9 +182,11 @@ def test_a_moved_job_carries_its_held_gpus_until_it_is_placed_again() -> None:
     assert stopping and all(h.hold == (1,) for h in stopping)  # while it stops, its next GPUs are held
     queued = [q for t, queue, _ in seen for q in queue if q.id == "a1" and t >= 1030]
     assert queued and queued[0].hold == (1,) and queued[0].reclaiming  # then its queued job carries them
+    # and the end of its hold (a victim chained for it may still be stopping): the move's pass + grace + margin
+    assert queued[0].hold_until == EPOCH + timedelta(seconds=1000.0 + 30.0 + HOLD_MARGIN_S)
     after = [h for t, _, held in seen for h in held if h.job_id == "a1" and t > 1031]
     assert after and after[0].gpus == (1,) and after[0].hold == () and after[0].preemptions == 1
-    assert all(not q.hold for t, queue, _ in seen for q in queue if q.id == "a1" and t > 1031)
+    assert all(not q.hold and q.hold_until is None for t, queue, _ in seen for q in queue if q.id == "a1" and t > 1031)
 
 
 def test_every_pass_sees_a_running_jobs_tenant_las_queue_as_it_is_then() -> None:
