@@ -32,8 +32,9 @@ policies; the rules, in short:
   tenants' small jobs out of the way too, even those inside their guarantees, but only jobs never preempted
   before (a job is moved for another tenant at most once). Where no GPUs stay free for a moved job, it goes onto
   GPUs of other tenants' borrowed single-node attempts on another node, evicted with it ("chained": what the job
-  may take back is scattered over nodes that each hold some owed job), unless the declared ends free what the job
-  needs within ``CHAIN_UNLESS_FREE_WITHIN_S``; it waits for them while they stop (``QueuedJob.hold_until``).
+  may take back is scattered over nodes that each hold some owed job), unless its tenant held 90 % of its guarantee
+  over the turn window or the declared ends free what the job needs within ``CHAIN_UNLESS_FREE_WITHIN_S``; it
+  waits for them while they stop (``QueuedJob.hold_until``).
 - las: attained-service queue (``las_queues_gpu_s``), then submit time; jobs that fit start, the others do not
   block (work-conserving); a job may preempt preemptible attempts in a strictly higher queue ("las"), the most
   attained first.
@@ -111,8 +112,8 @@ _PREEMPTING = {
 
 
 # an owed job that finds no node to take whole moves small jobs onto GPUs of borrowed attempts evicted elsewhere
-# ("chained", ``_Pass.defragment``) only when the declared ends free what it needs no sooner than this: a chain costs
-# the moved jobs' and the extra victims' work since their last checkpoints
+# ("chained", ``_Pass.defragment``) only when the declared ends free what it needs no sooner than this (and its
+# tenant is short over the turn window): a chain costs the moved jobs' and the extra victims' work and delays them
 CHAIN_UNLESS_FREE_WITHIN_S = 900.0
 
 
@@ -654,7 +655,7 @@ class _Pass:
         guarantee (it resumes at once, on GPUs held for it). Under contention no GPUs stay free for a moved job: it
         then goes onto GPUs of more of those victims on another node (``_chain``), evicted with it, so that what the
         job may take back, scattered over nodes that each hold some owed job, is gathered into the nodes it needs;
-        not when the declared ends free what ``job`` needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
+        not when ``job`` had better wait (``_chain_needless``)."""
         c = self.cluster
         if not self.cfg.defragment or not c.fits_totals(job) or c.single_node:
             return False
@@ -725,16 +726,15 @@ class _Pass:
             and x.held.gpus
             and all(node_of.get(g) == node_of.get(x.held.gpus[0]) for g in x.held.gpus)
         ]
-        soon: bool | None = None  # whether the declared ends free what ``job`` needs soon (asked once, if needed)
+        wait: bool | None = None  # whether ``job`` had better wait than chain (asked once, if needed)
         for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
             want = names.get(x.held.gpus[0], "").lower()
             k = len(x.held.gpus)
             pick = choose(free, names, [(k, want)])
             if pick is None and spare:
-                if soon is None:
-                    r = reserve(c, job, list(self.releases.values()))
-                    soon = r.at is not None and r.at <= now + timedelta(seconds=CHAIN_UNLESS_FREE_WITHIN_S)
-                more = None if soon else self._chain(k, want, free, spare, gpus)
+                if wait is None:
+                    wait = self._chain_needless(job, tenant)
+                more = None if wait else self._chain(k, want, free, spare, gpus)
                 if more is not None and (also is None or also([*chosen, *chained, *more])):
                     chained += more
                     spare = [y for y in spare if all(y is not z for z in more)]
@@ -770,6 +770,18 @@ class _Pass:
         self.result.wait_reasons[job.id] = f"preempting {len(chosen)} job(s) {_PREEMPTING[main]}{moving}"
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
+
+    def _chain_needless(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
+        """Whether ``job`` waits rather than chain moves: its tenant held 90 % of its guarantee over the last turn
+        window (a short gap: the hours count, and a chain costs other jobs' work and completion times), or the
+        declared ends free what it needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
+        lim = tenant.lim if tenant is not None else None
+        window = self.cfg.turn_window_s
+        recent = lim.recent_gpu_s if lim is not None else None
+        if lim is not None and recent is not None and window > 0 and recent >= 0.9 * lim.guarantee_gpus * window:
+            return True
+        r = reserve(self.cluster, job, list(self.releases.values()))
+        return r.at is not None and r.at <= self.now + timedelta(seconds=CHAIN_UNLESS_FREE_WITHIN_S)
 
     def _chain(
         self, k: int, want: str, free: list[list[int]], spare: list[Candidate], taken: tuple[int, ...]

@@ -600,6 +600,16 @@ def test_no_chain_when_the_declared_ends_free_a_node_soon() -> None:
     assert "c5" in victims(plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS))
 
 
+def test_no_chain_for_a_tenant_that_held_its_guarantee_over_the_turn_window() -> None:
+    # a held 90 % of its 4 GPUs over the last hour (a job of its ended just now): it waits for a node to free
+    # rather than make b and c lose work; short of it over the hour, it chains
+    limits, held = _owed_small_jobs_and_no_free_gpu()
+    served = {**limits, "a": replace(limits["a"], recent_gpu_s=0.9 * 4 * 3600)}
+    assert victims(plan([job("a0", "a", 4)], held, served, nodes(2, 4), NOW, FS)) == []
+    short = {**limits, "a": replace(limits["a"], recent_gpu_s=0.8 * 4 * 3600)}
+    assert "c5" in victims(plan([job("a0", "a", 4)], held, short, nodes(2, 4), NOW, FS))
+
+
 def test_a_job_moved_onto_a_stopping_victims_gpus_waits_for_them_until_its_hold_ends() -> None:
     # the pass after the chain: node 0 is free, c5 still stops on GPU 5, held for b-n0. b-n0 (submitted first, so
     # considered before a0) waits for it rather than start on node 0, which a0 gets
