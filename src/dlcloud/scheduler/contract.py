@@ -171,7 +171,10 @@ PREEMPTION_WHY = {
     "priority": "it has a higher priority in the same tenant",
     "fill": "this job ran as borrowed fill ahead of it",
     "las": "it has attained less service (las)",
-    "defrag": "it needs whole nodes; this job resumes at once on GPUs left free elsewhere",
+    "defrag": (
+        "it needs whole nodes; this job resumes on GPUs held for it elsewhere (at once, or once a job evicted there "
+        "has stopped)"
+    ),
     "turn": "its tenant held more than 90 % of its guarantee over the turn window; this job's tenant, short of its "
     "own, takes a turn",
 }

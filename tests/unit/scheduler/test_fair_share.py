@@ -491,7 +491,7 @@ def test_scattered_free_gpus_are_gathered_for_a_gang_by_moving_small_jobs() -> N
     assert sorted(victims(p)) == ["s0", "s2"]  # the least work lost; s1's node takes both back
     assert {x.reason for x in p.preemptions} == {"defrag"}
     assert p.wait_reasons["g"] == "preempting 2 job(s) to gather whole nodes (they resume at once on GPUs left free)"
-    assert "resumes at once" in p.preemptions[0].message
+    assert "resumes on GPUs held for it elsewhere" in p.preemptions[0].message
     # without defragmentation the gang waits (reserved) and nothing is stopped
     off = plan([gang("g", "a", 2, 4)], held, {}, nodes(3, 4), NOW, replace(FS, defragment=False))
     assert victims(off) == [] and off.blocked_by == "g"
