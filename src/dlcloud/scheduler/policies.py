@@ -777,9 +777,10 @@ class _Pass:
         declared ends free what it needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
         lim = tenant.lim if tenant is not None else None
         window = self.cfg.turn_window_s
-        recent = lim.recent_gpu_s if lim is not None else None
-        if lim is not None and recent is not None and window > 0 and recent >= 0.9 * lim.guarantee_gpus * window:
-            return True
+        if lim is not None and lim.recent_gpu_s is not None and window > 0:
+            held_enough = lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
+            if held_enough:
+                return True
         r = reserve(self.cluster, job, list(self.releases.values()))
         return r.at is not None and r.at <= self.now + timedelta(seconds=CHAIN_UNLESS_FREE_WITHIN_S)
 
