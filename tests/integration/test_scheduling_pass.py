@@ -303,6 +303,52 @@ def _hog_the_host(env: Env) -> None:
     assert env.control.schedule() == 1
 
 
+def test_attempts_that_end_together_are_recorded_in_one_transaction_each_in_its_own_savepoint(
+    sim_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ends a supervision pass sees go to the database in one write transaction; recording one that fails is
+    rolled back alone (its job stays RUNNING, nothing of it written) and tried again at the next pass."""
+    import dlcloud.services.job_states as job_states
+
+    env, control = sim_env, sim_env.control
+    assert control is not None
+    for name in ("one", "two", "three"):
+        env.admin.jobs.submit(spec(name, cpu=0.5))
+    assert control.schedule() == 3
+    control.supervise()  # STARTING -> RUNNING
+    two = env.admin.jobs.get("two")["id"]
+    end_attempt, failed = job_states.end_attempt, []
+
+    def flaky(s: Any, job: JobRow, *args: Any, **kwargs: Any) -> Any:
+        if job.id == two and not failed:
+            failed.append(job.id)
+            raise RuntimeError("the database said no")
+        return end_attempt(s, job, *args, **kwargs)
+
+    monkeypatch.setattr(job_states, "end_attempt", flaky)
+    writes = []
+    write = control.supervisor.write
+
+    def counted() -> Any:
+        writes.append(1)
+        return write()
+
+    monkeypatch.setattr(control.supervisor, "write", counted)
+    finish_all = executor(env)
+    for handle in list(finish_all.running()):
+        finish_all.finish(handle, 0)
+    control.supervise()
+    assert len(writes) == 1 and failed == [two]
+    assert {n: env.admin.jobs.get(n)["state"] for n in ("one", "two", "three")} == {
+        "one": "SUCCEEDED", "two": "RUNNING", "three": "SUCCEEDED"}  # fmt: skip
+    with env.platform.db.read() as s:
+        row = s.execute(select(AttemptRow.finished_at, JobRow.exit_code).join(JobRow, JobRow.id == AttemptRow.job_id)
+                        .where(JobRow.id == two)).one()  # fmt: skip
+    assert tuple(row) == (None, None)
+    control.supervise()
+    assert env.admin.jobs.get("two")["state"] == "SUCCEEDED"
+
+
 def test_a_whole_read_reads_the_queues_index_alone(env: Env) -> None:
     """What a pass reads of every queued job, every pass, is in the queue's index: not the jobs' ~1 KB rows (it halved
     the read of 10,000 queued jobs, bench/scheduler.py). A column added to what changes must go into the index."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -45,6 +46,16 @@ def post_note(report: AttemptReport) -> str:
     if report.post_exit_code:
         return f"; post_command failed with exit code {report.post_exit_code}"
     return ""
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """An attempt that exited this pass, its outputs saved: its end is recorded with the others (``_finish``)."""
+
+    job_id: str
+    attempt_id: int
+    number: int
+    report: AttemptReport
 
 
 class Supervisor:
@@ -87,17 +98,28 @@ class Supervisor:
                 .join(JobRow, JobRow.id == AttemptRow.job_id)
                 .where(AttemptRow.finished_at.is_(None))
             ).all()
+        ended: list[_Ended] = []
         for attempt_id, handle, tenant_id, number, job_id, state, cancel, preempt in live:
             try:
                 # a preemption stops the attempt as a cancel does; how it ends decides the rest (job_states)
-                self._supervise(attempt_id, handle, tenant_id, number, job_id, state, cancel or preempt)
+                self._supervise(attempt_id, handle, tenant_id, number, job_id, state, cancel or preempt, ended)
             except LeadershipLost:
                 raise
             except Exception:  # one attempt's trouble must not stop the supervision of the others
                 log.exception("job %s attempt %d: supervision failed; trying again at the next pass", job_id, number)
+        if ended:
+            self._finish(ended)
 
     def _supervise(
-        self, attempt_id: int, handle: str, tenant_id: str, number: int, job_id: str, state: str, cancel: bool
+        self,
+        attempt_id: int,
+        handle: str,
+        tenant_id: str,
+        number: int,
+        job_id: str,
+        state: str,
+        cancel: bool,
+        ended: list[_Ended],
     ) -> None:
         report = self.executor.poll(handle)
         if cancel and attempt_id not in self._stopping and report.state in ("pending", "running"):
@@ -111,7 +133,7 @@ class Supervisor:
             self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
         elif report.state == "exited":
             if self.final_pass(attempt_id) and self._save_outputs(job_id, tenant_id, number, handle):
-                self._finish(job_id, attempt_id, report)
+                ended.append(_Ended(job_id, attempt_id, number, report))  # recorded with the others (``_finish``)
         elif report.state == "lost":
             if report.launched:
                 if attempt_id not in self._lost_stopped:
@@ -212,41 +234,76 @@ class Supervisor:
                 s, job, JobState.RUNNING, f"attempt {job.attempt} running (pid {report.pid})", at=report.started_at
             )
 
-    def _finish(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
-        now = report.finished_at or utcnow()
-        with self.write() as s:
-            attempt = s.get(AttemptRow, attempt_id)
-            job = s.get(JobRow, job_id)
-            if attempt is None or job is None or attempt.finished_at is not None:
-                return
-            code = report.exit_code
-            attempt.finished_at = now
-            attempt.exit_code = code
-            job.exit_code = code
-            release_ports(s, job.id, attempt.number)
-            self._record_replicas(s, job, report)
-            detail = f" ({report.message})" if report.message else ""
-            if report.replicas:  # the message names the failing replica, its code and last lines
-                failure = f"attempt {job.attempt} failed: {report.message}"
-            else:
-                failure = f"attempt {job.attempt} failed with exit code {code}{detail}"
-            job_states.end_attempt(
-                s,
-                job,
-                attempt,
-                exit_code=code,
-                started_at=report.started_at,
-                now=now,
-                stopped=report.stopped,
-                timed_out=report.timed_out,
-                failure=failure,
-                note=post_note(report),
-            )
-            register = job.state == JobState.SUCCEEDED.value and bool(job.spec.get("register_model"))
-        self._stopping.discard(attempt_id)
-        if register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
+    def _finish(self, ended: list[_Ended]) -> None:
+        """Record the ends of the attempts that exited this pass (their outputs saved) in one write transaction, each
+        in its own savepoint: one that fails is rolled back alone and tried again at the next pass (the executor
+        still reports it exited), the others are recorded. Then the models of the jobs that succeeded are registered
+        and the loop is woken once."""
+        recorded: list[_Ended] = []
+        register: list[str] = []
+        try:
+            self._record_ends(ended, recorded, register)
+        except LeadershipLost:
+            raise
+        except Exception:  # the transaction itself failed (the database): nothing was recorded, all are tried again
+            log.exception("the ends of %d attempt(s) not recorded; trying again at the next pass", len(ended))
+            return
+        for e in recorded:
+            self._stopping.discard(e.attempt_id)
+        for job_id in register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
             job_models.register_after_success(self.p, job_id)
-        self.wake()
+        if recorded:
+            self.wake()
+
+    def _record_ends(self, ended: list[_Ended], recorded: list[_Ended], register: list[str]) -> None:
+        with self.write() as s:
+            for e in ended:
+                try:
+                    with s.begin_nested():
+                        done = self._end(s, e.job_id, e.attempt_id, e.report)
+                except LeadershipLost:
+                    raise
+                except Exception:
+                    log.exception("job %s attempt %d: its end not recorded; trying again at the next pass", e.job_id,
+                                  e.number)  # fmt: skip
+                    continue
+                if done is not None:
+                    recorded.append(e)
+                    if done:
+                        register.append(e.job_id)
+
+    def _end(self, s: Session, job_id: str, attempt_id: int, report: AttemptReport) -> bool | None:
+        """Record one attempt's end; None when there was nothing to record (it was already), else whether its job
+        succeeded and asks for its model to be registered."""
+        now = report.finished_at or utcnow()
+        attempt = s.get(AttemptRow, attempt_id)
+        job = s.get(JobRow, job_id)
+        if attempt is None or job is None or attempt.finished_at is not None:
+            return None
+        code = report.exit_code
+        attempt.finished_at = now
+        attempt.exit_code = code
+        job.exit_code = code
+        release_ports(s, job.id, attempt.number)
+        self._record_replicas(s, job, report)
+        detail = f" ({report.message})" if report.message else ""
+        if report.replicas:  # the message names the failing replica, its code and last lines
+            failure = f"attempt {job.attempt} failed: {report.message}"
+        else:
+            failure = f"attempt {job.attempt} failed with exit code {code}{detail}"
+        job_states.end_attempt(
+            s,
+            job,
+            attempt,
+            exit_code=code,
+            started_at=report.started_at,
+            now=now,
+            stopped=report.stopped,
+            timed_out=report.timed_out,
+            failure=failure,
+            note=post_note(report),
+        )
+        return job.state == JobState.SUCCEEDED.value and bool(job.spec.get("register_model"))
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         if not report.launched and attempt_id not in self._relaunched:
