@@ -54,9 +54,9 @@ guarantee and large jobs is not starved under contention, and cannot make the te
 itself).
 When nothing borrowed is left to catch up from (under contention nearly every GPU runs inside some guarantee), such
 a job takes *turns* (``PlanConfig.turn_window_s``): once it waited ``TURN_MIN_WAIT_S`` while its tenant held less than
-90 % of its guarantee over the window (``Limits.recent_gpu_s``), it may preempt borrowed attempts and attempts of
-tenants that keep 90 % of theirs over the window that ends with the turn ("turn"; those that held the most of their
-guarantee first, then their longest-running attempts: ``turn_candidates``). The turn's length (what its
+its guarantee over the window (``Limits.recent_gpu_s``, ``TURN_DUE_BELOW``), it may preempt borrowed attempts and
+attempts of tenants that keep 90 % of theirs over the window that ends with the turn ("turn"; those that held the
+most of their guarantee first, then their longest-running attempts: ``turn_candidates``). The turn's length (what its
 tenant needs to reach its guarantee over the window at the job's size) is granted then (``Plan.turn_grants``, then
 ``QueuedJob.turn_s``); the job waits for its victims (a grant it could not use is void once nothing is stopping)
 and, placed on what they free, runs on its turn (``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed
@@ -93,7 +93,9 @@ from dlcloud.scheduler.placement import Cluster, choose, processes
 from dlcloud.scheduler.planner import quota_reason
 from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, moves_away, victims_cost
 
-FAIR_SHARE_FLOOR = 0.9  # turns: a tenant is due one below this fraction of its guarantee over the window
+FAIR_SHARE_FLOOR = 0.9  # turns: a tenant gives up capacity for another's turn only while it keeps this fraction of
+# its guarantee over the window (and a tenant that held this much over it does not chain moves)
+TURN_DUE_BELOW = 1.0  # turns: a tenant is due one while it held less than this fraction of its guarantee over it
 # turns: victims inside guarantees come first from tenants that held the most of their guarantee over the window, in
 # steps of this fraction of it (within a step, the longest-running attempts first)
 TURN_VICTIM_STEP = 0.25
@@ -114,7 +116,8 @@ _PREEMPTING = {
 # an owed job that finds no node to take whole moves small jobs onto GPUs of borrowed attempts evicted elsewhere
 # ("chained", ``_Pass.defragment``) only when the declared ends free what it needs no sooner than this (and its
 # tenant is short over the turn window): a chain costs the moved jobs' and the extra victims' work and delays them
-CHAIN_UNLESS_FREE_WITHIN_S = 900.0
+# (on the Philly window an hour gave fewer tenant-hours below than 15 minutes at the same JCT: docs/scheduling.md)
+CHAIN_UNLESS_FREE_WITHIN_S = 3600.0
 
 
 def effective_priority(job: QueuedJob, now: datetime, cfg: PlanConfig) -> int:
@@ -1129,7 +1132,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         return ahead >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
 
     def turn_length(job: QueuedJob, t: _Tenant) -> float | None:
-        """How long a turn ``job`` is due (its tenant below 90 % of its guarantee over the window, the job waiting
+        """How long a turn ``job`` is due (its tenant below its guarantee over the window, the job waiting
         long enough): as long as its tenant needs to reach its guarantee over the window at the job's size, at least
         ``TURN_MIN_S``, at most half the window; None when not due, or when the job is too large for its tenant's
         guarantee over the window (its shortest turn would give the tenant more than that)."""
@@ -1140,7 +1143,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return None
         waited = (now - (job.submitted_at or now)).total_seconds()
         span = min(window, waited)
-        if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * span:
+        if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= TURN_DUE_BELOW * lim.guarantee_gpus * span:
             return None
         return min(window / 2, max(TURN_MIN_S, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus))
 

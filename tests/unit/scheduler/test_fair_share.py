@@ -588,15 +588,15 @@ def test_a_chain_evicts_the_fewest_gpus_on_one_node_and_never_a_gang() -> None:
     assert victims(plan([job("a0", "a", 4)], held + gang, limits, nodes(3, 4), NOW, FS)) == []
 
 
-def test_no_chain_when_the_declared_ends_free_a_node_soon() -> None:
-    # c's jobs and b-n0 declare they end within 10 minutes (node 0 whole then): a waits for that, losing no work
+def test_no_chain_when_the_declared_ends_free_a_node_within_the_hour() -> None:
+    # c's jobs and b-n0 declare they end within 40 minutes (node 0 whole then): a waits for that, losing no work
     limits, held = _owed_small_jobs_and_no_free_gpu(max_run_time_s=30 * 60)
-    held = [replace(h, max_run_time_s=15 * 60) if h.job_id == "b-n0" else h for h in held]
+    held = [replace(h, max_run_time_s=45 * 60) if h.job_id == "b-n0" else h for h in held]
     p = plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS)
     assert victims(p) == []
-    assert p.estimated_start["a0"] == NOW + timedelta(minutes=10)
-    # b-n0 ends in 20 minutes, more than CHAIN_UNLESS_FREE_WITHIN_S (15): the chain
-    held = [replace(h, max_run_time_s=25 * 60) if h.job_id == "b-n0" else h for h in held]
+    assert p.estimated_start["a0"] == NOW + timedelta(minutes=40)
+    # b-n0 ends in 65 minutes, more than CHAIN_UNLESS_FREE_WITHIN_S (an hour): the chain
+    held = [replace(h, max_run_time_s=70 * 60) if h.job_id == "b-n0" else h for h in held]
     assert "c5" in victims(plan([job("a0", "a", 4)], held, limits, nodes(2, 4), NOW, FS))
 
 
@@ -809,9 +809,11 @@ def test_a_granted_job_that_cannot_wait_does_not_decide_for_one_not_granted() ->
 
 
 def test_no_turn_when_the_tenant_had_its_share_or_has_not_waited() -> None:
-    # b held 0.9 of its guarantee over the 30 minutes its job waited: no turn
-    queue, held, limits = _turn_case(b_recent=0.9 * 1 * 1800)
+    # b held its guarantee over the 30 minutes its job waited: no turn; a little less (0.95 of it): a turn
+    queue, held, limits = _turn_case(b_recent=1 * 1800)
     assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
+    queue, held, limits = _turn_case(b_recent=0.95 * 1 * 1800)
+    assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) != []
     queue, held, limits = _turn_case(waited_min=10)  # demand shown for less than TURN_MIN_WAIT_S
     assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
     # turns off (a window of 0)
