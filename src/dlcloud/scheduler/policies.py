@@ -312,24 +312,17 @@ class _Pass:
         the order or a reservation: it was moved to resume at once. Else (False) it is decided as any other job, its
         GPUs free for all."""
         c = self.cluster
+        held_back = (
+            self.not_now(job) is not None
+            or quota_reason(job, t.lim, t.use) is not None
+            or _borrow_reason(job, t.lim, t.use) is not None
+        )
         pending = self.pending.get(job.id)
-        if (
-            pending
-            and self.not_now(job) is None
-            and quota_reason(job, t.lim, t.use) is None
-            and _borrow_reason(job, t.lim, t.use) is None
-            and job.cpus <= c.cpus + 1e-9
-            and job.memory <= c.memory
-        ):
+        if pending and not held_back and job.cpus <= c.cpus + 1e-9 and job.memory <= c.memory:
             # moved onto GPUs of a victim evicted with it, which is still stopping: it waits for them (the free ones
             # of its hold stay held), rather than start elsewhere (the node it was moved off, say), until its hold
-            # ends (``hold``); its CPUs and memory are kept for it, and it counts towards its tenant's usage
-            c.take((), job.cpus, job.memory)
-            t.use.gpus += job.gpus
-            t.use.cpus += job.cpus
-            t.use.memory += job.memory
-            t.use.running_jobs += 1
-            self.changes += 1
+            # ends (``hold``); its CPUs and memory are claimed for it, and it counts towards its tenant's usage
+            self.claim(job, [], (), t)
             self.result.wait_reasons[job.id] = (
                 f"moved: waiting for {len(pending)} GPU(s) held for it that a stopping job still holds"
             )
@@ -340,9 +333,7 @@ class _Pass:
             return False
         c.give(mine, 0, 0)
         self.changes += 1
-        if self.not_now(job) is not None or not c.fits_totals(job):
-            return False
-        if quota_reason(job, t.lim, t.use) is not None or _borrow_reason(job, t.lim, t.use) is not None:
+        if held_back or not c.fits_totals(job):
             return False
         held = set(mine)
         gpus = choose([[g for g in fl if g in held] for fl in c.free], c.names, processes(job))
@@ -674,6 +665,9 @@ class _Pass:
             self.failed[memo].append((job.gpus, job.cpus, job.memory))
             return False
 
+        def one_node(h: Held) -> bool:
+            return all(node_of.get(g) == node_of.get(h.gpus[0]) for g in h.gpus)
+
         def movable(h: Held) -> bool:
             if h.tenant_id == job.tenant_id:
                 may = h.priority <= job.priority
@@ -686,7 +680,7 @@ class _Pass:
                 and not h.stopping
                 and 0 < len(h.gpus) < c.max_size
                 and id(h) not in self.victims
-                and all(node_of.get(g) == node_of.get(h.gpus[0]) for g in h.gpus)
+                and one_node(h)
             )
 
         def at_most_its_gpus(chosen: Sequence[Candidate]) -> bool:
@@ -727,7 +721,7 @@ class _Pass:
             and id(x.held) in borrowed
             and x.held.tenant_id != job.tenant_id
             and x.held.gpus
-            and all(node_of.get(g) == node_of.get(x.held.gpus[0]) for g in x.held.gpus)
+            and one_node(x.held)
         ]
         wait: bool | None = None  # whether ``job`` had better wait than chain (asked once, if needed)
         for x in sorted((x for x in chosen if x.reason == "defrag"), key=lambda x: -len(x.held.gpus)):
@@ -795,22 +789,22 @@ class _Pass:
         ``k`` GPUs (of type ``want``), not on the GPUs ``taken`` by the job: the node where they are fewest GPUs,
         then cost least (``find_victims``' rule)."""
         c = self.cluster
-        on_node: dict[int, list[Candidate]] = {}
+        on_node: dict[int, list[tuple[Candidate, int]]] = {}  # each node's victims with their matching GPUs there
         for y in spare:
-            n = c.node_of.get(y.held.gpus[0])
-            if n is not None and set(y.held.gpus).isdisjoint(taken):
-                on_node.setdefault(n, []).append(y)
+            if set(y.held.gpus).isdisjoint(taken):
+                for n, here in c.held_by_node(y.held, want):  # one node: ``spare`` holds single-node attempts
+                    on_node.setdefault(n, []).append((y, here))
         best: list[Candidate] | None = None
         best_cost: tuple = ()
         for n, ys in on_node.items():
             fl = free[n]
             have = len(fl) if not want else sum(1 for g in fl if want in c.names[g])
             picked: list[Candidate] = []
-            for y in ys:
+            for y, here in ys:
                 if have >= k:
                     break
                 picked.append(y)
-                have += len(y.held.gpus) if not want else sum(1 for g in y.held.gpus if want in c.names[g])
+                have += here
             if have >= k:
                 cost = (sum(len(y.held.gpus) for y in picked), victims_cost(picked))
                 if best is None or cost < best_cost:
