@@ -239,45 +239,40 @@ class Supervisor:
         in its own savepoint: one that fails is rolled back alone and tried again at the next pass (the executor
         still reports it exited), the others are recorded. Then the models of the jobs that succeeded are registered
         and the loop is woken once."""
-        recorded: list[_Ended] = []
-        register: list[str] = []
+        recorded: list[tuple[_Ended, bool]] = []  # each end recorded, and whether its job's model is to be registered
         try:
-            self._record_ends(ended, recorded, register)
+            with self.write() as s:
+                for e in ended:
+                    try:
+                        with s.begin_nested():
+                            register = self._end(s, e)
+                    except LeadershipLost:
+                        raise
+                    except Exception:
+                        log.exception("job %s attempt %d: its end not recorded; trying again at the next pass",
+                                      e.job_id, e.number)  # fmt: skip
+                        continue
+                    if register is not None:
+                        recorded.append((e, register))
         except LeadershipLost:
             raise
         except Exception:  # the transaction itself failed (the database): nothing was recorded, all are tried again
             log.exception("the ends of %d attempt(s) not recorded; trying again at the next pass", len(ended))
             return
-        for e in recorded:
+        for e, register in recorded:
             self._stopping.discard(e.attempt_id)
-        for job_id in register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
-            job_models.register_after_success(self.p, job_id)
+            if register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
+                job_models.register_after_success(self.p, e.job_id)
         if recorded:
             self.wake()
 
-    def _record_ends(self, ended: list[_Ended], recorded: list[_Ended], register: list[str]) -> None:
-        with self.write() as s:
-            for e in ended:
-                try:
-                    with s.begin_nested():
-                        done = self._end(s, e.job_id, e.attempt_id, e.report)
-                except LeadershipLost:
-                    raise
-                except Exception:
-                    log.exception("job %s attempt %d: its end not recorded; trying again at the next pass", e.job_id,
-                                  e.number)  # fmt: skip
-                    continue
-                if done is not None:
-                    recorded.append(e)
-                    if done:
-                        register.append(e.job_id)
-
-    def _end(self, s: Session, job_id: str, attempt_id: int, report: AttemptReport) -> bool | None:
+    def _end(self, s: Session, e: _Ended) -> bool | None:
         """Record one attempt's end; None when there was nothing to record (it was already), else whether its job
         succeeded and asks for its model to be registered."""
+        report = e.report
         now = report.finished_at or utcnow()
-        attempt = s.get(AttemptRow, attempt_id)
-        job = s.get(JobRow, job_id)
+        attempt = s.get(AttemptRow, e.attempt_id)
+        job = s.get(JobRow, e.job_id)
         if attempt is None or job is None or attempt.finished_at is not None:
             return None
         code = report.exit_code
