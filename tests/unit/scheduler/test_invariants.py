@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from dlcloud.scheduler.inventory import Inventory
-from dlcloud.scheduler.planner import GroupDemand, Held, Limits, PlanConfig, Policy, QueuedJob, plan
+from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.scheduler.policies import _owed_split, _Pass
 from tests.unit.scheduler.scenarios import NOW, GiB, nodes
 
@@ -331,19 +331,19 @@ def test_chained_moves_keep_the_invariants(seed: int) -> None:
     _assert_chain_invariants(p, held, inv)
 
 
-def _assert_chain_invariants(p: object, held: list[Held], inv: object) -> int:
+def _assert_chain_invariants(p: Plan, held: list[Held], inv: Inventory) -> int:
     """What every move keeps, chained or not; returns the number of chained moves."""
-    node = {g.index: g.node for g in inv.gpus}  # type: ignore[attr-defined]
+    node = {g.index: g.node for g in inv.gpus}
     by_id = {h.job_id: h for h in held}
     busy = {g for h in held for g in h.gpus}
-    victims = {x.job_id: x for x in p.preemptions}  # type: ignore[attr-defined]
-    assert len(victims) == len(p.preemptions)  # type: ignore[attr-defined]
-    got = [g for _, gs in p.placements for g in gs]  # type: ignore[attr-defined]
+    victims = {x.job_id: x for x in p.preemptions}
+    assert len(victims) == len(p.preemptions)
+    got = [g for _, gs in p.placements for g in gs]
     assert len(got) == len(set(got)) and not set(got) & busy
-    evicted = {g: x.job_id for x in p.preemptions if x.reason != "defrag" for g in by_id[x.job_id].gpus}  # type: ignore[attr-defined]
+    evicted = {g: x.job_id for x in p.preemptions if x.reason != "defrag" for g in by_id[x.job_id].gpus}
     targets: list[int] = []
     chained = 0
-    for x in p.preemptions:  # type: ignore[attr-defined]
+    for x in p.preemptions:
         if x.reason != "defrag":
             continue
         h = by_id[x.job_id]
