@@ -8,8 +8,8 @@ how many whole nodes were then free or held only by other tenants' borrowed atte
 gather without moving anything). Prints the rows with the most hours first.
 
 Then the windows the report counts as below: their shortfall (GPU-hours short of min(demand, guarantee)) by the
-same rows, plus one row per tenant for the time since the last pass (a job of it ended or arrived and no pass has
-run yet: the simulator passes at most once per tick), which the first table does not see.
+same rows, plus one row per tenant for the time since the last pass (a job of it ended and no pass has run yet:
+the simulator passes at once after a submit, else at most once per tick), which the first table does not see.
 
     python bench/fairness_probe.py                                 # the 14-day Philly window, ~5 min
     python bench/fairness_probe.py --limit-jobs 3000 --top 20
@@ -36,7 +36,7 @@ DEFAULT_TRACE = DEFAULT_TRACE / "philly_jobs_2017-10-02_to_2017-10-16.csv"
 _NUMBERS = re.compile(r"\d[\d,.:T+-]*")
 
 Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
-SINCE_PASS = "since the last pass (a job ended or arrived; the next pass is up to a tick away)"
+SINCE_PASS = "since the last pass (a job ended; the next pass is up to a tick away)"
 
 
 class Probe(Simulator):

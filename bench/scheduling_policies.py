@@ -82,6 +82,12 @@ def main() -> int:
     ap.add_argument(
         "--turn-window", type=float, default=3600.0, help="fair-share: turns' window in seconds (0: no turns)"
     )
+    ap.add_argument(
+        "--lend-after",
+        type=float,
+        default=600.0,
+        help="fair-share: seconds idle guaranteed GPUs stay free for their tenant before they are lent (0: at once)",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="policies replayed at once, in worker processes")
     ap.add_argument("--json", type=Path, help="write every policy's full report here (outside the repository)")
     args = ap.parse_args()
@@ -107,6 +113,7 @@ def main() -> int:
                 "tenant_las_queues_gpu_s": boundaries,
                 "defragment": not args.no_defragment,
                 "turn_window_s": args.turn_window,
+                "lend_after_s": args.lend_after,
             },
             args.end_s,
             args.limit_jobs,

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlcloud.scheduler.contract import MIN_TURN_WINDOW_S, TURN_MIN_S
+from dlcloud.scheduler.contract import MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S, PlanConfig
 
 
 class GpuSpec(BaseModel):
@@ -116,7 +116,8 @@ class Settings(BaseSettings):
     # attained-service boundaries (GPU-seconds) of its queues, lowest first; fair-share: the same inside each
     # tenant (``scheduling_tenant_las_queues_gpu_seconds``, [] = off), and small jobs moved to gather whole nodes
     # for a waiting gang (``scheduling_defragment``), and turns of a tenant below its guarantee over the last
-    # ``scheduling_turn_window_seconds`` whose jobs are larger than its guarantee (0: no turns)
+    # ``scheduling_turn_window_seconds`` whose jobs are larger than its guarantee (0: no turns); guaranteed GPUs a
+    # tenant stopped using are lent to others only after ``scheduling_lend_after_seconds`` (0: at once)
     scheduling_policy: Literal["fifo", "priority-backfill", "fair-share", "las"] = "fair-share"
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
     scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
@@ -125,6 +126,7 @@ class Settings(BaseSettings):
     scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [14_400.0, 144_000.0]
     scheduling_defragment: bool = True
     scheduling_turn_window_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] = 3600.0
+    scheduling_lend_after_seconds: Annotated[float, Field(ge=0, le=MAX_LEND_AFTER_S)] = PlanConfig.lend_after_s
     # named priorities a job spec may give as ``priority_class`` (each inside -1000..1000); a job that gives
     # neither a class nor a ``priority`` gets ``default_priority_class``'s
     priority_classes: dict[str, Annotated[int, Field(ge=-1000, le=1000)]] = {"low": -100, "normal": 0, "high": 100}

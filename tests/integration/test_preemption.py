@@ -115,7 +115,11 @@ def test_higher_priority_job_preempts_a_ddp_gang_which_resumes_from_its_checkpoi
 
 def test_a_tenant_reclaims_its_lent_gpus_by_preemption(tmp_path, db_url):
     gpus = [GpuSpec(index=i, name=H100) for i in range(2)]
-    with _platform(tmp_path, db_url, gpu_inventory=gpus, stop_grace_seconds=20.0) as env:
+    # lent at once again: the owner's one-second job would otherwise keep its GPU free for the owner's return for
+    # scheduling_lend_after_seconds, and the borrower's 2-GPU job resume only then (test_scheduling_pass.py)
+    with _platform(
+        tmp_path, db_url, gpu_inventory=gpus, stop_grace_seconds=20.0, scheduling_lend_after_seconds=0
+    ) as env:
         admin = env.admin
         owner = env.new_tenant_user("owner", "olga", quota={"gpus": 2})
         admin.tenants.update("owner", scheduling={"guarantee": {"gpus": 2, "cpus": 4, "memory": "8Gi"}})

@@ -679,11 +679,48 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
         assert s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
 
 
-def test_recent_gpu_seconds_count_the_window_and_a_turn_through_its_end(env: Env) -> None:
+def test_guaranteed_gpus_a_tenant_stopped_using_stay_free_for_it_then_are_lent(nodes_env: Env) -> None:
+    """Three nodes of two GPUs. b (guaranteed 2) ran two 1-GPU jobs that have just ended; the default tenant
+    borrows the other 4 GPUs, its last two jobs wait and say why; b's next job starts at once, nothing preempted.
+    Once b's jobs ended more than ``scheduling_lend_after_seconds`` ago, its idle GPU is lent."""
+    env, control = nodes_env, nodes_env.control
+    assert control is not None and env.settings.scheduling_lend_after_seconds == 600.0
+    b = env.new_tenant_user("b", "bob")
+    env.admin.tenants.update("b", scheduling={"guarantee": {"gpus": 2}})
+    b.jobs.submit(spec("b1", gpus=1))
+    b.jobs.submit(spec("b2", gpus=1))
+    assert control.schedule() == 2
+    finish(env, "b1", "b2")
+    for i in range(6):
+        env.admin.jobs.submit(spec(f"d{i}", gpus=1))
+    assert control.schedule() == 4
+    assert env.admin.jobs.get("d4")["wait_reason"].startswith(
+        "waiting for capacity: needs 1 GPU(s), 0 free; 2 idle GPU(s) kept for the return of tenants that used them "
+        "within the last 10 min (inside their guarantees)"
+    )
+    b.jobs.submit(spec("b3", gpus=1))
+    assert control.schedule() == 1
+    assert b.jobs.get("b3")["state"] in ("STARTING", "RUNNING")
+    with env.platform.db.read() as s:
+        assert not s.scalars(select(JobRow.name).where(JobRow.preempt_requested)).all()
+    # b holds 1 of the 2 it held lately: one GPU stays kept; once b1 and b2 ended 11 minutes ago, it is lent
+    assert control.schedule() == 0
+    with env.platform.db.write() as s:
+        s.execute(
+            update(AttemptRow)
+            .where(AttemptRow.finished_at.is_not(None))
+            .values(started_at=utcnow() - timedelta(minutes=12), finished_at=utcnow() - timedelta(minutes=11))
+        )
+    assert control.schedule() == 1
+    assert sorted(running_names(env)) == ["b3", "d0", "d1", "d2", "d3", "d4"]
+
+
+def test_recent_usage_counts_the_window_and_a_turn_through_its_end_and_the_peak(env: Env) -> None:
     """What turns weigh of each tenant: GPU-seconds of its attempts over the window, live or ended in it; an attempt
     placed for a turn counts through the turn's end even if it ended sooner (a tenant cannot take turn after turn
-    with jobs that fail or are cancelled at once)."""
-    from dlcloud.services.scheduling import recent_gpu_seconds
+    with jobs that fail or are cancelled at once). What the pass keeps idle for its return: the most GPUs its
+    attempts held at once over the lending window (a turn's end does not count: the attempt no longer holds)."""
+    from dlcloud.services.scheduling import recent_usage
 
     env.admin.jobs.submit(spec("j"))
     now = utcnow()
@@ -707,8 +744,13 @@ def test_recent_gpu_seconds_count_the_window_and_a_turn_through_its_end(env: Env
         ]  # fmt: skip
         s.execute(insert(AttemptRow), [{**attempt, "turn_until": None, **r} for r in rows])
     with env.platform.db.read() as s:
-        used = recent_gpu_seconds(s.connection(), now, 3600.0)
-    assert used == {tenant_id: pytest.approx(2 * 3600 + 1800 + 4 * 600 + 3 * 1200)}
+        hour = recent_usage(s.connection(), now, 3600.0, 3600.0)
+        short = recent_usage(s.connection(), now, 0.0, 300.0)
+        off = recent_usage(s.connection(), now, 0.0, 0.0)
+    assert hour.gpu_s == {tenant_id: pytest.approx(2 * 3600 + 1800 + 4 * 600 + 3 * 1200)}
+    assert hour.peak_gpus == {tenant_id: 2 + 4}  # the live 2 with the 4 of ten minutes ago; #6 ended 2 hours ago
+    assert (short.gpu_s, short.peak_gpus) == (None, {tenant_id: 2})  # the last 5 minutes: the live attempt only
+    assert (off.gpu_s, off.peak_gpus) == (None, None)
 
 
 def test_recent_gpu_seconds_read_the_attempts_by_their_indexes_not_the_whole_history(env: Env) -> None:

@@ -45,6 +45,12 @@ def simulate(
         "--turn-window",
         help="fair-share: seconds over which a tenant whose jobs exceed its guarantee gets it in turns; 0: none.",
     ),
+    lend_after: float = typer.Option(
+        600.0,
+        "--lend-after",
+        help="fair-share: seconds guaranteed GPUs a tenant stopped using stay free for it before they are lent; 0: "
+        "lent at once.",
+    ),
     output: Output = OutputOption,
 ) -> None:
     """Replay a job trace through the production planner with a simulated clock; report JCT, GPU allocation,
@@ -61,6 +67,8 @@ def simulate(
       dlcloud simulate --trace jobs.csv --gpus 64 --policy fifo --limit-jobs 2000 --seed 1 -o json
 
       dlcloud simulate --trace jobs.csv --gpus 64 --tenant-las-queues none --no-defragment --turn-window 0
+
+      dlcloud simulate --trace jobs.csv --gpus 64 --lend-after 0
     """
     from dlcloud.scheduler.simulator import SimConfig, Simulator, parse_boundaries
     from dlcloud.scheduler.trace import load_trace
@@ -77,6 +85,7 @@ def simulate(
         tenant_las_queues_gpu_s=parse_boundaries(tenant_las_queues),
         defragment=defragment,
         turn_window_s=turn_window,
+        lend_after_s=lend_after,
     )
     config.validate()
     jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
@@ -105,6 +114,7 @@ def _hours(seconds: float | None) -> str:
 
 def render_report(r: dict[str, Any]) -> None:
     jobs, alloc, timing = r["jobs"], r["gpu_allocation"], r["timing"]
+    lend = f"after {r['lend_after_s'] / 60:g} min" if r["lend_after_s"] else "at once"
     rows = [
         ("policy", f"{r['policy']} on {r['gpus']} GPUs ({r['gpus'] // r['gpus_per_node']} x {r['gpus_per_node']})"),
         (
@@ -126,7 +136,8 @@ def render_report(r: dict[str, Any]) -> None:
             "fair-share inside tenants",
             f"las boundaries {', '.join(f'{x:g}' for x in r['tenant_las_queues_gpu_s']) or 'none'} GPU-s; "
             f"defragment {'on' if r['defragment'] else 'off'}; "
-            f"turns {'over ' + _hours(r['turn_window_s']) if r['turn_window_s'] else 'off'}",
+            f"turns {'over ' + _hours(r['turn_window_s']) if r['turn_window_s'] else 'off'}; "
+            f"idle guaranteed GPUs lent {lend}",
         ),
         ("planner pass (mean / max)", f"{timing['planner_ms_mean']:.2f} / {timing['planner_ms_max']:.2f} ms"),
         ("passes / wall time", f"{r['passes']} / {timing['wall_s']:.1f} s"),

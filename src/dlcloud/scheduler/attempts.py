@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -85,3 +86,21 @@ def gpu_seconds_in_window(
     if turn_until is not None:
         end = max(end, turn_until)
     return gpus * max(0.0, min(end, now) - max(started, since))
+
+
+def peak_gpus(attempts: Iterable[tuple[int, float, float | None]], since: float, now: float) -> int:
+    """The most GPUs ``attempts`` (GPUs, start, end or None while running; seconds on one clock) held at once
+    over [``since``, ``now``] (``Limits.recent_peak_gpus``): an attempt that ended by ``since`` or starts after
+    ``now`` does not count; one that ends as another starts is not counted with it."""
+    edges: list[tuple[float, int]] = []
+    for gpus, started, ended in attempts:
+        if gpus <= 0 or started > now or (ended is not None and (ended <= since or ended <= started)):
+            continue
+        edges.append((max(started, since), gpus))
+        if ended is not None:
+            edges.append((ended, -gpus))
+    peak = held = 0
+    for _, delta in sorted(edges, key=lambda e: (e[0], e[1])):  # at one instant, ends before starts
+        held += delta
+        peak = max(peak, held)
+    return peak

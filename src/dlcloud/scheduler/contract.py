@@ -34,6 +34,7 @@ MIN_TURN_WINDOW_S = 2 * TURN_MIN_S  # ... nor longer than half the window: the s
 # for those of its hold a victim still stopping holds (``QueuedJob.hold_until``): the supervision's SIGKILL comes at
 # the end of the grace period, its next pass (a tick) sees the attempt ended
 HOLD_MARGIN_S = 60.0
+MAX_LEND_AFTER_S = 86_400.0  # ``PlanConfig.lend_after_s``: at most a day (the attempts read for it grow with it)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class PlanConfig:
     # next job is larger than what its guarantee leaves may run it for a bounded turn, taking owed capacity of
     # tenants above their guarantee over that window; 0: no turns, else at least ``MIN_TURN_WINDOW_S``
     turn_window_s: float = 3600.0
+    # fair-share: guaranteed GPUs a tenant stopped using are lent to other tenants only after this long (the most it
+    # held at once over the last ``lend_after_s``, ``Limits.recent_peak_gpus``, up to its guarantee, stays free for
+    # its jobs and other tenants' owed ones): a tenant of short jobs gets its next one started at once instead of
+    # after a reclaim's grace period, and no borrower loses work to a reclaim minutes after it started; 0: idle
+    # guaranteed GPUs are lent at once
+    lend_after_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ class Limits:
     weight: float = 1.0
     # GPU-seconds its attempts held over the last ``PlanConfig.turn_window_s`` (None: unknown, no turns)
     recent_gpu_s: float | None = None
+    # the most GPUs its attempts held at once over the last ``PlanConfig.lend_after_s`` (None: unknown, all lent)
+    recent_peak_gpus: int | None = None
 
     @property
     def guaranteed(self) -> bool:

@@ -66,11 +66,12 @@ after.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -184,6 +185,14 @@ def las_queue(attained_gpu_s: float, cfg: PlanConfig) -> int:
     return bisect.bisect_right(cfg.las_queues_gpu_s, attained_gpu_s)
 
 
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
 def _when(t: datetime) -> str:
     return t.isoformat(timespec="seconds")
 
@@ -272,7 +281,7 @@ class _Pass:
         self._shortages: dict[tuple, str] = {}
         self._never: dict[tuple, str | None] = {}
         self._behind = ""
-        self._shortage_at: tuple[int, float, int] = (-1, 0.0, 0)
+        self._shortage_at: tuple[int, float, int, int] = (-1, 0.0, 0, 0)
         self.failed: dict[tuple, list[tuple[int, float, int]]] = {}
         # bumped whenever the pass places, claims or reserves: until then, a job that could not start leaves an
         # identical one (same tenant, shape and rank) nothing new to find (see ``settled``)
@@ -282,6 +291,7 @@ class _Pass:
         self.holding: dict[str, list[int]] = {}  # moved jobs: the GPUs held for them (``hold``), out of ``cluster``
         # moved jobs: the GPUs of their hold that an attempt still stopping holds (moved onto a victim's, chained)
         self.pending: dict[str, list[int]] = {}
+        self.kept: dict[str, list[int]] = {}  # tenants: idle GPUs kept for their return (``keep``), out of ``cluster``
 
     def hold(self, holds: dict[str, tuple[int, ...]], until: dict[str, datetime]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
@@ -341,6 +351,46 @@ class _Pass:
             return False
         self.place(job, gpus, borrowed)
         return True
+
+    def keep(self, tid: str) -> None:
+        """Take idle GPUs out of the free ones for tenant ``tid``'s return: as many as the most it held at once over
+        the last ``PlanConfig.lend_after_s`` (``Limits.recent_peak_gpus``), up to its guarantee, less what it holds
+        now. Only its own jobs and other tenants' owed jobs get them (``kept_for``): no tenant borrows them."""
+        lim = self.limits.get(tid)
+        if lim is None or not lim.recent_peak_gpus or self.cfg.lend_after_s <= 0:
+            return
+        t = self.tenants.get(tid)
+        c = self.cluster
+        # what it holds, and what is coming to its jobs an earlier pass preempted for or moved (stopping victims'
+        # GPUs, held ones)
+        has = t.use.gpus + sum(j.gpus for j in t.jobs if j.reclaiming or j.hold) if t else 0
+        k = min(min(lim.guarantee_gpus, lim.recent_peak_gpus) - has, c.nfree)
+        if k <= 0:
+            return
+        # best fit on one node (a job as large as the peak fits them), else nodes with the fewest free GPUs first:
+        # whole free nodes stay whole for others' large jobs
+        gpus = list(choose(c.free, c.names, [(k, "")]) or ()) if k <= c.max_size else []
+        for fl in sorted((fl for fl in c.free if fl), key=len) if not gpus else ():
+            gpus.extend(fl[: k - len(gpus)])
+            if len(gpus) == k:
+                break
+        c.take(gpus, 0, 0)
+        self.kept[tid] = gpus
+
+    @contextlib.contextmanager
+    def kept_for(self, tid: str, owed: bool) -> Iterator[None]:
+        """While tenant ``tid``'s job is decided, the GPUs kept for its tenant are free, and for an ``owed`` job (inside
+        its tenant's guarantee) those kept for every tenant: only borrowing waits for them (the guarantees fit the
+        cluster; the owed job would reclaim borrowed GPUs instead, a preemption, while these idle). Then what each
+        may still keep is kept again."""
+        tids = list(self.kept) if owed else [tid] if tid in self.kept else []
+        for x in tids:
+            self.cluster.give(self.kept.pop(x), 0, 0)
+        try:
+            yield
+        finally:
+            for x in tids:
+                self.keep(x)
 
     def tenant(self, tid: str) -> _Tenant:
         t = self.tenants.get(tid)
@@ -408,13 +458,20 @@ class _Pass:
     def shortage(self, job: QueuedJob) -> str:
         """``Cluster.shortage``, remembered per job shape while the free capacity does not change."""
         c = self.cluster
-        version = (c.nfree, c.cpus, c.memory)
+        version = (c.nfree, c.cpus, c.memory, sum(map(len, self.kept.values())))
         if version != self._shortage_at:
             self._shortages, self._shortage_at = {}, version
         key = (job.gpus, job.cpus, job.memory, job.gpu_type, job.groups)
         text = self._shortages.get(key)
         if text is None:
-            text = self._shortages[key] = c.shortage(job)
+            text = c.shortage(job)
+            kept = sum(len(gs) for gs in self.kept.values())  # the job's own tenant's are free while it is decided
+            if kept:
+                text += (
+                    f"; {kept} idle GPU(s) kept for the return of tenants that used them within the last "
+                    f"{_duration(self.cfg.lend_after_s)} (inside their guarantees)"
+                )
+            self._shortages[key] = text
         return text
 
     def fit_now(self, job: QueuedJob) -> tuple[int, ...] | None:
@@ -1172,6 +1229,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
+        with p.kept_for(t.id, any(standing(job, t))):  # idle GPUs kept for tenants' return: see ``_Pass.keep``
+            return consider_now(job, t)
+
+    def consider_now(job: QueuedJob, t: _Tenant) -> bool:
         key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority,
                lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job), job.turn_s is not None)  # fmt: skip
         if not p.settled(key, job, lambda: decide(job, t), t.waiting):
@@ -1292,6 +1353,10 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if job.hold and p.resume(job, t, borrowed=not any(standing(job, t))):
             continue
         consider(job, t)
+    # then idle GPUs are kept for tenants' return: not what the victims of the jobs above freed for them
+    for tid, lim in p.limits.items():
+        if lim.recent_peak_gpus:
+            p.keep(tid)
 
     def remaining(t: _Tenant) -> bool:
         """Skip the jobs considered first; True while ``t`` has jobs left."""

@@ -1,8 +1,11 @@
 """Trace-driven simulator: replays a job trace through the production planner (``plan()``) on a simulated clock.
 
 No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
-end of a preemption's grace period, LAS queue changes). After something changed, a scheduling pass runs —
-at most one every ``tick_s`` simulated seconds, as the control loop ticks — and calls the real
+end of a preemption's grace period, LAS queue changes, the end of a turn or of the time idle GPUs are kept for
+their tenant). After something changed, a scheduling pass runs: at once for a submit (it wakes the control
+loop), else at the next tick (at most one every ``tick_s`` simulated seconds, as the control loop polls the
+attempts; the real loop polls every ``supervisor_interval_seconds``, 0.2 s: the tick is coarser, for speed).
+It calls the real
 ``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
 the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
 ``gpus_per_node`` GPUs. Its placements start attempts; its preemptions stop them after the grace period
@@ -39,7 +42,7 @@ from typing import Any
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.scheduler import attempts
-from dlcloud.scheduler.contract import HOLD_MARGIN_S, MIN_TURN_WINDOW_S, TURN_MIN_S
+from dlcloud.scheduler.contract import HOLD_MARGIN_S, MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S
 from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.scheduler.trace import TraceJob
@@ -50,7 +53,8 @@ FAIR_FRACTION = 0.9  # a tenant with demand gets at least this share of min(its 
 BUSY_FRACTION = 0.9  # allocation target whenever queued demand exceeds free capacity
 
 # event kinds, in the order they apply at one instant: capacity frees before new work arrives
-_END, _STOP, _ARRIVE, _WAKE, _TURN_END = 0, 1, 2, 3, 4  # a turn's end: a pass, no aging wake
+# _LOOK: a pass, no aging wake (a turn's end; GPUs kept for a tenant's return lent)
+_END, _STOP, _ARRIVE, _WAKE, _LOOK = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,11 @@ class SimConfig:
     checkpoint_every_s: float = 900.0
     estimates: bool | None = None  # declare max_run_time_s = duration; None: on unless the policy is las
     # fair-share's knobs, as the server's settings (PlanConfig): las inside tenants (() = off), defragmentation,
-    # the turn window (0 = no turns)
+    # the turn window (0 = no turns), how long idle guaranteed GPUs stay unlent (0 = lent at once)
     tenant_las_queues_gpu_s: tuple[float, ...] = PlanConfig.tenant_las_queues_gpu_s
     defragment: bool = PlanConfig.defragment
     turn_window_s: float = PlanConfig.turn_window_s
+    lend_after_s: float = PlanConfig.lend_after_s
 
     def validate(self) -> None:
         if self.gpus < 1:
@@ -92,6 +97,11 @@ class SimConfig:
                 f"--turn-window must be 0 (no turns) or at least {MIN_TURN_WINDOW_S:g} seconds (a turn lasts "
                 f"{TURN_MIN_S:g} s to half the window), got {w:g}"
             )
+        if not math.isfinite(self.lend_after_s) or not 0 <= self.lend_after_s <= MAX_LEND_AFTER_S:
+            raise InvalidArgument(
+                f"--lend-after must be 0 (idle GPUs lent at once) to {MAX_LEND_AFTER_S:g} seconds, got "
+                f"{self.lend_after_s:g}"
+            )
         q = self.tenant_las_queues_gpu_s
         if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
             raise InvalidArgument(
@@ -110,6 +120,7 @@ class SimConfig:
             tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s,
             defragment=self.defragment,
             turn_window_s=self.turn_window_s,
+            lend_after_s=self.lend_after_s,
         )
 
 
@@ -284,7 +295,7 @@ class Simulator:
 
     def _push(self, t: float, kind: int, job_id: str = "", attempt: int = 0) -> None:
         self.seq += 1
-        if kind not in (_WAKE, _TURN_END):
+        if kind not in (_WAKE, _LOOK):
             self.real_events += 1
         heapq.heappush(self.events, (t, kind, self.rng.random(), self.seq, job_id, attempt))
 
@@ -305,11 +316,13 @@ class Simulator:
             t, kind, _, _, job_id, attempt = heapq.heappop(self.events)
             if kind == _WAKE:
                 self.wake_pending = False
-            elif kind != _TURN_END:
+            elif kind != _LOOK:
                 self.real_events -= 1
             self._advance(t)
-            if self._handle(kind, job_id, attempt) and pass_at is None:
-                pass_at = max(t, last_pass + self.cfg.tick_s)
+            if self._handle(kind, job_id, attempt):
+                # a submit wakes the control loop at once (``submit_job``); other changes wait for its next tick
+                at = t if kind == _ARRIVE else max(t, last_pass + self.cfg.tick_s)
+                pass_at = at if pass_at is None else min(pass_at, at)
             handled += 1
             if self.progress is not None and handled % 2048 == 0:
                 self.progress(self.finished, total)
@@ -319,7 +332,7 @@ class Simulator:
 
     def _handle(self, kind: int, job_id: str, attempt: int) -> bool:
         """Apply one event; True when it changed what a pass would see."""
-        if kind in (_WAKE, _TURN_END):
+        if kind in (_WAKE, _LOOK):
             return bool(self.queue)
         job = self.jobs[job_id]
         if kind == _ARRIVE:
@@ -405,6 +418,9 @@ class Simulator:
 
     def _release(self, job: _Job, ran: float) -> None:
         del self.running[job.trace.job_id]
+        lend = self.pcfg.lend_after_s
+        if lend > 0 and self.pcfg.policy == Policy.FAIR_SHARE and self.guarantee[job.trace.tenant]:
+            self._push(self.now + lend, _LOOK)  # what it kept idle for its tenant is lent then: a pass must look
         self.usage_log[job.trace.tenant].append((len(job.gpus), job.start_s, self.now, job.turn_until))
         job.turn_until = None
         self.free.update(job.gpus)
@@ -459,7 +475,7 @@ class Simulator:
             self.held_list = [self._held(j) for j in self.running.values()]
             self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
         now = EPOCH + timedelta(seconds=self.now)
-        if self.pcfg.policy == Policy.FAIR_SHARE and self.pcfg.turn_window_s > 0:
+        if self.pcfg.policy == Policy.FAIR_SHARE and (self.pcfg.turn_window_s > 0 or self.pcfg.lend_after_s > 0):
             self._recent_usage()
         t0 = time.perf_counter()
         result = self.plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
@@ -477,18 +493,34 @@ class Simulator:
             self.wake_pending = True
 
     def _recent_usage(self) -> None:
-        """Each tenant's GPU-seconds over the last turn window (``Limits.recent_gpu_s``), as the control plane reads
-        them from the attempts."""
-        since, now = self.now - self.pcfg.turn_window_s, self.now
+        """Each tenant's GPU-seconds over the last turn window (``Limits.recent_gpu_s``) and the most GPUs it held at
+        once over the last ``lend_after_s`` (``Limits.recent_peak_gpus``), as the control plane reads them from the
+        attempts."""
+        now, turns, lend = self.now, self.pcfg.turn_window_s, self.pcfg.lend_after_s
+        since, peak_since = now - turns, now - lend
         in_window = attempts.gpu_seconds_in_window
         used = dict.fromkeys(self.limits, 0.0)
+        spans: dict[str, list[tuple[int, float, float | None]]] = {t: [] for t in self.limits}
         for tenant, log in self.usage_log.items():
-            keep = [x for x in log if max(x[2], x[3] or x[2]) > since]
+            keep = [x for x in log if max(x[2], x[3] or x[2]) > min(since, peak_since)]
             self.usage_log[tenant] = keep
-            used[tenant] += sum(in_window(*x, since, now) for x in keep)
+            if turns:
+                used[tenant] += sum(in_window(*x, since, now) for x in keep)
+            if lend:
+                spans[tenant].extend((x[0], x[1], x[2]) for x in keep if x[2] > peak_since)
         for job in self.running.values():
-            used[job.trace.tenant] += in_window(len(job.gpus), job.start_s, None, job.turn_until, since, now)
-        self.limits = {t: dataclasses.replace(lim, recent_gpu_s=used[t]) for t, lim in self.limits.items()}
+            if turns:
+                used[job.trace.tenant] += in_window(len(job.gpus), job.start_s, None, job.turn_until, since, now)
+            if lend:
+                spans[job.trace.tenant].append((len(job.gpus), job.start_s, None))
+        self.limits = {
+            t: dataclasses.replace(
+                lim,
+                recent_gpu_s=used[t] if turns else None,
+                recent_peak_gpus=attempts.peak_gpus(spans[t], peak_since, now) if lend else None,
+            )
+            for t, lim in self.limits.items()
+        }
 
     def _apply(self, result: Plan) -> None:
         for job_id, gpus in result.placements:
@@ -505,7 +537,7 @@ class Simulator:
             if turned is None or turned.state != "running" or turned.start_s != self.now:
                 raise RuntimeError(f"planner gave {job_id} a turn, which it did not place")
             turned.turn_until = (until - EPOCH).total_seconds()
-            self._push(turned.turn_until, _TURN_END)  # its turn ends: a pass lets the owners take their GPUs back
+            self._push(turned.turn_until, _LOOK)  # its turn ends: a pass lets the owners take their GPUs back
         for p in result.preemptions:
             self._reclaiming(p.by, result.turn_grants.get(p.by))
             job = self.jobs.get(p.job_id)
@@ -613,6 +645,7 @@ class Simulator:
             "tenant_las_queues_gpu_s": list(self.cfg.tenant_las_queues_gpu_s),
             "defragment": self.cfg.defragment,
             "turn_window_s": self.cfg.turn_window_s,
+            "lend_after_s": self.cfg.lend_after_s,
             "jobs": {
                 "total": len(self.jobs),
                 "finished": len(done),

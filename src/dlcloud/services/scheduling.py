@@ -39,7 +39,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from sqlalchemy.types import NULLTYPE
 
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.scheduler.attempts import gpu_seconds_in_window
+from dlcloud.scheduler.attempts import gpu_seconds_in_window, peak_gpus
 from dlcloud.scheduler.contract import HOLD_MARGIN_S
 from dlcloud.scheduler.planner import (
     PREEMPTION_WHY,
@@ -102,6 +102,7 @@ def plan_config(settings: Settings) -> PlanConfig:
         tenant_las_queues_gpu_s=tuple(settings.scheduling_tenant_las_queues_gpu_seconds),
         defragment=settings.scheduling_defragment,
         turn_window_s=settings.scheduling_turn_window_seconds,
+        lend_after_s=settings.scheduling_lend_after_seconds,
         preemption_grace_s=settings.stop_grace_seconds,
     )
 
@@ -172,23 +173,44 @@ def _recent_attempts(since: datetime) -> Select[str, int, datetime, datetime | N
     )
 
 
-def recent_gpu_seconds(conn: Connection, now: datetime, window_s: float) -> dict[str, float]:
-    """GPU-seconds each tenant's attempts held over the last ``window_s`` (``Limits.recent_gpu_s``, for turns): the
-    live attempts and those that ended within the window, each counted from its start or the window's."""
-    since = now - timedelta(seconds=window_s)
+@dataclass
+class RecentUsage:
+    """What each tenant's attempts held lately (``recent_usage``): None where the pass does not need it."""
+
+    gpu_s: dict[str, float] | None = None  # GPU-seconds over the turn window (``Limits.recent_gpu_s``)
+    peak_gpus: dict[str, int] | None = None  # the most GPUs at once over ``lend_after_s`` (``Limits.recent_peak_gpus``)
+
+
+def recent_usage(conn: Connection, now: datetime, turn_window_s: float, lend_after_s: float) -> RecentUsage:
+    """From the live attempts and those that ended within the longer window (0: not needed): each tenant's
+    GPU-seconds over the last ``turn_window_s``, each attempt counted from its start or the window's, and the most
+    GPUs its attempts held at once over the last ``lend_after_s``."""
+    if turn_window_s <= 0 and lend_after_s <= 0:
+        return RecentUsage()
+    t1 = now.timestamp()
+    t0, p0 = t1 - turn_window_s, t1 - lend_after_s
     used: dict[str, float] = {}
-    t0, t1 = since.timestamp(), now.timestamp()
-    for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(_recent_attempts(since)):
+    spans: dict[str, list[tuple[int, float, float | None]]] = {}
+    for tenant_id, gpus, started_at, finished_at, turn_until in conn.execute(
+        _recent_attempts(now - timedelta(seconds=max(turn_window_s, lend_after_s)))
+    ):
         if gpus and started_at is not None:
             ended = None if finished_at is None else finished_at.timestamp()
-            turn = None if turn_until is None else turn_until.timestamp()
-            seconds = gpu_seconds_in_window(gpus, started_at.timestamp(), ended, turn, t0, t1)
-            used[tenant_id] = used.get(tenant_id, 0.0) + seconds
-    return used
+            if turn_window_s > 0:
+                turn = None if turn_until is None else turn_until.timestamp()
+                seconds = gpu_seconds_in_window(gpus, started_at.timestamp(), ended, turn, t0, t1)
+                used[tenant_id] = used.get(tenant_id, 0.0) + seconds
+            if lend_after_s > 0:
+                spans.setdefault(tenant_id, []).append((gpus, started_at.timestamp(), ended))
+    return RecentUsage(
+        used if turn_window_s > 0 else None,
+        {tid: peak_gpus(xs, p0, t1) for tid, xs in spans.items()} if lend_after_s > 0 else None,
+    )
 
 
-def read_limits(conn: Connection, recent: dict[str, float] | None = None) -> dict[str, Limits]:
-    """Every tenant's quota (hard caps) and fair-share terms; ``recent``: ``recent_gpu_seconds`` (None: no turns)."""
+def read_limits(conn: Connection, recent: RecentUsage | None = None) -> dict[str, Limits]:
+    """Every tenant's quota (hard caps) and fair-share terms with ``recent_usage`` (None: none, no turns)."""
+    gpu_s, peaks = (recent.gpu_s, recent.peak_gpus) if recent is not None else (None, None)
     q = select(
         TenantRow.id,
         TenantRow.quota_gpus,
@@ -216,7 +238,8 @@ def read_limits(conn: Connection, recent: dict[str, float] | None = None) -> dic
             borrow_cpus=r.borrow_cpus,
             borrow_memory=r.borrow_memory,
             weight=r.weight or 1.0,
-            recent_gpu_s=None if recent is None else recent.get(r.id, 0.0),
+            recent_gpu_s=None if gpu_s is None else gpu_s.get(r.id, 0.0),
+            recent_peak_gpus=None if peaks is None else peaks.get(r.id, 0),
         )
         for r in conn.execute(q)
     }
@@ -569,8 +592,10 @@ class SchedulingPass:
                     waits.set_waits(conn, waits.read_waits(conn), {})
                 return []
             held = read_held(conn, now)
-            turns = config.policy == Policy.FAIR_SHARE and config.turn_window_s > 0
-            limits = read_limits(conn, recent_gpu_seconds(conn, now, config.turn_window_s) if turns else None)
+            fair = config.policy == Policy.FAIR_SHARE
+            limits = read_limits(
+                conn, recent_usage(conn, now, config.turn_window_s, config.lend_after_s) if fair else None
+            )
             result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
             gone = self.queue.keep(seen, leaving=placed | holds.failed.keys())

@@ -57,6 +57,48 @@ def test_hard_quota_still_holds() -> None:
     assert p.wait_reasons["a1"].startswith("tenant quota: ")
 
 
+# -- idle guaranteed GPUs lent only after lend_after_s --------------------------------------------------------------
+def test_what_a_tenant_held_lately_stays_free_for_it_inside_its_guarantee() -> None:
+    # a held 3 GPUs at once within the last lend_after_s, holds 1 now: 2 of its guarantee of 4 stay free for it; b
+    # (no guarantee) borrows the rest and waits, told why
+    limits = {"a": Limits(guarantee_gpus=4, recent_peak_gpus=3), "b": Limits(recent_peak_gpus=0)}
+    held = [running("r0", "a", (0,))]
+    p = plan(jobs("b", 8), held, limits, nodes(2, 4), NOW, FS)
+    assert sorted(placed(p)) == ["b0", "b1", "b2", "b3", "b4"]
+    assert p.borrowing == {"b0", "b1", "b2", "b3", "b4"}
+    assert p.wait_reasons["b5"].startswith(
+        "waiting for capacity: needs 1 GPU(s), 0 free; 2 idle GPU(s) kept for the return of tenants that used them "
+        "within the last 10 min (inside their guarantees); "
+    )
+    # the kept GPUs are best fit on one node (the node a's attempt is on), the other node's stay whole for others
+    assert {g for _, gs in p.placements for g in gs} == {4, 5, 6, 7, 3}
+    # a's own jobs take them at once, in the same pass as b's
+    p = plan(jobs("a", 2) + jobs("b", 8), held, limits, nodes(2, 4), NOW, FS)
+    assert {"a0", "a1"} <= set(placed(p)) and len(placed(p)) == 7 and not p.preemptions
+
+
+def test_only_the_guarantee_is_kept_and_none_without_lend_after() -> None:
+    limits = {"a": Limits(guarantee_gpus=2, recent_peak_gpus=6)}  # held 6 lately, 4 of them borrowed
+    p = plan(jobs("b", 8), [], limits, nodes(2, 4), NOW, FS)
+    assert len(placed(p)) == 6
+    for off in (replace(FS, lend_after_s=0), None):
+        lim = limits if off is not None else {"a": Limits(guarantee_gpus=2)}  # no peak known: all lent
+        p = plan(jobs("b", 8), [], lim, nodes(2, 4), NOW, off or FS)
+        assert len(placed(p)) == 8
+
+
+def test_an_owed_job_of_another_tenant_takes_kept_gpus_rather_than_reclaim_and_a_borrower_does_not() -> None:
+    # the one idle GPU is kept for a: c's owed job (inside c's guarantee) takes it, nothing preempted; b's next job
+    # (borrowing: b has no guarantee) waits
+    limits = {"a": Limits(guarantee_gpus=1, recent_peak_gpus=1), "c": Limits(guarantee_gpus=1)}
+    held = [running(f"b{i}", "b", (i,)) for i in range(3)]
+    p = plan([job("c0", "c", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == ["c0"] and not p.preemptions
+    p = plan([job("b3", "b", 1)], held, limits, nodes(1, 4), NOW, FS)
+    assert placed(p) == [] and not p.preemptions
+    assert "1 idle GPU(s) kept for the return of tenants" in p.wait_reasons["b3"]
+
+
 # -- reclaim -------------------------------------------------------------------------------------------------------
 def full_of_a(*, minutes: tuple[float, ...] = (10, 20, 30, 40), **kw: object) -> list:
     """Tenant a runs one GPU job on each GPU of a 4-GPU node."""

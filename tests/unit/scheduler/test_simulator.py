@@ -54,11 +54,44 @@ def test_two_jobs_on_one_gpu_run_one_after_the_other() -> None:
     assert r["gpu_allocation"]["busy_when_contended"] == 1.0
 
 
-def test_passes_wait_for_the_tick() -> None:
-    # the second job arrives 10 s after a pass: the next pass may run only a tick after the last one
+def test_a_submit_passes_at_once_and_an_end_waits_for_the_tick() -> None:
+    # as the control loop: a submit wakes it (the second job starts when it arrives, 10 s after the first pass) ...
     sim = Simulator([tj("1", 0.0, 5.0, tenant="a"), tj("2", 10.0, 5.0, tenant="b")], cfg(gpus=2, tick_s=60.0))
     sim.run()
-    assert jcts(sim) == {"1": 5.0, "2": 60.0 - 10.0 + 5.0}
+    assert jcts(sim) == {"1": 5.0, "2": 5.0}
+    # ... an attempt's end is seen at its next tick: the second job, queued at 1 s behind the first on the one GPU,
+    # starts at the pass a tick after that submit's pass, not when the first ends (5 s)
+    sim = Simulator([tj("1", 0.0, 5.0, tenant="a"), tj("2", 1.0, 5.0, tenant="b")], cfg(gpus=1, tick_s=60.0))
+    sim.run()
+    assert jcts(sim) == {"1": 5.0, "2": (1.0 + 60.0) + 5.0 - 1.0}
+
+
+def test_a_tenant_s_idle_guarantee_stays_unlent_for_lend_after_s_then_is_lent() -> None:
+    # a and b are each guaranteed 1 of the 2 GPUs (equal GPU-time). a's first job ends at 100 s; b's second job,
+    # submitted at 120 s, finds a's GPU idle
+    trace = [
+        tj("a1", 0.0, 100.0, tenant="a"),
+        tj("b1", 0.0, 400.0, tenant="b"),
+        tj("b2", 120.0, 500.0, tenant="b"),
+        tj("a2", 300.0, 800.0, tenant="a"),
+    ]
+    sim = Simulator(trace, cfg(gpus=2, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=600.0))
+    assert sim.guarantee == {"a": 1, "b": 1}
+    r = sim.run()
+    # kept for a: b2 waits for b's own GPU (b1 ends at 400); a2 starts when submitted, nothing preempted
+    assert jcts(sim) == {"a1": 100.0, "b1": 400.0, "b2": 400.0 - 120.0 + 500.0, "a2": 800.0}
+    assert r["preemptions"] == 0
+    # lent at once: b2 borrows a's GPU at 120 s; a2 reclaims it (30 s grace), starting at the pass a tick after its
+    # submit's
+    sim = Simulator(trace, cfg(gpus=2, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=0.0))
+    r = sim.run()
+    assert jcts(sim)["a2"] == 60.0 + 800.0 and r["preemptions"] == 1
+    # a comes back only much later: its GPU is lent once its first job ended lend_after_s ago (a pass looks then)
+    later = [*trace[:3], tj("a2", 5000.0, 800.0, tenant="a")]
+    sim = Simulator(later, cfg(gpus=2, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=200.0))
+    assert sim.guarantee == {"a": 1, "b": 1}
+    sim.run()
+    assert jcts(sim)["b2"] == (100.0 + 200.0) - 120.0 + 500.0
 
 
 def test_a_gang_larger_than_a_node_runs_across_nodes_and_too_large_jobs_are_skipped() -> None:
