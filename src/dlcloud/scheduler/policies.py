@@ -292,6 +292,7 @@ class _Pass:
         # moved jobs: the GPUs of their hold that an attempt still stopping holds (moved onto a victim's, chained)
         self.pending: dict[str, list[int]] = {}
         self.kept: dict[str, list[int]] = {}  # tenants: idle GPUs kept for their return (``keep``), out of ``cluster``
+        self.counted: set[str] = set()  # jobs placed or claimed for in this pass: in their tenant's usage
 
     def hold(self, holds: dict[str, tuple[int, ...]], until: dict[str, datetime]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
@@ -355,7 +356,8 @@ class _Pass:
     def keep(self, tid: str) -> None:
         """Take idle GPUs out of the free ones for tenant ``tid``'s return: as many as the most it held at once over
         the last ``PlanConfig.lend_after_s`` (``Limits.recent_peak_gpus``), up to its guarantee, less what it holds
-        now. Only its own jobs and other tenants' owed jobs get them (``kept_for``): no tenant borrows them."""
+        now. Only its own jobs and jobs of other tenants short of their guarantees get them (``kept_for``): no
+        tenant borrows them."""
         lim = self.limits.get(tid)
         if lim is None or not lim.recent_peak_gpus or self.cfg.lend_after_s <= 0:
             return
@@ -363,7 +365,8 @@ class _Pass:
         c = self.cluster
         # what it holds, and what is coming to its jobs an earlier pass preempted for or moved (stopping victims'
         # GPUs, held ones)
-        has = t.use.gpus + sum(j.gpus for j in t.jobs if j.reclaiming or j.hold) if t else 0
+        coming = (j.gpus for j in t.jobs if (j.reclaiming or j.hold) and j.id not in self.counted) if t else ()
+        has = (t.use.gpus if t else 0) + sum(coming)
         k = min(min(lim.guarantee_gpus, lim.recent_peak_gpus) - has, c.nfree)
         if k <= 0:
             return
@@ -378,12 +381,12 @@ class _Pass:
         self.kept[tid] = gpus
 
     @contextlib.contextmanager
-    def kept_for(self, tid: str, owed: bool) -> Iterator[None]:
-        """While tenant ``tid``'s job is decided, the GPUs kept for its tenant are free, and for an ``owed`` job (inside
-        its tenant's guarantee) those kept for every tenant: only borrowing waits for them (the guarantees fit the
-        cluster; the owed job would reclaim borrowed GPUs instead, a preemption, while these idle). Then what each
-        may still keep is kept again."""
-        tids = list(self.kept) if owed else [tid] if tid in self.kept else []
+    def kept_for(self, tid: str, short: bool) -> Iterator[None]:
+        """While tenant ``tid``'s job is decided, the GPUs kept for its tenant are free, and for a job of a tenant
+        ``short`` of its guarantee (owed or catching up) those kept for every tenant: only borrowing waits for them
+        (the guarantees fit the cluster; the job would preempt borrowed GPUs instead while these idle). Then what
+        each may still keep is kept again."""
+        tids = list(self.kept) if short else [tid] if tid in self.kept else []
         for x in tids:
             self.cluster.give(self.kept.pop(x), 0, 0)
         try:
@@ -488,6 +491,7 @@ class _Pass:
         u.memory += job.memory
         u.running_jobs += 1
         self.result.placements.append((job.id, gpus))
+        self.counted.add(job.id)
         if borrowed:
             self.result.borrowing.add(job.id)
         if job.max_run_time_s is not None:
@@ -537,9 +541,10 @@ class _Pass:
             self.result.estimated_start[job.id] = sooner
             self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}"
         elif r.at is None:
-            self.result.wait_reasons[job.id] = (
-                f"waiting for capacity: {shortage}; no estimated start (a running job declares no maximum run time)"
-            )
+            why = "a running job declares no maximum run time"
+            if any(self.kept.values()):  # their return is not an end the reservation can count on
+                why = "it needs idle GPUs kept for their tenants' return, or a running job declares no maximum run time"
+            self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}; no estimated start ({why})"
         else:
             self.result.estimated_start[job.id] = r.at
             self.result.wait_reasons[job.id] = f"waiting for capacity: {shortage}; estimated start {_when(r.at)}"
@@ -604,6 +609,23 @@ class _Pass:
             u.cpus += job.cpus
             u.memory += job.memory
             u.running_jobs += 1
+            self.counted.add(job.id)
+
+    def repeat(self, key: tuple, job: QueuedJob, waiting: list[str] | None = None) -> bool:
+        """``job`` repeats a job with the same ``key`` that could not start since the pass last changed anything
+        (``settled``): it waits for the same reason (True)."""
+        if job.held_by is not None or job.not_before is not None:
+            return False
+        if self._settled_at != self.changes:
+            self._settled, self._settled_at = {}, self.changes
+        known = self._settled.get(key)
+        if known is None:
+            return False
+        self.result.wait_reasons[job.id] = known[0]
+        if known[1]:
+            assert waiting is not None
+            waiting.append(job.id)
+        return True
 
     def settled(self, key: tuple, job: QueuedJob, decide: Callable[[], bool], waiting: list[str] | None = None) -> bool:
         """``decide()`` for ``job``, unless a job with the same ``key`` (its tenant, shape and whatever else the
@@ -613,14 +635,7 @@ class _Pass:
         list ``decide()`` may append ``job``'s id to; a repeat is appended when the job it repeats was."""
         if job.held_by is not None or job.not_before is not None:
             return decide()  # their reasons are their own
-        if self._settled_at != self.changes:
-            self._settled, self._settled_at = {}, self.changes
-        known = self._settled.get(key)
-        if known is not None:
-            self.result.wait_reasons[job.id] = known[0]
-            if known[1]:
-                assert waiting is not None
-                waiting.append(job.id)
+        if self.repeat(key, job, waiting):
             return False
         before = self.changes
         if decide():
@@ -1229,14 +1244,16 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
 
     def consider(job: QueuedJob, t: _Tenant) -> bool:
         """Place ``job`` or say why it waits; True when its tenant's usage grew (placed, or resources claimed)."""
-        with p.kept_for(t.id, any(standing(job, t))):  # idle GPUs kept for tenants' return: see ``_Pass.keep``
-            return consider_now(job, t)
-
-    def consider_now(job: QueuedJob, t: _Tenant) -> bool:
         key = (t.id, job.gpus, job.cpus, job.memory, job.gpu_type, job.groups, job.priority,
                lq(job.attained_gpu_s), job.preemptible, p.run_time_term(job), job.turn_s is not None)  # fmt: skip
-        if not p.settled(key, job, lambda: decide(job, t), t.waiting):
-            return False
+        if p.repeat(key, job, t.waiting):
+            return False  # before the kept GPUs are given back and taken again: most of a long queue repeats
+        # idle GPUs kept for tenants' return (``_Pass.keep``): its tenant's own, and every tenant's for a job of a
+        # tenant short of its guarantee (owed or catching up), which would otherwise preempt while they idle
+        short = any(standing(job, t)) or (job.preemptible and _below(t.lim, t.use))
+        with p.kept_for(t.id, short):
+            if not p.settled(key, job, lambda: decide(job, t), t.waiting):
+                return False
         if job.turn_s is not None and p.result.placements and p.result.placements[-1][0] == job.id:
             # placed on what its turn's victims freed: the turn granted when they were chosen starts now
             p.result.turns[job.id] = now + timedelta(seconds=job.turn_s)

@@ -314,6 +314,8 @@ class Simulator:
                 last_pass, pass_at = pass_at, None
                 continue
             t, kind, _, _, job_id, attempt = heapq.heappop(self.events)
+            if kind == _LOOK and not (self.real_events or self.running or self.queue):
+                continue  # the replay is over: no pass, and the clock stays at its end
             if kind == _WAKE:
                 self.wake_pending = False
             elif kind != _LOOK:
@@ -507,7 +509,9 @@ class Simulator:
             if turns:
                 used[tenant] += sum(in_window(*x, since, now) for x in keep)
             if lend:
-                spans[tenant].extend((x[0], x[1], x[2]) for x in keep if x[2] > peak_since)
+                # ended within the window: by ``end + lend``, the time of the pass ``_release`` asked for (``now -
+                # lend`` may round below the end, and the GPUs would stay kept with no pass to lend them)
+                spans[tenant].extend((x[0], x[1], x[2]) for x in keep if x[2] + lend > now)
         for job in self.running.values():
             if turns:
                 used[job.trace.tenant] += in_window(len(job.gpus), job.start_s, None, job.turn_until, since, now)

@@ -99,6 +99,22 @@ def test_an_owed_job_of_another_tenant_takes_kept_gpus_rather_than_reclaim_and_a
     assert "1 idle GPU(s) kept for the return of tenants" in p.wait_reasons["b3"]
 
 
+def test_a_catching_up_job_takes_kept_gpus_rather_than_preempt() -> None:
+    # c is short of its guarantee of 1 with a 2-GPU job (catching up): it takes the 2 GPUs kept for a, no preemption
+    limits = {"a": Limits(guarantee_gpus=2, recent_peak_gpus=2), "c": Limits(guarantee_gpus=1)}
+    held = [running(f"d{i}", "d", (i,)) for i in range(5)]
+    p = plan([job("c0", "c", 2)], held, limits, nodes(2, 4), NOW, FS)
+    assert placed(p) == ["c0"] and not p.preemptions
+
+
+def test_a_reclaiming_job_placed_in_the_pass_is_not_counted_twice_against_what_its_tenant_keeps() -> None:
+    # a (guaranteed 2, held 2 lately) gets its reclaiming job placed first: one more GPU stays kept, as for a plain job
+    limits = {"a": Limits(guarantee_gpus=2, recent_peak_gpus=2)}
+    for first in (job("a0", "a", 1, reclaiming=True), job("a0", "a", 1)):
+        p = plan([first] + jobs("b", 4), [], limits, nodes(1, 4), NOW, FS)
+        assert sorted(placed(p)) == ["a0", "b0", "b1"]
+
+
 # -- reclaim -------------------------------------------------------------------------------------------------------
 def full_of_a(*, minutes: tuple[float, ...] = (10, 20, 30, 40), **kw: object) -> list:
     """Tenant a runs one GPU job on each GPU of a 4-GPU node."""

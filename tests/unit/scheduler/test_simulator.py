@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -92,6 +93,16 @@ def test_a_tenant_s_idle_guarantee_stays_unlent_for_lend_after_s_then_is_lent() 
     assert sim.guarantee == {"a": 1, "b": 1}
     sim.run()
     assert jcts(sim)["b2"] == (100.0 + 200.0) - 120.0 + 500.0
+
+
+def test_kept_gpus_are_lent_at_the_pass_asked_for_whatever_the_rounding() -> None:
+    # (65136.544 + 600) - 600 < 65136.544 in floating point: the pass at end + lend_after_s must still lend a's GPU
+    for end in (65136.5, 65136.544):
+        trace = [tj("a1", 0.0, end, tenant="a"), tj("b1", end + 10.0, 5.0, gpus=2, tenant="b")]
+        sim = Simulator(trace, cfg(gpus=2, per_node=2, policy=Policy.FAIR_SHARE, lend_after_s=600.0))
+        r = sim.run()
+        assert r["jobs"]["unfinished"] == 0 and sim.jobs["b1"].finished_s == end + 600.0 + 5.0
+        assert len(r["gpu_allocation"]["hourly"]) == math.ceil(r["makespan_s"] / 3600)  # no empty hour after the end
 
 
 def test_a_gang_larger_than_a_node_runs_across_nodes_and_too_large_jobs_are_skipped() -> None:
