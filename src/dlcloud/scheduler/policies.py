@@ -372,11 +372,13 @@ class _Pass:
             return
         # best fit on one node (a job as large as the peak fits them), else nodes with the fewest free GPUs first:
         # whole free nodes stay whole for others' large jobs
-        gpus = list(choose(c.free, c.names, [(k, "")]) or ()) if k <= c.max_size else []
-        for fl in sorted((fl for fl in c.free if fl), key=len) if not gpus else ():
-            gpus.extend(fl[: k - len(gpus)])
-            if len(gpus) == k:
-                break
+        one_node = choose(c.free, c.names, [(k, "")]) if k <= c.max_size else None
+        gpus = list(one_node or ())
+        if not gpus:
+            for fl in sorted((fl for fl in c.free if fl), key=len):
+                gpus.extend(fl[: k - len(gpus)])
+                if len(gpus) == k:
+                    break
         c.take(gpus, 0, 0)
         self.kept[tid] = gpus
 

@@ -88,6 +88,21 @@ def test_a_turn_window_too_short_for_a_turn_is_a_clear_error() -> None:
         assert "Traceback" not in res.stderr + res.stdout
 
 
+def test_lend_after_reaches_the_report_and_bad_values_are_a_clear_error() -> None:
+    args = ["simulate", "--trace", str(SLICE), "--gpus", "32", "--limit-jobs", "300"]
+    on = json.loads(CliRunner().invoke(app, [*args, "-o", "json"], catch_exceptions=False).stdout)
+    assert on["lend_after_s"] == 600.0
+    off = CliRunner().invoke(app, [*args, "--lend-after", "0", "-o", "json"], catch_exceptions=False)
+    assert json.loads(off.stdout)["lend_after_s"] == 0.0
+    table = CliRunner().invoke(app, [*args, "--lend-after", "300"], catch_exceptions=False)
+    assert "idle guaranteed GPUs lent after 5 min" in table.stdout
+    for value in ("-1", "nan", "100000"):
+        res = _dlcloud("--trace", str(SLICE), "--gpus", "8", "--lend-after", value)
+        assert res.returncode == 1, res.stderr
+        assert "--lend-after must be 0 (idle GPUs lent at once) to 86400 seconds" in res.stderr
+        assert "Traceback" not in res.stderr + res.stdout
+
+
 def test_bad_tenant_las_queues_are_a_clear_error() -> None:
     for value, says in (
         ("4h", "--tenant-las-queues takes GPU-second boundaries separated by commas"),
