@@ -5,34 +5,11 @@ Runs only on a machine with an NVIDIA GPU and a CUDA build of torch; ``make test
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.scheduler.inventory import detect_gpus
-from dlcloud.store.db import migrate
-from tests.conftest import build_env, make_settings, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def gpu_env(tmp_path):
-    gpus = detect_gpus()
-    if not gpus:
-        pytest.fail("the GPU tier was asked for but no NVIDIA GPU was detected (NVML / nvidia-smi)")
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    migrate(url)
-    env = build_env(make_settings(tmp_path, url, gpu_inventory=None, cpu_capacity=None), LocalExecutor())
-    stop = threading.Event()
-    t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
-    t.start()
-    with env.http:
-        yield env, gpus
-    stop.set()
-    env.control.wake()
-    t.join(timeout=10)
 
 
 def test_job_sees_exactly_its_gpu_and_computes_on_it(gpu_env):

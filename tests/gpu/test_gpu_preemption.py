@@ -10,16 +10,12 @@ build of torch; ``make test`` deselects it.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from dlcloud.cli.packing import pack_directory
-from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.scheduler.inventory import detect_gpus
-from dlcloud.store.db import migrate
-from tests.conftest import build_env, make_settings, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -27,25 +23,6 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 STEPS = 40
 HOLD_GIB = 8
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
-
-
-@pytest.fixture
-def gpu_env(tmp_path):
-    gpus = detect_gpus()
-    if not gpus:
-        pytest.fail("the GPU tier was asked for but no NVIDIA GPU was detected (NVML / nvidia-smi)")
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    migrate(url)
-    settings = make_settings(tmp_path, url, gpu_inventory=None, cpu_capacity=None, stop_grace_seconds=30.0)
-    env = build_env(settings, LocalExecutor())
-    stop = threading.Event()
-    t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
-    t.start()
-    with env.http:
-        yield env, gpus
-    stop.set()
-    env.control.wake()
-    t.join(timeout=10)
 
 
 def _outputs(env, job_id: str) -> Path:
