@@ -719,7 +719,8 @@ def test_recent_usage_counts_the_window_and_a_turn_through_its_end_and_the_peak(
     """What turns weigh of each tenant: GPU-seconds of its attempts over the window, live or ended in it; an attempt
     placed for a turn counts through the turn's end even if it ended sooner (a tenant cannot take turn after turn
     with jobs that fail or are cancelled at once). What the pass keeps idle for its return: the most GPUs its
-    attempts held at once over the lending window (a turn's end does not count: the attempt no longer holds)."""
+    attempts held at once over the lending window (a turn's end does not count: the attempt no longer holds), of
+    those that ran shorter than the window or still run."""
     from dlcloud.services.scheduling import recent_usage
 
     env.admin.jobs.submit(spec("j"))
@@ -741,14 +742,17 @@ def test_recent_usage_counts_the_window_and_a_turn_through_its_end_and_the_peak(
              "finished_at": now - timedelta(hours=2), "turn_until": now - timedelta(minutes=40)},  # 3 x 1200
             {"number": 7, "gpus": [4], "started_at": now - timedelta(hours=3),
              "finished_at": now - timedelta(hours=2), "turn_until": now - timedelta(minutes=61)},  # turn before: 0
+            {"number": 8, "gpus": list(range(8, 16)), "started_at": now - timedelta(hours=5),
+             "finished_at": now - timedelta(minutes=2)},  # 8 x 3480; ran longer than the window: not kept for
         ]  # fmt: skip
         s.execute(insert(AttemptRow), [{**attempt, "turn_until": None, **r} for r in rows])
     with env.platform.db.read() as s:
         hour = recent_usage(s.connection(), now, 3600.0, 3600.0)
         short = recent_usage(s.connection(), now, 0.0, 300.0)
         off = recent_usage(s.connection(), now, 0.0, 0.0)
-    assert hour.gpu_s == {tenant_id: pytest.approx(2 * 3600 + 1800 + 4 * 600 + 3 * 1200)}
-    assert hour.peak_gpus == {tenant_id: 2 + 4}  # the live 2 with the 4 of ten minutes ago; #6 ended 2 hours ago
+    assert hour.gpu_s == {tenant_id: pytest.approx(2 * 3600 + 1800 + 4 * 600 + 3 * 1200 + 8 * 3480)}
+    # the live 2 with the 4 of ten minutes ago; #6 ended 2 hours ago; #8's 8 ran for hours (no return expected)
+    assert hour.peak_gpus == {tenant_id: 2 + 4}
     assert (short.gpu_s, short.peak_gpus) == (None, {tenant_id: 2})  # the last 5 minutes: the live attempt only
     assert (off.gpu_s, off.peak_gpus) == (None, None)
 

@@ -91,10 +91,16 @@ def gpu_seconds_in_window(
 def peak_gpus(attempts: Iterable[tuple[int, float, float | None]], since: float, now: float) -> int:
     """The most GPUs ``attempts`` (GPUs, start, end or None while running; seconds on one clock) held at once
     over [``since``, ``now``] (``Limits.recent_peak_gpus``): an attempt that ended by ``since`` or starts after
-    ``now`` does not count; one that ends as another starts is not counted with it."""
+    ``now`` does not count; one that ends as another starts is not counted with it. Nor does an ended attempt
+    that ran as long as the window or longer: a tenant of short jobs comes back within minutes, and the GPUs it
+    used are kept for that; a job that ran for hours and ended says nothing of when its tenant returns, and
+    keeping its GPUs idle for the window (tens of them for a large job) would cost more than the one grace
+    period a reclaim takes from the long job that returns."""
     edges: list[tuple[float, int]] = []
     for gpus, started, ended in attempts:
         if gpus <= 0 or started > now or (ended is not None and (ended <= since or ended <= started)):
+            continue
+        if ended is not None and ended - started >= now - since:
             continue
         edges.append((max(started, since), gpus))
         if ended is not None:

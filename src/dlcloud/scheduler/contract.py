@@ -64,7 +64,8 @@ class PlanConfig:
     # tenants above their guarantee over that window; 0: no turns, else at least ``MIN_TURN_WINDOW_S``
     turn_window_s: float = 3600.0
     # fair-share: guaranteed GPUs a tenant stopped using are lent to other tenants only after this long (the most it
-    # held at once over the last ``lend_after_s``, ``Limits.recent_peak_gpus``, up to its guarantee, stays free for
+    # held at once over the last ``lend_after_s`` in attempts that still run or ran shorter than that,
+    # ``Limits.recent_peak_gpus`` (``attempts.peak_gpus``), up to its guarantee, stays free for
     # its jobs and other tenants' owed ones): a tenant of short jobs gets its next one started at once instead of
     # after a reclaim's grace period, and no borrower loses work to a reclaim minutes after it started; 0: idle
     # guaranteed GPUs are lent at once

@@ -3,8 +3,10 @@
 No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
 end of a preemption's grace period, LAS queue changes, the end of a turn or of the time idle GPUs are kept for
 their tenant). After something changed, a scheduling pass runs: at once for a submit (it wakes the control
-loop), else at the next tick (at most one every ``tick_s`` simulated seconds, as the control loop polls the
-attempts; the real loop polls every ``supervisor_interval_seconds``, 0.2 s: the tick is coarser, for speed).
+loop) and for the end of a preemption's grace period (the jobs that preempted wait for exactly that stop: the
+real loop's next poll, within ``supervisor_interval_seconds``, 0.2 s, sees it and places them), else at the next
+tick (at most one every ``tick_s`` simulated seconds, as the control loop polls the attempts; the tick is coarser
+than the real loop's 0.2 s, for speed).
 It calls the real
 ``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
 the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
@@ -322,8 +324,10 @@ class Simulator:
                 self.real_events -= 1
             self._advance(t)
             if self._handle(kind, job_id, attempt):
-                # a submit wakes the control loop at once (``submit_job``); other changes wait for its next tick
-                at = t if kind == _ARRIVE else max(t, last_pass + self.cfg.tick_s)
+                # a submit wakes the control loop at once (``submit_job``), and a preempted attempt's stop is what
+                # the jobs that preempted it wait for: the real loop's next poll places them (0.2 s, not a tick);
+                # other changes wait for the next tick
+                at = t if kind in (_ARRIVE, _STOP) else max(t, last_pass + self.cfg.tick_s)
                 pass_at = at if pass_at is None else min(pass_at, at)
             handled += 1
             if self.progress is not None and handled % 2048 == 0:

@@ -82,11 +82,11 @@ def test_a_tenant_s_idle_guarantee_stays_unlent_for_lend_after_s_then_is_lent() 
     # kept for a: b2 waits for b's own GPU (b1 ends at 400); a2 starts when submitted, nothing preempted
     assert jcts(sim) == {"a1": 100.0, "b1": 400.0, "b2": 400.0 - 120.0 + 500.0, "a2": 800.0}
     assert r["preemptions"] == 0
-    # lent at once: b2 borrows a's GPU at 120 s; a2 reclaims it (30 s grace), starting at the pass a tick after its
-    # submit's
+    # lent at once: b2 borrows a's GPU at 120 s; a2 reclaims it, starting when b2 stops after the 30-s grace period
+    # (the stop passes at once, as the control loop's next poll: not a tick later)
     sim = Simulator(trace, cfg(gpus=2, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=0.0))
     r = sim.run()
-    assert jcts(sim)["a2"] == 60.0 + 800.0 and r["preemptions"] == 1
+    assert jcts(sim)["a2"] == 30.0 + 800.0 and r["preemptions"] == 1
     # a comes back only much later: its GPU is lent once its first job ended lend_after_s ago (a pass looks then)
     later = [*trace[:3], tj("a2", 5000.0, 800.0, tenant="a")]
     sim = Simulator(later, cfg(gpus=2, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=200.0))
@@ -95,13 +95,38 @@ def test_a_tenant_s_idle_guarantee_stays_unlent_for_lend_after_s_then_is_lent() 
     assert jcts(sim)["b2"] == (100.0 + 200.0) - 120.0 + 500.0
 
 
+def test_only_the_gpus_of_jobs_that_ran_shorter_than_lend_after_s_are_kept() -> None:
+    # 5 GPUs: a guaranteed 2, b and c 1 each, each running a long 1-GPU job. a's second job ends; 100 s later b
+    # asks for 2 more GPUs (borrowing: beyond its guarantee), and 2 are idle. a's job ran 300 s: one is kept for a,
+    # and b2 starts at the pass at a's end + 600 s. It ran 1,000 s (longer than the window): both are lent at once
+    for a_ran, b2_starts in ((300.0, 300.0 + 600.0), (1000.0, 1100.0)):
+        trace = [
+            tj("a0", 0.0, 22_000.0 - a_ran, tenant="a"),
+            tj("a1", 0.0, a_ran, tenant="a"),
+            tj("b0", 0.0, 11_500.0, tenant="b"),
+            tj("b2", a_ran + 100.0, 500.0, gpus=2, tenant="b"),
+            tj("c0", 0.0, 12_000.0, tenant="c"),
+            tj("d0", 30_000.0, 4000.0, tenant="d"),  # the rest of the GPU-time: no guarantee
+        ]
+        sim = Simulator(trace, cfg(gpus=5, per_node=5, tick_s=60.0, policy=Policy.FAIR_SHARE, lend_after_s=600.0))
+        assert sim.guarantee == {"a": 2, "b": 1, "c": 1, "d": 0}
+        r = sim.run()
+        assert sim.jobs["b2"].finished_s - 500.0 == b2_starts, (a_ran, jcts(sim))
+        assert r["preemptions"] == 0
+
+
 def test_kept_gpus_are_lent_at_the_pass_asked_for_whatever_the_rounding() -> None:
     # (65136.544 + 600) - 600 < 65136.544 in floating point: the pass at end + lend_after_s must still lend a's GPU
     for end in (65136.5, 65136.544):
-        trace = [tj("a1", 0.0, end, tenant="a"), tj("b1", end + 10.0, 5.0, gpus=2, tenant="b")]
+        trace = [
+            tj("a0", 0.0, end, tenant="a"),  # a's guarantee: its GPU-time
+            tj("a1", end - 100.0, 100.0, tenant="a"),  # a short job: its GPU is kept after it ends
+            tj("b1", end + 10.0, 5.0, gpus=2, tenant="b"),
+        ]
         sim = Simulator(trace, cfg(gpus=2, per_node=2, policy=Policy.FAIR_SHARE, lend_after_s=600.0))
         r = sim.run()
-        assert r["jobs"]["unfinished"] == 0 and sim.jobs["b1"].finished_s == end + 600.0 + 5.0
+        a_end = max(sim.jobs["a0"].finished_s, sim.jobs["a1"].finished_s)
+        assert r["jobs"]["unfinished"] == 0 and sim.jobs["b1"].finished_s == a_end + 600.0 + 5.0
         assert len(r["gpu_allocation"]["hourly"]) == math.ceil(r["makespan_s"] / 3600)  # no empty hour after the end
 
 
@@ -190,8 +215,8 @@ def test_without_checkpoints_a_preempted_job_starts_over() -> None:
     trace = [tj("a1", 0.0, 2000.0, tenant="a"), tj("b1", 1000.0, 100.0, tenant="b")]
     sim = Simulator(trace, cfg(checkpoint_every_s=0.0, grace_s=0.0), planner=Reclaimer())
     r = sim.run()
-    # stopped at once (no grace), but the next pass is a tick (1 s) after the one that preempted
-    assert jcts(sim) == {"b1": 1.0 + 100.0, "a1": 1101.0 + 2000.0}
+    # stopped at once (no grace): the stop passes at once (b1 waits for exactly it), a1 starts over after b1
+    assert jcts(sim) == {"b1": 100.0, "a1": 1100.0 + 2000.0}
     assert r["work_lost_gpu_s"] == 1000.0
 
 
