@@ -22,7 +22,12 @@ def simulate(
     end_s: float | None = typer.Option(None, "--end-s", help="Replay jobs submitted before this trace time."),
     limit_jobs: int | None = typer.Option(None, "--limit-jobs", min=1, help="Replay only the first N jobs."),
     seed: int = typer.Option(0, "--seed", help="Orders equal-time events; same seed, same result."),
-    tick: float = typer.Option(60.0, "--tick", help="Simulated seconds between scheduling passes, at most."),
+    tick: float = typer.Option(
+        60.0,
+        "--tick",
+        help="Simulated seconds from an attempt's end to the pass that sees it, at most (a submit and the end of "
+        "a preemption's grace period pass at once).",
+    ),
     grace: float = typer.Option(30.0, "--grace", help="Simulated seconds a preempted attempt runs on."),
     checkpoint_every: float = typer.Option(
         900.0, "--checkpoint-every", help="Jobs checkpoint every this many simulated seconds (0: never)."
