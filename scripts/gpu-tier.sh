@@ -5,8 +5,8 @@
 #   scripts/gpu-tier.sh prepare    # here, with network: wheels for Python 3.12 and bubblewrap into .whl/
 #   scripts/gpu-tier.sh run        # there, from the repository root, with .whl/ copied beside it
 #
-# prepare: the pinned requirements the tier imports (pyproject.toml), as manylinux x86_64 wheels for CPython
-# 3.12, without numpy, pytest and its plugins (the machine's own, matched to its torch, are used), and this
+# prepare: the pinned requirements the tier imports (read from pyproject.toml), as manylinux x86_64 wheels for
+# CPython 3.12, without numpy, tensorboard, pytest and its plugins (the machine's own are used), and this
 # host's bwrap with the libraries it links (the sandbox); .whl/ is ignored by git (.git/info/exclude).
 # run: installs the wheels into /tmp/site, bwrap into /usr/local/bin (its libraries only where missing), and
 # runs pytest -m gpu with the machine's python3; pytest's log goes to $OUT/gpu-tier.log when OUT is set.
@@ -21,12 +21,20 @@ prepare)
     for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
         platforms+=(--platform "${p}_x86_64")
     done
+    # the pins of pyproject.toml (its dependencies and the gpu extra, pytest-timeout and pytest-asyncio of the test
+    # extra), less what the machine has matched to its torch or the tier never imports (boto3: s3:// stores only)
+    mapfile -t pins < <(python3 - <<'PY'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+pins = project["dependencies"] + extras["gpu"] + [p for p in extras["test"] if p.startswith(("pytest-timeout", "pytest-asyncio"))]
+for pin in pins:
+    if re.split(r"[=<>\[ ]", pin)[0] not in ("numpy", "boto3", "tensorboard"):
+        print(pin)
+PY
+    )
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" -d .whl \
-        fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic==2.14.3 \
-        pydantic-settings==2.16.3 sqlalchemy==2.1.9 alembic==1.20.1 httpx==0.28.1 anyio==4.16.0 typer==0.29.2 \
-        rich==15.0.0 prometheus-client==0.26.0 pathspec==1.1.1 cryptography==50.0.2 msgspec==0.22.0 \
-        plotext==6.1.0 optuna==5.0.0 pyyaml==6.0.3 nvidia-ml-py==13.615.71 pytest-asyncio==1.5.0 \
-        pytest-timeout==2.4.0 pytest==9.2.0
+        "${pins[@]}"
     rm -f .whl/numpy-*.whl .whl/pytest-*.whl .whl/pluggy-*.whl .whl/iniconfig-*.whl .whl/pygments-*.whl
     bwrap=$(command -v bwrap) || {
         echo "bwrap is not installed here: make system-deps" >&2

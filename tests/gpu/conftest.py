@@ -3,14 +3,11 @@ detected (NVML, else nvidia-smi) instead of a declared inventory."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.scheduler.inventory import detect_gpus
 from dlcloud.store.db import migrate
-from tests.conftest import build_env, make_settings
+from tests.integration.test_distributed_training import _platform
 
 
 @pytest.fixture
@@ -21,13 +18,5 @@ def gpu_env(tmp_path):
         pytest.fail("the GPU tier was asked for but no NVIDIA GPU was detected (NVML / nvidia-smi)")
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     migrate(url)
-    settings = make_settings(tmp_path, url, gpu_inventory=None, cpu_capacity=None, stop_grace_seconds=30.0)
-    env = build_env(settings, LocalExecutor())
-    stop = threading.Event()
-    t = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
-    t.start()
-    with env.http:
+    with _platform(tmp_path, url, gpu_inventory=None, cpu_capacity=None, stop_grace_seconds=30.0) as env:
         yield env, gpus
-    stop.set()
-    env.control.wake()
-    t.join(timeout=10)

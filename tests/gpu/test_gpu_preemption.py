@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dlcloud.cli.packing import pack_directory
 from tests.conftest import wait_for
+from tests.integration.test_distributed_training import _explain, _upload_scripts, _wait_end
 
 pytestmark = pytest.mark.gpu
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 STEPS = 40
 HOLD_GIB = 8
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
 def _outputs(env, job_id: str) -> Path:
@@ -40,25 +39,10 @@ def _steps(out: Path) -> list[tuple[int, int]]:
     ]
 
 
-def _explain(c, name: str) -> str:
-    job = c.jobs.get(name)
-    events = "\n".join(f"  {e['from_state']} -> {e['to_state']}: {e['reason']}" for e in job["events"])
-    logs = "\n".join(x.text for x in c.jobs.logs(name))
-    return f"job {name}: {job['state']} ({job['reason']})\n{events}\n{logs}"
-
-
-def _end(c, name: str) -> dict:
-    return wait_for(lambda: (j := c.jobs.get(name))["state"] in TERMINAL and j, timeout=300, what=f"{name} to end")
-
-
 def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from_its_checkpoint(gpu_env):
     env, gpus = gpu_env
     c = env.admin
-    packed = pack_directory(SCRIPTS)
-    try:
-        code = str(c.code.upload(packed.archive, kind="archive", filename="code.tar.gz")["id"])
-    finally:
-        packed.archive.unlink(missing_ok=True)
+    code = _upload_scripts(c, SCRIPTS)
     train = f"python cuda_steps.py --steps {STEPS} --hold-gib {HOLD_GIB}"
     one_gpu = {"gpus": 1, "memory": "6Gi"}  # host memory: a CUDA process holds ~1 GiB of it
     # every GPU but one taken by a job that waits: the low job and the urgent one meet on the last GPU
@@ -76,14 +60,14 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
     preempting = wait_for(lambda: (j := c.jobs.get("low"))["preempt_requested"] and j, timeout=60, what="preemption")
     assert preempting["preempt_reason"].startswith("preempted by urgent (priority)"), preempting
 
-    urgent = _end(c, "urgent")
+    urgent = _wait_end(c, "urgent", timeout=300)
     assert urgent["state"] == "SUCCEEDED", _explain(c, "urgent")
     [line] = [x.text for x in c.jobs.logs("urgent") if x.text.startswith("memory ")]
     free_gib, total_gib = (float(v) for v in line.split()[1:3])
     # the victim's 8 GiB (and its CUDA context) are gone before the preemptor starts on the same GPU
     assert free_gib > total_gib - HOLD_GIB / 2, line
 
-    job = _end(c, "low")
+    job = _wait_end(c, "low", timeout=300)
     assert job["state"] == "SUCCEEDED", _explain(c, "low")
     assert job["preemptions"] == 1 and job["restarts"] == 0, _explain(c, "low")
     first, second = job["attempts"]
@@ -100,7 +84,7 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
 
     # the same training never stopped: the resumed run restored weights and optimizer state exactly
     whole = c.jobs.submit({"name": "whole", "code": code, "command": train, "resources": one_gpu})
-    assert _end(c, "whole")["state"] == "SUCCEEDED", _explain(c, "whole")
+    assert _wait_end(c, "whole", timeout=300)["state"] == "SUCCEEDED", _explain(c, "whole")
     reference = json.loads((_outputs(env, whole["id"]) / "result.json").read_text())
     assert reference["attempt"] == 1 and reference["start_step"] == 0
     assert resumed["loss"] == pytest.approx(reference["loss"], rel=1e-5), (resumed, reference)

@@ -72,9 +72,9 @@ def dist_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
         yield e
 
 
-def _upload_scripts(c: Client) -> str:
-    """The scripts directory as a code upload, packed as the CLI packs ``--code ./dir``."""
-    packed = pack_directory(SCRIPTS)
+def _upload_scripts(c: Client, directory: Path = SCRIPTS) -> str:
+    """A scripts directory as a code upload, packed as the CLI packs ``--code ./dir``."""
+    packed = pack_directory(directory)
     try:
         return str(c.code.upload(packed.archive, kind="archive", filename="code.tar.gz")["id"])
     finally:
