@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,17 +233,26 @@ def env(tmp_path: Path, db_url: str) -> Iterator[Env]:
 @pytest.fixture
 def running_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     """Like ``env`` plus the control loop and the local executor running in a background thread."""
-    e = build_env(make_settings(tmp_path, db_url), LocalExecutor())
+    with control_running(build_env(make_settings(tmp_path, db_url), LocalExecutor())) as e:
+        yield e
+
+
+@contextmanager
+def control_running(e: Env) -> Iterator[Env]:
+    """``e`` (built with an executor) with its control loop running in a background thread and its HTTP client
+    open; on leaving, the loop is stopped and woken, joined, and the database's connections are closed."""
     assert e.control is not None
     stop = threading.Event()
     thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
     thread.start()
-    with e.http:
-        yield e
-    stop.set()
-    e.control.wake()
-    thread.join(timeout=10)
-    e.platform.db.dispose()
+    try:
+        with e.http:
+            yield e
+    finally:
+        stop.set()
+        e.control.wake()
+        thread.join(timeout=10)
+        e.platform.db.dispose()
 
 
 def assert_api_error(resp, status: int, code: str, fragment: str | None = None) -> dict:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ import pytest
 from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.executors.local.executor import LocalExecutor
-from tests.conftest import WAIT_FOR_GO, Env, build_env, make_settings, release, wait_for
+from tests.conftest import WAIT_FOR_GO, Env, build_env, control_running, make_settings, release, wait_for
 
 pytestmark = pytest.mark.distributed
 
@@ -51,19 +50,8 @@ PER_REPLICA = {"cpu": 1, "memory": "1Gi"}
 @contextmanager
 def _platform(tmp_path: Path, db_url: str, **overrides: object) -> Iterator[Env]:
     """The in-process API, control loop and local executor (as ``running_env``), with settings overrides."""
-    e = build_env(make_settings(tmp_path, db_url, **overrides), LocalExecutor())
-    assert e.control is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        with e.http:
-            yield e
-    finally:
-        stop.set()
-        e.control.wake()
-        thread.join(timeout=10)
-        e.platform.db.dispose()
+    with control_running(build_env(make_settings(tmp_path, db_url, **overrides), LocalExecutor())) as e:
+        yield e
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlcloud.executors.local.executor import LocalExecutor
-from tests.conftest import Env, build_env, make_settings, wait_for
+from tests.conftest import Env, build_env, control_running, make_settings, wait_for
 
 CAP = 64 * 1024
 RESPONSE = 16 * 1024
@@ -21,17 +21,8 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 def capped_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     """``running_env`` with job logs capped at 64 KiB and reads without --follow at 16 KiB."""
     settings = make_settings(tmp_path, db_url, job_log_max_bytes=CAP, job_log_response_max_bytes=RESPONSE)
-    e = build_env(settings, LocalExecutor())
-    assert e.control is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
-    thread.start()
-    with e.http:
+    with control_running(build_env(settings, LocalExecutor())) as e:
         yield e
-    stop.set()
-    e.control.wake()
-    thread.join(timeout=10)
-    e.platform.db.dispose()
 
 
 def _wait_end(env: Env, name: str) -> dict:

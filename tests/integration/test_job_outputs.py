@@ -4,7 +4,6 @@ or refused with a note, while the other tenants' jobs go on (SQLite and PostgreS
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.executors.local.executor import LocalExecutor
-from tests.conftest import Env, build_env, make_settings, wait_for
+from tests.conftest import Env, build_env, control_running, make_settings, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 HOSTILE = (
@@ -25,17 +24,9 @@ HOSTILE = (
 @pytest.fixture
 def small_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     """A running platform whose outputs may hold 1 MiB at most (max_unpacked_bytes)."""
-    e = build_env(make_settings(tmp_path, db_url, max_unpacked_bytes=1024 * 1024), LocalExecutor())
-    assert e.control is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
-    thread.start()
-    with e.http:
+    settings = make_settings(tmp_path, db_url, max_unpacked_bytes=1024 * 1024)
+    with control_running(build_env(settings, LocalExecutor())) as e:
         yield e
-    stop.set()
-    e.control.wake()
-    thread.join(timeout=10)
-    e.platform.db.dispose()
 
 
 def _ended(client, name: str) -> dict:

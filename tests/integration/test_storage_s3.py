@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from dlcloud.checksums import artifact_digest
 from dlcloud.executors.local.executor import LocalExecutor
-from tests.conftest import Env, build_env, make_settings, wait_for
+from tests.conftest import Env, build_env, control_running, make_settings, wait_for
 from tests.s3server import S3Server, s3_server_or_skip
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -33,16 +32,9 @@ def s3_env(request: pytest.FixtureRequest, tmp_path: Path, db_url: str, monkeypa
     monkeypatch.setenv("AWS_REGION", server.region)
     settings = make_settings(tmp_path, db_url, storage_url=store.url, s3_addressing_style="path")
     e = build_env(settings, LocalExecutor())
-    assert e.control is not None and e.platform.objects.url == store.url
-    stop = threading.Event()
-    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
-    thread.start()
-    with e.http:
+    assert e.platform.objects.url == store.url
+    with control_running(e):
         yield e, server
-    stop.set()
-    e.control.wake()
-    thread.join(timeout=10)
-    e.platform.db.dispose()
 
 
 def _bucket_keys(server: S3Server, prefix: str) -> list[str]:

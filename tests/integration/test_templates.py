@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.local.runner import BASE_ENV_VARS
 from dlcloud.templates.data import load
 from dlcloud.templates.train import prepare
-from tests.conftest import Env, assert_api_error, build_env, make_settings, wait_for
+from tests.conftest import Env, assert_api_error, build_env, control_running, make_settings, wait_for
 from tests.integration.test_metrics import api_server
 from tests.unit.templates.test_template_trainer import dense_csv
 
@@ -37,16 +36,8 @@ def template_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
     """``running_env`` whose jobs import the dlcloud under test, with the API reachable for their metrics."""
     base = {k: os.environ[k] for k in BASE_ENV_VARS if k in os.environ}
     e = build_env(make_settings(tmp_path, db_url), LocalExecutor(base_env={**base, "PYTHONPATH": SOURCE}))
-    assert e.control is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=e.control.run, args=(stop,), daemon=True)
-    thread.start()
-    with e.http, api_server(e):
+    with control_running(e), api_server(e):
         yield e
-    stop.set()
-    e.control.wake()
-    thread.join(timeout=10)
-    e.platform.db.dispose()
 
 
 def _ended(client, name: str) -> dict:
