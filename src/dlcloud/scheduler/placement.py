@@ -4,6 +4,10 @@ Invariants:
 - A process's GPUs are all on one node (``Gpu.node``); a gang's replicas each on one node, replicas may span nodes.
 - Best fit: a process goes to the node with the fewest free (matching) GPUs that still fits it, the earlier node
   (inventory order) on a tie, and gets that node's lowest free indices. Less fragmentation for later, bigger jobs.
+  A job of one process and no GPU type (``Cluster.choose``'s fast path: nearly every job of a trace) goes on a tie
+  to the node with the most *pinned* GPUs first (``Cluster.pin``: under fair-share, those of attempts inside their
+  tenants' guarantees, which no reclaim takes): what runs inside guarantees gathers on fewer nodes, and the others
+  can be taken back whole (an owed 8-GPU job needs a node without any).
 - CPUs and memory are cluster-wide totals (as the inventory declares them).
 - A GPU index is handed out once: ``take`` removes it from the free lists.
 
@@ -96,6 +100,15 @@ class Cluster:
         for n, fl in enumerate(self.free):
             self.buckets[len(fl)].add(n)
         self._held_nodes: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        self.pinned = [0] * len(ordinal)  # per node: GPUs of attempts no reclaim takes (``pin``)
+
+    def pin(self, gpus: Iterable[int]) -> None:
+        """Count ``gpus`` as pinned: held by an attempt inside its tenant's guarantee (fair-share), which a reclaim
+        does not take. Best fit then prefers, among equally fitting nodes, those with the most pinned GPUs."""
+        for g in gpus:
+            n = self.node_of.get(g)
+            if n is not None:
+                self.pinned[n] += 1
 
     def held_by_node(self, held: Held, want: str) -> list[tuple[int, int]]:
         """(node, how many of its matching GPUs) for a running attempt; a pass's victim searches ask for the same
@@ -152,7 +165,8 @@ class Cluster:
             for c in range(k, self.max_size + 1):
                 b = self.buckets[c]
                 if b:
-                    return tuple(self.free[min(b)][:k])
+                    pinned = self.pinned
+                    return tuple(self.free[max(b, key=lambda n: (pinned[n], -n))][:k])
             return None
         procs = processes(job)
         if sum(k for k, _ in procs) > self.nfree:

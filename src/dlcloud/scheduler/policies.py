@@ -293,6 +293,7 @@ class _Pass:
         self.pending: dict[str, list[int]] = {}
         self.kept: dict[str, list[int]] = {}  # tenants: idle GPUs kept for their return (``keep``), out of ``cluster``
         self.counted: set[str] = set()  # jobs placed or claimed for in this pass: in their tenant's usage
+        self.pin_owed = False  # fair-share: jobs placed inside their tenants' guarantees pin their GPUs (``place``)
 
     def hold(self, holds: dict[str, tuple[int, ...]], until: dict[str, datetime]) -> None:
         """Take the GPUs held for moved jobs (by job id) out of the free capacity: only each job itself gets them
@@ -494,6 +495,8 @@ class _Pass:
         u.running_jobs += 1
         self.result.placements.append((job.id, gpus))
         self.counted.add(job.id)
+        if self.pin_owed and not borrowed:
+            self.cluster.pin(gpus)
         if borrowed:
             self.result.borrowing.add(job.id)
         if job.max_run_time_s is not None:
@@ -1031,6 +1034,12 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         t.jobs = _tenant_order(t.jobs, now, cfg)
     borrowed, straddling = _owed_split(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
+    # what runs inside guarantees (straddling included) pins its node: best fit gathers it on fewer nodes, and the
+    # others stay whole for owed jobs of a node or more (``Cluster.pin``)
+    p.pin_owed = True
+    for h in p.held:
+        if id(h) not in borrowed and not h.stopping:
+            p.cluster.pin(h.gpus)
 
     def as_reclaim(h: Held) -> Candidate:
         return Candidate(h, (0, h.priority, lost_gpu_s(h, now)), "reclaim")

@@ -1003,3 +1003,51 @@ def test_an_attempt_on_its_tenants_turn_is_owed_until_the_turn_ends() -> None:
     later = until + timedelta(seconds=1)  # the turn is over: b0 is borrowed beyond b's guarantee again
     p = plan([a9], on_turn, limits, nodes(1, 4), later, FS)
     assert victims(p) == ["b0"] and p.preemptions[0].reason == "reclaim"
+
+
+# -- best fit gathers what runs inside guarantees --------------------------------------------------------------------
+def pinned_scene() -> tuple[list, dict]:
+    """Two nodes of 4 with one GPU free each: node 0 runs borrowed work (tenant y, no guarantee) on GPUs 0-2, node 1
+    runs x's work inside its guarantee on GPUs 4-6; node 2 is empty."""
+    held = [running("y0", "y", (0, 1, 2)), running("x0", "x", (4, 5, 6))]
+    limits = {"x": Limits(guarantee_gpus=4), "a": Limits(guarantee_gpus=2), "c": Limits(guarantee_gpus=4)}
+    return held, limits
+
+
+def test_best_fit_breaks_ties_towards_the_node_that_runs_inside_guarantees() -> None:
+    # both nodes fit the job equally (one free GPU each); the one whose GPUs no reclaim takes (x's, owed) gets it, so
+    # node 0 stays reclaimable whole; the policies without guarantees keep the inventory order
+    held, limits = pinned_scene()
+    p = plan([job("a0", "a")], held, limits, nodes(3, 4), NOW, FS)
+    assert p.placements == [("a0", (7,))]
+    for policy in (Policy.FIFO, Policy.PRIORITY_BACKFILL, Policy.LAS):
+        p = plan([job("a0", "a")], held, limits, nodes(3, 4), NOW, PlanConfig(policy=policy))
+        assert p.placements == [("a0", (3,))], policy
+
+
+def test_a_node_kept_free_of_guaranteed_work_is_taken_back_whole() -> None:
+    # the pass after: c's 4-GPU job, inside its guarantee, finds no node free; node 0 holds only y's borrowed work
+    # and is reclaimed whole. Had a0 gone to GPU 3 (inventory order), every node would hold owed work (node 2: x's
+    # GPU 8) and the job would have to move a0 as well
+    held, limits = pinned_scene()
+    first = plan([job("a0", "a")], held, limits, nodes(3, 4), NOW, FS)
+    after = [*held, running("a0", "a", first.placements[0][1], minutes=1)]
+    after += [running("x1", "x", (8,)), running("y1", "y", (9, 10, 11))]
+    p = plan([job("c0", "c", gpus=4)], after, limits, nodes(3, 4), NOW, FS)
+    assert [(x.job_id, x.reason) for x in p.preemptions] == [("y0", "reclaim")]
+    before = [*held, running("a0", "a", (3,), minutes=1), running("x1", "x", (8,)), running("y1", "y", (9, 10, 11))]
+    p = plan([job("c0", "c", gpus=4)], before, limits, nodes(3, 4), NOW, FS)
+    assert "defrag" in {x.reason for x in p.preemptions}
+
+
+def test_stopping_and_borrowed_attempts_pin_nothing() -> None:
+    # node 0 runs y's borrowed work, node 1 x's work that is stopping, or x's work beyond its guarantee (x1, started
+    # first, is inside it): neither pins node 1, and the tie goes to node 0 by inventory order
+    limits = {"x": Limits(guarantee_gpus=2), "a": Limits(guarantee_gpus=1)}
+    y0 = running("y0", "y", (0, 1, 2))
+    for x in (
+        [running("x0", "x", (4, 5, 6), stopping=True)],
+        [running("x1", "x", (8, 9), minutes=20), running("x2", "x", (4, 5, 6), minutes=5)],
+    ):
+        p = plan([job("a0", "a")], [y0, *x], limits, nodes(3, 4), NOW, FS)
+        assert p.placements == [("a0", (3,))], x
