@@ -6,8 +6,9 @@ Invariants:
   (inventory order) on a tie, and gets that node's lowest free indices. Less fragmentation for later, bigger jobs.
   A job of one process and no GPU type (``Cluster.choose``'s fast path: nearly every job of a trace) goes on a tie
   to the node with the most *pinned* GPUs first (``Cluster.pin``: under fair-share, those of attempts inside their
-  tenants' guarantees, which no reclaim takes): what runs inside guarantees gathers on fewer nodes, and the others
-  can be taken back whole (an owed 8-GPU job needs a node without any).
+  tenants' guarantees or straddling them, which a reclaim takes last or never, and of non-preemptible ones): what
+  runs inside guarantees gathers on fewer nodes, and the others can be taken back whole (an owed 8-GPU job needs a
+  node without any).
 - CPUs and memory are cluster-wide totals (as the inventory declares them).
 - A GPU index is handed out once: ``take`` removes it from the free lists.
 
@@ -100,11 +101,11 @@ class Cluster:
         for n, fl in enumerate(self.free):
             self.buckets[len(fl)].add(n)
         self._held_nodes: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        self.pinned = [0] * len(ordinal)  # per node: GPUs of attempts no reclaim takes (``pin``)
+        self.pinned = [0] * len(ordinal)  # per node: GPUs a reclaim takes last or never (``pin``)
 
     def pin(self, gpus: Iterable[int]) -> None:
-        """Count ``gpus`` as pinned: held by an attempt inside its tenant's guarantee (fair-share), which a reclaim
-        does not take. Best fit then prefers, among equally fitting nodes, those with the most pinned GPUs."""
+        """Count ``gpus`` as pinned: held by an attempt inside or straddling its tenant's guarantee, or not
+        preemptible (fair-share). Best fit then prefers, among equally fitting nodes, those with the most pinned."""
         for g in gpus:
             n = self.node_of.get(g)
             if n is not None:

@@ -1034,11 +1034,12 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         t.jobs = _tenant_order(t.jobs, now, cfg)
     borrowed, straddling = _owed_split(p)
     live = [h for h in p.held if h.preemptible and not h.stopping]
-    # what runs inside guarantees (straddling included) pins its node: best fit gathers it on fewer nodes, and the
-    # others stay whole for owed jobs of a node or more (``Cluster.pin``)
+    # what runs inside guarantees (straddling included) pins its node, as does what no reclaim takes (non-preemptible
+    # work beyond a guarantee lowered since it started): best fit gathers it on fewer nodes, and the others stay whole
+    # for owed jobs of a node or more (``Cluster.pin``)
     p.pin_owed = True
     for h in p.held:
-        if id(h) not in borrowed and not h.stopping:
+        if (id(h) not in borrowed or not h.preemptible) and not h.stopping:
             p.cluster.pin(h.gpus)
 
     def as_reclaim(h: Held) -> Candidate:

@@ -1041,13 +1041,54 @@ def test_a_node_kept_free_of_guaranteed_work_is_taken_back_whole() -> None:
 
 
 def test_stopping_and_borrowed_attempts_pin_nothing() -> None:
-    # node 0 runs y's borrowed work, node 1 x's work that is stopping, or x's work beyond its guarantee (x1, started
-    # first, is inside it): neither pins node 1, and the tie goes to node 0 by inventory order
-    limits = {"x": Limits(guarantee_gpus=2), "a": Limits(guarantee_gpus=1)}
+    # node 0 runs y's borrowed work; node 1 x's work inside its guarantee that is stopping, or x's work beyond its
+    # guarantee (x1, started first, is inside it): neither pins node 1, and the tie goes to node 0 by inventory order
     y0 = running("y0", "y", (0, 1, 2))
-    for x in (
-        [running("x0", "x", (4, 5, 6), stopping=True)],
-        [running("x1", "x", (8, 9), minutes=20), running("x2", "x", (4, 5, 6), minutes=5)],
+    for guarantee, x in (
+        (4, [running("x0", "x", (4, 5, 6), stopping=True)]),
+        (2, [running("x1", "x", (8, 9), minutes=20), running("x2", "x", (4, 5, 6), minutes=5)]),
     ):
+        limits = {"x": Limits(guarantee_gpus=guarantee), "a": Limits(guarantee_gpus=1)}
         p = plan([job("a0", "a")], [y0, *x], limits, nodes(3, 4), NOW, FS)
         assert p.placements == [("a0", (3,))], x
+
+
+def test_straddling_and_non_preemptible_attempts_pin() -> None:
+    # node 1 runs x1 (3 GPUs): straddling x's guarantee of 3 behind x0 (2 GPUs, started first, inside it), which only
+    # a job strictly inside its guarantee reclaims, last; or non-preemptible beyond a guarantee of 2 (set lower after
+    # it started), which no reclaim takes. Either pins node 1
+    y0 = running("y0", "y", (0, 1, 2))
+    for guarantee, x in (
+        (3, [running("x0", "x", (8, 9), minutes=20), running("x1", "x", (4, 5, 6), minutes=5)]),
+        (2, [running("x1", "x", (4, 5, 6), preemptible=False)]),
+    ):
+        limits = {"x": Limits(guarantee_gpus=guarantee), "a": Limits(guarantee_gpus=1)}
+        p = plan([job("a0", "a")], [y0, *x], limits, nodes(3, 4), NOW, FS)
+        assert p.placements == [("a0", (7,))], x
+
+
+def one_free_each() -> list:
+    """Nodes 0 and 1 with 3 and 2 GPUs free after x0 (owed) and y0; node 1 also runs y1; node 2 runs x1 (owed)."""
+    return [running("x0", "x", (0,)), running("y0", "y", (1, 2)), running("y1", "y", (4,)), running("x1", "x", (8,))]
+
+
+def test_a_job_placed_inside_its_guarantee_pins_its_node_for_the_rest_of_the_pass() -> None:
+    # a0 (2 GPUs, owed) takes node 2's GPUs 9-10 (best fit among 3 free each); b0 (owed) then finds one free GPU on
+    # node 0 and node 2 alike and goes where a0 made node 2 the most pinned
+    limits = {"x": Limits(guarantee_gpus=4), "a": Limits(guarantee_gpus=2), "b": Limits(guarantee_gpus=1)}
+    p = plan([job("a0", "a", gpus=2), job("b0", "b")], one_free_each(), limits, nodes(3, 4), NOW, FS)
+    assert p.placements == [("a0", (9, 10)), ("b0", (11,))]
+
+
+def test_a_job_placed_as_borrowed_pins_nothing() -> None:
+    # the same with a and b guaranteed nothing: a0 borrows GPUs 9-10 and pins nothing; b0's tie goes to node 0
+    limits = {"x": Limits(guarantee_gpus=4)}
+    p = plan([job("a0", "a", gpus=2), job("b0", "b")], one_free_each(), limits, nodes(3, 4), NOW, FS)
+    assert p.placements == [("a0", (9, 10)), ("b0", (3,))]
+
+
+def test_the_other_policies_keep_the_inventory_order_within_a_pass() -> None:
+    held = [running("y0", "y", (0, 1, 2)), running("y1", "y", (4,)), running("y2", "y", (8,))]
+    for policy in (Policy.FIFO, Policy.PRIORITY_BACKFILL, Policy.LAS):
+        p = plan([job("a0", "a", gpus=2), job("b0", "b")], held, {}, nodes(3, 4), NOW, PlanConfig(policy=policy))
+        assert p.placements == [("a0", (5, 6)), ("b0", (3,))], policy
