@@ -14,6 +14,12 @@ the simulator passes at once after a submit, else at most once per tick), which 
     python bench/fairness_probe.py                                 # the 14-day Philly window, ~5 min
     python bench/fairness_probe.py --limit-jobs 3000 --top 20
     python bench/fairness_probe.py --tenant vc_ee9e8c
+    python bench/fairness_probe.py --whole-nodes                   # and what keeps whole nodes from large jobs
+
+``--whole-nodes`` also looks at every pass after which a tenant below its entitlement has a queued job of a node
+or more (its oldest) and no node is reclaimable whole: how many GPUs the job could not take on the least held
+node, and, where it waits for capacity, whether the chain (``_Pass._chain_needless``) held it back and what held
+the three least held nodes (docs/scheduling.md, "Best fit gathers what runs inside guarantees").
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from dlcloud.errors import DlcloudError
+from dlcloud.scheduler.contract import QueuedJob
 from dlcloud.scheduler.planner import Plan
-from dlcloud.scheduler.policies import _owed_split, _Pass
+from dlcloud.scheduler.policies import FAIR_SHARE_FLOOR, _on_turn, _owed_split, _Pass
 from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
 from dlcloud.scheduler.trace import load_trace
 
@@ -42,9 +49,13 @@ SINCE_PASS = "since the last pass (a job ended; the next pass is up to a tick aw
 class Probe(Simulator):
     """The simulator, recording after each pass why each tenant below its entitlement waits (``rows``: hours)."""
 
-    def __init__(self, *args: object, only: str | None = None, **kwargs: object) -> None:
+    def __init__(self, *args: object, only: str | None = None, whole_nodes: bool = False, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.only = only
+        self.whole_nodes = whole_nodes
+        self.least_held: Counter[int] = Counter()  # passes by the GPUs the job cannot take on the least held node
+        self.chain: Counter[str] = Counter()  # passes waiting for capacity, by what the chain rule said
+        self.kinds: Counter[str] = Counter()  # the GPUs it cannot take on the three least held nodes, by kind
         self.rows: Counter[Row] = Counter()
         self._waiting: dict[str, Row] = {}
         # (tenant, window) -> row -> GPU-seconds short of min(demand, guarantee)
@@ -99,6 +110,47 @@ class Probe(Simulator):
             reason = _NUMBERS.sub("N", result.wait_reasons.get(q.id, "placed")) if q is not None else "nothing queued"
             whole = len(nodes - kept.get(name, set()))
             self._waiting[name] = (name, reason[:90], q.gpus if q is not None else 0, whole)
+            if self.whole_nodes and q is not None and whole == 0 and q.gpus >= self.cfg.gpus_per_node:
+                self._whole_nodes(p, borrowed, q, reason)
+
+    def _whole_nodes(self, p: _Pass, borrowed: set[int], q: QueuedJob, reason: str) -> None:
+        """Why tenant ``q.tenant_id``'s job of a node or more finds none to take (``--whole-nodes``)."""
+        _, straddling = _owed_split(p)
+        node_of = {g.index: g.node for g in self.inventory.gpus}
+        held: dict[str, Counter[str]] = {n: Counter() for n in sorted({g.node for g in self.inventory.gpus})}
+        for h in p.held:
+            if id(h) in borrowed and not h.stopping and h.tenant_id != q.tenant_id:
+                continue  # a reclaim takes it
+            nodes = {node_of[g] for g in h.gpus}
+            kind = (
+                "the tenant's own" if h.tenant_id == q.tenant_id
+                else "stopping" if h.stopping
+                else "non-preemptible" if not h.preemptible
+                else "on a turn" if _on_turn(h, p.now)
+                else "on several nodes" if len(nodes) > 1
+                else "a node or more" if len(h.gpus) >= self.cfg.gpus_per_node
+                else "straddling" if id(h) in straddling
+                else "owed, moved before" if h.preemptions
+                else "owed, never moved"
+            )  # fmt: skip
+            for g in h.gpus:
+                held[node_of[g]][kind] += 1
+        least = sorted(held.values(), key=lambda c: sum(c.values()))
+        self.least_held[sum(least[0].values())] += 1
+        if not reason.startswith("waiting for capacity"):
+            return
+        t = p.tenant(q.tenant_id)
+        lim, window = t.lim, self.pcfg.turn_window_s
+        recent = lim.recent_gpu_s
+        held_enough = recent is not None and window > 0 and recent >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
+        needless = p._chain_needless(q, t)
+        self.chain[
+            "its tenant held 90 % of its guarantee over the window" if held_enough
+            else "a node frees within the hour" if needless
+            else "allowed (none found)"
+        ] += 1  # fmt: skip
+        for c in least[:3]:
+            self.kinds.update(c)
 
 
 def main() -> int:
@@ -110,12 +162,13 @@ def main() -> int:
     ap.add_argument("--limit-jobs", type=int, help="replay only the first N jobs")
     ap.add_argument("--tenant", help="only this tenant")
     ap.add_argument("--top", type=int, default=30, help="rows printed (default: %(default)s)")
+    ap.add_argument("--whole-nodes", action="store_true", help="also: what keeps whole nodes from large jobs")
     args = ap.parse_args()
     try:
         jobs = load_trace(args.trace, limit_jobs=args.limit_jobs)
         cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed)
         cfg.validate()
-        sim = Probe(jobs, cfg, only=args.tenant)
+        sim = Probe(jobs, cfg, only=args.tenant, whole_nodes=args.whole_nodes)
         report = sim.run()
     except DlcloudError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -140,7 +193,34 @@ def main() -> int:
     for (name, reason, gpus, whole), gpu_s in sorted(below.items(), key=lambda kv: -kv[1])[: args.top]:
         shape = f"{gpus} | {whole}" if whole >= 0 else " | "  # SINCE_PASS: no job, no nodes looked at
         print(f"| {gpu_s / 3600:.1f} | {name} | {shape} | {reason} |")
+    if args.whole_nodes:
+        _print_whole_nodes(sim)
     return 0
+
+
+def _print_whole_nodes(sim: Probe) -> None:
+    passes = sum(sim.least_held.values())
+    print()
+    print(f"Passes with a job of a node or more and no node reclaimable whole: {passes}")
+    print()
+    print("| GPUs it cannot take on the least held node | passes | share |")
+    print("|---|---|---|")
+    for gpus, n in sorted(sim.least_held.items()):
+        print(f"| {gpus} | {n} | {n / passes:.1%} |")
+    waiting = sum(sim.chain.values())
+    print()
+    print(f"Of those, waiting for capacity: {waiting}; the chain rule said")
+    print()
+    print("| chain | passes | share |")
+    print("|---|---|---|")
+    for said, n in sim.chain.most_common():
+        print(f"| {said} | {n} | {n / waiting:.1%} |")
+    total = sum(sim.kinds.values())
+    print()
+    print("| what held the three least held nodes | GPU-passes | share |")
+    print("|---|---|---|")
+    for kind, n in sim.kinds.most_common():
+        print(f"| {kind} | {n} | {n / total:.1%} |")
 
 
 if __name__ == "__main__":
