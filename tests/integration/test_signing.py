@@ -10,12 +10,15 @@ import logging
 import math
 import secrets
 import time
+import types
 
+import pytest
 from starlette.testclient import TestClient
 
 from dlcloud import signing
 from dlcloud.api.app import create_app
 from dlcloud.client import Credentials
+from dlcloud.services import auth as auth_service
 from dlcloud.store.db import Database
 from tests.conftest import assert_api_error
 
@@ -188,24 +191,27 @@ def test_replay_is_rejected_after_a_restart(env):
         db.dispose()
 
 
-def test_skewed_timestamp_is_rejected(env, subtests):
+@pytest.fixture
+def frozen_server_clock(monkeypatch):
+    """The signature check's clock stopped at a whole second: the window's edges are exact, however slow the machine."""
+    frozen = float(math.floor(time.time()))
+    monkeypatch.setattr(auth_service, "time", types.SimpleNamespace(time=lambda: frozen))
+    return int(frozen)
+
+
+def test_skewed_timestamp_is_rejected(env, frozen_server_clock, subtests):
     for offset in (-301, 301, -400, 86_400):
         with subtests.test(offset=offset):
-            # round away from server time: the distance is at least |offset| whatever the fraction of a second
-            now = time.time()
-            ts = math.floor(now) + offset if offset < 0 else math.ceil(now) + offset
-            headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami", timestamp=ts)
+            headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami", timestamp=frozen_server_clock + offset)
             err = assert_api_error(_send(env.http, "GET", f"{API}/whoami", "", b"", headers), 401, "clock_skew")
+            assert f"{offset} s away from server time" in err["message"]
             assert "at most 300 s allowed" in err["message"]
 
 
-def test_timestamp_inside_the_window_is_accepted(env, subtests):
-    for offset in (-299, 299):
+def test_timestamp_inside_the_window_is_accepted(env, frozen_server_clock, subtests):
+    for offset in (-300, -299, 0, 299, 300):
         with subtests.test(offset=offset):
-            # round towards server time: the distance is at most |offset|
-            now = time.time()
-            ts = math.ceil(now) + offset if offset < 0 else math.floor(now) + offset
-            headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami", timestamp=ts)
+            headers = _signed_headers(env.admin_creds, "GET", f"{API}/whoami", timestamp=frozen_server_clock + offset)
             resp = _send(env.http, "GET", f"{API}/whoami", "", b"", headers)
             assert resp.status_code == 200, resp.text
 
