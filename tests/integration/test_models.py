@@ -10,7 +10,6 @@ import io
 import os
 import stat
 import tarfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,10 @@ from dlcloud import signing
 from dlcloud.checksums import artifact_digest
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
+from dlcloud.services import models as models_service
 from dlcloud.storage.artifacts import verify
 from dlcloud.store.rows import ModelDeploymentRow, ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
-from tests.conftest import Env, assert_api_error, wait_for
+from tests.conftest import Env, ShiftedClock, assert_api_error, wait_for
 
 API = "/api/v1"
 SIG = {
@@ -441,6 +441,14 @@ def test_share_targets_are_checked(world, tmp_path):
 # --- permissions and deletion --------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def registry_clock(monkeypatch) -> ShiftedClock:
+    """The registry's clock (leases are given and checked by it), moved on by the test instead of waiting."""
+    clock = ShiftedClock()
+    monkeypatch.setattr(models_service, "utcnow", clock)
+    return clock
+
+
 def test_delete_and_share_need_the_author_or_a_tenant_admin(world, tmp_path):
     f = _file(tmp_path, "model.onnx")
     _register(world.alice, "owned", f)
@@ -465,7 +473,7 @@ def test_delete_and_share_need_the_author_or_a_tenant_admin(world, tmp_path):
     _assert_nothing_stored(world.env)
 
 
-def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path):
+def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path, registry_clock):
     env = world.env
     f = _file(tmp_path, "model.onnx")
     _register(world.alice, "served", f)
@@ -497,16 +505,16 @@ def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path):
     world.alice.models.release_deployment("served", 1, "mnist-svc")
     assert world.alice.models.version("served", 1)["deployed"] is False
 
-    # an expired lease no longer counts
-    world.alice.models.heartbeat_deployment("served", 1, "canary", "http://10.0.0.7:8500", 0.3)
+    # an expired lease no longer counts (the registry's clock moved past it: no race with a slow machine)
+    world.alice.models.heartbeat_deployment("served", 1, "canary", "http://10.0.0.7:8500", 30)
     assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
-    time.sleep(0.5)
+    registry_clock.advance(31)
     assert world.alice.models.version("served", 1)["deployed"] is False
     world.alice.models.delete("served")
     _assert_nothing_stored(env)
 
 
-def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path):
+def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, registry_clock):
     env = world.env
     carl = env.new_tenant_user("gamma", "carl")
     f = _file(tmp_path, "model.onnx")
@@ -557,14 +565,15 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path):
 
     # an expired lease of beta no longer blocks anything, and its name is free again
     world.alice.models.share("served", "beta")
-    world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 0.3)
+    world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 30)
     assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
-    time.sleep(0.5)
+    registry_clock.advance(31)
     assert world.alice.models.version("served", 1)["deployed"] is False
-    assert world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.6:8000", 0.3)["holder"] == (
+    assert world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.6:8000", 30)["holder"] == (
         "bella"
     )
-    time.sleep(0.5)
+    assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
+    registry_clock.advance(31)
     world.alice.models.delete("served")
     with env.platform.db.read() as s:
         assert s.scalar(select(func.count()).select_from(ModelDeploymentRow)) == 0

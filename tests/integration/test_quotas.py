@@ -23,19 +23,9 @@ from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.schemas.jobs import JobSpec
 from dlcloud.store.ids import new_id
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, JobWaitRow, TenantRow, UserRow, utcnow
-from tests.conftest import Env, build_env, make_settings
+from tests.conftest import Env, ShiftedClock, build_env, make_settings
 
 GiB = 1024**3
-
-
-class ShiftedClock:
-    """Real UTC time plus an adjustable offset: lets a test say how long an attempt ran."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
 
 
 @pytest.fixture

@@ -222,8 +222,10 @@ def test_asha_prunes_with_sigterm(served):
             "max_trials": 8,
             "parallel_trials": 2,
             "seed": 3,
-            "early_stopping": {"min_resource": 1, "reduction_factor": 2},
-            "trial": trial("p['x'] * (step + 1)", steps=12, pause=0.25),
+            # rungs at steps 1 and 4 (then 16, past the last step): a pruned trial has at least 7 steps of 0.5 s
+            # left, however slow the machine's way from its report to the SIGTERM
+            "early_stopping": {"min_resource": 1, "reduction_factor": 4},
+            "trial": trial("p['x'] * (step + 1)", steps=12, pause=0.5),
             "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
         }
     )
