@@ -222,8 +222,8 @@ def test_killed_worker_restarts_the_whole_gang_from_its_checkpoint(dist_env, tmp
 def test_two_distributed_jobs_at_once_get_different_master_ports(dist_env):
     c = dist_env.admin
     code = _upload_scripts(c)
-    # slow epochs keep both gangs up together
-    command = "python ddp_train.py --epochs 3 --epoch-sleep 1"
+    # slow epochs keep both gangs up together, with room for four ranks importing torch on a loaded 2-core machine
+    command = "python ddp_train.py --epochs 3 --epoch-sleep 4"
     for name in ("pair-a", "pair-b"):
         c.jobs.submit(_ddp_spec(name, code, command))
     wait_for(

@@ -72,14 +72,15 @@ def test_a_job_past_the_cap_keeps_the_end_of_its_log(capped_env: Env):
 
 def test_following_a_job_across_log_rotations_loses_no_line(capped_env: Env):
     c = capped_env.admin
-    # once the follower is there: 137 KB in 5 s, half the cap (32 KiB) every 1.2 s, polls 0.25 s apart
+    # once the follower is there: 137 KB in 10 s, half the cap (32 KiB) every 2.4 s, polls 0.25 s apart (a line is
+    # lost only if the follower falls three rotations behind: a stall of ~7 s)
     script = (
         "import os, time\n"
         'print("waiting", flush=True)\n'
         'while not os.path.exists(os.path.join(os.environ["DLCLOUD_CHECKPOINT_DIR"], "go")): time.sleep(0.05)\n'
         "for i in range(1000):\n"
         '    print(f"line {i:05d} " + "x" * 90)\n'
-        "    if i % 100 == 99: time.sleep(0.5)\n"
+        "    if i % 100 == 99: time.sleep(1.0)\n"
     )
     c.jobs.submit({"name": "steady", "command": f"python -c '{script}'"})
     followed: list = []

@@ -29,7 +29,8 @@ def _ddp(name: str, code: str, **extra: object) -> dict:
     return {
         "name": name,
         "code": code,
-        "command": f"python preemptible_steps.py --steps {STEPS} --step-sleep 0.25",
+        # the first attempt waits after 4 steps until it is preempted: the preemption never comes too late
+        "command": f"python preemptible_steps.py --steps {STEPS} --step-sleep 0.25 --hold-first-attempt-after 4",
         "framework": "pytorch",
         "replicas": {"worker": 2},
         "resources": WORKER,

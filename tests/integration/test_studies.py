@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.services import study_states
 from dlcloud.services.control import ControlLoop
-from tests.conftest import assert_api_error, build_env, make_settings, wait_for
+from tests.conftest import ShiftedClock, assert_api_error, build_env, make_settings, wait_for
 
 API = "/api/v1"
 ENDED = {"COMPLETED", "FAILED", "STOPPED"}
@@ -272,7 +273,10 @@ def test_stop_cancels_running_trials_and_resume_continues(served):
     assert wait_study(c, "halt", timeout=60)["state"] == "STOPPED"
 
 
-def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served):
+def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served, monkeypatch):
+    # the studies' clock moves an hour on once both trials run: the budget is spent then, however slow the machine
+    clock = ShiftedClock()
+    monkeypatch.setattr(study_states, "utcnow", clock)
     c = served.admin
     c.studies.submit(
         {
@@ -281,14 +285,24 @@ def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served):
             "objective": {"metric": "score"},
             "max_trials": 10,
             "parallel_trials": 2,
-            "budget": {"seconds": 2},
-            "trial": trial("p['x']", steps=400, pause=0.05),
+            "budget": {"seconds": 3600},
+            "trial": trial("p['x']", steps=4000, pause=0.05),
             "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
         }
     )
+    wait_for(
+        lambda: (
+            {c.jobs.get(t["job"])["state"] for t in c.studies.trials("budget")} == {"RUNNING"}
+            and len(c.studies.trials("budget")) == 2
+        ),
+        timeout=120,
+        what="both trials running",
+    )
+    assert c.studies.get("budget")["state"] == "RUNNING"
+    clock.advance(3600)
     s = wait_study(c, "budget", timeout=60)
-    assert s["state"] == "COMPLETED" and "time budget of 2 s is spent" in s["reason"], s
-    assert 2 <= s["elapsed_seconds"] < 30
+    assert s["state"] == "COMPLETED" and "time budget of 3600 s is spent" in s["reason"], s
+    assert 3600 <= s["elapsed_seconds"] < 3600 + 120
     trials = c.studies.trials("budget")
     assert len(trials) == 2 and {t["state"] for t in trials} == {"STOPPED"}, trials
     assert {c.jobs.get(t["job"])["state"] for t in trials} == {"CANCELLED"}

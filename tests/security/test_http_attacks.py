@@ -33,6 +33,7 @@ from sqlalchemy import func, select
 from dlcloud import signing
 from dlcloud.client import Client, Credentials
 from dlcloud.errors import DlcloudError, NotFound
+from dlcloud.services import accounting
 from dlcloud.store.rows import AuditRow, Base
 from tests.conftest import Env, assert_api_error, build_env, make_settings
 from tests.e2e.conftest import Server, free_port
@@ -513,7 +514,29 @@ def test_sparse_files_are_refused(env: Env, tmp_path: Path):
 # --- 4. authentication failures are counted in the audit log, not written one by one ------------------------
 
 
-def test_a_flood_of_badly_signed_requests_writes_two_audit_events(env: Env):
+class SteppedClock:
+    """A monotonic clock that moves only when the test says (``advance``)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def audit_clock(monkeypatch) -> SteppedClock:
+    """The clock of the audit log's failure windows: stopped, so that however slow the machine, the requests of a
+    window fall inside it and a new window starts only where the test moves the clock."""
+    clock = SteppedClock()
+    monkeypatch.setattr(accounting, "time", clock)
+    return clock
+
+
+def test_a_flood_of_badly_signed_requests_writes_two_audit_events(env: Env, audit_clock):
     """The reported attack: 300 badly signed requests naming a tenant's key id wrote 299 rows into its log."""
     victim = env.new_tenant_user("victim", "vera")
     key = victim.transport.creds.access_key
@@ -543,14 +566,14 @@ def test_a_flood_of_badly_signed_requests_writes_two_audit_events(env: Env):
     assert sorted(e["resource"] or "" for e in events) == ["", "repeated 299 more times within 60 s"]
 
 
-def test_a_new_window_records_the_next_failure_at_once(tmp_path: Path, db_url: str):
+def test_a_new_window_records_the_next_failure_at_once(tmp_path: Path, db_url: str, audit_clock):
     env = build_env(make_settings(tmp_path, db_url, auth_failure_audit_window_seconds=0.5))
     with env.http:
         key = env.new_tenant_user("victim", "vera").transport.creds.access_key
         forged = Credentials("http://testserver", key, "not-the-secret")
         ids = []
         for pause in (0, 0, 0.6, 0):
-            time.sleep(pause)
+            audit_clock.advance(pause)
             ids.append(env.http.get(f"{API}/whoami", headers=_signed(forged, "GET", f"{API}/whoami")))
         rows = _audit_rows(env, access_key=key)
         assert [(r.request_id, r.resource) for r in rows] == [

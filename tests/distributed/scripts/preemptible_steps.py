@@ -7,7 +7,8 @@ Each step: a forward/backward pass of a small linear model on a fixed batch, DDP
 into place, and every rank appends ``attempt=A step=S`` to ``steps-rank<R>.log`` once the checkpoint holding
 step S is in place. A step is in the log only when it is saved, so a run that resumes never runs it again.
 
-SIGTERM (the platform preempting or cancelling the job) only sets a flag: after the step in progress is saved,
+``--hold-first-attempt-after K``: the first attempt waits after K saved steps until it is stopped (a test's
+preemption then always finds it running). SIGTERM (the platform preempting or cancelling the job) only sets a flag: after the step in progress is saved,
 the ranks agree (allreduce MAX of the flag) and all exit with code 143 at the same step, losing nothing. A run
 that finds a checkpoint resumes after its step. At the end each rank writes ``result-rank<R>.json``.
 Nothing here imports dlcloud.
@@ -35,6 +36,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--step-sleep", type=float, default=0.2)
+    # a test's preemption must come while the first attempt runs, however slow the machine: after this many saved
+    # steps the first attempt waits (its ranks polling the stop flag together) until it is stopped
+    ap.add_argument("--hold-first-attempt-after", type=int, default=None)
     ap.add_argument("--checkpoint-dir", default=os.environ.get("DLCLOUD_CHECKPOINT_DIR") or "ckpt")
     ap.add_argument("--out", default=os.environ.get("DLCLOUD_OUTPUT_DIR") or "out")
     args = ap.parse_args()
@@ -80,8 +84,13 @@ def main() -> int:
         with log.open("a") as f:
             f.write(f"attempt={attempt} step={step}\n")
         step += 1
-        flag = torch.tensor([1 if stop["asked"] else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        hold = attempt == 1 and args.hold_first_attempt_after is not None and step >= args.hold_first_attempt_after
+        while True:
+            flag = torch.tensor([1 if stop["asked"] else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() or not hold:
+                break
+            time.sleep(0.1)
         if flag.item():
             print(f"rank {rank}: stopping after step {step - 1} (saved)", flush=True)
             dist.barrier()

@@ -419,7 +419,8 @@ async def test_queued_bytes_are_bounded_429_and_a_request_too_large_for_the_queu
 async def test_request_that_waits_longer_than_the_timeout_gets_504(tmp_path: Path, gate: Gate) -> None:
     log = tmp_path / "calls.log"
     model_dir = write_probe(tmp_path / "probe", 1.0, gate=gate.path, log=log)
-    config = server_config(tmp_path, models=[probe_model("probe", model_dir, batching={"timeout": "300ms"})])
+    # 2 s: the request after the gate opens must not reach it on a loaded machine (300 ms could); the late one waits
+    config = server_config(tmp_path, models=[probe_model("probe", model_dir, batching={"timeout": "2s"})])
     with run_serving_server(config) as server:
         warmed = len(read_log(log))
         gate.close()
@@ -427,7 +428,7 @@ async def test_request_that_waits_longer_than_the_timeout_gets_504(tmp_path: Pat
             held = await hold(client, "probe", log)
             late = await client.post("/v2/models/probe/infer", json=v2_body(rows(2)))
             assert late.status_code == 504
-            assert late.json()["error"] == "request waited more than 0.3 s in the queue of model probe/1"
+            assert late.json()["error"] == "request waited more than 2 s in the queue of model probe/1"
             gate.open()
             assert (await held).status_code == 200  # a started request runs to completion
             assert (await client.post("/v2/models/probe/infer", json=v2_body(rows(3)))).status_code == 200

@@ -323,7 +323,7 @@ def test_a_process_exits_within_seconds_when_the_api_is_down(stub):
     env = {"DLCLOUD_METRICS_URL": stub.push_url, "DLCLOUD_METRICS_TOKEN": "tok-123"}
     res, took = _run_python("import dlcloud; dlcloud.report(step=1, x=1.0)", env)
     assert res.returncode == 0, res.stderr
-    assert took < metrics.EXIT_TIMEOUT + 5
+    assert took < metrics.EXIT_TIMEOUT + 20  # an interpreter's start and exit on a loaded machine: not a hang
     assert "1 metric points were not sent before exit" in res.stderr
 
 

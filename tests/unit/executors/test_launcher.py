@@ -169,7 +169,7 @@ def test_timeout_terminates_the_command(tmp_path: Path) -> None:
     started = time.monotonic()
     attempt_dir, proc = start(tmp_path, "exec sleep 30", timeout_seconds=0.5, grace_seconds=1.0)
     result = finish(attempt_dir, proc)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 25  # well before the command's own 30 s
     assert result["timed_out"] is True and result["stopped"] is False
     assert result["exit_code"] == -signal.SIGTERM
     assert "timed out" in result["message"]

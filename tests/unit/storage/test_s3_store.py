@@ -482,7 +482,7 @@ def test_an_unreachable_endpoint_is_a_storage_error_quickly(tmp_path: Path) -> N
         start = time.monotonic()
         with pytest.raises(StorageError) as err:
             call()
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 20  # not botocore's 60 s connect timeout, with room for a loaded machine
         assert f"127.0.0.1:{closed_port}" in err.value.message and secret not in err.value.message
 
 
@@ -503,7 +503,7 @@ def test_a_server_that_never_answers_is_a_storage_error_after_the_read_timeout(t
         start = time.monotonic()
         with pytest.raises(StorageError, match="timeout|timed out"):
             store.head("code/t/c/f")
-        assert 0.4 < time.monotonic() - start < 5
+        assert 0.4 < time.monotonic() - start < 20  # the read timeout, not botocore's 60 s default
 
 
 def test_the_constructor_refuses_bad_settings() -> None:
