@@ -7,6 +7,8 @@ tenant, the wait reason the last pass gave its oldest queued job (numbers replac
 how many whole nodes were then free or held only by other tenants' borrowed attempts (what a reclaim could
 gather without moving anything). Prints the rows with the most hours first.
 
+Per tenant, the windows the report counts as below: what was owed in them, the share held, the GPU-hours short.
+
 Then the windows the report counts as below: their shortfall (GPU-hours short of min(demand, guarantee)) by the
 same rows, plus one row per tenant for the time since the last pass (a job of it ended and no pass has run yet:
 the simulator passes at once after a submit, else at most once per tick), which the first table does not see.
@@ -175,6 +177,7 @@ def main() -> int:
         return 1
     per_tenant = {n: t["windows_below_90pct"] for n, t in report["tenants"].items() if t["windows_below_90pct"]}
     print(f"tenant-hours below 90 %: {report['fairness']['windows_below_90pct']} {per_tenant}")
+    _print_windows(sim)
     print()
     print("| hours | tenant | oldest queued job's GPUs | reclaimable whole nodes | its wait reason |")
     print("|---|---|---|---|---|")
@@ -196,6 +199,30 @@ def main() -> int:
     if args.whole_nodes:
         _print_whole_nodes(sim)
     return 0
+
+
+def _print_windows(sim: Probe) -> None:
+    """Per tenant, the one-hour windows the report counts as below: how much was owed in them (GPU-hours of
+    min(demand, guarantee)), the share of it held, and the GPU-hours short of 90 % of it in all: an hour of a
+    tenant of one-minute jobs counts as much as an hour of a tenant of whole nodes."""
+    print()
+    print(
+        "| tenant | guarantee (GPUs) | windows below | owed per window, median (GPU-h) | held / owed, median "
+        "| short of 90 % in all (GPU-h) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in sorted(sim.tenants):
+        x = sim.tenants[name]
+        below = [(got, owed) for got, owed in x.windows.values() if owed > 0 and got < FAIR_FRACTION * owed - 1e-6]
+        if not below:
+            continue
+        owed = sorted(o / 3600 for _, o in below)
+        held = sorted(g / o for g, o in below)
+        short = sum(FAIR_FRACTION * o - g for g, o in below) / 3600
+        print(
+            f"| {name} | {x.guarantee} | {len(below)} | {owed[len(owed) // 2]:.2f} | {held[len(held) // 2]:.1%} "
+            f"| {short:.1f} |"
+        )
 
 
 def _print_whole_nodes(sim: Probe) -> None:
