@@ -161,6 +161,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=256)
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tick", type=float, default=60.0, help="the simulator's tick in seconds (default: %(default)s)")
     ap.add_argument("--limit-jobs", type=int, help="replay only the first N jobs")
     ap.add_argument("--tenant", help="only this tenant")
     ap.add_argument("--top", type=int, default=30, help="rows printed (default: %(default)s)")
@@ -168,7 +169,7 @@ def main() -> int:
     args = ap.parse_args()
     try:
         jobs = load_trace(args.trace, limit_jobs=args.limit_jobs)
-        cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed)
+        cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed, tick_s=args.tick)
         cfg.validate()
         sim = Probe(jobs, cfg, only=args.tenant, whole_nodes=args.whole_nodes)
         report = sim.run()

@@ -3,10 +3,11 @@
 No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
 end of a preemption's grace period, LAS queue changes, the end of a turn or of the time idle GPUs are kept for
 their tenant). After something changed, a scheduling pass runs: at once for a submit (it wakes the control
-loop) and for the end of a preemption's grace period (the jobs that preempted wait for exactly that stop: the
-real loop's next poll, within ``supervisor_interval_seconds``, 0.2 s, sees it and places them), else at the next
-tick (at most one every ``tick_s`` simulated seconds, as the control loop polls the attempts; the tick is coarser
-than the real loop's 0.2 s, for speed).
+loop), an attempt's end and the end of a preemption's grace period (the real loop polls the attempts and passes
+every ``supervisor_interval_seconds``, 0.2 s); the timed looks (aging, a turn's end, idle GPUs kept for a tenant
+lent, a las queue crossed) at the next tick (at most one every ``tick_s`` simulated seconds, coarser than the real
+loop's 0.2 s, for speed). Before 2026-11-27's fourth stop an attempt's end waited for the tick too, which batched
+what ended within a tick into one pass and flattered large jobs (docs/scheduling.md, "Results").
 It calls the real
 ``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
 the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
@@ -324,10 +325,10 @@ class Simulator:
                 self.real_events -= 1
             self._advance(t)
             if self._handle(kind, job_id, attempt):
-                # a submit wakes the control loop at once (``submit_job``), and a preempted attempt's stop is what
-                # the jobs that preempted it wait for: the real loop's next poll places them (0.2 s, not a tick);
-                # other changes wait for the next tick
-                at = t if kind in (_ARRIVE, _STOP) else max(t, last_pass + self.cfg.tick_s)
+                # a submit wakes the control loop at once (``submit_job``), and the real loop polls the attempts and
+                # passes every 0.2 s (``ControlLoop.tick``: supervise, then schedule): an attempt's end or stop is
+                # placed on at once; only the timed looks (aging, a turn's end, kept GPUs lent) wait for the tick
+                at = t if kind in (_ARRIVE, _STOP, _END) else max(t, last_pass + self.cfg.tick_s)
                 pass_at = at if pass_at is None else min(pass_at, at)
             handled += 1
             if self.progress is not None and handled % 2048 == 0:

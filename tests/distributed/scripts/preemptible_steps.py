@@ -8,7 +8,9 @@ into place, and every rank appends ``attempt=A step=S`` to ``steps-rank<R>.log``
 step S is in place. A step is in the log only when it is saved, so a run that resumes never runs it again.
 
 ``--hold-first-attempt-after K``: the first attempt waits after K saved steps until it is stopped (a test's
-preemption then always finds it running). SIGTERM (the platform preempting or cancelling the job) only sets a flag: after the step in progress is saved,
+preemption then always finds it running).
+
+SIGTERM (the platform preempting or cancelling the job) only sets a flag: after the step in progress is saved,
 the ranks agree (allreduce MAX of the flag) and all exit with code 143 at the same step, losing nothing. A run
 that finds a checkpoint resumes after its step. At the end each rank writes ``result-rank<R>.json``.
 Nothing here imports dlcloud.

@@ -55,16 +55,17 @@ def test_two_jobs_on_one_gpu_run_one_after_the_other() -> None:
     assert r["gpu_allocation"]["busy_when_contended"] == 1.0
 
 
-def test_a_submit_passes_at_once_and_an_end_waits_for_the_tick() -> None:
+def test_a_submit_and_an_end_pass_at_once() -> None:
     # as the control loop: a submit wakes it (the second job starts when it arrives, 10 s after the first pass) ...
     sim = Simulator([tj("1", 0.0, 5.0, tenant="a"), tj("2", 10.0, 5.0, tenant="b")], cfg(gpus=2, tick_s=60.0))
     sim.run()
     assert jcts(sim) == {"1": 5.0, "2": 5.0}
-    # ... an attempt's end is seen at its next tick: the second job, queued at 1 s behind the first on the one GPU,
-    # starts at the pass a tick after that submit's pass, not when the first ends (5 s)
+    # ... and it sees an attempt's end at its next poll (0.2 s): the second job, queued at 1 s behind the first on
+    # the one GPU, starts when the first ends (5 s), not at the pass a tick after the submit's (61 s)
     sim = Simulator([tj("1", 0.0, 5.0, tenant="a"), tj("2", 1.0, 5.0, tenant="b")], cfg(gpus=1, tick_s=60.0))
-    sim.run()
-    assert jcts(sim) == {"1": 5.0, "2": (1.0 + 60.0) + 5.0 - 1.0}
+    r = sim.run()
+    assert jcts(sim) == {"1": 5.0, "2": 5.0 + 5.0 - 1.0}
+    assert r["passes"] == 4  # the two submits and the two ends
 
 
 def test_a_tenant_s_idle_guarantee_stays_unlent_for_lend_after_s_then_is_lent() -> None:
