@@ -6,8 +6,8 @@ their tenant). After something changed, a scheduling pass runs: at once for a su
 loop), an attempt's end and the end of a preemption's grace period (the real loop polls the attempts and passes
 every ``supervisor_interval_seconds``, 0.2 s); the timed looks (aging, a turn's end, idle GPUs kept for a tenant
 lent, a las queue crossed) at the next tick (at most one every ``tick_s`` simulated seconds, coarser than the real
-loop's 0.2 s, for speed). Before 2026-11-27's fourth stop an attempt's end waited for the tick too, which batched
-what ended within a tick into one pass and flattered large jobs (docs/scheduling.md, "Results").
+loop's 0.2 s, for speed). Before 2026-11-27's fourth stop an attempt's end waited for the tick too
+(docs/scheduling.md, "Results": what that changed).
 It calls the real
 ``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
 the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
