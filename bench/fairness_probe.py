@@ -18,6 +18,8 @@ the simulator passes at once after a submit, else at most once per tick), which 
     python bench/fairness_probe.py --tenant vc_ee9e8c
     python bench/fairness_probe.py --whole-nodes                   # and what keeps whole nodes from large jobs
 
+Then the hours such a tenant's oldest job waited behind another job's reservation, by whose reservation it was.
+
 ``--whole-nodes`` also looks at every pass after which a tenant below its entitlement has a queued job of a node
 or more (its oldest) and no node is reclaimable whole: how many GPUs the job could not take on the least held
 node, and, where it waits for capacity, whether the chain (``_Pass._chain_needless``) held it back and what held
@@ -43,6 +45,7 @@ from dlcloud.scheduler.trace import load_trace
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 DEFAULT_TRACE = DEFAULT_TRACE / "philly_jobs_2017-10-02_to_2017-10-16.csv"
 _NUMBERS = re.compile(r"\d[\d,.:T+-]*")
+_BEHIND = re.compile(r"waiting behind job (\S+) \(reserved")
 
 Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
 SINCE_PASS = "since the last pass (a job ended; the next pass is up to a tick away)"
@@ -60,6 +63,11 @@ class Probe(Simulator):
         self.kinds: Counter[str] = Counter()  # the GPUs it cannot take on the three least held nodes, by kind
         self.rows: Counter[Row] = Counter()
         self._waiting: dict[str, Row] = {}
+        # hours a tenant below its entitlement waited behind another job's reservation, by (tenant, its job's GPUs,
+        # the reserving job's tenant: "own" or its name, the reserving job's GPUs, whether that tenant then held less
+        # than its guarantee)
+        self.behind: Counter[tuple[str, int, str, int, str]] = Counter()
+        self._behind: dict[str, tuple[str, int, str, int, str]] = {}
         # (tenant, window) -> row -> GPU-seconds short of min(demand, guarantee)
         self.short: dict[tuple[str, int], Counter[Row]] = {}
 
@@ -73,6 +81,9 @@ class Probe(Simulator):
             for name, row in self._waiting.items():
                 if self._below(name):
                     self.rows[row] += dt / 3600
+            for name, key in self._behind.items():
+                if self._below(name):
+                    self.behind[key] += dt / 3600
             self._shortfall(t)
         super()._advance(t)
 
@@ -90,6 +101,7 @@ class Probe(Simulator):
         super()._apply(result)
         below = [n for n in self.tenants if (self.only is None or n == self.only) and self._below(n)]
         self._waiting = {}
+        self._behind = {}
         if not below:
             return
         held = [self._held(j) for j in self.running.values()]
@@ -109,7 +121,15 @@ class Probe(Simulator):
                 oldest[q.tenant_id] = q
         for name in below:
             q = oldest.get(name)
-            reason = _NUMBERS.sub("N", result.wait_reasons.get(q.id, "placed")) if q is not None else "nothing queued"
+            raw = result.wait_reasons.get(q.id, "placed") if q is not None else "nothing queued"
+            reason = _NUMBERS.sub("N", raw)
+            m = _BEHIND.match(raw)
+            holder = self.jobs.get(m.group(1)) if m is not None and q is not None else None
+            if holder is not None and q is not None:
+                mine = self.tenants[holder.trace.tenant]
+                owed = "short of its guarantee" if mine.alloc < mine.guarantee else "at or beyond its guarantee"
+                who = "own" if holder.trace.tenant == name else holder.trace.tenant
+                self._behind[name] = (name, q.gpus, who, holder.trace.gpus, owed)
             whole = len(nodes - kept.get(name, set()))
             self._waiting[name] = (name, reason[:90], q.gpus if q is not None else 0, whole)
             if self.whole_nodes and q is not None and whole == 0 and q.gpus >= self.cfg.gpus_per_node:
@@ -197,6 +217,14 @@ def main() -> int:
     for (name, reason, gpus, whole), gpu_s in sorted(below.items(), key=lambda kv: -kv[1])[: args.top]:
         shape = f"{gpus} | {whole}" if whole >= 0 else " | "  # SINCE_PASS: no job, no nodes looked at
         print(f"| {gpu_s / 3600:.1f} | {name} | {shape} | {reason} |")
+    if sim.behind:
+        print()
+        print("Hours a tenant below its entitlement waited behind another job's reservation, by the reserving job")
+        print()
+        print("| hours | tenant | its job's GPUs | reserving job's tenant | its GPUs | that tenant then |")
+        print("|---|---|---|---|---|---|")
+        for (name, gpus, who, theirs, owed), hours in sorted(sim.behind.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"| {hours:.1f} | {name} | {gpus} | {who} | {theirs} | {owed} |")
     if args.whole_nodes:
         _print_whole_nodes(sim)
     return 0
