@@ -7,18 +7,17 @@ tenant, the wait reason the last pass gave its oldest queued job (numbers replac
 how many whole nodes were then free or held only by other tenants' borrowed attempts (what a reclaim could
 gather without moving anything). Prints the rows with the most hours first.
 
-Per tenant, the windows the report counts as below: what was owed in them, the share held, the GPU-hours short.
-
-Then the windows the report counts as below: their shortfall (GPU-hours short of min(demand, guarantee)) by the
-same rows, plus one row per tenant for the time since the last pass (a job of it ended and no pass has run yet:
-the simulator passes at once after a submit, else at most once per tick), which the first table does not see.
+Before it, per tenant, the windows the report counts as below: what was owed in them, the share held, the
+GPU-hours short. After it, those windows' shortfall (GPU-hours short of min(demand, guarantee)) by the same rows,
+plus one row per tenant for the time since the last pass where it was not below then (the simulator passes at once
+after a submit and an attempt's end; only its timed looks wait for the tick), which the first table does not see.
+Then the hours such a tenant's oldest job waited behind another job's reservation, by whose reservation it was.
 
     python bench/fairness_probe.py                                 # the 14-day Philly window, ~5 min
     python bench/fairness_probe.py --limit-jobs 3000 --top 20
     python bench/fairness_probe.py --tenant vc_ee9e8c
     python bench/fairness_probe.py --whole-nodes                   # and what keeps whole nodes from large jobs
-
-Then the hours such a tenant's oldest job waited behind another job's reservation, by whose reservation it was.
+    python bench/fairness_probe.py --tick 45                       # the simulator's tick (default 60 s)
 
 ``--whole-nodes`` also looks at every pass after which a tenant below its entitlement has a queued job of a node
 or more (its oldest) and no node is reclaimable whole: how many GPUs the job could not take on the least held
@@ -38,7 +37,7 @@ from pathlib import Path
 from dlcloud.errors import DlcloudError
 from dlcloud.scheduler.contract import QueuedJob
 from dlcloud.scheduler.planner import Plan
-from dlcloud.scheduler.policies import FAIR_SHARE_FLOOR, _on_turn, _owed_split, _Pass
+from dlcloud.scheduler.policies import _on_turn, _owed_split, _Pass
 from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
 from dlcloud.scheduler.trace import load_trace
 
@@ -48,7 +47,7 @@ _NUMBERS = re.compile(r"\d[\d,.:T+-]*")
 _BEHIND = re.compile(r"waiting behind job (\S+) \(reserved")
 
 Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
-SINCE_PASS = "since the last pass (a job ended; the next pass is up to a tick away)"
+SINCE_PASS = "since the last pass (not below then; a timed change, such as kept GPUs lent, waits for the tick)"
 
 
 class Probe(Simulator):
@@ -126,8 +125,8 @@ class Probe(Simulator):
             m = _BEHIND.match(raw)
             holder = self.jobs.get(m.group(1)) if m is not None and q is not None else None
             if holder is not None and q is not None:
-                mine = self.tenants[holder.trace.tenant]
-                owed = "short of its guarantee" if mine.alloc < mine.guarantee else "at or beyond its guarantee"
+                theirs = self.tenants[holder.trace.tenant]
+                owed = "short of its guarantee" if theirs.alloc < theirs.guarantee else "at or beyond its guarantee"
                 who = "own" if holder.trace.tenant == name else holder.trace.tenant
                 self._behind[name] = (name, q.gpus, who, holder.trace.gpus, owed)
             whole = len(nodes - kept.get(name, set()))
@@ -162,13 +161,9 @@ class Probe(Simulator):
         if not reason.startswith("waiting for capacity"):
             return
         t = p.tenant(q.tenant_id)
-        lim, window = t.lim, self.pcfg.turn_window_s
-        recent = lim.recent_gpu_s
-        held_enough = recent is not None and window > 0 and recent >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
-        needless = p._chain_needless(q, t)
         self.chain[
-            "its tenant held 90 % of its guarantee over the window" if held_enough
-            else "a node frees within the hour" if needless
+            "its tenant held 90 % of its guarantee over the window" if p.held_over_window(t)
+            else "a node frees within the hour" if p._chain_needless(q, t)
             else "allowed (none found)"
         ] += 1  # fmt: skip
         for c in least[:3]:

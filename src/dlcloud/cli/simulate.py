@@ -25,8 +25,9 @@ def simulate(
     tick: float = typer.Option(
         60.0,
         "--tick",
-        help="Simulated seconds from an attempt's end to the pass that sees it, at most (a submit and the end of "
-        "a preemption's grace period pass at once).",
+        help="Simulated seconds between the passes of the timed looks, at least (a las queue crossed, a turn's end, "
+        "idle GPUs kept for a tenant lent, aging); a submit, an attempt's end and the end of a preemption's grace "
+        "period pass at once, as the control loop does.",
     ),
     grace: float = typer.Option(30.0, "--grace", help="Simulated seconds a preempted attempt runs on."),
     checkpoint_every: float = typer.Option(

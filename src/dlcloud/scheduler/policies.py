@@ -845,16 +845,23 @@ class _Pass:
         self.result.estimated_start[job.id] = self.now + self.grace
         return True
 
-    def _chain_needless(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
-        """Whether ``job`` waits rather than chain moves: its tenant held 90 % of its guarantee over the last turn
-        window (a short gap: the hours count, and a chain costs other jobs' work and completion times), or the
-        declared ends free what it needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
+    def held_over_window(self, tenant: _Tenant | None) -> bool:
+        """Whether ``tenant`` held 90 % of its guarantee over the last turn window (known only with turns on)."""
         lim = tenant.lim if tenant is not None else None
         window = self.cfg.turn_window_s
-        if lim is not None and lim.recent_gpu_s is not None and window > 0:
-            held_enough = lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
-            if held_enough:
-                return True
+        return (
+            lim is not None
+            and lim.recent_gpu_s is not None
+            and window > 0
+            and lim.recent_gpu_s >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
+        )
+
+    def _chain_needless(self, job: QueuedJob, tenant: _Tenant | None) -> bool:
+        """Whether ``job`` waits rather than chain moves: its tenant held 90 % of its guarantee over the last turn
+        window (``held_over_window``: a short gap, the hours count, and a chain costs other jobs' work and completion
+        times), or the declared ends free what it needs within ``CHAIN_UNLESS_FREE_WITHIN_S``."""
+        if self.held_over_window(tenant):
+            return True
         r = reserve(self.cluster, job, list(self.releases.values()))
         return r.at is not None and r.at <= self.now + timedelta(seconds=CHAIN_UNLESS_FREE_WITHIN_S)
 

@@ -327,7 +327,7 @@ class Simulator:
             if self._handle(kind, job_id, attempt):
                 # a submit wakes the control loop at once (``submit_job``), and the real loop polls the attempts and
                 # passes every 0.2 s (``ControlLoop.tick``: supervise, then schedule): an attempt's end or stop is
-                # placed on at once; only the timed looks (aging, a turn's end, kept GPUs lent) wait for the tick
+                # placed on at once; only the timed looks (_WAKE, _LOOK) wait for the tick
                 at = t if kind in (_ARRIVE, _STOP, _END) else max(t, last_pass + self.cfg.tick_s)
                 pass_at = at if pass_at is None else min(pass_at, at)
             handled += 1
