@@ -74,6 +74,33 @@ class ShiftedClock:
         self.offset += timedelta(seconds=seconds)
 
 
+class SteppedClock:
+    """A stand-in for the ``time`` module of code under test: ``time()`` and ``monotonic()`` stand still (at a whole
+    second) until the test moves them (``advance``), so that a deadline's edges are exact however slow the machine."""
+
+    def __init__(self) -> None:
+        self.now = float(int(time.time()))
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def registry_clock(monkeypatch: pytest.MonkeyPatch) -> ShiftedClock:
+    """The model registry's clock (it gives and checks deployment leases), moved on by the test instead of waiting."""
+    from dlcloud.services import models as models_service
+
+    clock = ShiftedClock()
+    monkeypatch.setattr(models_service, "utcnow", clock)
+    return clock
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
     """Poll until ``predicate()`` is truthy; returns its value. Fails the test after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -21,10 +21,9 @@ from dlcloud import signing
 from dlcloud.checksums import artifact_digest
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
-from dlcloud.services import models as models_service
 from dlcloud.storage.artifacts import verify
 from dlcloud.store.rows import ModelDeploymentRow, ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
-from tests.conftest import Env, ShiftedClock, assert_api_error, wait_for
+from tests.conftest import Env, assert_api_error, wait_for
 
 API = "/api/v1"
 SIG = {
@@ -439,14 +438,6 @@ def test_share_targets_are_checked(world, tmp_path):
 
 
 # --- permissions and deletion --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def registry_clock(monkeypatch) -> ShiftedClock:
-    """The registry's clock (leases are given and checked by it), moved on by the test instead of waiting."""
-    clock = ShiftedClock()
-    monkeypatch.setattr(models_service, "utcnow", clock)
-    return clock
 
 
 def test_delete_and_share_need_the_author_or_a_tenant_admin(world, tmp_path):

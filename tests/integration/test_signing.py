@@ -7,10 +7,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import secrets
-import time
-import types
 
 import pytest
 from starlette.testclient import TestClient
@@ -20,7 +17,7 @@ from dlcloud.api.app import create_app
 from dlcloud.client import Credentials
 from dlcloud.services import auth as auth_service
 from dlcloud.store.db import Database
-from tests.conftest import assert_api_error
+from tests.conftest import SteppedClock, assert_api_error
 
 API = "/api/v1"
 
@@ -194,9 +191,9 @@ def test_replay_is_rejected_after_a_restart(env):
 @pytest.fixture
 def frozen_server_clock(monkeypatch):
     """The signature check's clock stopped at a whole second: the window's edges are exact, however slow the machine."""
-    frozen = float(math.floor(time.time()))
-    monkeypatch.setattr(auth_service, "time", types.SimpleNamespace(time=lambda: frozen))
-    return int(frozen)
+    clock = SteppedClock()
+    monkeypatch.setattr(auth_service, "time", clock)
+    return int(clock.time())
 
 
 def test_skewed_timestamp_is_rejected(env, frozen_server_clock, subtests):

@@ -17,7 +17,6 @@ import os
 import socket
 import tarfile
 import threading
-import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from dlcloud.client import Client, Credentials
 from dlcloud.errors import DlcloudError, NotFound
 from dlcloud.services import accounting
 from dlcloud.store.rows import AuditRow, Base
-from tests.conftest import Env, assert_api_error, build_env, make_settings
+from tests.conftest import Env, SteppedClock, assert_api_error, build_env, make_settings
 from tests.e2e.conftest import Server, free_port
 from tests.security.conftest import _drop_database, _fresh_postgres_database
 
@@ -512,19 +511,6 @@ def test_sparse_files_are_refused(env: Env, tmp_path: Path):
 
 
 # --- 4. authentication failures are counted in the audit log, not written one by one ------------------------
-
-
-class SteppedClock:
-    """A monotonic clock that moves only when the test says (``advance``)."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -25,8 +25,7 @@ import pytest
 from dlcloud.client import Client
 from dlcloud.client.mirror import RegistryMirror
 from dlcloud.errors import DlcloudError, ModelNotFound, PermissionDenied, UntrustedCode
-from dlcloud.services import models as models_service
-from tests.conftest import Env, ShiftedClock, wait_for
+from tests.conftest import Env, wait_for
 from tests.e2e.conftest import DLCLOUD, dlcloud_serve, free_port
 from tests.security.conftest import DB_PASSWORD, PIP_SECRET, Platform
 from tests.serving_models import make_python_predictor, make_xgboost_model
@@ -198,9 +197,7 @@ def test_moving_the_label_of_an_untrusted_shared_model_does_not_swap(env: Env, t
     assert own.sync() is True and set(own.on_disk()) == {2}
 
 
-def test_another_tenant_cannot_release_my_lease_and_an_expired_lease_blocks_nothing(env: Env, tmp_path, monkeypatch):
-    clock = ShiftedClock()
-    monkeypatch.setattr(models_service, "utcnow", clock)
+def test_another_tenant_cannot_release_my_lease_and_an_expired_lease_blocks_nothing(env: Env, tmp_path, registry_clock):
     mallory = env.new_tenant_user("attacker", "mallory")
     vera = env.new_tenant_user("victim", "vera")
     victor = env.new_tenant_user("victim", "victor")
@@ -235,7 +232,7 @@ def test_another_tenant_cannot_release_my_lease_and_an_expired_lease_blocks_noth
     mirror.release()
     mallory.models.heartbeat_deployment("victim/shared", 1, "short", "http://x", 30)
     assert _error(lambda: vera.models.delete("shared")).code == "model_deployed"
-    clock.advance(31)  # the registry's clock moves past the lease (no race with a slow machine)
+    registry_clock.advance(31)  # the registry's clock moves past the lease (no race with a slow machine)
     vera.models.delete("shared")
 
 
