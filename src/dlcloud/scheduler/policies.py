@@ -60,7 +60,9 @@ most of their guarantee first, then their longest-running attempts: ``turn_candi
 tenant needs to reach its guarantee over the window at the job's size) is granted then (``Plan.turn_grants``, then
 ``QueuedJob.turn_s``); the job waits for its victims (a grant it could not use is void once nothing is stopping)
 and, placed on what they free, runs on its turn (``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed
-after.
+after. A straddling job that reclaims nothing takes turns the same way, once its tenant held less than
+``STRADDLE_TURN_DUE_BELOW`` of its guarantee over the window (a tenant of 8-GPU jobs holding 32 of 40 guaranteed GPUs
+would otherwise wait for the end of some other tenant's owed job, hours below 90 % of its guarantee).
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ from dlcloud.scheduler.preemption import Candidate, find_victims, lost_gpu_s, mo
 FAIR_SHARE_FLOOR = 0.9  # turns: a tenant gives up capacity for another's turn only while it keeps this fraction of
 # its guarantee over the window (and a tenant that held this much over it does not chain moves)
 TURN_DUE_BELOW = 1.0  # turns: a tenant is due one while it held less than this fraction of its guarantee over it
+# turns for a job that straddles its tenant's guarantee: due below this fraction (the tenant holds most of its
+# guarantee all along: a turn while it keeps 90 % of it costs other jobs' work and completion times for nothing)
+STRADDLE_TURN_DUE_BELOW = FAIR_SHARE_FLOOR
 # turns: victims inside guarantees come first from tenants that held the most of their guarantee over the window, in
 # steps of this fraction of it (within a step, the longest-running attempts first)
 TURN_VICTIM_STEP = 0.25
@@ -1216,11 +1221,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         ahead = lim.recent_gpu_s * (window - length) / window + keeps * length
         return ahead >= FAIR_SHARE_FLOOR * lim.guarantee_gpus * window
 
-    def turn_length(job: QueuedJob, t: _Tenant) -> float | None:
-        """How long a turn ``job`` is due (its tenant below its guarantee over the window, the job waiting
-        long enough): as long as its tenant needs to reach its guarantee over the window at the job's size, at least
-        ``TURN_MIN_S``, at most half the window; None when not due, or when the job is too large for its tenant's
-        guarantee over the window (its shortest turn would give the tenant more than that)."""
+    def turn_length(job: QueuedJob, t: _Tenant, due_below: float) -> float | None:
+        """How long a turn ``job`` is due (its tenant below ``due_below`` of its guarantee over the window, the job
+        waiting long enough): as long as its tenant needs to reach its guarantee over the window at the job's size,
+        at least ``TURN_MIN_S``, at most half the window; None when not due, or when the job is too large for its
+        tenant's guarantee over the window (its shortest turn would give the tenant more than that)."""
         lim = t.lim
         if window <= 0 or lim.recent_gpu_s is None or lim.guarantee_gpus <= 0 or job.gpus <= 0:
             return None
@@ -1228,7 +1233,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
             return None
         waited = (now - (job.submitted_at or now)).total_seconds()
         span = min(window, waited)
-        if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= TURN_DUE_BELOW * lim.guarantee_gpus * span:
+        if span < TURN_MIN_WAIT_S or lim.recent_gpu_s >= due_below * lim.guarantee_gpus * span:
             return None
         return min(window / 2, max(TURN_MIN_S, (lim.guarantee_gpus * window - lim.recent_gpu_s) / job.gpus))
 
@@ -1296,7 +1301,11 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         # a job granted a turn (its victims are stopping) waits for them, it does not look for more; once nothing is
         # stopping, a grant it could not use (what its victims freed went to a job considered before it) is void
         granted = job.turn_s is not None and bool(p.stopping_use)
-        turn = turn_length(job, t) if catch_up and not granted else None
+        # a job larger than what its tenant lacks takes turns, and so does a straddling one (under contention nothing
+        # borrowed is left for it to reclaim, and it would wait for the end of some other tenant's owed job)
+        turn = None
+        if (catch_up or straddle) and not granted:
+            turn = turn_length(job, t, TURN_DUE_BELOW if catch_up else STRADDLE_TURN_DUE_BELOW)
         if not job.preemptible and not inside:
             lim = t.lim
             reasons[job.id] = (

@@ -888,6 +888,30 @@ def test_a_turn_takes_only_what_its_victims_tenants_can_spare() -> None:
     assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
 
 
+def test_a_straddling_job_that_reclaims_nothing_takes_a_turn_once_its_tenant_held_under_90_percent() -> None:
+    # two nodes of 8: c (guaranteed 12) runs an 8-GPU job on node 0 and waits with another (it straddles: c is short
+    # of 12, the job alone fits it); a's eight 1-GPU jobs on node 1 run inside a's guarantee: nothing to reclaim
+    def case(c_recent: float | None) -> tuple:
+        limits = {
+            "a": Limits(guarantee_gpus=8, recent_gpu_s=16 * 3600.0),
+            "c": Limits(guarantee_gpus=12, recent_gpu_s=c_recent),
+        }
+        held = [running("c0", "c", tuple(range(8)), minutes=120)]
+        held += [running(f"a{i}", "a", (8 + i,), minutes=90 - i) for i in range(8)]
+        c1 = job("c1", "c", 8, submitted_at=NOW - timedelta(minutes=90))
+        return [c1], held, limits
+
+    # c held 8 of 12 GPUs over the hour: a turn long enough to reach 12 over it (4 x 3600 / 8 = 1,800 s, half the
+    # window), taken from a, which keeps 90 % of its guarantee over the window that ends with it
+    p = plan(*case(8 * 3600.0), nodes(2, 8), NOW, FS)
+    assert sorted(victims(p)) == [f"a{i}" for i in range(8)] and p.turn_grants == {"c1": 1800.0}
+    assert {x.reason for x in p.preemptions} == {"turn"}
+    # 90 % of its guarantee over the hour: no turn (nor with no recent usage known), it waits for capacity
+    for recent in (0.9 * 12 * 3600, None):
+        p = plan(*case(recent), nodes(2, 8), NOW, FS)
+        assert victims(p) == [] and p.turn_grants == {} and p.wait_reasons["c1"].startswith("waiting for capacity")
+
+
 def test_turns_in_one_pass_take_together_only_what_a_tenant_can_spare() -> None:
     # a (guaranteed 8, held 9 GPUs on average over the hour) can spare up to 6 GPUs for 900 s; b, c and d each wait
     # with a 4-GPU job: one turn, not two
