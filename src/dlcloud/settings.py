@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     # attained-service boundaries (GPU-seconds) of its queues, lowest first; fair-share: the same inside each
     # tenant (``scheduling_tenant_las_queues_gpu_seconds``, [] = off), and small jobs moved to gather whole nodes
     # for a waiting gang (``scheduling_defragment``), and turns of a tenant below its guarantee over the last
-    # ``scheduling_turn_window_seconds`` whose jobs are larger than its guarantee (0: no turns); guaranteed GPUs a
+    # ``scheduling_turn_window_seconds`` whose jobs are larger than what it lacks of it (0: no turns); guaranteed GPUs a
     # tenant stopped using are lent to others only after ``scheduling_lend_after_seconds`` (0: at once)
     scheduling_policy: Literal["fifo", "priority-backfill", "fair-share", "las"] = "fair-share"
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0

@@ -59,10 +59,11 @@ attempts of tenants that keep 90 % of theirs over the window that ends with the 
 most of their guarantee first, then their longest-running attempts: ``turn_candidates``). The turn's length (what its
 tenant needs to reach its guarantee over the window at the job's size) is granted then (``Plan.turn_grants``, then
 ``QueuedJob.turn_s``); the job waits for its victims (a grant it could not use is void once nothing is stopping)
-and, placed on what they free, runs on its turn (``Plan.turns``): owed until it ends (``Held.turn_until``), borrowed
-after. A straddling job that reclaims nothing takes turns the same way, once its tenant held less than
-``STRADDLE_TURN_DUE_BELOW`` of its guarantee over the window (a tenant of 8-GPU jobs holding 32 of 40 guaranteed GPUs
-would otherwise wait for the end of some other tenant's owed job, hours below 90 % of its guarantee).
+and, placed on what they free, runs on its turn (``Plan.turns``): owed until it ends (``Held.turn_until``), on top of
+its tenant's guarantee (``_owed_split``), then split as any other attempt. A straddling job that reclaims nothing
+takes turns the same way, once its tenant held less than ``STRADDLE_TURN_DUE_BELOW`` of its guarantee over the window
+(a tenant of 8-GPU jobs holding 34 of 40 guaranteed GPUs would otherwise wait for the end of some other tenant's
+owed job, hours below 90 % of its guarantee).
 """
 
 from __future__ import annotations
@@ -991,10 +992,10 @@ def _owed_split(p: _Pass) -> tuple[set[int], set[int]]:
         if not lim.guaranteed:
             borrowed.update(id(h) for h in hs)
             continue
+        # on its tenant's turn: owed until it ends, on top of the guarantee (the rest are split as if it were not
+        # there: else the tenant's other jobs went beyond the guarantee for the turn's length, and the turn's victims,
+        # back inside their own guarantees, took one of them back at once: the turn swapped one job for another)
         use = Usage()
-        for h in hs:  # on its tenant's turn: owed until it ends, counted first
-            if _on_turn(h, p.now):
-                use.gpus, use.cpus, use.memory = use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory
         rest = [h for h in hs if not _on_turn(h, p.now)]
         for h in sorted(rest, key=lambda h: (h.preemptible, -h.priority, h.started_at or far, h.job_id)):
             if not _within(lim, use.gpus + len(h.gpus), use.cpus + h.cpus, use.memory + h.memory):
@@ -1350,7 +1351,7 @@ def _fair_share(p: _Pass, queue: Iterable[QueuedJob]) -> None:
         if r is None and p.defragment(job, t, borrowed):
             return True
         if turn is not None and p.preempt(
-            job, lambda: turn_candidates(job, t, turn), ("turn", t.id, job.gpu_type, bool(job.groups)), t,
+            job, lambda: turn_candidates(job, t, turn), ("turn", t.id, turn, job.gpu_type, bool(job.groups)), t,
             turn_affordable(turn),
         ):  # fmt: skip
             p.result.turn_grants[job.id] = turn

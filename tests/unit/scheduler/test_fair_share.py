@@ -888,28 +888,69 @@ def test_a_turn_takes_only_what_its_victims_tenants_can_spare() -> None:
     assert victims(plan(queue, held, limits, nodes(1, 4), NOW, FS)) == []
 
 
-def test_a_straddling_job_that_reclaims_nothing_takes_a_turn_once_its_tenant_held_under_90_percent() -> None:
-    # two nodes of 8: c (guaranteed 12) runs an 8-GPU job on node 0 and waits with another (it straddles: c is short
-    # of 12, the job alone fits it); a's eight 1-GPU jobs on node 1 run inside a's guarantee: nothing to reclaim
-    def case(c_recent: float | None) -> tuple:
-        limits = {
-            "a": Limits(guarantee_gpus=8, recent_gpu_s=16 * 3600.0),
-            "c": Limits(guarantee_gpus=12, recent_gpu_s=c_recent),
-        }
-        held = [running("c0", "c", tuple(range(8)), minutes=120)]
-        held += [running(f"a{i}", "a", (8 + i,), minutes=90 - i) for i in range(8)]
-        c1 = job("c1", "c", 8, submitted_at=NOW - timedelta(minutes=90))
-        return [c1], held, limits
+def _straddle_case(c_recent: float | None) -> tuple:
+    """Three nodes of 8: c (guaranteed 12) runs an 8-GPU job on node 0 and waits with another (it straddles: c is
+    short of 12, the job alone fits it); a's eight 1-GPU jobs on node 1 run inside a's guarantee of 8 (a also held
+    node 2 until ten minutes ago: 14.5 GPU-hours over the hour), d's non-preemptible ones fill node 2. Nothing to
+    reclaim."""
+    limits = {
+        "a": Limits(guarantee_gpus=8, recent_gpu_s=14.5 * 3600.0),
+        "c": Limits(guarantee_gpus=12, recent_gpu_s=c_recent),
+        "d": Limits(guarantee_gpus=8),
+    }
+    held = [running("c0", "c", tuple(range(8)), minutes=120)]
+    held += [running(f"a{i}", "a", (8 + i,), minutes=90 - i) for i in range(8)]
+    held += [running(f"d{i}", "d", (16 + i,), minutes=10, preemptible=False) for i in range(8)]
+    c1 = job("c1", "c", 8, submitted_at=NOW - timedelta(minutes=90))
+    return [c1], held, limits
 
+
+def test_a_straddling_job_that_reclaims_nothing_takes_a_turn_once_its_tenant_held_under_90_percent() -> None:
     # c held 8 of 12 GPUs over the hour: a turn long enough to reach 12 over it (4 x 3600 / 8 = 1,800 s, half the
     # window), taken from a, which keeps 90 % of its guarantee over the window that ends with it
-    p = plan(*case(8 * 3600.0), nodes(2, 8), NOW, FS)
+    p = plan(*_straddle_case(8 * 3600.0), nodes(3, 8), NOW, FS)
     assert sorted(victims(p)) == [f"a{i}" for i in range(8)] and p.turn_grants == {"c1": 1800.0}
     assert {x.reason for x in p.preemptions} == {"turn"}
+    p = plan(*_straddle_case(0.89 * 12 * 3600), nodes(3, 8), NOW, FS)  # just below 90 %
+    assert len(victims(p)) == 8 and p.turn_grants == {"c1": 900.0}  # what it lacks: 594 s, at least 900
     # 90 % of its guarantee over the hour: no turn (nor with no recent usage known), it waits for capacity
     for recent in (0.9 * 12 * 3600, None):
-        p = plan(*case(recent), nodes(2, 8), NOW, FS)
+        p = plan(*_straddle_case(recent), nodes(3, 8), NOW, FS)
         assert victims(p) == [] and p.turn_grants == {} and p.wait_reasons["c1"].startswith("waiting for capacity")
+
+
+def test_a_turn_is_owed_on_top_of_its_tenants_guarantee_so_its_victims_do_not_take_back_another_job() -> None:
+    # c1 runs on its turn where a's jobs ran; a's jobs are back in the queue, inside a's guarantee (a holds 0 of 8).
+    # c0 stays owed (c's 8 of 12, as before the turn): they wait for the turn's end, they do not reclaim c0 (which
+    # would swap one of c's jobs for the other, with two jobs' work lost)
+    queue, held, limits = _straddle_case(8 * 3600.0)
+    c0 = held[0]
+    on_turn = running("c1", "c", tuple(range(8, 16)), minutes=1, turn_until=NOW + timedelta(minutes=29))
+    a_queue = [job(f"a{i}", "a", 1, submitted_at=NOW - timedelta(minutes=95 - i)) for i in range(8)]
+    p = plan(a_queue, [c0, on_turn, *held[9:]], limits, nodes(3, 8), NOW, FS)
+    assert victims(p) == [] and "run other tenants' turns" in p.wait_reasons["a0"]
+    # c0 beyond c's guarantee besides the turn (a third job of c's, 16 of 12 without the turn) is borrowed: a
+    # reclaims it
+    c2 = running("c2", "c", tuple(range(16, 24)), minutes=5)
+    p = plan(a_queue, [c0, on_turn, c2], limits, nodes(3, 8), NOW, FS)
+    assert victims(p) == ["c2"] and {x.reason for x in p.preemptions} == {"reclaim"}
+
+
+def test_a_turn_that_failed_for_a_smaller_job_is_still_looked_for_a_larger_one() -> None:
+    # two nodes of 16: c (guaranteed 12) runs an 8-GPU job; a's 24 1-GPU jobs fill the rest, inside a's guarantee.
+    # c's straddling 8-GPU job is due a turn of 1,800 s (at most half the window), which a cannot spare; its 16-GPU
+    # job (catching up) one of 950 s, which a can: the first's failed search does not decide for the second (a
+    # smaller job gets a longer turn, which is harder to spare)
+    limits = {
+        "a": Limits(guarantee_gpus=24, recent_gpu_s=96_500.0),
+        "c": Limits(guarantee_gpus=12, recent_gpu_s=28_000.0),
+    }
+    held = [running("c0", "c", tuple(range(8)), minutes=120)]
+    held += [running(f"a{i}", "a", (8 + i,), minutes=90 - i) for i in range(24)]
+    c1 = job("c1", "c", 8, submitted_at=NOW - timedelta(minutes=90))
+    c2 = job("c2", "c", 16, submitted_at=NOW - timedelta(minutes=80))
+    p = plan([c1, c2], held, limits, nodes(2, 16), NOW, FS)
+    assert p.turn_grants == {"c2": 950.0} and len(victims(p)) == 16
 
 
 def test_turns_in_one_pass_take_together_only_what_a_tenant_can_spare() -> None:
