@@ -44,7 +44,6 @@ from dlcloud.scheduler.trace import load_trace
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 DEFAULT_TRACE = DEFAULT_TRACE / "philly_jobs_2017-10-02_to_2017-10-16.csv"
 _NUMBERS = re.compile(r"\d[\d,.:T+-]*")
-_BEHIND = re.compile(r"waiting behind job (\S+) \(reserved")
 
 Row = tuple[str, str, int, int]  # (tenant, reason, the oldest queued job's GPUs, reclaimable whole nodes)
 SINCE_PASS = "since the last pass (not below then; a timed change, such as kept GPUs lent, waits for the tick)"
@@ -122,8 +121,9 @@ class Probe(Simulator):
             q = oldest.get(name)
             raw = result.wait_reasons.get(q.id, "placed") if q is not None else "nothing queued"
             reason = _NUMBERS.sub("N", raw)
-            m = _BEHIND.match(raw)
-            holder = self.jobs.get(m.group(1)) if m is not None and q is not None else None
+            # waiting behind the pass's reservation: the plan names its job (``Plan.blocked_by``)
+            blocker = result.blocked_by if q is not None and raw.startswith("waiting behind job") else None
+            holder = self.jobs.get(blocker) if blocker is not None else None
             if holder is not None and q is not None:
                 theirs = self.tenants[holder.trace.tenant]
                 owed = "short of its guarantee" if theirs.alloc < theirs.guarantee else "at or beyond its guarantee"
