@@ -31,7 +31,7 @@ from typing import Any
 from _common import load_average, machine  # bench/ is on sys.path when run as a script
 
 from dlcloud.errors import DlcloudError
-from dlcloud.scheduler.planner import Policy
+from dlcloud.scheduler.planner import PlanConfig, Policy
 from dlcloud.scheduler.simulator import SimConfig, parse_boundaries, simulate
 from dlcloud.scheduler.trace import load_trace
 
@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--limit-jobs", type=int, help="replay only the first N jobs")
     ap.add_argument(
         "--tenant-las-queues",
-        default="14400,144000",
+        default=",".join(f"{x:g}" for x in PlanConfig.tenant_las_queues_gpu_s),
         help="fair-share: las boundaries (GPU-s) inside tenants, comma-separated; none: off (default: %(default)s)",
     )
     ap.add_argument("--no-defragment", action="store_true", help="fair-share: do not move jobs to gather whole nodes")

@@ -122,8 +122,10 @@ class Settings(BaseSettings):
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
     scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
     scheduling_aging_max: Annotated[int, Field(ge=0, le=2000)] = 100
-    scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [3600.0, 36_000.0]
-    scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = [14_400.0, 144_000.0]
+    scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(PlanConfig.las_queues_gpu_s)
+    scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(
+        PlanConfig.tenant_las_queues_gpu_s
+    )
     scheduling_defragment: bool = True
     scheduling_turn_window_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] = 3600.0
     scheduling_lend_after_seconds: Annotated[float, Field(ge=0, le=MAX_LEND_AFTER_S)] = PlanConfig.lend_after_s

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from dlcloud.cli.output import Output, OutputOption, console, err_console, print_json
-from dlcloud.scheduler.planner import Policy
+from dlcloud.scheduler.planner import PlanConfig, Policy
 
 
 def simulate(
@@ -39,7 +39,7 @@ def simulate(
         help="Jobs declare max_run_time = their duration (backfill) [default: on, except for las].",
     ),
     tenant_las_queues: str = typer.Option(
-        "14400,144000",
+        ",".join(f"{x:g}" for x in PlanConfig.tenant_las_queues_gpu_s),
         "--tenant-las-queues",
         help="fair-share: attained-service boundaries (GPU-seconds) inside each tenant, comma-separated; none: off.",
     ),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dlcloud.cli.main import app
+from dlcloud.scheduler.planner import PlanConfig
 
 SLICE = Path(__file__).parents[2] / "data" / "philly_2017-10-02_first2000.csv"
 JSON_KEYS = {"avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "gpu_allocation", "preemptions", "tenants"}
@@ -67,7 +68,7 @@ def test_bad_input_is_a_clear_error_without_a_traceback(tmp_path: Path) -> None:
 def test_fair_share_knobs_reach_the_planner_and_the_report() -> None:
     args = ["simulate", "--trace", str(SLICE), "--gpus", "32", "--limit-jobs", "300", "-o", "json"]
     on = json.loads(CliRunner().invoke(app, args, catch_exceptions=False).stdout)
-    assert on["tenant_las_queues_gpu_s"] == [14400.0, 144000.0] and on["defragment"] is True
+    assert on["tenant_las_queues_gpu_s"] == list(PlanConfig.tenant_las_queues_gpu_s) and on["defragment"] is True
     res = CliRunner().invoke(app, [*args, "--tenant-las-queues", "none", "--no-defragment"], catch_exceptions=False)
     off = json.loads(res.stdout)
     assert off["tenant_las_queues_gpu_s"] == [] and off["defragment"] is False

@@ -491,11 +491,11 @@ def test_a_job_whose_preemptions_were_granted_gets_what_its_victims_freed() -> N
 
 
 # -- least attained service inside a tenant (tenant_las_queues_gpu_s, on by default) ---------------------------------
-HOUR_GPU_S = 14_400.0  # the first boundary of the default PlanConfig.tenant_las_queues_gpu_s (4 GPU-hours)
+BOUNDARY_GPU_S = PlanConfig.tenant_las_queues_gpu_s[0]  # the first boundary of the default (a tenant's las queue 1)
 
 
 def test_a_tenants_fresh_job_goes_before_its_job_back_from_long_service() -> None:
-    resumed = job("resumed", "a", 4, attained_gpu_s=2 * HOUR_GPU_S, submitted_at=NOW - timedelta(hours=5))
+    resumed = job("resumed", "a", 4, attained_gpu_s=2 * BOUNDARY_GPU_S, submitted_at=NOW - timedelta(hours=5))
     fresh = job("fresh", "a", 4, submitted_at=NOW - timedelta(minutes=1))
     assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, FS)) == ["fresh"]
     by_submit = replace(FS, tenant_las_queues_gpu_s=())
@@ -503,7 +503,7 @@ def test_a_tenants_fresh_job_goes_before_its_job_back_from_long_service() -> Non
 
 
 def test_las_inside_a_tenant_never_beats_priority_but_aging_still_lifts() -> None:
-    resumed = job("resumed", "a", 4, priority=5, attained_gpu_s=2 * HOUR_GPU_S)
+    resumed = job("resumed", "a", 4, priority=5, attained_gpu_s=2 * BOUNDARY_GPU_S)
     fresh = job("fresh", "a", 4, priority=0)
     assert placed(plan([resumed, fresh], [], {}, nodes(1, 4), NOW, FS)) == ["resumed"]
     aged = replace(FS, aging_interval_s=60, aging_step=1)
@@ -513,14 +513,14 @@ def test_las_inside_a_tenant_never_beats_priority_but_aging_still_lifts() -> Non
 
 def test_a_fresh_job_preempts_its_own_tenants_long_running_job_of_the_same_priority() -> None:
     held = [
-        running("long", "a", (0, 1), attained_gpu_s=3 * HOUR_GPU_S),
-        running("short", "a", (2, 3), attained_gpu_s=0.5 * HOUR_GPU_S),
+        running("long", "a", (0, 1), attained_gpu_s=3 * BOUNDARY_GPU_S),
+        running("short", "a", (2, 3), attained_gpu_s=0.5 * BOUNDARY_GPU_S),
     ]
     p = plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, FS)
     assert victims(p) == ["long"] and p.preemptions[0].reason == "las"
     assert p.wait_reasons["new"] == "preempting 1 job(s) with more attained service (las)"
     # never a job in the same queue, never with las inside tenants turned off
-    same_queue = [running("peer", "a", (0, 1, 2, 3), attained_gpu_s=0.5 * HOUR_GPU_S)]
+    same_queue = [running("peer", "a", (0, 1, 2, 3), attained_gpu_s=0.5 * BOUNDARY_GPU_S)]
     assert victims(plan([job("new", "a", 2)], same_queue, {}, nodes(1, 4), NOW, FS)) == []
     assert (
         victims(plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, replace(FS, tenant_las_queues_gpu_s=()))) == []
@@ -529,14 +529,14 @@ def test_a_fresh_job_preempts_its_own_tenants_long_running_job_of_the_same_prior
 
 def test_las_inside_a_tenant_never_preempts_another_tenant_or_a_higher_priority() -> None:
     held = [
-        running("theirs", "b", (0, 1), attained_gpu_s=30 * HOUR_GPU_S),
-        running("mine-high", "a", (2, 3), priority=5, attained_gpu_s=30 * HOUR_GPU_S),
+        running("theirs", "b", (0, 1), attained_gpu_s=30 * BOUNDARY_GPU_S),
+        running("mine-high", "a", (2, 3), priority=5, attained_gpu_s=30 * BOUNDARY_GPU_S),
     ]
     p = plan([job("new", "a", 2)], held, {}, nodes(1, 4), NOW, FS)
     assert victims(p) == []
     # a job back from preemption (more attained service) does not preempt a fresh one of its tenant
     fresh = [running("fresh", "a", (0, 1, 2, 3))]
-    back = job("back", "a", 2, attained_gpu_s=2 * HOUR_GPU_S)
+    back = job("back", "a", 2, attained_gpu_s=2 * BOUNDARY_GPU_S)
     assert victims(plan([back], fresh, {}, nodes(1, 4), NOW, FS)) == []
 
 
