@@ -108,7 +108,7 @@ class SimConfig:
         q = self.tenant_las_queues_gpu_s
         if any(not math.isfinite(x) or x <= 0 for x in q) or list(q) != sorted(set(q)):
             raise InvalidArgument(
-                "--tenant-las-queues must be increasing GPU-second boundaries above 0 (e.g. 14400,144000; none: "
+                "--tenant-las-queues must be increasing GPU-second boundaries above 0 (e.g. 7200,72000; none: "
                 f"off), got {','.join(f'{x:g}' for x in q)}"
             )
 
@@ -128,14 +128,14 @@ class SimConfig:
 
 
 def parse_boundaries(text: str) -> tuple[float, ...]:
-    """``--tenant-las-queues``: "14400,144000" -> (14400.0, 144000.0); "none" or "" -> () (off)."""
+    """``--tenant-las-queues``: "7200,72000" -> (7200.0, 72000.0); "none" or "" -> () (off)."""
     if text.strip().lower() in ("", "none"):
         return ()
     try:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
         raise InvalidArgument(
-            f"--tenant-las-queues takes GPU-second boundaries separated by commas (e.g. 14400,144000) or none, "
+            f"--tenant-las-queues takes GPU-second boundaries separated by commas (e.g. 7200,72000) or none, "
             f"got {text!r}"
         ) from None
 
