@@ -10,10 +10,11 @@ launcher), so the control plane can crash and restart without losing or re-runni
 
 from __future__ import annotations
 
+import contextlib
 import abc
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -114,6 +115,9 @@ class Workload:
     # the id of an ended job of the same tenant whose checkpoint directory this job's starts as a copy of
     # (``checkpoint_from`` of the spec; see ``Executor``); None: the job's own, empty at first
     checkpoint_from: str | None = None
+    # the control plane's API as the job reaches it (its metrics URL's base); the executor makes it reachable
+    # from the job's network, and nothing else of the host's
+    api_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,9 @@ class Executor(abc.ABC):
       unknown attempt does nothing.
     - ``log_files`` reads an attempt's logs; when it ends, ``save_outputs`` puts the job's outputs as the attempt
       left them, and ``archive_logs`` its logs, into the object store (so neither depends on the host that ran
-      it); ``remove_job`` forgets everything the executor keeps for a deleted job.
+      it); ``remove_job`` forgets everything the executor keeps for a deleted job. ``save_outputs`` measures
+      the outputs (never following a link) and lets its caller refuse them (``admit``) before copying a byte;
+      ``checkpoints_bytes`` says what the job's checkpoints take, as the executor keeps them.
     - Every attempt gets ``DLCLOUD_TENSORBOARD_DIR`` (``TENSORBOARD_ENV``), a directory of the job it may write,
       kept across attempts: a one-process attempt's is the job's TensorBoard directory, a gang replica's the
       subdirectory of it named after the replica. ``read_event_files`` reads the scalars appended there, parsing
@@ -333,18 +339,39 @@ class Executor(abc.ABC):
         return None
 
     def read_event_files(
-        self, handle: str, cursor: EventCursor, *, since: float, sandbox_slot: int | None, replicas: Sequence[str]
+        self,
+        handle: str,
+        cursor: EventCursor,
+        *,
+        since: float,
+        sandbox_slot: int | None,
+        replicas: Sequence[str],
+        cpus: float = 1.0,
+        until: float | None = None,
     ) -> EventRead:
         """The scalars appended to the attempt's TensorBoard event files since ``cursor`` (which it advances),
-        from files modified after ``since`` (a Unix time: when the attempt started); ``replicas``: the names of a
-        gang attempt's replicas, whose own directories say which replica wrote a file. Bounded per call
-        (``event_files``); ``EventRead.more`` says data is left for another call."""
+        from files modified after ``since`` (a Unix time: when the attempt started) and, for an attempt that
+        ended, written until ``until`` (its end); ``replicas``: the names of a gang attempt's replicas, whose own
+        directories say which replica wrote a file; ``cpus``: the attempt's CPUs, to which the reading is charged
+        (``_reader_charge``). Bounded per call (``event_files``); ``EventRead.more`` says data is left for another
+        call."""
         top = self._tensorboard_dir(handle)
         if top is None or top.is_symlink() or not top.is_dir():
             return EventRead()
         return event_files.read(
-            top, cursor, since=since, replicas=replicas, prefix=lambda: self.reader_prefix([top], sandbox_slot)
+            top,
+            cursor,
+            since=since,
+            until=until,
+            replicas=replicas,
+            prefix=lambda: self.reader_prefix([top], sandbox_slot),
+            charge=lambda: self._reader_charge(cpus),
         )
+
+    def _reader_charge(self, cpus: float) -> contextlib.AbstractContextManager[list[str]]:
+        """For one run of the event-file reader: the argv prefix that charges its CPU to a job of ``cpus`` CPUs
+        (what the job itself may use), and whatever that needs meanwhile; ``[]``: no charge here."""
+        return contextlib.nullcontext([])
 
     def _tensorboard_dir(self, handle: str) -> Path | None:
         """The job's TensorBoard directory on this host, for the attempt ``handle`` names; None: none here."""
@@ -374,9 +401,18 @@ class Executor(abc.ABC):
         may have an older half beside it (``log_segments``). Empty: no log (yet)."""
 
     @abc.abstractmethod
-    def save_outputs(self, handle: str, key: str) -> bool:
+    def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
         """Put the job's outputs directory, as the attempt left it, into the object store as a tree at ``key``;
-        False when the job wrote none. Idempotent (a crash after it is followed by another call)."""
+        False when the job wrote none. Idempotent (a crash after it is followed by another call).
+
+        ``admit(size)``: called once the outputs are measured (the bytes of their regular files, measured without
+        following a link) and before any byte of them is read or copied; what it raises refuses them: nothing is
+        stored, and the error goes to the caller (the storage quota, ``services/storage_quota.py``)."""
+
+    def checkpoints_bytes(self, handle: str) -> int:
+        """The disk the job's checkpoint directory takes on this executor, measured without following a link
+        (counted in its tenant's storage quota when an attempt ends); 0 for an executor that keeps none."""
+        return 0
 
     @abc.abstractmethod
     def archive_logs(self, handle: str, key: str) -> bool:

@@ -103,4 +103,5 @@ def build(
         replicas=launch.replicas if launch else (),
         sandbox_slot=tenant.sandbox_slot if tenant is not None else None,
         checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
+        api_url=platform.settings.resolved_job_api_url,
     )

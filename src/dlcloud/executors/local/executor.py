@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +61,7 @@ from dlcloud.executors.local.checkpoints import (
     TooLarge,
     TooManyEntries,
     copy_checkpoints,
+    measure_checkpoints,
     size_text,
 )
 from dlcloud.executors.local.environments import LocalVenvBackend
@@ -291,6 +292,10 @@ class LocalExecutor(Executor):
             data_dirs=(jd / CHECKPOINTS, jd / OUTPUTS, *tensorboard),
             readonly_dirs=() if self.sandbox.enabled else tuple(path for _name, path in data),
             mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
+            private_network=self.settings.job_network == "private",
+            pids_max=self.settings.job_pids_max,
+            nproc_max=self.settings.tenant_processes_max,
+            disk_max_bytes=self.settings.job_disk_max_bytes,
         )
 
     def _copy_checkpoints_from(self, handle: str, w: Workload, attempt_dir: Path) -> bool:
@@ -481,20 +486,28 @@ class LocalExecutor(Executor):
     def log_files(self, handle: str) -> dict[str, Path]:
         return self.runner.log_files(self.attempt_dir(handle))
 
-    def save_outputs(self, handle: str, key: str) -> bool:
+    def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
         outputs = self.attempt_dir(handle).parent / OUTPUTS
         if outputs.is_symlink() or not outputs.is_dir():
             return False
         # what a model artifact may hold: the bound that keeps a job from making the control plane copy
         # terabytes (a sparse file counts whole) or walk millions of files
         limits = self.settings.max_archive_members, self.settings.max_unpacked_bytes
-        manifest, left_out = scan_outputs(outputs, *limits)
+        manifest, left_out = scan_outputs(outputs, *limits, admit=admit)
         if not manifest.entries and not manifest.empty_dirs and not left_out:
             return False
         self.objects.put_tree(key, outputs, manifest)
         if left_out:
             save_left_out(self.objects, key, left_out)
         return True
+
+    def checkpoints_bytes(self, handle: str) -> int:
+        """Allocated blocks, each file once (``checkpoints.measure_checkpoints``), bounded like a copy of them."""
+        bound = self.settings.max_archive_members
+        size, whole = measure_checkpoints(self.attempt_dir(handle).parent, CHECKPOINTS, bound)
+        if not whole:
+            log.warning("attempt %s: its checkpoints hold more than %d names: %d bytes counted", handle, bound, size)
+        return size
 
     def archive_logs(self, handle: str, key: str) -> bool:
         files = {

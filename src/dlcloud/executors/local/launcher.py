@@ -79,6 +79,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
+try:  # imported by the executor, as part of the package
+    from dlcloud.executors.local import launch_limits as limits
+except ImportError:  # run as a script with -I -S: the package is not importable, its own directory is
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launch_limits as limits  # type: ignore[no-redef]
+
+# the cgroup helpers, under their old names (tests and the executor use them from here)
+find_cgroup2_dir = limits.find_cgroup2_dir
+create_cgroup = limits.create_cgroup
+create_cgroups_v1 = limits.create_cgroups_v1
+remove_cgroup = limits.remove_cgroup
+
 WORKLOAD_FILE = "workload.json"
 LAUNCHER_FILE = "launcher.json"
 CHILD_FILE = "child.json"
@@ -93,7 +105,7 @@ LAUNCH_FAILED = 125
 PIPE_DRAIN_SECONDS = 2.0  # after the command exits, how long its pipes may stay open before the group is killed
 MAX_LINE_BYTES = 64 * 1024  # longer lines are split so one runaway line cannot exhaust memory
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-CPU_PERIOD_US = 100_000
+NETWORK_WAIT_SECONDS = 30.0  # how long the launcher waits for the attempt's network namespace
 DEFAULT_POST_TIMEOUT_SECONDS = 300.0
 PHASE_ROLES = {"pre": "pre", "main": "command", "post": "post"}  # phase -> child.json role
 PHASE_LABELS = {"pre": "pre_command", "main": "command", "post": "post_command"}
@@ -143,162 +155,7 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _write_file(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
 # --------------------------------------------------------------------------------------------------
-# Resource limits
-
-
-def find_cgroup2_dir(
-    proc_cgroup: str = "/proc/self/cgroup", proc_mountinfo: str = "/proc/self/mountinfo"
-) -> str | None:
-    """This process's own cgroup v2 directory, when a cgroup2 hierarchy is mounted and we belong to it.
-
-    Works for a pure v2 host (/sys/fs/cgroup), a hybrid one (/sys/fs/cgroup/unified) and containers that
-    see a bind-mounted part of the hierarchy (mount root other than "/").
-    """
-    try:
-        own = next(
-            (line[3:].strip() for line in _read_text(proc_cgroup).splitlines() if line.startswith("0::")),
-            None,
-        )
-        mountinfo = _read_text(proc_mountinfo).splitlines()
-    except OSError:
-        return None
-    if own is None or own.endswith("(deleted)"):
-        return None
-    for line in mountinfo:
-        left, sep, right = line.partition(" - ")
-        if not sep or right.split()[0] != "cgroup2":
-            continue
-        fields = left.split()
-        root, mount_point = fields[3], fields[4]
-        # The mount shows the hierarchy from `root`; our path must lie below it to be reachable here.
-        if root == "/":
-            rel = own
-        elif own == root or own.startswith(root.rstrip("/") + "/"):
-            rel = own[len(root.rstrip("/")) :]
-        else:
-            continue
-        path = os.path.join(mount_point, rel.lstrip("/"))
-        if os.path.isdir(path):
-            return path
-    return None
-
-
-def create_cgroup(name: str, cpus: float, memory_bytes: int) -> str | None:
-    """Create ``<own cgroup>/<name>`` with memory.max and cpu.max set, or return None if cgroup v2 is unusable.
-
-    Usable means: a cgroup2 hierarchy with the ``memory`` and ``cpu`` controllers available in our cgroup
-    and enabled (or enableable) for its children, and a child cgroup we may create and configure. A
-    non-root cgroup that holds processes cannot enable controllers for children (EBUSY): then we fall back.
-    """
-    parent = find_cgroup2_dir()
-    if parent is None:
-        return None
-    wanted = {"memory", "cpu"}
-    try:
-        if not wanted <= set(_read_text(os.path.join(parent, "cgroup.controllers")).split()):
-            return None
-        missing = wanted - set(_read_text(os.path.join(parent, "cgroup.subtree_control")).split())
-        if missing:
-            _write_file(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in sorted(missing)))
-        path = os.path.join(parent, name)
-        os.mkdir(path)
-    except OSError:
-        return None
-    try:
-        _write_file(os.path.join(path, "memory.max"), str(memory_bytes) if memory_bytes > 0 else "max")
-        quota = "max" if cpus <= 0 else str(max(1000, int(cpus * CPU_PERIOD_US)))
-        _write_file(os.path.join(path, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
-    except OSError:
-        remove_cgroup(path)
-        return None
-    if memory_bytes > 0:
-        # Best effort: without these, swap stretches the limit and an OOM kills one process of a gang.
-        for file, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-            with contextlib.suppress(OSError):
-                _write_file(os.path.join(path, file), value)
-    return path
-
-
-def remove_cgroup(path: str) -> None:
-    """Kill whatever is left in the cgroup (also processes that left the process group) and remove it."""
-    try:
-        if os.path.exists(os.path.join(path, "cgroup.kill")):
-            _write_file(os.path.join(path, "cgroup.kill"), "1")
-        else:
-            for pid in _read_text(os.path.join(path, "cgroup.procs")).split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-    except OSError:
-        pass
-    deadline = time.monotonic() + 2.0
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.02)
-
-
-def create_cgroups_v1(name: str, cpus: float, memory_bytes: int, root: str = "/sys/fs/cgroup") -> list[str] | None:
-    """As root on a cgroup v1 host: ``<root>/memory/<name>`` with memory.limit_in_bytes and
-    ``<root>/cpu/<name>`` with a CFS quota; None when v1 is not usable here (not root, not mounted, no
-    permission). The directories are not in any sandbox's view as writable, so a job cannot change them."""
-    dirs: list[str] = []
-    try:
-        if memory_bytes > 0:
-            mem = os.path.join(root, "memory", name)
-            os.mkdir(mem)
-            dirs.append(mem)
-            _write_file(os.path.join(mem, "memory.limit_in_bytes"), str(memory_bytes))
-            with contextlib.suppress(OSError):  # without swap accounting swap can stretch it: best effort
-                _write_file(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_bytes))
-        if cpus > 0:
-            cpu = os.path.join(root, "cpu", name)
-            os.mkdir(cpu)
-            dirs.append(cpu)
-            _write_file(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-            _write_file(os.path.join(cpu, "cpu.cfs_quota_us"), str(max(1000, int(cpus * CPU_PERIOD_US))))
-    except OSError:
-        for d in dirs:
-            remove_cgroup(d)
-        return None
-    return dirs or None
-
-
-def _child_setup(cgroups: list[str], data_limit: int) -> Callable[[], None] | None:
-    """The function run in the child between fork and exec: join the cgroups or lower RLIMIT_DATA."""
-    if not cgroups and data_limit <= 0:
-        return None
-
-    def setup() -> None:
-        for cgroup in cgroups:
-            _write_file(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()))
-        if data_limit > 0:
-            _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-            limit = data_limit if hard == resource.RLIM_INFINITY else min(data_limit, hard)
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-    return setup
-
-
 # --------------------------------------------------------------------------------------------------
 # The launcher
 
@@ -325,6 +182,9 @@ class Launcher:
         self.sandbox_argv: list[str] = []
         self.sandbox_uid: int | None = None
         self.post_timeout = DEFAULT_POST_TIMEOUT_SECONDS
+        self.preexec: Callable[[], None] | None = None  # what every child runs before exec (limits, namespaces)
+        self.disk: limits.DiskMeter | None = None  # the disk the job's writable directories take
+        self.disk_exceeded = ""  # why the attempt was stopped for its disk use ("": it was not)
         self.post_deadline: float | None = None
         self.post_timed_out = False
         self.post_exit_code: int | None = None  # None: no post phase ran
@@ -466,26 +326,26 @@ class Launcher:
             self.deadline = self.started_monotonic + float(timeout)
         cpus = float(workload.get("cpus", 1.0))
         memory_bytes = int(workload.get("memory_bytes", 0))
-        safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(workload.get("job_id", "job")))[:64]
-        cgroup_name = f"dlcloud-{safe_job}-{workload.get('attempt', 0)}-{os.getpid()}"
-        v2 = create_cgroup(cgroup_name, cpus, memory_bytes)
-        v1 = None if v2 is not None or os.geteuid() != 0 else create_cgroups_v1(cgroup_name, cpus, memory_bytes)
+        pids_max = int(workload.get("pids_max") or 0)
+        name = limits.cgroup_name()
+        v2 = create_cgroup(name, cpus, memory_bytes, pids_max)
+        v1 = None if v2 is not None or os.geteuid() != 0 else create_cgroups_v1(name, cpus, memory_bytes, pids_max)
         self.cgroups = [v2] if v2 is not None else v1 or []
-        limits = "cgroup2" if v2 is not None else "cgroup1" if v1 else "rlimit"
+        kind = "cgroup2" if v2 is not None else "cgroup1" if v1 else "rlimit"
         write_json_atomic(
             self.path(LAUNCHER_FILE),
             {
                 "pid": os.getpid(),
                 "proc_start_ticks": proc_start_ticks(os.getpid()),
                 "started_at": utc_now_iso(),
-                "limits": limits,
+                "limits": kind,
                 "cgroup": self.cgroups[0] if self.cgroups else None,
                 "cgroups": self.cgroups,
             },
         )
         if os.path.exists(self.path(STOP_REQUEST_FILE)):
             self.term_requested = True
-        self.system(f"launcher started (pid {os.getpid()}, limits {limits})")
+        self.system(f"launcher started (pid {os.getpid()}, limits {kind})")
         try:
             self.run_attempt(workload, cpus, memory_bytes)
         finally:
@@ -503,12 +363,16 @@ class Launcher:
         # Thread pools sized to the CPU share, also under cgroup2: cpu.max throttles, it does not hide CPUs.
         for var in THREAD_VARS:
             env.setdefault(var, str(max(1, math.floor(cpus))))
-        preexec = _child_setup(self.cgroups, 0 if self.cgroups else memory_bytes)
-
         if self.term_requested:
             self.stopped = True
             self.system("stop requested before the command started")
             self.finish(LAUNCH_FAILED, "stopped before the command started")
+            return
+        try:
+            preexec = self.preexec = self.child_setup(workload, memory_bytes)
+        except limits.NetworkError as exc:
+            self.system(str(exc))
+            self.finish(LAUNCH_FAILED, str(exc))
             return
         try:
             code_dir = self.prepare(workload, env)
@@ -527,6 +391,44 @@ class Launcher:
         if post:
             self.run_post(str(post), code, code_dir, env, preexec)
         self.finish(code, message)
+
+    def child_setup(self, workload: dict[str, Any], memory_bytes: int) -> Callable[[], None] | None:
+        """What every child runs before it execs: its cgroups or rlimits, then the attempt's network namespace
+        (``sandbox.network``: waited for here, NetworkError when it cannot be had) — and the disk meter of the
+        directories the job writes."""
+        sandbox = workload.get("sandbox") or {}
+        network = sandbox.get("network")
+        namespaces: list[tuple[int, int]] = []
+        if isinstance(network, dict):
+            namespaces = limits.join_network(
+                str(network["dir"]), bool(network.get("userns")), NETWORK_WAIT_SECONDS, lambda: self.term_requested
+            )
+        disk = int(workload.get("disk_max_bytes") or 0)
+        if disk > 0:
+            writable = [self.path(d) for d in (CODE_DIR, PACKAGES_DIR, TMP_DIR)]
+            self.disk = limits.DiskMeter([*writable, *map(str, workload.get("data_dirs") or ())], disk)
+        # as root without a pids cgroup, a cap on the processes of the tenant's uid (all its jobs together)
+        nproc = int(workload.get("nproc_max") or 0)
+        if limits.has_pids_limit(self.cgroups) or self.sandbox_uid is None:
+            nproc = 0
+        return limits.child_setup(self.cgroups, 0 if self.cgroups else memory_bytes, namespaces, nproc, disk)
+
+    def sandboxed(self, command: list[str]) -> tuple[list[str], int | None]:
+        """The argv that runs ``command`` in the sandbox, and the fd it needs (None: none). bwrap reads its own
+        options from an in-memory file (``--args``), so that its argv, which every process of the sandbox can read
+        in ``/proc/1/cmdline``, names none of the host's paths (what follows ``--`` is the command, as the job
+        knows it)."""
+        if not self.sandbox_argv:
+            return command, None
+        split = self.sandbox_argv.index("--") if "--" in self.sandbox_argv else len(self.sandbox_argv)
+        options, rest = self.sandbox_argv[1:split], self.sandbox_argv[split:]
+        fd = os.memfd_create("dlcloud-sandbox", 0)
+        data = ("\0".join(options) + "\0").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return [self.sandbox_argv[0], "--args", str(fd), *rest, *command], fd
 
     def stop_or_timeout_before_main(self) -> bool:
         """Whether a stop or the timeout came before the main command could start (and log it)."""
@@ -566,6 +468,9 @@ class Launcher:
             if why:
                 self.system(f"command skipped: pre_command was {'stopped' if self.stopped else 'timed out'}")
                 return code, f"{why} while pre_command ran; the command did not run"
+            if self.disk_exceeded:
+                self.system("command skipped: pre_command passed the disk limit")
+                return code, f"{self.disk_message()} while pre_command ran; the command did not run"
             if code != 0:
                 self.system(f"command skipped: pre_command exited with code {code}")
                 return code, f"pre_command exited with code {code}; the command did not run"
@@ -575,6 +480,7 @@ class Launcher:
         if error is not None:
             return code, error
         message = f"timed out after {timeout} s" if self.timed_out else "stopped" if self.stopped else ""
+        message = self.disk_message() or message
         self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
         return code, message
 
@@ -607,15 +513,17 @@ class Launcher:
         (LAUNCH_FAILED, why) when it could not be started."""
         label = "" if phase == "main" else f" {PHASE_LABELS[phase]}"
         self.system(f"starting{label}{note}: {command}", phase)
+        argv, args_fd = self.sandboxed(["/bin/sh", "-c", command])
         try:
             proc = subprocess.Popen(
-                [*self.sandbox_argv, "/bin/sh", "-c", command],
+                argv,
                 cwd=code_dir,
                 env={**env, "DLCLOUD_PHASE": phase},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 close_fds=True,
+                pass_fds=() if args_fd is None else (args_fd,),
                 process_group=0,
                 preexec_fn=preexec,
             )
@@ -623,8 +531,30 @@ class Launcher:
             error = f"could not start the {PHASE_LABELS[phase]}: {exc}"
             self.system(error, phase)
             return LAUNCH_FAILED, error
+        finally:
+            if args_fd is not None:
+                os.close(args_fd)
         self.record_child(proc.pid, PHASE_ROLES[phase])
         return self.sandbox_status(self.supervise(proc, phase)), None
+
+    def over_disk(self, phase: str, pgid: int) -> bool:
+        """Measure the job's directories; past the disk limit, SIGTERM the phase (once per phase) and say why."""
+        assert self.disk is not None
+        used = self.disk.measure()
+        if used <= self.disk.limit or self.disk_exceeded.endswith(f"[{phase}]"):
+            return False
+        why = (
+            f"its directories took {limits.format_bytes(used)} on disk, over the job's disk limit of "
+            f"{limits.format_bytes(self.disk.limit)}"
+        )
+        self.disk_exceeded = f"stopped: {why}"
+        self.system(f"disk limit: {why}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
+        self.terminate(pgid)
+        self.disk_exceeded += f" [{phase}]"
+        return True
+
+    def disk_message(self) -> str:
+        return self.disk_exceeded.rsplit(" [", 1)[0]
 
     def sandbox_status(self, code: int) -> int:
         """bwrap reports a command killed by signal N as 128+N: give it back as -N, as for an unsandboxed one."""
@@ -688,17 +618,9 @@ class Launcher:
             python = str(workload.get("python") or sys.executable)
             self.system(f"installing {os.path.basename(package)} into {PACKAGES_DIR}/")
             # building an sdist runs its setup code: pip runs in the job's sandbox like the phases
-            argv = [
-                *self.sandbox_argv,
-                python,
-                "-m",
-                "pip",
-                "install",
-                "--no-deps",
-                "--no-build-isolation",
-                "--no-index",
-            ]
-            argv += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
+            pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+            pip += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
+            argv, args_fd = self.sandboxed(pip)
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -708,10 +630,15 @@ class Launcher:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     close_fds=True,
+                    pass_fds=() if args_fd is None else (args_fd,),
                     process_group=0,
+                    preexec_fn=self.preexec,
                 )
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
                 raise PrepareError(f"could not run pip: {exc}") from exc
+            finally:
+                if args_fd is not None:
+                    os.close(args_fd)
             self.record_child(proc.pid, "prepare")
             code = self.supervise(proc, "prepare")
             if self.stopped or self.timed_out:
@@ -819,6 +746,8 @@ class Launcher:
                     self.system(f"{what}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
                     self.terminate(pgid)
                     kill_at = now + self.grace
+                if self.disk is not None and exited_at is None and self.disk.due(now) and self.over_disk(phase, pgid):
+                    kill_at = now + self.grace if kill_at is None else kill_at
                 if kill_at is not None and now >= kill_at:
                     kill_at = None
                     if exited_at is None:
@@ -837,6 +766,8 @@ class Launcher:
                     waits.append(kill_at - now)
                 if deadline is not None and limit_pending():
                     waits.append(deadline - now)
+                if self.disk is not None and exited_at is None:
+                    waits.append(self.disk.next_at - now)
                 select(min(waits))
             # The leader is a zombie we have not reaped, so its pid (= pgid) cannot be reused yet:
             # killing the group now only hits what the command left behind.

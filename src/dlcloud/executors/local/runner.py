@@ -50,6 +50,7 @@ from dlcloud.executors.base import (
     replica_log_files,
 )
 from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local import network
 from dlcloud.executors.local.sandbox import (
     BUILD_SLOT,
     Sandbox,
@@ -273,6 +274,12 @@ class Run:
     # in a sandbox, read-only at another path: (host path, path in the sandbox)
     mounts: tuple[tuple[Path, str], ...] = ()
     sandbox_slot: int | None = None  # the tenant's sandbox number: the uid derives from it
+    # where the job reaches the control plane's API (a loopback URL is relayed into its network namespace)
+    api_url: str | None = None
+    private_network: bool = True  # in a sandbox: a network namespace of its own (the gang's replicas share it)
+    pids_max: int = 0  # processes and threads of one replica (pids cgroup); 0: no limit
+    nproc_max: int = 0  # as root without a pids cgroup: RLIMIT_NPROC of the tenant's uid; 0: none
+    disk_max_bytes: int = 0  # what its writable directories may take on disk; 0: no limit
 
 
 class ProcessRunner:
@@ -383,6 +390,9 @@ class ProcessRunner:
     def jobs_run_as_root(self) -> bool:
         return os.geteuid() == 0 and not self.sandbox.per_tenant_uids
 
+    def _private_network(self, workload: Run) -> bool:
+        return self.sandbox.enabled and workload.private_network
+
     def _uid(self, workload: Run) -> int | None:
         return self.sandbox.uid_for(workload.sandbox_slot) if self.sandbox.enabled else None
 
@@ -391,6 +401,11 @@ class ProcessRunner:
         for d in workload.data_dirs:
             make_private_dirs(Path(d))
             give_to(Path(d), uid)
+        if self._private_network(workload):
+            attempt_dir = Path(os.path.abspath(workload.attempt_dir))
+            make_private_dirs(attempt_dir)
+            if not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
+                network.start(attempt_dir, workload.api_url, not self.sandbox.per_tenant_uids, dict(self.base_env))
         if workload.replicas:
             self._start_gang(workload)
         else:
@@ -433,7 +448,7 @@ class ProcessRunner:
                 memory_bytes=r.memory_bytes,
                 replicas=(),
             )
-            self._start_one(one, shm=shm, files=tuple(rdir / name for name, _ in r.files))
+            self._start_one(one, shm=shm, files=tuple(rdir / name for name, _ in r.files), net_dir=attempt_dir)
 
     def _gang_shm(self, workload: Run, attempt_dir: Path) -> Path | None:
         """A /dev/shm shared by the replicas of one gang attempt, and by nobody else (NCCL, gloo and
@@ -446,12 +461,16 @@ class ProcessRunner:
         give_to(shm, self._uid(workload))
         return shm
 
-    def _start_one(self, workload: Run, shm: Path | None = None, files: tuple[Path, ...] = ()) -> None:
+    def _start_one(
+        self, workload: Run, shm: Path | None = None, files: tuple[Path, ...] = (), net_dir: Path | None = None
+    ) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
             raise _used(attempt_dir)
         make_private_dirs(attempt_dir)
         sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
+        if sandbox is not None and self._private_network(workload):
+            sandbox["network"] = network.record(net_dir or attempt_dir, not self.sandbox.per_tenant_uids)
         record = asdict(workload)
         record.update(
             attempt_dir=str(attempt_dir),
@@ -537,6 +556,8 @@ class ProcessRunner:
             shm=shm,
             gpus=workload.gpus,
             cwd=attempt_dir / launcher_mod.CODE_DIR,
+            network=not workload.private_network,
+            joins_network=workload.private_network,
         )
         return {"argv": self.sandbox.wrap(view, uid), "uid": uid}
 
@@ -587,6 +608,7 @@ class ProcessRunner:
         summary = summarize_replicas(tuple(reports))
         if summary.state in ("exited", "lost"):
             self._remove_gang_shm(attempt_dir)
+            network.stop(attempt_dir)
         return summary
 
     def _poll_one(self, attempt_dir: Path) -> AttemptReport:
@@ -639,6 +661,7 @@ class ProcessRunner:
 
     def _exited(self, attempt_dir: Path, record: dict[str, Any], launch: dict[str, Any] | None) -> AttemptReport:
         self._forget(attempt_dir)
+        network.stop(attempt_dir)
         code = record.get("exit_code")
         return AttemptReport(
             state="exited",
@@ -655,6 +678,7 @@ class ProcessRunner:
 
     def _lost(self, attempt_dir: Path, message: str, launch: dict[str, Any] | None = None) -> AttemptReport:
         self._forget(attempt_dir)
+        network.stop(attempt_dir)
         return AttemptReport(
             state="lost",
             started_at=_parse_time(launch.get("started_at")) if launch else None,

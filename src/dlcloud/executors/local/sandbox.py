@@ -61,6 +61,9 @@ class View:
     gpus: tuple[int, ...] = ()
     cwd: Path | None = None
     network: bool = True  # False: a network namespace of its own, with nothing in it (not even loopback's peers)
+    # True: the process is started inside the attempt's network namespace (the launcher joins it, and, unprivileged,
+    # the user namespace that owns it: bwrap then runs as uid 0 there and must drop what that gives)
+    joins_network: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,10 @@ class Sandbox:
         argv = [self.bwrap]
         if uid is None:
             argv += ["--unshare-user", *(["--disable-userns"] if self.disable_userns else [])]
+            if view.joins_network:  # the control plane's uid and gid inside, as without a joined namespace
+                argv += ["--uid", str(os.getuid()), "--gid", str(os.getgid()), "--cap-drop", "ALL"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try", "--die-with-parent"]
-        if not view.network:
+        if not view.network and not view.joins_network:
             argv.append("--unshare-net")
         argv += ["--proc", "/proc", "--dev", "/dev"]
         bound: list[str] = []

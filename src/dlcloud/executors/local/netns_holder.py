@@ -1,0 +1,243 @@
+"""The network of one local attempt (a single job or a whole gang): a network namespace of its own, and the one
+path out of it that jobs legitimately need, to the control plane's API.
+
+Run as ``<python> -I -S netns_holder.py <dir>`` by the executor (``network.py``) in a new session, before the
+attempt's launchers. Standard library only, like the launcher: it keeps working whatever happens to the control
+plane, and jobs outlive the control plane.
+
+It forks once:
+- the **inside** process makes a new network namespace (unprivileged: inside a new user namespace that maps the
+  holder's uid to 0 and nothing else), brings its loopback up, binds the relay's listening socket there at the
+  address jobs know the API by (``DLCLOUD_METRICS_URL``'s host and port, which is free there: the namespace is
+  empty), and from then on only accepts connections and hands each one over to the outside process
+  (``SCM_RIGHTS``). As root it drops to ``nobody`` once bound. Every process of the attempt joins this namespace
+  (the launcher ``setns``-es each phase into it), so the replicas of a gang share one loopback, and nothing of
+  the host's network — no host loopback service, no other job's port, no abstract unix socket of anyone else —
+  is in reach.
+- the **outside** process stays in the host's namespace and relays each connection it is handed to the API's
+  address there, at most ``MAX_CONNECTIONS`` at a time: the API, and nothing else, is reachable from inside.
+
+Files in ``<dir>`` (written atomically):
+``network.json`` (input, written by the executor)
+    {"listen": [host, port], "target": [host, port], "userns": bool}; ``listen`` may be null (no relay).
+``network-ready.json``
+    {"pid", "proc_start_ticks", "inside_pid", "inside_start_ticks", "netns_inode"} once the namespace is up:
+    launchers wait for it, open ``/proc/<inside_pid>/ns/net`` and check the start ticks before they trust it.
+``network-failed.json``
+    {"message"} when the namespace could not be made; launchers then fail the attempt with that message.
+
+Invariants: the inside process never connects anywhere; the outside one connects only to ``target``. Killing the
+holder's process group (the executor does when the attempt has ended) ends both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+CONFIG_FILE = "network.json"
+READY_FILE = "network-ready.json"
+FAILED_FILE = "network-failed.json"
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+PR_SET_PDEATHSIG = 1
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+NOBODY = 65534
+MAX_CONNECTIONS = 64
+CONNECT_TIMEOUT = 10.0
+READY_TIMEOUT = 20.0
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def enter_new_namespace(userns: bool) -> None:
+    """Unshare the network namespace (and, unprivileged, a user namespace mapping our uid to 0 in it)."""
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    _check(libc.unshare(CLONE_NEWNET | (CLONE_NEWUSER if userns else 0)), "unshare")
+    if userns:
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"0 {gid} 1")
+
+
+def loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        import fcntl
+
+        req = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req)[:18])[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+
+
+def _listener(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def inside(config: dict[str, Any], channel: socket.socket, ready_w: int) -> None:
+    """The inside process: make the namespace, report, then hand over every connection made to the relay."""
+    try:
+        enter_new_namespace(bool(config.get("userns")))
+        loopback_up()
+        listen = config.get("listen")
+        sock = _listener(str(listen[0]), int(listen[1])) if listen else None
+        if os.getuid() == 0 and not config.get("userns"):
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+        if os.getppid() == 1:
+            os._exit(1)
+        os.write(ready_w, b"ok")
+    except BaseException as exc:  # noqa: BLE001 - any failure is reported, never raised past the fork
+        os.write(ready_w, f"error: {exc}".encode()[:4000])
+        os._exit(1)
+    os.close(ready_w)
+    if sock is None:
+        while True:
+            signal.pause()
+    while True:
+        conn, _ = sock.accept()
+        try:
+            socket.send_fds(channel, [b"c"], [conn.fileno()])
+        except OSError:
+            os._exit(0)  # the outside process is gone
+        finally:
+            conn.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+
+def relay(conn: socket.socket, target: tuple[str, int], slots: threading.BoundedSemaphore) -> None:
+    try:
+        with conn, socket.create_connection(target, timeout=CONNECT_TIMEOUT) as out:
+            out.settimeout(None)
+            conn.settimeout(None)
+            back = threading.Thread(target=_pump, args=(out, conn), daemon=True)
+            back.start()
+            _pump(conn, out)
+            back.join()
+    except OSError:
+        pass
+    finally:
+        slots.release()
+
+
+def outside(config: dict[str, Any], channel: socket.socket) -> None:
+    """The outside process: relay every connection the inside one hands over to the API's address."""
+    target = config.get("target")
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    while True:
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
+        except OSError:
+            return
+        if not fds:
+            return  # the inside process is gone: nothing holds the namespace any more
+        conn = socket.socket(fileno=fds[0])
+        for extra in fds[1:]:
+            os.close(extra)
+        if not target or not slots.acquire(blocking=False):
+            conn.close()  # no API to reach, or too many at once: refused, never queued
+            continue
+        threading.Thread(target=relay, args=(conn, (str(target[0]), int(target[1])), slots), daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    directory = argv[1]
+    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+        config = json.load(f)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        os.close(ready_r)
+        inside(config, theirs, ready_w)
+        os._exit(0)
+    theirs.close()
+    os.close(ready_w)
+    readable, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
+    answer = os.read(ready_r, 4096).decode(errors="replace") if readable else "error: timed out"
+    os.close(ready_r)
+    if answer != "ok":
+        write_json_atomic(os.path.join(directory, FAILED_FILE), {"message": answer.removeprefix("error: ")})
+        os.kill(pid, signal.SIGKILL)
+        return 1
+    write_json_atomic(
+        os.path.join(directory, READY_FILE),
+        {
+            "pid": os.getpid(),
+            "proc_start_ticks": start_ticks(os.getpid()),
+            "inside_pid": pid,
+            "inside_start_ticks": start_ticks(pid),
+            "netns_inode": os.stat(f"/proc/{pid}/ns/net").st_ino,
+            "ready_at": time.time(),
+        },
+    )
+    outside(config, ours)
+    os.kill(pid, signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
