@@ -25,6 +25,8 @@ from tests.e2e.conftest import Server, free_port
 
 DB_PASSWORD = "db-pass-" + secrets.token_hex(8)  # PostgreSQL trusts loopback here: any password is accepted
 PIP_SECRET = "pip-secret-" + secrets.token_hex(8)
+JOB_PIDS_MAX = 256
+JOB_DISK_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -133,7 +135,12 @@ def platform(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Platfor
         _let_traverse(run_as)
         root_dir = Path(tempfile.mkdtemp(prefix="dlcloud-sec-"))
         os.chown(root_dir, run_as, run_as)
-    extra_env = {"PIP_INDEX_URL": f"https://user:{PIP_SECRET}@127.0.0.1:9/simple"}
+    extra_env = {
+        "PIP_INDEX_URL": f"https://user:{PIP_SECRET}@127.0.0.1:9/simple",
+        # bounds small enough for the attacks on them to finish fast (tests/security/test_network_and_limits.py)
+        "DLCLOUD_JOB_PIDS_MAX": str(JOB_PIDS_MAX),
+        "DLCLOUD_JOB_DISK_MAX_BYTES": str(JOB_DISK_MAX_BYTES),
+    }
     pg: tuple[str, str] | None = None
     if backend == "postgres":
         pg = _fresh_postgres_database()

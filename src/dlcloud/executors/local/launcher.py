@@ -68,8 +68,6 @@ import contextlib
 import json
 import math
 import os
-import re
-import resource
 import selectors
 import signal
 import subprocess
@@ -181,6 +179,7 @@ class Launcher:
         # what the launcher unpacks for it becomes the sandbox uid's; empty / None when unsandboxed
         self.sandbox_argv: list[str] = []
         self.sandbox_uid: int | None = None
+        self.seccomp = b""  # a seccomp program bwrap loads for the job (as root: no user namespaces)
         self.post_timeout = DEFAULT_POST_TIMEOUT_SECONDS
         self.preexec: Callable[[], None] | None = None  # what every child runs before exec (limits, namespaces)
         self.disk: limits.DiskMeter | None = None  # the disk the job's writable directories take
@@ -318,6 +317,7 @@ class Launcher:
         self.sandbox_argv = [str(a) for a in sandbox.get("argv") or ()]
         uid = sandbox.get("uid")
         self.sandbox_uid = uid if isinstance(uid, int) else None
+        self.seccomp = bytes.fromhex(str(sandbox.get("seccomp") or ""))
         post_timeout = workload.get("post_timeout_seconds")
         if post_timeout is not None:
             self.post_timeout = max(0.0, float(post_timeout))
@@ -407,28 +407,30 @@ class Launcher:
         if disk > 0:
             writable = [self.path(d) for d in (CODE_DIR, PACKAGES_DIR, TMP_DIR)]
             self.disk = limits.DiskMeter([*writable, *map(str, workload.get("data_dirs") or ())], disk)
-        # as root without a pids cgroup, a cap on the processes of the tenant's uid (all its jobs together)
+        # Without a pids cgroup: as root, RLIMIT_NPROC of the tenant's uid (all its jobs together); unprivileged,
+        # the sandbox's own user namespace counts its processes alone, so RLIMIT_NPROC is the replica's pids limit.
         nproc = int(workload.get("nproc_max") or 0)
-        if limits.has_pids_limit(self.cgroups) or self.sandbox_uid is None:
+        if limits.has_pids_limit(self.cgroups) or not self.sandbox_argv:
             nproc = 0
+        elif self.sandbox_uid is None:
+            nproc = int(workload.get("pids_max") or 0)
         return limits.child_setup(self.cgroups, 0 if self.cgroups else memory_bytes, namespaces, nproc, disk)
 
-    def sandboxed(self, command: list[str]) -> tuple[list[str], int | None]:
-        """The argv that runs ``command`` in the sandbox, and the fd it needs (None: none). bwrap reads its own
-        options from an in-memory file (``--args``), so that its argv, which every process of the sandbox can read
-        in ``/proc/1/cmdline``, names none of the host's paths (what follows ``--`` is the command, as the job
-        knows it)."""
+    def sandboxed(self, command: list[str]) -> tuple[list[str], tuple[int, ...]]:
+        """The argv that runs ``command`` in the sandbox, and the fds it needs. bwrap reads its own options from
+        an in-memory file (``--args``), so that its argv, which every process of the sandbox can read in
+        ``/proc/1/cmdline``, names none of the host's paths (what follows ``--`` is the command, as the job knows
+        it); the seccomp filter (``sandbox.seccomp``, as root: no user namespaces) comes the same way."""
         if not self.sandbox_argv:
-            return command, None
+            return command, ()
         split = self.sandbox_argv.index("--") if "--" in self.sandbox_argv else len(self.sandbox_argv)
         options, rest = self.sandbox_argv[1:split], self.sandbox_argv[split:]
-        fd = os.memfd_create("dlcloud-sandbox", 0)
-        data = ("\0".join(options) + "\0").encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        return [self.sandbox_argv[0], "--args", str(fd), *rest, *command], fd
+        fds: list[int] = []
+        if self.seccomp:
+            fds.append(_memfd(self.seccomp))
+            options = ["--seccomp", str(fds[-1]), *options]
+        fds.append(_memfd(("\0".join(options) + "\0").encode()))
+        return [self.sandbox_argv[0], "--args", str(fds[-1]), *rest, *command], tuple(fds)
 
     def stop_or_timeout_before_main(self) -> bool:
         """Whether a stop or the timeout came before the main command could start (and log it)."""
@@ -513,7 +515,7 @@ class Launcher:
         (LAUNCH_FAILED, why) when it could not be started."""
         label = "" if phase == "main" else f" {PHASE_LABELS[phase]}"
         self.system(f"starting{label}{note}: {command}", phase)
-        argv, args_fd = self.sandboxed(["/bin/sh", "-c", command])
+        argv, fds = self.sandboxed(["/bin/sh", "-c", command])
         try:
             proc = subprocess.Popen(
                 argv,
@@ -523,7 +525,7 @@ class Launcher:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 close_fds=True,
-                pass_fds=() if args_fd is None else (args_fd,),
+                pass_fds=fds,
                 process_group=0,
                 preexec_fn=preexec,
             )
@@ -532,8 +534,8 @@ class Launcher:
             self.system(error, phase)
             return LAUNCH_FAILED, error
         finally:
-            if args_fd is not None:
-                os.close(args_fd)
+            for fd in fds:
+                os.close(fd)
         self.record_child(proc.pid, PHASE_ROLES[phase])
         return self.sandbox_status(self.supervise(proc, phase)), None
 
@@ -620,7 +622,7 @@ class Launcher:
             # building an sdist runs its setup code: pip runs in the job's sandbox like the phases
             pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
             pip += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
-            argv, args_fd = self.sandboxed(pip)
+            argv, fds = self.sandboxed(pip)
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -630,15 +632,15 @@ class Launcher:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     close_fds=True,
-                    pass_fds=() if args_fd is None else (args_fd,),
+                    pass_fds=fds,
                     process_group=0,
                     preexec_fn=self.preexec,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise PrepareError(f"could not run pip: {exc}") from exc
             finally:
-                if args_fd is not None:
-                    os.close(args_fd)
+                for fd in fds:
+                    os.close(fd)
             self.record_child(proc.pid, "prepare")
             code = self.supervise(proc, "prepare")
             if self.stopped or self.timed_out:
@@ -786,6 +788,16 @@ class Launcher:
         code = proc.wait()
         self.live_pgid = None
         return code
+
+
+def _memfd(data: bytes) -> int:
+    """An in-memory file holding ``data``, positioned at its start (inherited only where passed)."""
+    fd = os.memfd_create("dlcloud-sandbox", 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -32,7 +32,9 @@ holder's process group (the executor does when the attempt has ended) ends both.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import select
@@ -102,8 +104,6 @@ def enter_new_namespace(userns: bool) -> None:
 
 def loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        import fcntl
-
         req = struct.pack("16sH14s", b"lo", 0, b"")
         flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req)[:18])[1]
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
@@ -133,7 +133,7 @@ def inside(config: dict[str, Any], channel: socket.socket, ready_w: int) -> None
         if os.getppid() == 1:
             os._exit(1)
         os.write(ready_w, b"ok")
-    except BaseException as exc:  # noqa: BLE001 - any failure is reported, never raised past the fork
+    except BaseException as exc:
         os.write(ready_w, f"error: {exc}".encode()[:4000])
         os._exit(1)
     os.close(ready_w)
@@ -161,10 +161,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(how)
-            except OSError:
-                pass
 
 
 def relay(conn: socket.socket, target: tuple[str, int], slots: threading.BoundedSemaphore) -> None:

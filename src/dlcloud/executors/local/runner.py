@@ -50,7 +50,7 @@ from dlcloud.executors.base import (
     replica_log_files,
 )
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local import network
+from dlcloud.executors.local import network, seccomp
 from dlcloud.executors.local.sandbox import (
     BUILD_SLOT,
     Sandbox,
@@ -559,7 +559,11 @@ class ProcessRunner:
             network=not workload.private_network,
             joins_network=workload.private_network,
         )
-        return {"argv": self.sandbox.wrap(view, uid), "uid": uid}
+        record: dict[str, Any] = {"argv": self.sandbox.wrap(view, uid), "uid": uid}
+        program = seccomp.no_user_namespaces() if uid is not None else None
+        if program is not None:  # unprivileged, bwrap's --disable-userns does it
+            record["seccomp"] = program.hex()
+        return record
 
     # ---- poll
 

@@ -1,0 +1,221 @@
+"""The second layer of isolation, tried from inside real jobs on a real ``dlcloud up`` (as root and as an
+unprivileged user, on SQLite and PostgreSQL): a job's network is its own (no host loopback service, no other
+job's port or abstract unix socket), the API stays reachable for ``dlcloud.report``, processes and disk are
+bounded, and nothing a job can read names another job, a tenant or the data dir (docs/isolation.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.security.conftest import JOB_DISK_MAX_BYTES, JOB_PIDS_MAX, Platform
+from tests.security.test_job_attacks import TERMINAL, _describe, _logs, _submit, _wait_state
+
+pytestmark = pytest.mark.e2e
+
+VICTIM = textwrap.dedent(
+    """
+    import os, socket, sys, threading, time
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\\0" + sys.argv[1])
+    abstract.listen(8)
+    def serve(sock):
+        while True:
+            conn, _ = sock.accept()
+            conn.sendall(b"victim-secret-data")
+            conn.close()
+    for sock in (tcp, abstract):
+        threading.Thread(target=serve, args=(sock,), daemon=True).start()
+    # the port is handed to the attacker through the test (worst case: the attacker knows it)
+    print("VICTIM-PORT", tcp.getsockname()[1], flush=True)
+    time.sleep(600)
+    """
+)
+
+ATTACK = textwrap.dedent(
+    """
+    import json, os, socket, subprocess, sys, time
+    targets = json.loads(open("targets.json").read())
+    report = {}
+
+    def tcp(port):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+                s.settimeout(3)
+                return "CONNECTED " + s.recv(64).decode(errors="replace")
+        except OSError as exc:
+            return type(exc).__name__
+
+    def abstract(name):
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(3)
+                s.connect("\\0" + name)
+                return "CONNECTED " + s.recv(64).decode(errors="replace")
+        except OSError as exc:
+            return type(exc).__name__
+
+    report["host port"] = tcp(targets["host_port"])
+    report["victim port"] = tcp(targets["victim_port"])
+    report["postgres"] = tcp(5432)
+    report["abstract"] = abstract(targets["abstract"])
+    report["abstract listed"] = targets["abstract"] in open("/proc/net/unix").read()
+    report["cmdline 1"] = open("/proc/1/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+    names = []
+    for root, dirs, _files in os.walk("/sys/fs/cgroup"):
+        names += dirs
+        if root.count("/") > 6:
+            dirs[:] = []
+    report["cgroups"] = names
+    report["unshare"] = subprocess.run(["unshare", "-Ur", "true"], capture_output=True).returncode
+    import dlcloud
+    dlcloud.report(step=1, reached=1.0)
+    report["report flushed"] = dlcloud.flush(30)
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+FORKS = textwrap.dedent(
+    """
+    import os, sys, time
+    n = 0
+    error = ""
+    try:
+        for _ in range(int(sys.argv[1])):
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+            n += 1
+    except OSError as exc:
+        error = type(exc).__name__
+    print("FORKS", n, error, flush=True)
+    """
+)
+
+DISK = textwrap.dedent(
+    """
+    import os
+    chunk = b"x" * (1 << 20)
+    with open(os.path.join(os.environ["DLCLOUD_OUTPUT_DIR"], "big.bin"), "wb") as f:
+        for i in range(100000):
+            f.write(chunk)
+            f.flush()
+    """
+)
+
+
+def test_a_jobs_network_is_its_own_and_reaches_only_the_api(platform: Platform, tmp_path: Path):
+    server = platform.server
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(8)
+    abstract = "victim-abstract-sock-" + secrets.token_hex(4)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "victim.py").write_text(VICTIM)
+    _submit(platform, "vera", "listener", victim, f"python victim.py {abstract}")
+    logs = wait_for(
+        lambda: "VICTIM-PORT" in (out := _logs(platform, "vera", "listener")) and out, timeout=180, what="victim"
+    )
+    victim_port = int(logs.split("VICTIM-PORT ", 1)[1].split()[0])
+
+    attack = tmp_path / "attack"
+    attack.mkdir()
+    (attack / "attack.py").write_text(ATTACK)
+    targets = {"host_port": host.getsockname()[1], "victim_port": victim_port, "abstract": abstract}
+    (attack / "targets.json").write_text(json.dumps(targets))
+    _submit(platform, "mallory", "prober", attack, "python attack.py")
+    job = _wait_state(platform, "mallory", "prober", TERMINAL, timeout=240)
+    out = _logs(platform, "mallory", "prober")
+    assert job["state"] == "SUCCEEDED", out
+    report = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
+    host.close()
+    platform.as_("vera", "jobs", "cancel", "listener")
+
+    # nothing of the host's loopback, nothing of another job's network
+    assert report["host port"] == "ConnectionRefusedError", report
+    assert report["victim port"] == "ConnectionRefusedError", report
+    assert report["postgres"] == "ConnectionRefusedError", report
+    assert report["abstract"] == "ConnectionRefusedError", report
+    assert report["abstract listed"] is False
+    # the API, through the one path out: dlcloud.report's points arrived
+    assert report["report flushed"] is True
+    metrics = json.loads(platform.as_("mallory", "jobs", "metrics", "prober", "-o", "json").stdout)
+    assert any(s["metric"] == "reached" for s in metrics["series"]), metrics
+    # what a job can read names no job, tenant or data-dir path of anyone's
+    jobs = [_describe(platform, p, n)["id"] for p, n in (("vera", "listener"), ("mallory", "prober"))]
+    tenants = [t["id"] for t in json.loads(platform.as_("local", "tenants", "list", "-o", "json").stdout)]
+    seen = report["cmdline 1"] + " ".join(report["cgroups"])
+    for secret in (*jobs, *tenants, str(server.data_dir)):
+        assert secret not in seen, (secret, seen)
+    assert report["cmdline 1"].startswith("bwrap --args ")
+    # no user namespaces from inside a job, as root and unprivileged
+    assert report["unshare"] != 0
+
+
+def test_a_gang_still_rendezvous_on_its_own_loopback(platform: Platform, tmp_path: Path):
+    code = tmp_path / "gang"
+    code.mkdir()
+    (code / "rdv.py").write_text(
+        textwrap.dedent(
+            """
+            import os, torch.distributed as dist
+            dist.init_process_group("gloo")
+            t = __import__("torch").ones(1) * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            print("SUM", int(t.item()), flush=True)
+            """
+        )
+    )
+    spec = {"name": "gang", "code": str(code), "command": "python rdv.py", "framework": "pytorch"}
+    (tmp_path / "gang.json").write_text(json.dumps({**spec, "replicas": {"worker": 2}}))
+    platform.as_("vera", "jobs", "submit", "-f", str(tmp_path / "gang.json"))
+    job = _wait_state(platform, "vera", "gang", TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", _logs(platform, "vera", "gang")
+    assert "SUM 3" in _logs(platform, "vera", "gang")
+
+
+def test_forks_past_the_pids_limit_are_refused_and_the_host_goes_on(platform: Platform, tmp_path: Path):
+    code = tmp_path / "forks"
+    code.mkdir()
+    (code / "forks.py").write_text(FORKS)
+    _submit(platform, "mallory", "forker", code, f"python forks.py {JOB_PIDS_MAX * 4}")
+    job = _wait_state(platform, "mallory", "forker", TERMINAL, timeout=240)
+    out = _logs(platform, "mallory", "forker")
+    line = out.split("FORKS ", 1)[1].splitlines()[0].split()
+    assert int(line[0]) < JOB_PIDS_MAX and line[1:] == ["BlockingIOError"], out
+    assert job["state"] == "SUCCEEDED", out
+    # the control plane still answers and still starts jobs
+    _submit(platform, "vera", "after", code, "python forks.py 2")
+    assert _wait_state(platform, "vera", "after", TERMINAL, timeout=240)["state"] == "SUCCEEDED"
+
+
+def test_a_job_writing_past_its_disk_limit_is_stopped_with_the_reason(platform: Platform, tmp_path: Path):
+    server = platform.server
+    before = sum(f.stat().st_size for f in server.data_dir.rglob("*") if f.is_file() and "runs" not in f.parts)
+    code = tmp_path / "disk"
+    code.mkdir()
+    (code / "disk.py").write_text(DISK)
+    _submit(platform, "mallory", "filler", code, "python disk.py")
+    job = _wait_state(platform, "mallory", "filler", TERMINAL, timeout=240)
+    out = _logs(platform, "mallory", "filler")
+    assert job["state"] == "FAILED", out
+    assert "disk limit" in out, out
+    described = json.dumps(_describe(platform, "mallory", "filler"))
+    assert "over the job's disk limit" in described, described
+    # what the job wrote is bounded near the limit (one file may not pass it), the rest of the data dir as it was
+    written = sum(f.stat().st_blocks * 512 for f in server.data_dir.glob("runs/*/*/outputs/**/*") if f.is_file())
+    assert written <= JOB_DISK_MAX_BYTES + (1 << 20)
+    after = sum(f.stat().st_size for f in server.data_dir.rglob("*") if f.is_file() and "runs" not in f.parts)
+    assert after - before <= JOB_DISK_MAX_BYTES + (2 << 20), (before, after)  # at most the saved output
+    assert os.path.exists(server.data_dir / "server.key")
