@@ -53,6 +53,20 @@ class Settings(BaseSettings):
     # GPUs shown to anyone who can reach the API, jobs included: docs/isolation.md)
     metrics_scrape_token: SecretStr | None = None
 
+    # Admission (docs/quotas-and-usage.md#request-rate-limits): token buckets of this API process, refilled at
+    # the rate (requests per second) up to the burst; a request over one is 429 rate_limited with Retry-After.
+    # Signed requests count after authentication, in their access key's bucket and their tenant's (all its keys
+    # together); a job's metrics pushes count only in the bucket of their job attempt. A rate of 0 turns that
+    # limit off. /healthz, /readyz and /metrics are never limited.
+    api_rate_limit_per_key: Annotated[float, Field(ge=0, le=1_000_000)] = 50.0
+    api_rate_limit_per_key_burst: Annotated[int, Field(ge=1, le=10_000_000)] = 200
+    api_rate_limit_per_tenant: Annotated[float, Field(ge=0, le=1_000_000)] = 200.0
+    api_rate_limit_per_tenant_burst: Annotated[int, Field(ge=1, le=10_000_000)] = 1000
+    api_rate_limit_per_job: Annotated[float, Field(ge=0, le=1_000_000)] = 20.0
+    api_rate_limit_per_job_burst: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+    # the queued-jobs cap (QUEUED or RESTARTING) of a tenant whose quota leaves max_queued_jobs unset; 0: none
+    default_max_queued_jobs: Annotated[int, Field(ge=0, le=10_000_000)] = 1000
+
     # Request bodies: uploads (code, model artifacts) up to max_upload_bytes, every other request up to
     # max_request_bytes; both checked before authentication (api/guard.py)
     max_request_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
@@ -166,6 +180,16 @@ class Settings(BaseSettings):
     # as root, a tenant's jobs run as uid sandbox_uid_start + its slot (slot 0: environment builds)
     sandbox_uid_start: Annotated[int, Field(ge=1000, le=2**31 - 2**20)] = 200_000
     sandbox_uid_count: Annotated[int, Field(ge=2, le=2**20)] = 100_000
+    # Bounds of every sandboxed job (docs/isolation.md). job_network "private": each attempt (a gang together) its
+    # own network namespace, reaching only the API; "host": the host's network (the old behaviour; unsafe when
+    # tenants share the host). Processes: pids.max of each replica (a pids cgroup), and as root where there is
+    # none, RLIMIT_NPROC of the tenant's uid. Disk: what a job's writable directories (work, /tmp, checkpoints,
+    # outputs, TensorBoard) may take; past it the job is stopped with that reason, and no single file may
+    # grow past it (RLIMIT_FSIZE). 0: no limit.
+    job_network: Literal["private", "host"] = "private"
+    job_pids_max: Annotated[int, Field(ge=0)] = 4096
+    tenant_processes_max: Annotated[int, Field(ge=0)] = 16384
+    job_disk_max_bytes: Annotated[int, Field(ge=0)] = 50 * 1024**3
 
     log_level: str = "info"
 
