@@ -10,8 +10,8 @@ launcher), so the control plane can crash and restart without losing or re-runni
 
 from __future__ import annotations
 
-import contextlib
 import abc
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence

@@ -14,13 +14,18 @@ DLCLOUD_TENSORBOARD_DIR), not a run. A *cursor* is where the reading of one atte
 
 Invariants:
 - Each pass reads only what was appended since the cursor, never more than ``MAX_BYTES_PER_PASS`` bytes,
-  ``MAX_POINTS_PER_PASS`` points and ``MAX_FILES_PER_PASS`` files, of at most ``MAX_FILES`` event files found
-  in at most ``MAX_WALK_ENTRIES`` entries ``MAX_DEPTH`` directories deep; ``EventRead.more`` says data is left.
+  ``MAX_POINTS_PER_PASS`` points and ``MAX_FILES_PER_PASS`` files, nor for longer than ``READ_SECONDS`` once its
+  reader started, of at most ``MAX_FILES`` event files found in at most ``MAX_WALK_ENTRIES`` entries
+  ``MAX_DEPTH`` directories deep; ``EventRead.more`` says data is left. A pass is one turn of the ingester's fair
+  pool (``services/fair_pool.py``): these bounds are the turn's budget.
+- The reader runs under the executor's ``charge`` (the local executor: a cgroup with the job's CPU quota), so
+  the CPU a job's event files cost is the job's, not everyone's.
 - A record still being written stops the file at the last complete record: it is read once the file grows. A
   file with bytes no writer makes (a bad checksum, a record longer than ``MAX_RECORD_BYTES``), or on which the
   reader failed ``MAX_FAILURES`` times, is read no more; the other files go on.
 - A file last modified before the attempt started belongs to an earlier attempt and is not read (``since``);
-  the reader also leaves out records written before it (a file two attempts appended to).
+  the reader also leaves out records written before it (a file two attempts appended to), and, for an attempt
+  that ended, after ``until`` (its end: the next attempt's records are that attempt's).
 - The cursor lives in memory: a new one reads every file from its start again (storing is an upsert).
 """
 
@@ -50,12 +55,12 @@ MAX_WALK_ENTRIES = 10_000  # directory entries looked at per pass
 MAX_DEPTH = 8  # directories below the top
 MAX_PATH_CHARS = 1024
 MAX_FILES_PER_PASS = 200
-MAX_BYTES_PER_PASS = 16 * 1024 * 1024
+MAX_BYTES_PER_PASS = 16 * 1024 * 1024  # a turn's byte budget
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record claiming more is corrupt (summaries are small; images stay far below)
 MAX_POINTS_PER_PASS = 10_000
 MAX_TAGS = 1000  # scalar tags followed per attempt, all files together
 MAX_FAILURES = 3  # reader failures (crash, timeout, unreadable) on one file before it is read no more
-READ_SECONDS = 5.0  # the reader stops taking new records after this
+READ_SECONDS = 2.0  # a turn's time budget: the reader stops taking new records this long after it started
 WALL_SECONDS = 20.0  # then it is killed
 CPU_SECONDS = 15
 MEMORY_BYTES = 1024**3
@@ -164,12 +169,16 @@ def read(
     cursor: EventCursor,
     *,
     since: float,
+    until: float | None = None,
     replicas: Sequence[str] = (),
     prefix: Callable[[], list[str] | None] = lambda: None,
+    charge: Callable[[], contextlib.AbstractContextManager[list[str]]] | None = None,
 ) -> EventRead:
     """The scalars appended to the event files below ``top`` since ``cursor``, which it advances. Files last
-    modified before ``since`` (a Unix time: when the attempt started) are left alone. ``prefix`` gives the argv
-    prefix that sandboxes the reader (None: it runs unsandboxed, with the same limits)."""
+    modified before ``since`` (a Unix time: when the attempt started) are left alone, and so are records written
+    after ``until`` (an ended attempt's end; None: it runs). ``prefix`` gives the argv prefix that sandboxes the
+    reader (None: it runs unsandboxed, with the same limits); ``charge`` the argv prefix that charges its CPU to
+    the job, for the time of one run (the executor's; None: nothing)."""
     found, problems = scan(top)
     result = EventRead(problems=problems)
     for rel in [r for r in cursor.files if r not in found]:  # gone
@@ -193,6 +202,7 @@ def read(
     request = {
         "top": os.fspath(top),
         "since": since,
+        "until": until,
         "files": [{"path": r, "offset": cursor.files[r].offset, "tags": list(cursor.files[r].tags)} for r in batch],
         "limits": {
             "cpu_seconds": CPU_SECONDS,
@@ -205,7 +215,9 @@ def read(
             "max_seconds": READ_SECONDS,
         },
     }
-    lines, failure = run_reader(prefix(), request)
+    with charge() if charge is not None else contextlib.nullcontext([]) as charged:
+        sandbox = prefix()
+        lines, failure = run_reader([*charged, *(sandbox or [])] or None, request)
     answered: set[str] = set()
     points_left, tags_left = MAX_POINTS_PER_PASS, max(0, MAX_TAGS - known_tags)
     for line in lines:

@@ -7,7 +7,8 @@ Run by path, ``python -I -B tensorboard_reader.py``: it imports only the standar
 ``tensorboard`` package (its record reader, ``data_compat`` and ``tensor_util``, with TensorBoard's own
 stand-in for TensorFlow: importing TensorFlow would cost seconds and gigabytes per pass).
 
-Input (stdin, JSON, from the control plane): ``{"top": dir, "since": unix time, "files": [{"path": relative
+Input (stdin, JSON, from the control plane): ``{"top": dir, "since": unix time, "until": unix time or null,
+"files": [{"path": relative
 path, "offset": int, "tags": [scalar tags seen earlier in that file]}], "limits": {...}}``.
 
 Output (stdout): one JSON line per file it read, ``{"path", "offset", "tags", "points", "state", "why"}``:
@@ -133,7 +134,12 @@ class _Budget:
 
 
 def _read_file(
-    tb: types.SimpleNamespace, top: str, entry: dict[str, Any], since: float, limits: dict[str, Any], budget: _Budget
+    tb: types.SimpleNamespace,
+    top: str,
+    entry: dict[str, Any],
+    span: tuple[float, float],
+    limits: dict[str, Any],
+    budget: _Budget,
 ) -> dict[str, Any]:
     path, offset = str(entry["path"]), int(entry["offset"])
     known = set(entry.get("tags") or ())
@@ -182,7 +188,7 @@ def _read_file(
                 out["state"] = "truncated"
                 break
             record = reader.record()
-            taken = _scalars(tb, record, since, known, out, budget)
+            taken = _scalars(tb, record, span, known, out, budget)
             if taken is None:  # its values would overrun the points left: the next pass starts with it
                 out["state"] = "budget"
                 break
@@ -195,14 +201,21 @@ def _read_file(
 
 
 def _scalars(
-    tb: types.SimpleNamespace, record: bytes, since: float, known: set[str], out: dict[str, Any], budget: _Budget
+    tb: types.SimpleNamespace,
+    record: bytes,
+    span: tuple[float, float],
+    known: set[str],
+    out: dict[str, Any],
+    budget: _Budget,
 ) -> int | None:
-    """Add the record's scalars to ``out``; their number, or None to leave the record for the next pass."""
+    """Add the record's scalars to ``out`` (an event written in ``span``, (since, until), only); their number,
+    or None to leave the record for the next pass."""
     try:
         event = tb.Event.FromString(record)
     except Exception:  # a record that is no Event (protobuf's DecodeError and its kin): skipped
         return 0
-    if not event.HasField("summary") or not math.isfinite(event.wall_time) or event.wall_time < since:
+    since, until = span
+    if not event.HasField("summary") or not math.isfinite(event.wall_time) or not since <= event.wall_time <= until:
         return 0
     found = []
     for value in event.summary.value:
@@ -242,12 +255,13 @@ def main() -> int:
     _limit(limits)
     tb = _tensorboard()
     budget = _Budget(limits)
-    top, since = str(request["top"]), float(request["since"])
+    until = request.get("until")
+    top, span = str(request["top"]), (float(request["since"]), math.inf if until is None else float(until))
     room = int(limits["output_bytes"]) - 64  # the end marker always fits
     for entry in request["files"]:
         if budget.spent():
             break
-        line = json.dumps(_read_file(tb, top, entry, since, limits, budget), ensure_ascii=True, allow_nan=False)
+        line = json.dumps(_read_file(tb, top, entry, span, limits, budget), ensure_ascii=True, allow_nan=False)
         if len(line) + 1 > room:  # not written: the file is read again from where it was at the next pass
             break
         room -= len(line) + 1

@@ -22,6 +22,7 @@ with ``LAUNCH_FAILED``; a stop while it copies ends the copy, leaving nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ from dlcloud.executors.base import (
     log_segments,
 )
 from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local import reader_charge
 from dlcloud.executors.local.checkpoints import (
     NoRoom,
     SourceGone,
@@ -142,6 +144,10 @@ class LocalExecutor(Executor):
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
         return self.runner.reader_prefix(readable, slot)
+
+    def _reader_charge(self, cpus: float) -> contextlib.AbstractContextManager[list[str]]:
+        """A cgroup with the job's CPU quota for the reader, else ``nice`` (``reader_charge``)."""
+        return reader_charge.charged(cpus)
 
     def build_sandbox(self) -> BuildSandbox | None:
         return self.runner.build_sandbox()
