@@ -209,8 +209,9 @@ class EnvironmentBackend(abc.ABC):
         started = time.monotonic()
         try:
             result = self._build(spec, spec_hash, cancel)
-        except OSError as exc:
-            raise BuildError(f"could not build the environment: {exc}") from exc
+        except OSError as exc:  # its text may name the server's directories: the log has it, the user the reason
+            log.error("%s backend: building environment %s failed: %s", self.name, spec_hash[:12], exc)
+            raise BuildError(f"could not build the environment: {exc.strerror or type(exc).__name__}") from exc
         if result.built:
             log.info("%s backend built environment %s in %.1f s", self.name, spec_hash[:12], time.monotonic() - started)
         return result

@@ -108,8 +108,8 @@ class SimulatedExecutor(Executor):
     def log_files(self, handle: str) -> dict[str, Path]:
         return {}  # nothing runs, nothing writes a log
 
-    def save_outputs(self, handle: str, key: str) -> bool:
-        return False  # nothing runs, nothing writes outputs
+    def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
+        return False  # nothing runs, nothing writes outputs (nor checkpoints: ``checkpoints_bytes`` is 0)
 
     def archive_logs(self, handle: str, key: str) -> bool:
         return False  # nothing runs, nothing writes a log

@@ -103,7 +103,10 @@ async def upload_code(
             raise
         limits = ArchiveLimits(settings.max_unpacked_bytes, settings.max_archive_members)
         validate = {"archive": validate_tar, "wheel": validate_zip, "sdist": validate_sdist}[kind]
-        await anyio.to_thread.run_sync(validate, tmp, limits)
+        try:
+            await anyio.to_thread.run_sync(validate, tmp, limits)
+        except InvalidArchive as exc:  # named by what the user uploaded, never by where the server keeps it
+            raise InvalidArchive(f"{filename}: {exc.message}", details=exc.details) from None
         code_id = new_id("c-")
         # packages keep their own file name: pip reads the name and version from a wheel's name
         key = f"code/{caller.tenant_id}/{code_id}/{filename if kind != 'archive' else 'code.tar.gz'}"

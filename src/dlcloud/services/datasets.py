@@ -70,7 +70,7 @@ from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.storage.archives import ArchiveLimits, validate_tar
+from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
@@ -176,7 +176,7 @@ def _unpack(archive: Path, dest: Path, limits: ArchiveLimits) -> Manifest:
         with tarfile.open(archive, mode="r:*") as tf:
             tarsafe.extractall(tf, dest)
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise InvalidArchive(f"cannot unpack the archive: {exc}") from None
+        raise InvalidArchive(f"cannot unpack the archive: {failure_text(exc, dest)}") from None
     try:
         manifest = scan_tree(dest)
     except ValueError as exc:

@@ -1,4 +1,5 @@
-"""A tenant's storage quota: the bytes of its dataset versions, model versions and code uploads.
+"""A tenant's storage quota: the bytes of its dataset versions, model versions, code uploads, its jobs' saved
+outputs and the disk its jobs' checkpoints take.
 
 Dataset versions registered in place (objects left in their own bucket, ``source_url``) do not count: the
 platform stores only their manifest.
@@ -7,6 +8,13 @@ Checked twice: before an upload's body is read (what is stored already plus the 
 so nothing is received that could not be kept; a body without a declared length is cut where it stops
 fitting), and when a version is added (its unpacked size is known then), in the transaction that adds it.
 Uploads waiting for their register or push do not count; what they become does.
+
+A job's outputs and checkpoints (``JobRow.outputs_bytes``, ``JobRow.checkpoints_bytes``) are written by the
+supervision when an attempt ends: the checkpoints as the executor measures them (``record_checkpoints``: they
+are on its disk already, so they count, and are never refused); the outputs once measured and before any byte
+is copied (``admit_outputs``: over what is left of the quota, nothing is saved and the job is told), counted
+from then on, and settled once saved (``settle_outputs``: the previous attempt's go). A job deleted takes both
+with it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from dlcloud.schemas.common import format_memory
 from dlcloud.services.auth import Caller
 from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
-from dlcloud.store.rows import CodeRow, DatasetVersionRow, ModelVersionRow, TenantRow
+from dlcloud.store.rows import CodeRow, DatasetVersionRow, JobRow, ModelVersionRow, TenantRow
 
 
 def storage_used(s: Session, tenant_id: str) -> int:
@@ -31,6 +39,7 @@ def storage_used(s: Session, tenant_id: str) -> int:
         ),
         (ModelVersionRow.size_bytes, (ModelVersionRow.tenant_id == tenant_id,)),
         (CodeRow.size, (CodeRow.tenant_id == tenant_id,)),
+        (JobRow.outputs_bytes + JobRow.checkpoints_bytes, (JobRow.tenant_id == tenant_id,)),
     ):
         total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
     return total
@@ -78,3 +87,43 @@ def check_fits(s: Session, tenant_id: str, tenant_name: str, adding: int) -> Non
     used = storage_used(s, tenant_id)
     if used + adding > tenant.quota_storage:
         raise _refuse(tenant_name, used, adding, tenant.quota_storage)
+
+
+def record_checkpoints(s: Session, job_id: str, size: int) -> None:
+    """The disk the job's checkpoints take, as the executor measured it when an attempt ended."""
+    job = s.get(JobRow, job_id)
+    if job is not None:
+        job.checkpoints_bytes = size
+
+
+def admit_outputs(s: Session, job_id: str, size: int) -> int:
+    """Before an ended attempt's outputs of ``size`` bytes are copied, in a transaction of their own: refused
+    (QuotaExceeded, whose message the job's events show) when they do not fit in what the tenant's storage quota
+    leaves, counting the job's saved outputs as gone (the new ones replace them); else counted at once, beside the
+    saved ones until ``settle_outputs``. The tenant's row is locked, so an upload cannot take the same room.
+    Returns the bytes the job's saved outputs took before (for ``settle_outputs``)."""
+    job = s.get(JobRow, job_id)
+    if job is None:
+        return 0
+    before = job.outputs_bytes
+    tenant = s.get(TenantRow, job.tenant_id, with_for_update=True)
+    if tenant is not None and tenant.quota_storage is not None:
+        others = storage_used(s, job.tenant_id) - before
+        room = max(0, tenant.quota_storage - others)
+        if size > room:
+            raise QuotaExceeded(
+                f"its outputs ({format_memory(size)}) were not saved: tenant {tenant.name!r} has {format_memory(room)} "
+                f"left of its storage quota of {format_memory(tenant.quota_storage)}; keep less in the job's output "
+                "directory, delete jobs, dataset or model versions you no longer need, or ask an admin for more",
+                details={"resource": "storage", "limit": tenant.quota_storage, "used": others, "requested": size},
+            )
+    job.outputs_bytes = before + size
+    return before
+
+
+def settle_outputs(s: Session, job_id: str, saved: int | None, before: int) -> None:
+    """After the copy: the job's outputs take ``saved`` bytes (the new ones stored, the earlier ones deleted), or
+    ``before`` again when nothing new was stored (None)."""
+    job = s.get(JobRow, job_id)
+    if job is not None:
+        job.outputs_bytes = before if saved is None else saved

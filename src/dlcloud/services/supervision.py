@@ -26,7 +26,7 @@ from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
 from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import gangs, job_models, job_states, workloads
+from dlcloud.services import gangs, job_models, job_states, storage_quota, workloads
 from dlcloud.services.jobs import logs_key, outputs_key
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
@@ -147,29 +147,54 @@ class Supervisor:
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:
         """The job's outputs as the attempt left them, and the attempt's logs, into the object store
-        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; the previous attempt's
-        saved outputs go (registering reads the latest). False: the store failed, try again at the next pass
-        (they stay with the executor meanwhile), at most ``SAVE_TRIES`` times; then the job is told."""
+        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; the earlier attempts' saved
+        outputs go (registering reads the latest). Outputs and checkpoints count in the tenant's storage quota
+        (``storage_quota``): outputs over what it leaves are refused before a byte is copied, and the job is told.
+        False: the store failed, try again at the next pass (they stay with the executor meanwhile), at most
+        ``SAVE_TRIES`` times; then the job is told."""
         try:
             self.executor.archive_logs(handle, logs_key(tenant_id, job_id, number))
-            self.executor.save_outputs(handle, outputs_key(tenant_id, job_id, number))
-            if number > 1:
-                previous = outputs_key(tenant_id, job_id, number - 1)
-                self.p.objects.delete_prefix(previous)
-                self.p.objects.delete(previous + LEFT_OUT_SUFFIX)
+            checkpoints = self.executor.checkpoints_bytes(handle)
+            with self.write() as s:
+                storage_quota.record_checkpoints(s, job_id, checkpoints)
+            self._save_counted(job_id, tenant_id, number, handle)
         except StorageError as exc:
             tries = self._save_tries[handle] = self._save_tries.get(handle, 0) + 1
             if retry and tries < SAVE_TRIES:
                 log.error("job %s attempt %d: outputs not saved yet (%s); trying again", job_id, number, exc.message)
                 return False
             self._tell(job_id, number, "its outputs and logs could not be saved: the server's storage failed")
-        except DlcloudError as exc:  # over the limits: the job is told
+        except DlcloudError as exc:  # over the limits or the storage quota: the job is told
             self._tell(job_id, number, exc.message)
         except Exception:  # whatever the outputs hold, the attempt ends
             log.exception("job %s attempt %d: outputs not saved", job_id, number)
             self._tell(job_id, number, "its outputs could not be saved (see the server log)")
         self._save_tries.pop(handle, None)
         return True
+
+    def _save_counted(self, job_id: str, tenant_id: str, number: int, handle: str) -> None:
+        """Save the outputs, admitted by the storage quota once measured (``storage_quota.admit_outputs``) and
+        counted from then on; once stored, the earlier attempts' go and the job counts the new ones alone."""
+        admitted: list[tuple[int, int]] = []  # (size, what the saved outputs took before), once admitted
+
+        def admit(size: int) -> None:
+            with self.write() as s:
+                admitted.append((size, storage_quota.admit_outputs(s, job_id, size)))
+
+        key = outputs_key(tenant_id, job_id, number)
+        saved = False
+        try:
+            saved = self.executor.save_outputs(handle, key, admit=admit)
+            if saved:
+                for earlier in range(1, number):  # an attempt that saved none kept an earlier one's
+                    previous = outputs_key(tenant_id, job_id, earlier)
+                    self.p.objects.delete_prefix(previous)
+                    self.p.objects.delete(previous + LEFT_OUT_SUFFIX)
+        finally:
+            if admitted:
+                size, before = admitted[-1]
+                with self.write() as s:
+                    storage_quota.settle_outputs(s, job_id, size if saved else None, before)
 
     def _tell(self, job_id: str, number: int, what: str) -> None:
         log.warning("job %s attempt %d: %s", job_id, number, what)

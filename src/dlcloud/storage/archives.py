@@ -18,6 +18,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
 import re
 import tarfile
 import zipfile
@@ -40,6 +41,20 @@ _PAX_TYPES = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)  # extended headers of t
 _METADATA_TYPES = (*_PAX_TYPES, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 _CHUNK = 1024 * 1024
+
+
+def failure_text(exc: BaseException, root: Path | None = None) -> str:
+    """Why reading or unpacking an archive failed, in words that name no path of the server: an OSError's
+    reason alone, with the archive entry it concerns where its path lies under ``root`` (where the archive is
+    unpacked); any other error's own text (tarfile's, zipfile's and the decompressors' name no file)."""
+    if not isinstance(exc, OSError) or (exc.filename is None and exc.filename2 is None):
+        return str(exc)
+    reason = exc.strerror or type(exc).__name__
+    if root is not None and isinstance(exc.filename, str | bytes):
+        path = Path(os.fsdecode(exc.filename))
+        if path.is_relative_to(root) and path != root:
+            return f"{reason}: {path.relative_to(root).as_posix()!r}"
+    return reason
 
 
 @dataclass(frozen=True)
@@ -203,7 +218,7 @@ def scan_tar_headers(path: Path, limits: ArchiveLimits, max_metadata: int = MAX_
                         raise _too_big(total, limits)
                     _skip(stream, size + (-size % tarfile.BLOCKSIZE))
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
-        raise InvalidArchive(f"not a valid tar or tar.gz archive: {exc}") from None
+        raise InvalidArchive(f"not a valid tar or tar.gz archive: {failure_text(exc)}") from None
 
 
 def validate_tar(path: Path, limits: ArchiveLimits) -> int:
@@ -235,7 +250,7 @@ def validate_tar(path: Path, limits: ArchiveLimits) -> int:
                 if total > limits.max_unpacked_bytes:
                     raise _too_big(total, limits)
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise InvalidArchive(f"not a valid tar or tar.gz archive: {exc}") from None
+        raise InvalidArchive(f"not a valid tar or tar.gz archive: {failure_text(exc)}") from None
     return total
 
 
@@ -261,7 +276,7 @@ def validate_zip(path: Path, limits: ArchiveLimits) -> int:
             if bad is not None:
                 raise InvalidArchive(f"archive entry {bad!r} is corrupt")
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise InvalidArchive(f"not a valid zip/wheel archive: {exc}") from None
+        raise InvalidArchive(f"not a valid zip/wheel archive: {failure_text(exc)}") from None
     return total
 
 

@@ -32,7 +32,7 @@ from dlcloud import tarsafe
 from dlcloud.checksums import ArtifactDigest, artifact_digest
 from dlcloud.checksums import verify as verify_checksum
 from dlcloud.errors import DlcloudError, InvalidArchive, InvalidArgument, PayloadTooLarge
-from dlcloud.storage.archives import ArchiveLimits, validate_tar
+from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.local import remove_tree
 from dlcloud.storage.objects import Manifest, ObjectDamaged, ObjectStore, TreeEntry
 
@@ -60,7 +60,7 @@ def archive_top_level(archive: Path) -> str:
                 if parts:
                     names.add(parts[0])
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise InvalidArchive(f"not a valid tar or tar.gz archive: {exc}") from None
+        raise InvalidArchive(f"not a valid tar or tar.gz archive: {failure_text(exc)}") from None
     if len(names) != 1:
         shown = ", ".join(sorted(names)[:5]) or "nothing"
         raise InvalidArchive(
@@ -135,7 +135,7 @@ class ArtifactStore:
             return StagedArtifact(staging, name, self._checked_digest(staging / name))
         except (tarfile.TarError, EOFError, OSError) as exc:
             remove_tree(staging)
-            raise InvalidArchive(f"cannot unpack the archive: {exc}") from None
+            raise InvalidArchive(f"cannot unpack the archive: {failure_text(exc, staging)}") from None
         except BaseException:
             remove_tree(staging)
             raise

@@ -79,6 +79,8 @@ def _copy_verified(src: Path, dest: Path, entry: TreeEntry, key: str) -> None:
     with src.open("rb") as fi, dest.open("wb") as fo:
         while chunk := fi.read(CHUNK):
             size += len(chunk)
+            if size > entry.size:  # grew since it was measured: nothing past its size is written
+                raise ObjectDamaged(key, "does not match its manifest entry")
             digest.update(chunk)
             fo.write(chunk)
     if size != entry.size or digest.hexdigest() != entry.sha256:

@@ -195,6 +195,11 @@ class JobRow(Base):
     # preempted for its tenant's turn (fair-share, "Guarantees when jobs are large" in docs/scheduling.md): the turn's
     # length, given to the attempt it is placed on (``AttemptRow.turn_until``); set only with ``reclaiming``
     turn_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # its tenant's storage quota (services/storage_quota.py): the bytes of its outputs saved in the object store
+    # (while a new attempt's are copied, both), and the disk its checkpoints took on the executor when its latest
+    # attempt ended; written by the supervision alone
+    outputs_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    checkpoints_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class WaitReasonRow(Base):

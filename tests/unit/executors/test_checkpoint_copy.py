@@ -224,6 +224,27 @@ def _dest(tmp_path: Path) -> Path:
     return dest
 
 
+def test_the_storage_quota_measures_checkpoints_as_the_copy_does_following_no_link(tmp_path: Path) -> None:
+    """``measure_checkpoints`` (a job's checkpoints in its tenant's storage quota): allocated blocks, a file with
+    many names once, links to the server's files and directories neither followed nor counted."""
+    job, outside = _hostile_source(tmp_path)
+    (outside / "huge.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    (job / "checkpoints" / "huge").symlink_to(outside / "huge.bin")
+    for i in range(5):
+        os.link(job / "checkpoints" / "epoch-3" / "model.pt", job / "checkpoints" / f"model-{i}.pt")
+    size, whole = checkpoints.measure_checkpoints(job, "checkpoints", 1000)
+    assert whole and size == _disk_use(job / "checkpoints")
+    assert size < 2 * 1024 * 1024  # the sparse 64 MiB file counts its blocks; the linked 2 MiB not at all
+    assert checkpoints.measure_checkpoints(job, "none", 1000) == (0, True)  # it saved none
+    assert checkpoints.measure_checkpoints(tmp_path / "deleted", "checkpoints", 1000) == (0, True)
+    size, whole = checkpoints.measure_checkpoints(job, "checkpoints", 3)  # past the bound: what was counted
+    assert not whole and size <= _disk_use(job / "checkpoints")
+    ck = tmp_path / "runs" / "t1" / "j-link"
+    ck.mkdir(parents=True)
+    (ck / "checkpoints").symlink_to(outside)  # the directory itself a link: nothing counted
+    assert checkpoints.measure_checkpoints(ck, "checkpoints", 1000) == (0, True)
+
+
 def test_a_file_with_many_names_is_copied_once_and_its_other_names_link_to_that_copy(tmp_path: Path) -> None:
     """One 4 MiB file hard-linked 50 times (a job may, in its own directory) is 4 MiB of disk in the source: the
     copy takes 4 MiB too, not 51 times that, and fits a byte bound that the 51 names counted apart would not."""

@@ -126,6 +126,18 @@ def test_nothing_to_save_is_said_not_saved(executor: Executor) -> None:
     assert executor.save_outputs(handle, "jobs/t1/quiet/outputs/attempt-1") is False  # it wrote none
 
 
+def test_checkpoints_are_measured_and_an_executor_without_them_says_zero(executor: Executor) -> None:
+    handle = executor.handle("t1", "ckpt", 1)
+    executor.start(handle, _workload("ckpt", 'head -c 100000 /dev/zero > "$DLCLOUD_CHECKPOINT_DIR/c"; sleep 30'))
+    _state(executor, handle, "running")
+    if isinstance(executor, LocalExecutor):
+        wait_for(lambda: executor.checkpoints_bytes(handle) >= 100000, what="the checkpoint to be written")
+    else:
+        assert executor.checkpoints_bytes(handle) == 0  # it keeps none
+    executor.stop(handle)
+    _state(executor, handle, "exited")
+
+
 def test_an_attempt_never_started_is_lost_before_launch(executor: Executor) -> None:
     report = executor.poll(executor.handle("t1", "never", 1))
     assert report.state == "lost" and report.launched is False
@@ -178,6 +190,27 @@ def test_local_runs_code_and_datasets_from_the_store_and_saves_outputs(
     ex.remove_job("t1", "job1")
     assert ex.log_files(handle) == {"": ex.attempt_dir(handle) / "output.log"}
     assert not ex.attempt_dir(handle).parent.exists()
+
+
+def test_local_outputs_refused_once_measured_store_nothing(settings: Settings, objects: ObjectStore) -> None:
+    ex = LocalExecutor()
+    ex.bind(settings, objects, ex.environments(settings))
+    handle = ex.handle("t1", "big", 1)
+    command = 'head -c 5000 /dev/zero > "$DLCLOUD_OUTPUT_DIR/o"; ln -s / "$DLCLOUD_OUTPUT_DIR/r"'
+    ex.start(handle, _workload("big", command))
+    assert _state(ex, handle, "exited").exit_code == 0
+    seen: list[int] = []
+
+    def refuse(size: int) -> None:
+        seen.append(size)
+        raise InvalidState("over the quota")
+
+    with pytest.raises(InvalidState, match="over the quota"):
+        ex.save_outputs(handle, "jobs/t1/big/outputs/attempt-1", admit=refuse)
+    assert seen == [5000]  # the link is neither followed nor counted
+    assert list(objects.list("jobs/t1/big")) == []
+    assert ex.save_outputs(handle, "jobs/t1/big/outputs/attempt-1", admit=seen.append) is True
+    assert seen == [5000, 5000] and objects.tree_manifest("jobs/t1/big/outputs/attempt-1").size == 5000
 
 
 def test_local_attempt_is_readopted_by_a_new_instance(settings: Settings, objects: ObjectStore) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dlcloud.executors import outputs
 from dlcloud.executors.outputs import BAD_NAME, LINK, SPECIAL, OutputsTooLarge, scan_outputs
 
 
@@ -48,3 +49,35 @@ def test_limits_count_entries_and_apparent_bytes(tmp_path: Path) -> None:
     with pytest.raises(OutputsTooLarge, match="more than 10 files"):
         scan_outputs(out, 10, 1 << 20)
     assert len(scan_outputs(out, 100, 1 << 20)[0].entries) == 20
+
+
+def test_outputs_are_measured_without_following_links_and_refused_before_a_byte_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``admit`` sees the bytes of the regular files (a link to a large file outside counts nothing) before any
+    is hashed: what it raises refuses them, with nothing read."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big.bin").write_bytes(b"\0" * 100_000)
+    out = tmp_path / "outputs"
+    (out / "m").mkdir(parents=True)
+    (out / "m" / "w.bin").write_bytes(b"w" * 300)
+    (out / "a.txt").write_bytes(b"a" * 20)
+    (out / "big").symlink_to(outside / "big.bin")
+    (out / "outside").symlink_to(outside)
+    seen: list[int] = []
+    manifest, _ = scan_outputs(out, 100, 1 << 20, admit=seen.append)
+    assert seen == [320] and manifest.size == 320
+
+    class Refused(Exception):
+        pass
+
+    def refuse(size: int) -> None:
+        raise Refused(size)
+
+    def read(path: Path) -> str:
+        raise AssertionError(f"{path} was read")
+
+    monkeypatch.setattr(outputs, "file_sha256", read)
+    with pytest.raises(Refused, match="320"):
+        scan_outputs(out, 100, 1 << 20, admit=refuse)

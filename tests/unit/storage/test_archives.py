@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlcloud.errors import InvalidArchive, PayloadTooLarge
-from dlcloud.storage.archives import ArchiveLimits, scan_tar_headers, validate_tar
+from dlcloud.storage.archives import ArchiveLimits, failure_text, scan_tar_headers, validate_tar
 
 LIMITS = ArchiveLimits(max_unpacked_bytes=10 * 1024 * 1024, max_members=50)
 
@@ -141,3 +141,15 @@ def test_names_that_are_not_utf8_are_refused(tmp_path: Path) -> None:
         tf.addfile(info, io.BytesIO(b""))
     with pytest.raises(InvalidArchive, match="UTF-8"):
         validate_tar(path, LIMITS)
+
+
+def test_failure_texts_name_an_entry_never_a_server_path(tmp_path: Path) -> None:
+    inside = OSError(20, "Not a directory", str(tmp_path / "stage-1" / "model" / "a" / "b"))
+    assert failure_text(inside, tmp_path / "stage-1") == "Not a directory: 'model/a/b'"
+    assert failure_text(inside) == "Not a directory"  # no root to name it by: the reason alone
+    elsewhere = FileNotFoundError(2, "No such file or directory", "/srv/dlcloud/data/tmp/uploads/.upload-x")
+    assert failure_text(elsewhere, tmp_path) == "No such file or directory"
+    assert failure_text(tarfile.ReadError("not a gzip file")) == "not a gzip file"
+    with pytest.raises(InvalidArchive) as exc:
+        validate_tar(tmp_path, LIMITS)  # a directory where an archive was expected
+    assert str(tmp_path) not in exc.value.message

@@ -37,6 +37,9 @@ descriptor held). A crash leaves its hidden directory unlocked: the next copy in
 
 Vocabulary: the *source job directory* holds the source's ``checkpoints`` directory; that directory gone
 means the job was deleted (``SourceGone``); the checkpoints directory alone missing means it saved none.
+
+``measure_checkpoints`` measures a job's own checkpoints the same way (the first pass alone), for its tenant's
+storage quota.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import fcntl
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -156,6 +160,35 @@ def copy_checkpoints(
         finally:
             if src_fd is not None:
                 os.close(src_fd)
+    finally:
+        os.close(job_fd)
+
+
+def measure_checkpoints(job_dir: Path, name: str, max_entries: int) -> tuple[int, bool]:
+    """(the disk ``job_dir/name`` takes, whether all of it was counted) as the copy measures a source: allocated
+    blocks, each file once however many names it has, nothing followed nor opened but directories. Counting
+    stops after ``max_entries`` names (False: what was counted by then); missing, or not a directory: (0, True)."""
+    try:
+        job_fd = os.open(job_dir, _DIR)
+    except OSError:
+        return 0, True
+    try:
+        try:
+            src_fd, _ = _open_source(job_fd, name)
+        except OSError:
+            return 0, True
+        if src_fd is None:
+            return 0, True
+        walk = _Walk(CopyResult(), max_entries, sys.maxsize, None)
+        try:
+            walk.walk(src_fd, None, "", 1)
+        except TooManyEntries:
+            return walk.result.bytes, False
+        except SourceGone:  # removed while it was measured (the job deleted): what was counted
+            pass
+        finally:
+            os.close(src_fd)
+        return walk.result.bytes, True
     finally:
         os.close(job_fd)
 

@@ -348,8 +348,8 @@ class Runner:
                     errors="replace",
                     start_new_session=True,
                 )
-            except OSError as exc:
-                raise BuildError(f"could not run {what}: {exc}") from None
+            except OSError as exc:  # its text names the program's path on the server: the reason alone
+                raise BuildError(f"could not run {what}: {exc.strerror or type(exc).__name__}") from None
             self._procs.add(proc)
         timed_out = threading.Event()
 
