@@ -45,6 +45,7 @@ HTTP_STATUS: dict[str, int] = {
     "dataset_version_not_ready": 409,
     "payload_too_large": 413,
     "quota_exceeded": 429,
+    "rate_limited": 429,
     "unavailable": 503,
     "storage_unavailable": 503,
     "object_missing": 500,
@@ -130,6 +131,20 @@ class QuotaExceeded(DlcloudError):
     code = "quota_exceeded"
 
 
+class RateLimited(DlcloudError):
+    """Too many requests of one access key, tenant or job attempt (docs/quotas-and-usage.md#request-rate-limits).
+
+    The API answers it with ``Retry-After``: ``details["retry_after_seconds"]``, whole seconds."""
+
+    code = "rate_limited"
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds to wait before the request can be admitted (at least 1)."""
+        value = self.details.get("retry_after_seconds")
+        return max(1, int(value)) if isinstance(value, int | float) else 1
+
+
 class Unavailable(DlcloudError):
     code = "unavailable"
 
@@ -213,6 +228,7 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         InvalidToken,
         PayloadTooLarge,
         QuotaExceeded,
+        RateLimited,
         Unavailable,
         ModelNotFound,
         DatasetNotFound,

@@ -61,6 +61,13 @@ def test_every_operation_declares_its_errors_with_the_error_schema(document):
     assert set(schemas["ErrorInfo"]["required"]) == {"code", "message", "details"}
 
 
+def test_every_operation_declares_the_rate_limit_with_retry_after(document):
+    for path, method, op in _operations(document):
+        response = op["responses"]["429"]  # the rate limits apply to every call (docs/quotas-and-usage.md)
+        assert "rate_limited" in response["description"], (method, path)
+        assert response["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}, (method, path)
+
+
 def test_no_two_paths_are_the_same_template(document):
     templates: dict[str, str] = {}
     for path in document["paths"]:

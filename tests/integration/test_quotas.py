@@ -192,7 +192,12 @@ def test_concurrent_submits_never_exceed_max_queued_jobs(env: Env) -> None:
     resp = env.http.post("/api/v1/jobs", content=body, headers={**headers, "Content-Type": "application/json"})
     assert resp.status_code == 429
     assert resp.json()["error"]["code"] == "quota_exceeded"
-    assert resp.json()["error"]["details"] == {"resource": "max_queued_jobs", "limit": 37}
+    assert resp.json()["error"]["details"] == {
+        "resource": "max_queued_jobs",
+        "limit": 37,
+        "queued": 37,
+        "source": "tenant quota",
+    }
 
 
 # -- (b) running quotas ---------------------------------------------------------------------------------

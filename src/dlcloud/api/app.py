@@ -18,7 +18,8 @@ from dlcloud.api.deps import streaming_caller
 from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.api.scheduling_metrics import SchedulingCollector
-from dlcloud.errors import DlcloudError
+from dlcloud.errors import DlcloudError, RateLimited
+from dlcloud.services.admission import RateLimits
 from dlcloud.services.auth import AuthError, BatchVerifier
 from dlcloud.services.platform import Platform
 
@@ -71,6 +72,7 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     )
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
+    app.state.rate_limits = RateLimits(platform.settings)  # after authentication: api/deps.py
     prometheus_metrics = Metrics()
     scrape_token = platform.settings.metrics_scrape_token
     prometheus_metrics.registry.register(SchedulingCollector(platform, per_tenant=scrape_token is not None))
@@ -84,7 +86,8 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
             # where the store is and what it said (endpoints, buckets, keys) is for the operator's log only
             log.error("%s %s: %s (%s)", request.method, request.url.path, exc.message, exc.details)
             return _error(request, exc.http_status, exc.code, _STORAGE_FAILURES[exc.code], {})
-        return _error(request, exc.http_status, exc.code, exc.message, exc.details)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        return _error(request, exc.http_status, exc.code, exc.message, exc.details, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

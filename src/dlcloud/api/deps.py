@@ -37,6 +37,8 @@ async def _authenticate(request: Request, body_sha256: str | None) -> Caller:
     )
     caller = await verifier.verify(signed)
     request.state.caller = caller
+    # counted after authentication, so an unsigned or forged flood spends no key's or tenant's budget
+    request.app.state.rate_limits.admit(caller)
     return caller
 
 
@@ -62,7 +64,10 @@ async def job_token(request: Request) -> JobToken:
             "this endpoint takes only a job's metrics token (Authorization: Bearer $DLCLOUD_METRICS_TOKEN), "
             + ("not a signed user request; users read metrics with GET" if signed else "and none was sent")
         )
-    return read_token(request.app.state.platform, token.strip())
+    job = read_token(request.app.state.platform, token.strip())
+    # its own bucket per job attempt, never its user's or tenant's: a user's flood cannot starve a job's pushes
+    request.app.state.rate_limits.admit_job(job.job_id, job.attempt)
+    return job
 
 
 async def run_read(platform: Platform, call: Callable[..., T], *args: Any) -> T:

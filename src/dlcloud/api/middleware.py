@@ -5,7 +5,9 @@ A route may mark a successful call as routine (``request.state.audit_skip``, e.g
 deployment lease, which a model server sends every few seconds); it is then not recorded. Not audited
 either: a request the guard refused before anyone authenticated (``state["rejected_before_auth"]``:
 malformed path or headers, body too large; api/guard.py). Authentication failures go through
-``AuthFailureAudit``: repeats of one source within a window are counted in one event.
+``AuthFailureAudit``: repeats of one source within a window are counted in one event; so are the refusals of
+a rate limit (``429 rate_limited``, services/admission.py), per access key and route, so a flood cannot grow
+the log by a row per request.
 The audit record never contains request bodies or headers, so secrets cannot reach it.
 """
 
@@ -96,7 +98,7 @@ class RequestMiddleware:
             client_address=client[0] if client else None,
         )
         try:
-            if status == 401 and caller is None:
+            if (status == 401 and caller is None) or rec.error_code == "rate_limited":
                 await self.auth_failures.record(rec)
             else:
                 await anyio.to_thread.run_sync(record_audit, self.platform.db, rec)

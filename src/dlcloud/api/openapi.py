@@ -5,9 +5,10 @@ that this server never sends. ``install(app)`` post-processes the generated docu
 
 - every operation lists the error statuses it really answers, each with the ``Error`` schema that
   ``api/app.py`` sends (``{"error": {"code", "message", "details"}}``): 401 for every signed call, 400 and
-  413 for every call (a malformed path or headers, a body over its limit: ``api/guard.py``), 422
-  where FastAPI validates parameters or a body, and the statuses of ``ERRORS`` (what the route's service
-  raises); FastAPI's ``HTTPValidationError`` and ``ValidationError`` components are dropped;
+  413 for every call (a malformed path or headers, a body over its limit: ``api/guard.py``), 429 for every
+  call (a request rate limit, with ``Retry-After``: services/admission.py), 422 where FastAPI validates
+  parameters or a body, and the statuses of ``ERRORS`` (what the route's service raises); FastAPI's
+  ``HTTPValidationError`` and ``ValidationError`` components are dropped;
 - streamed responses (logs, artifact downloads) and streamed request bodies (uploads) get their real
   media types;
 - operation ids are the route names (``jobs.submit``), so generated clients get stable method names;
@@ -156,7 +157,7 @@ _STATUS_TEXT = {
     409: "Conflicts with the resource's state",
     413: "Payload too large",
     422: "Validation error: details.errors lists {field, problem}",
-    429: "Tenant quota exceeded",
+    429: "Tenant quota exceeded, or a request rate limit (then with Retry-After)",
     503: "Unavailable",
 }
 _EXTRA_CODES = {404: ("not_found",), 405: ("method_not_allowed",)}  # sent by the handlers in api/app.py
@@ -169,12 +170,21 @@ def _codes(status: int) -> list[str]:
     return sorted(codes)
 
 
+_RETRY_AFTER = {
+    "description": "with rate_limited: whole seconds to wait before the request can be admitted",
+    "schema": {"type": "integer", "minimum": 1},
+}
+
+
 def error_response(status: int) -> dict[str, Any]:
     """The OpenAPI response object of an error status: the ``Error`` schema and the codes it may carry."""
-    return {
+    response: dict[str, Any] = {
         "description": f"{_STATUS_TEXT.get(status, 'Error')}; codes: {', '.join(_codes(status))}",
         "content": {"application/json": {"schema": {"$ref": ERROR_REF}}},
     }
+    if status == 429:
+        response["headers"] = {"Retry-After": _RETRY_AFTER}
+    return response
 
 
 def _error_components() -> dict[str, Any]:
@@ -211,7 +221,8 @@ def document(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
             op["security"] = [{BEARER_ROUTES.get(name, "dlcloudSignature"): []}]
             responses = op.setdefault("responses", {})
             validated = responses.pop("422", None) is not None
-            statuses = {400, 401, 413, *ERRORS[name]}  # 400, 413: api/guard.py, before routing
+            # 400, 413: api/guard.py, before routing; 429: the rate limits (services/admission.py)
+            statuses = {400, 401, 413, 429, *ERRORS[name]}
             if validated:
                 statuses.add(422)
             for status in sorted(statuses):

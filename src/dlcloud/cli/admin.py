@@ -361,20 +361,34 @@ def quota(
     tenant: str | None = typer.Option(None, "--tenant", help="Another tenant (platform admin)."),
     output: Output = OutputOption,
 ) -> None:
-    """Show your tenant's limits and live usage.
+    """Show your tenant's limits and live usage, the queued-jobs cap in force and the request rate limits.
 
-    Example:
+    A tenant whose quota leaves max queued jobs unset gets the platform's default cap ("(platform default)").
+    The request rate limits are per access key and per tenant (all its keys together); over one, a call is
+    refused with 429 rate_limited and a Retry-After (docs/quotas-and-usage.md).
+
+    Examples:
 
       dlcloud quota
+
+      dlcloud quota --tenant vision -o json
     """
     r = client(ctx).accounting.quota(tenant)
     if output == Output.json:
         print_json(r)
         return
     lim, use = r["limits"], r["usage"]
+    admission = r.get("admission") or {}
 
     def lim_str(v: object, fmt=str) -> str:
         return "unlimited" if v is None else fmt(v)
+
+    def rate_str(v: dict | None) -> str:
+        return "unlimited" if v is None else f"{v['requests_per_second']:g}/s, bursts of {v['burst']}"
+
+    queued_limit = lim_str(admission.get("max_queued_jobs", lim["max_queued_jobs"]))
+    if admission.get("max_queued_jobs_source") == "platform default":
+        queued_limit += " (platform default)"
 
     rows = [
         {"resource": "gpus", "used": use["gpus"], "limit": lim_str(lim["gpus"])},
@@ -385,13 +399,18 @@ def quota(
             "limit": lim_str(lim["memory"], format_memory),
         },
         {"resource": "running jobs", "used": use["running_jobs"], "limit": lim_str(lim["max_running_jobs"])},
-        {"resource": "queued jobs", "used": use["queued_jobs"], "limit": lim_str(lim["max_queued_jobs"])},
+        {"resource": "queued jobs", "used": use["queued_jobs"], "limit": queued_limit},
         {
             "resource": "storage",
             "used": format_memory(use["storage"]) if use["storage"] else "0",
             "limit": lim_str(lim["storage"], format_memory),
         },
     ]
+    if admission:
+        rows += [
+            {"resource": "requests (your key)", "used": "", "limit": rate_str(admission.get("rate_limit_per_key"))},
+            {"resource": "requests (tenant)", "used": "", "limit": rate_str(admission.get("rate_limit_per_tenant"))},
+        ]
     render(
         rows, output, [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")], title=f"tenant {r['tenant']}"
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlcloud.client.base import Client
-from dlcloud.errors import DlcloudError, UntrustedCode
+from dlcloud.errors import DlcloudError, RateLimited, UntrustedCode
 from dlcloud.schemas.models import executes_code
 
 log = logging.getLogger("dlcloud.serving.registry")
@@ -169,6 +169,9 @@ class RegistryMirror:
             self.client.models.heartbeat_deployment(
                 self.ref, version, self.deployment, self.endpoint, ttl_seconds=self.ttl_seconds
             )
+        except RateLimited as exc:
+            # our key or tenant is over its request rate for now: not a refusal, the next pass renews it
+            log.warning("registry model %s: renewing version %d's lease must wait: %s", self.ref, version, exc)
         except DlcloudError as exc:
             # e.g. a lease of that name held by another user of our tenant: serve it, but do not insist
             self.leases_refused.add(version)

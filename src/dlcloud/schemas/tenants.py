@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -93,10 +93,29 @@ class QuotaUsage(Response):
     storage: int  # bytes stored: datasets, model versions, code uploads
 
 
+class RateLimit(Response):
+    """A token bucket: refilled at ``requests_per_second``, holding up to ``burst`` requests."""
+
+    requests_per_second: float
+    burst: int
+
+
+class AdmissionLimits(Response):
+    """What the platform admits from the caller (docs/quotas-and-usage.md#request-rate-limits): the queued-jobs
+    cap in force (the tenant's own, else the platform's default; ``None``: none) and the request rate limits of
+    this API process (``None``: off)."""
+
+    max_queued_jobs: int | None
+    max_queued_jobs_source: Literal["tenant quota", "platform default", "none"]
+    rate_limit_per_key: RateLimit | None
+    rate_limit_per_tenant: RateLimit | None
+
+
 class QuotaReport(Response):
     tenant: str
-    limits: QuotaSpec
+    limits: QuotaSpec  # the tenant's own quota, as set
     usage: QuotaUsage
+    admission: AdmissionLimits
 
 
 class UsageRow(Response):

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from dlcloud.schemas.audit import AuditEvent
 from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, UsageReport, UsageRow
+from dlcloud.services.admission import admission_limits
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.storage_quota import storage_used
@@ -52,6 +53,7 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
                 queued_jobs=int(queued or 0),
                 storage=storage_used(s, t.id),
             ),
+            admission=admission_limits(platform.settings, t.quota_max_queued_jobs),
         )
 
 

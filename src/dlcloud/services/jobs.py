@@ -41,7 +41,7 @@ from dlcloud.schemas.jobs import (
     QueueEntry,
 )
 from dlcloud.schemas.models import FORMATS
-from dlcloud.services import datasets, environments, job_states, recipes
+from dlcloud.services import admission, datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
@@ -368,14 +368,7 @@ def create_job_row(
         _check_not_a_trial_name(s, tenant.id, spec.name)
     if job_store.name_taken(s, tenant.id, spec.name):
         raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
-    if tenant.quota_max_queued_jobs is not None:
-        queued = job_store.count_queued(s, tenant.id)
-        if queued >= tenant.quota_max_queued_jobs:
-            raise QuotaExceeded(
-                f"tenant {tenant.name!r} already has {queued} queued job(s), the limit is "
-                f"{tenant.quota_max_queued_jobs}; wait for some to start or cancel some",
-                details={"resource": "max_queued_jobs", "limit": tenant.quota_max_queued_jobs},
-            )
+    admission.check_queue_room(platform.settings, s, tenant)
     gpus, cpus, memory = spec.total_resources()
     groups = spec.groups()
     stored = _stored_spec(platform, spec)
