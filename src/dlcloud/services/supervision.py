@@ -158,6 +158,8 @@ class Supervisor:
             with self.write() as s:
                 storage_quota.record_checkpoints(s, job_id, checkpoints)
             self._save_counted(job_id, tenant_id, number, handle)
+        except LeadershipLost:  # a write of the quota's found this process deposed: nothing more of it
+            raise
         except StorageError as exc:
             tries = self._save_tries[handle] = self._save_tries.get(handle, 0) + 1
             if retry and tries < SAVE_TRIES:
