@@ -482,6 +482,9 @@ class Launcher:
         if error is not None:
             return code, error
         message = f"timed out after {timeout} s" if self.timed_out else "stopped" if self.stopped else ""
+        if code == -signal.SIGXFSZ and self.disk is not None and not self.disk_exceeded:
+            limit = limits.format_bytes(self.disk.limit)
+            self.disk_exceeded = f"stopped: a file it wrote reached the job's disk limit of {limit} (SIGXFSZ)"
         message = self.disk_message() or message
         self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
         return code, message
