@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# System packages the test suite needs: PostgreSQL (the postgres tier), Open MPI (MPI jobs, mpi4py) and
-# bubblewrap (the sandbox of user code).
+# System packages the test suite needs: PostgreSQL (the postgres tier), Open MPI (MPI jobs, mpi4py),
+# bubblewrap (the sandbox of user code), slirp4netns and nftables (job egress), iproute2.
 # As root on Debian/Ubuntu it installs what is missing; otherwise it only checks and says what to install.
 # Each part is skipped quickly when already present, so running it again is cheap.
 set -euo pipefail
@@ -65,6 +65,28 @@ elif [ "$can_install" = 1 ]; then
 else
   echo "system deps: bubblewrap (bwrap) is missing: jobs of tenants other than the bootstrap one are refused." >&2
   echo "  Install it (Debian: apt-get install bubblewrap)." >&2
+  missing=1
+fi
+
+# -- slirp4netns and nftables (a job's egress when its policy is "internet" or an allow-list; docs/isolation.md) --
+if command -v slirp4netns >/dev/null && command -v nft >/dev/null; then
+  echo "system deps: $(slirp4netns --version | head -1), $(nft --version)"
+elif [ "$can_install" = 1 ]; then
+  echo "system deps: installing slirp4netns and nftables"
+  apt_install slirp4netns nftables
+else
+  echo "system deps: slirp4netns or nft is missing: jobs can only have egress 'none' (their own network, no way out)." >&2
+  echo "  Install them (Debian: apt-get install slirp4netns nftables)." >&2
+  missing=1
+fi
+
+# -- iproute2 (the tests make a network namespace of their own to stand for a host outside) --------------
+if command -v ip >/dev/null; then
+  echo "system deps: $(ip -V)"
+elif [ "$can_install" = 1 ]; then
+  apt_install iproute2
+else
+  echo "system deps: iproute2 (ip) is missing: the egress tests are skipped." >&2
   missing=1
 fi
 

@@ -21,9 +21,11 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
+from dlcloud.errors import InvalidArgument
 from dlcloud.executors import get_executor_class
 from dlcloud.executors.base import Executor
 from dlcloud.scheduler.inventory import build_inventory
+from dlcloud.schemas.tenants import egress_target
 from dlcloud.services.auth import purge_nonces
 from dlcloud.services.code import sweep_upload_scratch
 from dlcloud.services.control import ControlLoop
@@ -71,6 +73,11 @@ def public_endpoint(settings: Settings, port: int | None = None) -> str:
 
 
 def build_server(settings: Settings, executor: Executor | None = None) -> Server:
+    for entry in settings.job_egress_allow:  # an admin's typo refused at start, not at a job's
+        try:
+            egress_target(entry)
+        except ValueError as exc:
+            raise InvalidArgument(f"job_egress_allow: {exc}") from None
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     url = settings.resolved_database_url

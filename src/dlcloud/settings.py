@@ -187,6 +187,11 @@ class Settings(BaseSettings):
     # outputs, TensorBoard) may take; past it the job is stopped with that reason, and no single file may
     # grow past it (RLIMIT_FSIZE). 0: no limit.
     job_network: Literal["private", "host"] = "private"
+    # what a job may reach beyond its own network, where its tenant sets nothing (docs/isolation.md#network):
+    # none | internet (anything but this host's own addresses) | allow (only job_egress_allow: addresses, CIDRs,
+    # host names)
+    job_egress: Literal["none", "internet", "allow"] = "none"
+    job_egress_allow: list[str] = []
     job_pids_max: Annotated[int, Field(ge=0)] = 4096
     tenant_processes_max: Annotated[int, Field(ge=0)] = 16384
     job_disk_max_bytes: Annotated[int, Field(ge=0)] = 50 * 1024**3

@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -229,3 +234,107 @@ def test_a_job_writing_past_its_disk_limit_is_stopped_with_the_reason(
     # wrote since the last measure; the control plane and its data are untouched
     assert os.path.exists(server.data_dir / "server.key")
     platform.as_("vera", "jobs", "list")
+
+
+EGRESS = textwrap.dedent(
+    """
+    import json, socket, sys
+    report = {}
+    for name, host, port in json.loads(sys.argv[1]):
+        try:
+            with socket.create_connection((host, port), timeout=5) as s:
+                s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+                report[name] = "REACHED " + s.recv(12).decode(errors="replace")
+        except OSError as exc:
+            report[name] = type(exc).__name__
+    print("EGRESS " + json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.fixture
+def outside_host() -> Iterator[tuple[str, str, int]]:
+    """A host outside, made by the test: a network namespace joined to this one by a veth pair, serving HTTP.
+    Yields (its address, this host's address on the link, the port). Nothing leaves the machine."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("the outside host needs root and iproute2 (CI has both)")
+    tag = secrets.token_hex(3)
+    ns, host_if, ns_if = f"dlct-{tag}", f"dlh{tag}", f"dln{tag}"
+    net = f"10.231.{secrets.randbelow(250)}.{4 * secrets.randbelow(60)}"
+    base = net.rsplit(".", 1)
+    mine, theirs = f"{base[0]}.{int(base[1]) + 1}", f"{base[0]}.{int(base[1]) + 2}"
+    ip = ["ip"]
+    steps = [
+        [*ip, "netns", "add", ns],
+        [*ip, "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+        [*ip, "link", "set", ns_if, "netns", ns],
+        [*ip, "addr", "add", f"{mine}/30", "dev", host_if],
+        [*ip, "link", "set", host_if, "up"],
+        [*ip, "-n", ns, "addr", "add", f"{theirs}/30", "dev", ns_if],
+        [*ip, "-n", ns, "link", "set", ns_if, "up"],
+    ]
+    server = None
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        server = subprocess.Popen(
+            [*ip, "netns", "exec", ns, sys.executable, "-m", "http.server", "8080", "--bind", theirs],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: _connects(theirs, 8080), timeout=30, what="the outside host's server")
+        yield theirs, mine, 8080
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run([*ip, "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run([*ip, "link", "del", host_if], capture_output=True, check=False)
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_egress_reaches_outside_only_as_the_tenants_policy_says(
+    platform: Platform, tmp_path: Path, outside_host: tuple[str, str, int]
+):
+    if platform.backend != "sqlite":
+        pytest.skip("egress does not depend on the database: the SQLite variants try it")
+    outside, host_side, port = outside_host
+    on_host = socket.socket()  # a service of this host's, on every address (the link's included)
+    on_host.bind(("0.0.0.0", 0))
+    on_host.listen(8)
+    targets = [("outside", outside, port), ("host link address", host_side, on_host.getsockname()[1])]
+    code = tmp_path / "egress"
+    code.mkdir()
+    (code / "egress.py").write_text(EGRESS)
+
+    def run(name: str) -> dict[str, str]:
+        _submit(platform, "mallory", name, code, "python egress.py " + shlex.quote(json.dumps(targets)))
+        job = _wait_state(platform, "mallory", name, TERMINAL, timeout=240)
+        out = _logs(platform, "mallory", name)
+        assert job["state"] == "SUCCEEDED", out
+        return json.loads(out.split("EGRESS ", 1)[1].splitlines()[0])
+
+    try:
+        report = run("by-default")  # egress none: no route out at all
+        assert not any(v.startswith("REACHED") for v in report.values()), report
+        platform.as_("local", "tenants", "set-network", "attacker", "--egress", "internet")
+        report = run("internet")
+        assert report["outside"].startswith("REACHED HTTP/1.0"), report
+        assert not report["host link address"].startswith("REACHED"), report  # the host's own: never
+        platform.as_("local", "tenants", "set-network", "attacker", "--egress", "allow", "--allow", outside)
+        report = run("allowed")
+        assert report["outside"].startswith("REACHED HTTP/1.0"), report
+        assert not report["host link address"].startswith("REACHED"), report
+        platform.as_("local", "tenants", "set-network", "attacker", "--egress", "allow", "--allow", "10.9.9.9")
+        assert not run("not-allowed")["outside"].startswith("REACHED")
+        platform.as_("local", "tenants", "set-network", "attacker", "--egress", "none")
+        assert not run("none")["outside"].startswith("REACHED")
+    finally:
+        on_host.close()

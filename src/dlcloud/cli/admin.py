@@ -125,6 +125,51 @@ def _priority_range(value: str) -> tuple[int, int]:
         raise InvalidArgument(f"--priority-range must be MIN:MAX, e.g. -100:100; got {value!r}") from None
 
 
+@tenants_app.command("set-network")
+def tenants_set_network(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name."),
+    egress: str = typer.Option(
+        ..., "--egress", help="none, internet, allow (only --allow), or default (the platform's policy)."
+    ),
+    allow: list[str] = typer.Option(
+        [], "--allow", help="With --egress allow: an address, CIDR or host name its jobs may reach (repeatable)."
+    ),
+    output: Output = OutputOption,
+) -> None:
+    """Set what a tenant's jobs may reach beyond their own network (platform admin). Every job has a network
+    namespace of its own and reaches the API; the host's own addresses stay out of reach unless named in
+    --allow. See docs/isolation.md#network.
+
+    Examples:
+
+      dlcloud tenants set-network vision --egress internet
+
+      dlcloud tenants set-network nlp --egress allow --allow 10.20.0.0/16 --allow pypi.org
+
+      dlcloud tenants set-network nlp --egress default
+    """
+    if egress not in ("none", "internet", "allow", "default"):
+        raise InvalidArgument(f"--egress must be none, internet, allow or default; got {egress!r}")
+    if allow and egress != "allow":
+        raise InvalidArgument("--allow goes with --egress allow")
+    policy = {"egress": None if egress == "default" else egress, "allow": allow}
+    t = client(ctx).tenants.update(name, network=policy)
+    if output == Output.json:
+        print_json(t)
+        return
+    net = t["network"]
+    render_fields(
+        t,
+        output,
+        [
+            ("Tenant", t["name"]),
+            ("Egress", net["egress"] or "platform default"),
+            ("Allow", ", ".join(net["allow"]) or "-"),
+        ],
+    )
+
+
 @tenants_app.command("update")
 def tenants_update(
     ctx: typer.Context,

@@ -25,16 +25,25 @@ class TenantsAPI:
         return self._t.request("PATCH", f"{API}/tenants/{name}", json_body={"quota": quota})
 
     def update(
-        self, name: str, *, quota: dict[str, Any] | None = None, scheduling: dict[str, Any] | None = None
+        self,
+        name: str,
+        *,
+        quota: dict[str, Any] | None = None,
+        scheduling: dict[str, Any] | None = None,
+        network: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Replace a tenant's quota and/or its scheduling terms (platform admin): ``scheduling`` keys are
-        guarantee {gpus, cpus, memory}, borrow_limit {gpus, cpus, memory} (None: unlimited), weight,
-        priority_min, priority_max (docs/scheduling.md)."""
+        """Replace a tenant's quota, its scheduling terms and/or its network policy (platform admin):
+        ``scheduling`` keys are guarantee {gpus, cpus, memory}, borrow_limit {gpus, cpus, memory} (None:
+        unlimited), weight, priority_min, priority_max (docs/scheduling.md); ``network`` keys are egress (none,
+        internet, allow; None: the platform's default) and allow (addresses, CIDRs, host names;
+        docs/isolation.md#network)."""
         body: dict[str, Any] = {}
         if quota is not None:
             body["quota"] = quota
         if scheduling is not None:
             body["scheduling"] = scheduling
+        if network is not None:
+            body["network"] = network
         return self._t.request("PATCH", f"{API}/tenants/{name}", json_body=body)
 
 

@@ -56,6 +56,16 @@ REPLICA_FILES_REF = "${DLCLOUD_REPLICA_FILES}"
 
 
 @dataclass(frozen=True)
+class Egress:
+    """What a job may reach beyond its own network (decided above the executor: the tenant's policy, else the
+    platform's): ``none``; ``internet`` (anything but the host's own addresses); ``allow`` (only ``allow``:
+    addresses, CIDRs, host names). The executor enforces it or refuses to start the job."""
+
+    mode: Literal["none", "internet", "allow"] = "none"
+    allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StoredCode:
     """A job's code as the object store keeps it: the executor fetches it (``kind`` archive: a .tar.gz
     unpacked into the work directory; package: a wheel or sdist installed onto PYTHONPATH)."""
@@ -118,6 +128,7 @@ class Workload:
     # the control plane's API as the job reaches it (its metrics URL's base); the executor makes it reachable
     # from the job's network, and nothing else of the host's
     api_url: str | None = None
+    egress: Egress = Egress()
 
 
 @dataclass(frozen=True)

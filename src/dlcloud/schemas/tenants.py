@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from dlcloud.schemas.common import JSON_NUMBER, MemoryBytes, Name, Request, Response
 
@@ -63,17 +65,49 @@ class SchedulingSpec(Request):
         return self
 
 
+EgressMode = Literal["none", "internet", "allow"]
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def egress_target(value: str) -> str:
+    """An allow-list entry: an IP address, a CIDR or a host name (resolved when a job starts)."""
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        pass
+    if _HOST_NAME.match(value):
+        return value.lower()
+    raise ValueError(f"{value!r} is neither an IP address, a CIDR (10.1.0.0/16) nor a host name")
+
+
+EgressTarget = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(egress_target)]
+
+
+class NetworkSpec(Request):
+    """What a tenant's jobs may reach beyond their own network (docs/isolation.md#network): ``egress`` none
+    (nothing), internet (anything but the host's own addresses), allow (only ``allow``: addresses, CIDRs, host
+    names); ``None``: the platform's default (``job_egress``)."""
+
+    egress: EgressMode | None = None
+    allow: list[EgressTarget] = Field(default_factory=list, max_length=256)
+
+
 class TenantCreate(Request):
     name: Name
     quota: QuotaSpec = QuotaSpec()
     scheduling: SchedulingSpec = SchedulingSpec()
+    network: NetworkSpec = NetworkSpec()
 
 
 class TenantUpdate(Request):
-    """What is given is replaced whole (a quota, the scheduling terms); what is left out stays."""
+    """What is given is replaced whole (a quota, the scheduling terms, the network policy); what is left out
+    stays."""
 
     quota: QuotaSpec | None = None
     scheduling: SchedulingSpec | None = None
+    network: NetworkSpec | None = None
 
 
 class Tenant(Response):
@@ -82,6 +116,7 @@ class Tenant(Response):
     created_at: datetime
     quota: QuotaSpec
     scheduling: SchedulingSpec = SchedulingSpec()
+    network: NetworkSpec = NetworkSpec()
 
 
 class QuotaUsage(Response):

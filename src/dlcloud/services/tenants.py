@@ -16,6 +16,7 @@ from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.tenants import (
     BorrowLimitSpec,
     GuaranteeSpec,
+    NetworkSpec,
     QuotaSpec,
     SchedulingSpec,
     Tenant,
@@ -47,7 +48,13 @@ def _tenant_model(row: TenantRow) -> Tenant:
             storage=row.quota_storage,
         ),
         scheduling=scheduling_model(row),
+        network=NetworkSpec(egress=row.egress, allow=list(row.egress_allow or ())),  # type: ignore[arg-type]
     )
+
+
+def _apply_network(row: TenantRow, spec: NetworkSpec) -> None:
+    row.egress = spec.egress
+    row.egress_allow = list(spec.allow) or None
 
 
 def scheduling_model(row: TenantRow) -> SchedulingSpec:
@@ -105,6 +112,7 @@ def create_tenant(db: Database, caller: Caller, req: TenantCreate) -> Tenant:
         row = TenantRow(id=new_id("t-"), name=req.name, created_at=utcnow(), sandbox_slot=store.next_sandbox_slot(s))
         _apply_quota(row, req.quota)
         _apply_scheduling(row, req.scheduling)
+        _apply_network(row, req.network)
         _check_guarantee(row)
         s.add(row)
         s.flush()
@@ -140,11 +148,13 @@ def get_tenant(db: Database, caller: Caller, name: str) -> Tenant:
 def update_tenant(db: Database, caller: Caller, name: str, req: TenantUpdate) -> Tenant:
     with db.write() as s:
         row = resolve_tenant(s, caller, name)
-        caller.require_platform_admin("changing quotas and scheduling terms")
+        caller.require_platform_admin("changing quotas, scheduling terms and network policies")
         if req.quota is not None:
             _apply_quota(row, req.quota)
         if req.scheduling is not None:
             _apply_scheduling(row, req.scheduling)
+        if req.network is not None:
+            _apply_network(row, req.network)
         _check_guarantee(row)
         s.flush()
         return _tenant_model(row)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from dlcloud.executors.base import DatasetMount, Executor, StoredCode, Workload
+from dlcloud.executors.base import DatasetMount, Egress, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
 from dlcloud.services.jobs import CHECKPOINT_FROM_ID, RESOLVED_DATASETS, hparams_env, job_env
@@ -104,4 +104,12 @@ def build(
         sandbox_slot=tenant.sandbox_slot if tenant is not None else None,
         checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
         api_url=platform.settings.resolved_job_api_url,
+        egress=egress(platform, tenant),
     )
+
+
+def egress(platform: Platform, tenant: TenantRow | None) -> Egress:
+    """The tenant's network policy, else the platform's (``job_egress``, ``job_egress_allow``)."""
+    if tenant is not None and tenant.egress is not None:
+        return Egress(tenant.egress, tuple(tenant.egress_allow or ()))  # type: ignore[arg-type]
+    return Egress(platform.settings.job_egress, tuple(platform.settings.job_egress_allow))

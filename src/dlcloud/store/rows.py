@@ -80,6 +80,10 @@ class TenantRow(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     priority_min: Mapped[int] = mapped_column(Integer, default=-1000)
     priority_max: Mapped[int] = mapped_column(Integer, default=1000)
+    # what its jobs may reach beyond their own network (docs/isolation.md#network): none | internet | allow, with
+    # the allow-list; None: the platform's default
+    egress: Mapped[str | None] = mapped_column(String(16))
+    egress_allow: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class UserRow(Base):

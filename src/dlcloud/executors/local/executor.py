@@ -55,7 +55,7 @@ from dlcloud.executors.base import (
     log_segments,
 )
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local import reader_charge
+from dlcloud.executors.local import network, reader_charge
 from dlcloud.executors.local.checkpoints import (
     NoRoom,
     SourceGone,
@@ -112,13 +112,16 @@ class LocalExecutor(Executor):
             uid_count=settings.sandbox_uid_count,
             pythons=[sys.executable],
         )
-        return cls(sandbox=sandbox)
+        executor = cls(sandbox=sandbox)
+        executor.network_settings = (settings.job_network, settings.job_egress)
+        return executor
 
     def __init__(
         self, python: str | None = None, base_env: dict[str, str] | None = None, sandbox: Sandbox | None = None
     ) -> None:
         super().__init__()
         self.runner = ProcessRunner(python, base_env, sandbox)
+        self.network_settings: tuple[str, str] | None = None  # (job_network, job_egress), for the banner
         self._lock = threading.Lock()
         self._preparing: dict[str, str] = {}  # handle -> what its preparation waits for ("" while fetching)
         self.code_cache: ObjectCache | None = None
@@ -137,7 +140,10 @@ class LocalExecutor(Executor):
         return self.runner.sandbox
 
     def isolation(self) -> tuple[bool, str]:
-        return self.runner.isolation()
+        sandboxed, text = self.runner.isolation()
+        if sandboxed and self.network_settings is not None:
+            text += "; network: " + network.describe(*self.network_settings)
+        return sandboxed, text
 
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         return self.runner.sandbox_prefix(writable, readable)

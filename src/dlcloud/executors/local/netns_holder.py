@@ -19,7 +19,13 @@ It forks once:
 
 Files in ``<dir>`` (written atomically):
 ``network.json`` (input, written by the executor)
-    {"listen": [host, port], "target": [host, port], "userns": bool}; ``listen`` may be null (no relay).
+    {"listen": [host, port], "target": [host, port], "userns": bool, "egress": {"mode", "allow", "slirp4netns",
+    "nft"}}; ``listen`` may be null (no relay). Egress ``none``: nothing more. ``internet`` / ``allow``: the
+    outside process starts ``slirp4netns`` (user-mode networking: the job's packets leave as this process's
+    sockets, never through a route or a bridge on the host), and the inside one loads nftables rules in the
+    namespace first: loopback and the allow-list (CIDRs) pass; then the host's own addresses (read from
+    ``/proc/net`` before the fork), link-local ones (cloud metadata) and slirp4netns's gateway are dropped;
+    then everything passes (``internet``) or nothing does (``allow``), DNS to slirp4netns's resolver aside.
 ``network-ready.json``
     {"pid", "proc_start_ticks", "inside_pid", "inside_start_ticks", "netns_inode"} once the namespace is up:
     launchers wait for it, open ``/proc/<inside_pid>/ns/net`` and check the start ticks before they trust it.
@@ -35,12 +41,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import json
 import os
 import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -109,6 +117,81 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
 
 
+SLIRP_GATEWAY, SLIRP_DNS = "10.0.2.2", "10.0.2.3"
+ALWAYS_DENIED = ("169.254.0.0/16", "fe80::/10", SLIRP_GATEWAY)
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def host_addresses(fib_trie: str = "/proc/net/fib_trie", inet6: str = "/proc/net/if_inet6") -> list[str]:
+    """Every address of this host's own interfaces (IPv4 local routes, IPv6 interface addresses)."""
+    found: set[str] = set()
+    last = ""
+    for line in _lines(fib_trie):
+        text = line.strip()
+        if text.startswith("|-- "):
+            last = text[4:]
+        elif text == "/32 host LOCAL" and last:
+            found.add(last)
+    for line in _lines(inet6):
+        raw = line.split()[0]
+        found.add(str(ipaddress.ip_address(":".join(raw[i : i + 4] for i in range(0, 32, 4)))))
+    return sorted(found)
+
+
+def nft_rules(mode: str, allow: list[str], deny: list[str]) -> str:
+    """The egress rules of the namespace's output chain: loopback; addresses the allow-list names one by one
+    (a host's own address passes only so); the host's own addresses, link-local ones and slirp4netns's gateway
+    refused; the allow-list's ranges; slirp4netns's DNS; then everything (``internet``) or nothing (``allow``).
+    Refused connections fail at once (an ICMP "administratively prohibited"), not after a time-out."""
+    exact = [a.split("/")[0] for a in allow if "/" not in a or a.endswith(("/32", "/128"))]
+    ranges = [a for a in allow if a.split("/")[0] not in exact]
+    lines = ["table inet dlcloud {", "  chain output {", "    type filter hook output priority 0; policy accept;"]
+    lines.append('    oifname "lo" accept')
+    for addrs, verdict in ((exact, "accept"), (deny, "reject with icmpx type admin-prohibited"), (ranges, "accept")):
+        for v6, keyword in ((False, "ip"), (True, "ip6")):
+            chosen = [a for a in addrs if (":" in a) == v6]
+            if chosen:
+                lines.append(f"    {keyword} daddr {{ {', '.join(chosen)} }} {verdict}")
+    lines.append(f"    ip daddr {SLIRP_DNS} udp dport 53 accept")
+    lines.append(f"    ip daddr {SLIRP_DNS} tcp dport 53 accept")
+    if mode != "internet":
+        lines.append("    reject with icmpx type admin-prohibited")
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def load_rules(nft: str, rules: str) -> None:
+    proc = subprocess.run([nft, "-f", "-"], input=rules.encode(), capture_output=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"nft refused the egress rules: {proc.stderr.decode(errors='replace').strip()[:500]}")
+
+
+def start_slirp(egress: dict[str, Any], pid: int, userns: bool) -> None:
+    """slirp4netns for the namespace of ``pid``, configured (tap0, 10.0.2.100/24, DNS 10.0.2.3) before it
+    returns; it stays in the holder's process group, so it ends with it."""
+    ready_r, ready_w = os.pipe()
+    argv = [str(egress["slirp4netns"]), "--configure", "--mtu=65520", "--disable-host-loopback"]
+    argv += [f"--ready-fd={ready_w}", "--enable-sandbox", "--enable-seccomp", "--netns-type=path"]
+    if userns:
+        argv.append(f"--userns-path=/proc/{pid}/ns/user")
+    argv += [f"/proc/{pid}/ns/net", "tap0"]
+    proc = subprocess.Popen(argv, pass_fds=(ready_w,), stdin=subprocess.DEVNULL)
+    os.close(ready_w)
+    readable, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
+    ok = bool(readable) and os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    if not ok:
+        proc.kill()
+        raise OSError(f"slirp4netns did not bring the job's network up (exit code {proc.poll()})")
+
+
 def _listener(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -118,11 +201,14 @@ def _listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def inside(config: dict[str, Any], channel: socket.socket, ready_w: int) -> None:
+def inside(config: dict[str, Any], channel: socket.socket, ready_w: int, deny: list[str]) -> None:
     """The inside process: make the namespace, report, then hand over every connection made to the relay."""
     try:
         enter_new_namespace(bool(config.get("userns")))
         loopback_up()
+        egress = config.get("egress") or {}
+        if egress.get("mode") in ("internet", "allow"):
+            load_rules(str(egress["nft"]), nft_rules(str(egress["mode"]), list(egress.get("allow") or ()), deny))
         listen = config.get("listen")
         sock = _listener(str(listen[0]), int(listen[1])) if listen else None
         if os.getuid() == 0 and not config.get("userns"):
@@ -204,19 +290,26 @@ def main(argv: list[str]) -> int:
     directory = argv[1]
     with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
         config = json.load(f)
+    deny = [*host_addresses(), *ALWAYS_DENIED]  # read here, in the host's namespace
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         ours.close()
         os.close(ready_r)
-        inside(config, theirs, ready_w)
+        inside(config, theirs, ready_w, deny)
         os._exit(0)
     theirs.close()
     os.close(ready_w)
     readable, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
     answer = os.read(ready_r, 4096).decode(errors="replace") if readable else "error: timed out"
     os.close(ready_r)
+    egress = config.get("egress") or {}
+    if answer == "ok" and egress.get("mode") in ("internet", "allow"):
+        try:
+            start_slirp(egress, pid, bool(config.get("userns")))
+        except OSError as exc:
+            answer = f"error: {exc}"
     if answer != "ok":
         write_json_atomic(os.path.join(directory, FAILED_FILE), {"message": answer.removeprefix("error: ")})
         os.kill(pid, signal.SIGKILL)

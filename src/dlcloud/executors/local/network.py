@@ -18,12 +18,15 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from dlcloud.executors.base import Egress
 from dlcloud.executors.local import launcher as launcher_mod
 from dlcloud.executors.local import netns_holder
 
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HOLDER_PATH = Path(netns_holder.__file__).resolve()
 HOLDER_LOG = "network.log"
+SLIRP_DNS = netns_holder.SLIRP_DNS
 
 
 def relay_addresses(api_url: str | None) -> tuple[list[object] | None, list[object] | None]:
@@ -52,7 +56,54 @@ def relay_addresses(api_url: str | None) -> tuple[list[object] | None, list[obje
     return [host, port], [host, port]
 
 
-def start(directory: Path, api_url: str | None, userns: bool, env: dict[str, str]) -> None:
+def egress_tools() -> tuple[str, str] | None:
+    """(slirp4netns, nft) where both are installed: what egress other than ``none`` needs."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
+    slirp, nft = shutil.which("slirp4netns", path=path), shutil.which("nft", path=path)
+    return (slirp, nft) if slirp and nft else None
+
+
+def describe(job_network: str, default_egress: str) -> str:
+    """The network part of the start-up banner."""
+    if job_network != "private":
+        return "jobs share the host's network (job_network=host)"
+    tools = "internet and allow-lists available" if egress_tools() else "only 'none' (slirp4netns or nft missing)"
+    return f"a network namespace per job reaching only the API; egress by default {default_egress!r}, {tools}"
+
+
+def resolve_allow(entries: tuple[str, ...]) -> list[str]:
+    """The allow-list as addresses and CIDRs: host names resolved now (every address they have); a name that does
+    not resolve allows nothing."""
+    out: list[str] = []
+    for entry in entries:
+        try:
+            out.append(str(ipaddress.ip_network(entry, strict=False)))
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = socket.getaddrinfo(entry, None, proto=socket.IPPROTO_TCP)
+        except OSError as exc:
+            log.warning("egress allow-list: %s does not resolve (%s): it allows nothing", entry, exc)
+            continue
+        out += sorted({str(info[4][0]) for info in infos})
+    return out
+
+
+def egress_record(egress: Egress) -> dict[str, object] | str:
+    """network.json's ``egress``, or why the policy cannot be had on this host."""
+    if egress.mode == "none":
+        return {"mode": "none"}
+    tools = egress_tools()
+    if tools is None:
+        return (
+            f"its tenant's network policy (egress {egress.mode!r}) needs slirp4netns and nft on this host, which "
+            "are missing; ask an administrator"
+        )
+    return {"mode": egress.mode, "allow": resolve_allow(egress.allow), "slirp4netns": tools[0], "nft": tools[1]}
+
+
+def start(directory: Path, api_url: str | None, userns: bool, env: dict[str, str], egress: Egress = Egress()) -> None:
     """Start the holder of the attempt in ``directory`` (detached, its own session); returns at once. A holder
     left by an earlier start of the same attempt that crashed before its launchers is ended first."""
     stop(directory)
@@ -60,8 +111,13 @@ def start(directory: Path, api_url: str | None, userns: bool, env: dict[str, str
         with contextlib.suppress(FileNotFoundError):
             (directory / name).unlink()
     listen, target = relay_addresses(api_url)
+    policy = egress_record(egress)
+    if isinstance(policy, str):
+        launcher_mod.write_json_atomic(str(directory / netns_holder.FAILED_FILE), {"message": policy})
+        return
     launcher_mod.write_json_atomic(
-        str(directory / netns_holder.CONFIG_FILE), {"listen": listen, "target": target, "userns": userns}
+        str(directory / netns_holder.CONFIG_FILE),
+        {"listen": listen, "target": target, "userns": userns, "egress": policy},
     )
     log_fd = os.open(directory / HOLDER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -44,6 +44,7 @@ from dlcloud.errors import InvalidState
 from dlcloud.executors.base import (
     REPLICAS_DIR,
     AttemptReport,
+    Egress,
     Replica,
     ReplicaReport,
     log_segments,
@@ -280,6 +281,7 @@ class Run:
     pids_max: int = 0  # processes and threads of one replica (pids cgroup); 0: no limit
     nproc_max: int = 0  # as root without a pids cgroup: RLIMIT_NPROC of the tenant's uid; 0: none
     disk_max_bytes: int = 0  # what its writable directories may take on disk; 0: no limit
+    egress: Egress = Egress()  # what it may reach beyond its own network (with a private network)
 
 
 class ProcessRunner:
@@ -405,7 +407,8 @@ class ProcessRunner:
             attempt_dir = Path(os.path.abspath(workload.attempt_dir))
             make_private_dirs(attempt_dir)
             if not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
-                network.start(attempt_dir, workload.api_url, not self.sandbox.per_tenant_uids, dict(self.base_env))
+                userns = not self.sandbox.per_tenant_uids
+                network.start(attempt_dir, workload.api_url, userns, dict(self.base_env), workload.egress)
         if workload.replicas:
             self._start_gang(workload)
         else:
@@ -548,10 +551,16 @@ class ProcessRunner:
             readonly.append(Path(workload.package))
             if uid is not None:
                 _open_for_readers(Path(workload.package))
+        mounts = workload.mounts
+        if workload.private_network and workload.egress.mode != "none":  # slirp4netns's resolver, from inside
+            resolv = attempt_dir / "resolv.conf"
+            resolv.write_text(f"nameserver {network.SLIRP_DNS}\n", encoding="utf-8")
+            resolv.chmod(0o644)
+            mounts = (*mounts, (resolv, "/etc/resolv.conf"))
         view = View(
             writable=(*work, *workload.data_dirs),
             readonly=tuple(readonly),
-            mounts=workload.mounts,
+            mounts=mounts,
             tmp=tmp,
             shm=shm,
             gpus=workload.gpus,
