@@ -80,6 +80,16 @@ else
   missing=1
 fi
 
+# unprivileged control planes need /dev/net/tun for slirp4netns: Debian's udev makes it 0666 (the device
+# checks CAP_NET_ADMIN in the namespace a tap is made in); some containers leave it 0600
+if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    chmod 0666 /dev/net/tun && echo "system deps: /dev/net/tun made 0666, as Debian's udev rule does"
+  else
+    echo "system deps: /dev/net/tun is not 0666: an unprivileged control plane cannot give jobs egress." >&2
+  fi
+fi
+
 # -- iproute2 (the tests make a network namespace of their own to stand for a host outside) --------------
 if command -v ip >/dev/null; then
   echo "system deps: $(ip -V)"

@@ -178,9 +178,11 @@ def start_slirp(egress: dict[str, Any], pid: int, userns: bool) -> None:
     returns; it stays in the holder's process group, so it ends with it."""
     ready_r, ready_w = os.pipe()
     argv = [str(egress["slirp4netns"]), "--configure", "--mtu=65520", "--disable-host-loopback"]
-    argv += [f"--ready-fd={ready_w}", "--enable-sandbox", "--enable-seccomp", "--netns-type=path"]
+    argv += [f"--ready-fd={ready_w}", "--enable-seccomp", "--netns-type=path"]
     if userns:
         argv.append(f"--userns-path=/proc/{pid}/ns/user")
+    else:  # its own mount namespace, capabilities dropped; it fails inside a user namespace of one uid
+        argv.append("--enable-sandbox")
     argv += [f"/proc/{pid}/ns/net", "tap0"]
     proc = subprocess.Popen(argv, pass_fds=(ready_w,), stdin=subprocess.DEVNULL)
     os.close(ready_w)

@@ -56,18 +56,26 @@ def relay_addresses(api_url: str | None) -> tuple[list[object] | None, list[obje
     return [host, port], [host, port]
 
 
+TUN = "/dev/net/tun"
+
+
 def egress_tools() -> tuple[str, str] | None:
-    """(slirp4netns, nft) where both are installed: what egress other than ``none`` needs."""
+    """(slirp4netns, nft) where both are installed and the tun device can be opened: what egress other than
+    ``none`` needs."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
     slirp, nft = shutil.which("slirp4netns", path=path), shutil.which("nft", path=path)
-    return (slirp, nft) if slirp and nft else None
+    return (slirp, nft) if slirp and nft and os.access(TUN, os.R_OK | os.W_OK) else None
 
 
 def describe(job_network: str, default_egress: str) -> str:
     """The network part of the start-up banner."""
     if job_network != "private":
         return "jobs share the host's network (job_network=host)"
-    tools = "internet and allow-lists available" if egress_tools() else "only 'none' (slirp4netns or nft missing)"
+    tools = (
+        "internet and allow-lists available"
+        if egress_tools()
+        else f"only 'none' (slirp4netns or nft missing, or {TUN} not readable and writable here)"
+    )
     return f"a network namespace per job reaching only the API; egress by default {default_egress!r}, {tools}"
 
 
@@ -97,8 +105,8 @@ def egress_record(egress: Egress) -> dict[str, object] | str:
     tools = egress_tools()
     if tools is None:
         return (
-            f"its tenant's network policy (egress {egress.mode!r}) needs slirp4netns and nft on this host, which "
-            "are missing; ask an administrator"
+            f"its tenant's network policy (egress {egress.mode!r}) needs slirp4netns, nft and a usable {TUN} on "
+            "this host, which it lacks; ask an administrator"
         )
     return {"mode": egress.mode, "allow": resolve_allow(egress.allow), "slirp4netns": tools[0], "nft": tools[1]}
 
