@@ -350,7 +350,9 @@ class ProcessRunner:
         if uid is not None:  # uploads are 0600 under 0700 directories: readable where bound, closed on the host
             for p in readable:
                 _open_for_readers(Path(p))
-        view = View(writable=tuple(writable), readonly=tuple(readable), cwd=Path(writable[0]) if writable else None)
+        # model inspection loads a tenant's artifact (pickles, predictors): nothing on any network to talk to
+        cwd = Path(writable[0]) if writable else None
+        view = View(writable=tuple(writable), readonly=tuple(readable), cwd=cwd, network=False)
         return self.sandbox.wrap(view, uid)
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
