@@ -68,7 +68,6 @@ import contextlib
 import json
 import math
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -78,10 +77,17 @@ from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 try:  # imported by the executor, as part of the package
+    from dlcloud.executors.local import launch_files as files
     from dlcloud.executors.local import launch_limits as limits
 except ImportError:  # run as a script with -I -S: the package is not importable, its own directory is
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import launch_files as files  # type: ignore[no-redef]
     import launch_limits as limits  # type: ignore[no-redef]
+
+PrepareError = files.PrepareError
+extract_archive = files.extract_archive
+chown_tree = files.chown_tree
+has_exited = files.has_exited
 
 # the cgroup helpers, under their old names (tests and the executor use them from here)
 find_cgroup2_dir = limits.find_cgroup2_dir
@@ -156,10 +162,6 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------
 # --------------------------------------------------------------------------------------------------
 # The launcher
-
-
-class PrepareError(Exception):
-    """Preparation failed; the message is written to exit.json."""
 
 
 class Launcher:
@@ -427,9 +429,9 @@ class Launcher:
         options, rest = self.sandbox_argv[1:split], self.sandbox_argv[split:]
         fds: list[int] = []
         if self.seccomp:
-            fds.append(_memfd(self.seccomp))
+            fds.append(files.memfd(self.seccomp))
             options = ["--seccomp", str(fds[-1]), *options]
-        fds.append(_memfd(("\0".join(options) + "\0").encode()))
+        fds.append(files.memfd(("\0".join(options) + "\0").encode()))
         return [self.sandbox_argv[0], "--args", str(fds[-1]), *rest, *command], tuple(fds)
 
     def stop_or_timeout_before_main(self) -> bool:
@@ -672,15 +674,6 @@ class Launcher:
             """Whether this phase's time limit is still to be enforced."""
             return not self.post_timed_out if is_post else not (self.timed_out or self.stopped)
 
-        sel = selectors.DefaultSelector()
-        files: dict[int, tuple[Any, str, bytearray]] = {}
-        for f, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-            if f is not None:
-                os.set_blocking(f.fileno(), False)
-                sel.register(f.fileno(), selectors.EVENT_READ)
-                files[f.fileno()] = (f, stream, bytearray())
-        sel.register(self.wake_r, selectors.EVENT_READ)
-
         def emit(stream: str, data: bytes) -> None:
             text = data.decode("utf-8", "replace").removesuffix("\r")
             if phase == "prepare":
@@ -688,44 +681,8 @@ class Launcher:
             else:
                 self.write_line(stream_name(phase, stream), text)
 
-        def pump(fd: int) -> None:
-            f, stream, buf = files[fd]
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            if data:
-                buf += data
-                while True:
-                    nl = buf.find(b"\n")
-                    if nl < 0:
-                        break
-                    emit(stream, bytes(buf[:nl]))
-                    del buf[: nl + 1]
-                while len(buf) >= MAX_LINE_BYTES:
-                    emit(stream, bytes(buf[:MAX_LINE_BYTES]))
-                    del buf[:MAX_LINE_BYTES]
-                return
-            close(fd)
-
-        def close(fd: int) -> None:
-            f, stream, buf = files.pop(fd)
-            if buf:
-                emit(stream, bytes(buf))  # a last line without a newline
-            sel.unregister(fd)
-            f.close()
-
-        def select(timeout: float) -> None:
-            for key, _ in sel.select(max(0.0, timeout)):
-                if key.fd == self.wake_r:
-                    try:
-                        while os.read(self.wake_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
-                elif key.fd in files:
-                    pump(key.fd)
-
+        pipes = files.Pipes(proc, self.wake_r, emit, MAX_LINE_BYTES)
+        select = pipes.select
         pgid = proc.pid
         kill_at: float | None = None
         exited_at: float | None = None
@@ -762,7 +719,7 @@ class Launcher:
                         signal_group(pgid, signal.SIGKILL)
                 if exited_at is None and has_exited(proc.pid):
                     exited_at = now
-                if exited_at is not None and (not files or now >= exited_at + PIPE_DRAIN_SECONDS):
+                if exited_at is not None and (not pipes.open or now >= exited_at + PIPE_DRAIN_SECONDS):
                     break
                 waits = [1.0]
                 if exited_at is not None:
@@ -776,31 +733,19 @@ class Launcher:
                 select(min(waits))
             # The leader is a zombie we have not reaped, so its pid (= pgid) cannot be reused yet:
             # killing the group now only hits what the command left behind.
-            if files:
+            if pipes.open:
                 self.system(
                     f"output pipes still open {PIPE_DRAIN_SECONDS:g} s after exit: killing process group", phase
                 )
             signal_group(pgid, signal.SIGKILL)
             end = time.monotonic() + 0.5
-            while files and time.monotonic() < end:
+            while pipes.open and time.monotonic() < end:
                 select(end - time.monotonic())
         finally:
-            for fd in list(files):
-                close(fd)
-            sel.close()
+            pipes.close_all()
         code = proc.wait()
         self.live_pgid = None
         return code
-
-
-def _memfd(data: bytes) -> int:
-    """An in-memory file holding ``data``, positioned at its start (inherited only where passed)."""
-    fd = os.memfd_create("dlcloud-sandbox", 0)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -821,62 +766,6 @@ def signal_group_except(pgid: int, sig: int, spared: int) -> None:
         if stat is not None and stat[1] == pgid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(name), sig)
-
-
-def chown_tree(path: str, uid: int) -> None:
-    """Give ``path`` and everything below it to ``uid`` (links themselves, never what they point to)."""
-    os.chown(path, uid, uid, follow_symlinks=False)
-    for root, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
-
-
-def has_exited(pid: int) -> bool:
-    """Whether our child has exited, WITHOUT reaping it (WNOWAIT keeps its pid, and so its pgid, reserved)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def extract_archive(archive: str, dest: str) -> None:
-    """Unpack a tar archive (any compression) into dest, refusing anything that would land outside it."""
-    import tarfile  # only attempts with an archive pay for this import
-
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            if hasattr(tarfile, "data_filter"):  # 3.11.4+ (and 3.8.17+, 3.9.17+, 3.10.12+)
-                tar.extractall(dest, filter="data")
-            else:
-                tar.extractall(dest, members=_safe_members(tar, dest))
-    except (OSError, tarfile.TarError) as exc:
-        raise PrepareError(f"cannot unpack code archive {os.path.basename(archive)}: {exc}") from exc
-
-
-def _safe_members(tar: Any, dest: str) -> Any:
-    """What the "data" filter allows, for Pythons before 3.11.4: regular files and directories inside
-    ``dest``, links pointing inside it, no devices or FIFOs; modes without set-id bits, group/other write.
-    The same rules as ``dlcloud.tarsafe`` (the launcher imports nothing of dlcloud; a test runs both)."""
-    root = os.path.realpath(dest)
-
-    def inside(path: str) -> bool:
-        return path == root or path.startswith(root + os.sep)
-
-    for member in tar:
-        name = member.name.lstrip("/")
-        target = os.path.realpath(os.path.join(root, name))
-        if os.path.isabs(member.name) or not inside(target):
-            raise PrepareError(f"archive member {member.name!r} would land outside the code directory")
-        if member.issym() or member.islnk():
-            base = root if member.islnk() else os.path.dirname(target)
-            if os.path.isabs(member.linkname) or not inside(os.path.realpath(os.path.join(base, member.linkname))):
-                raise PrepareError(f"archive link {member.name!r} points outside the code directory")
-        elif not (member.isfile() or member.isdir()):
-            raise PrepareError(f"archive member {member.name!r} is not a regular file, directory or link")
-        member.mode = (member.mode or 0o644) & 0o755
-        member.uid = member.gid = 0
-        member.uname = member.gname = ""
-        yield member
 
 
 def main(argv: list[str]) -> int:
