@@ -45,6 +45,14 @@ def tensor_event(step: int, wall_time: float, tag: str, value: float, *, plugin:
     return event_pb2.Event(step=step, wall_time=wall_time, summary=summary).SerializeToString()
 
 
+def blob_event(step: int, wall_time: float, tag: str, data: bytes, *, plugin: str = "images") -> bytes:
+    """A valid event that holds no scalar: ``data`` as a string tensor of another plugin (an image, say)."""
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[data])
+    v = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+    v.metadata.plugin_data.plugin_name = plugin
+    return event_pb2.Event(step=step, wall_time=wall_time, summary=summary_pb2.Summary(value=[v])).SerializeToString()
+
+
 def file_version(wall_time: float) -> bytes:
     """The first record of every event file."""
     return event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString()

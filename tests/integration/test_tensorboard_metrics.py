@@ -163,10 +163,13 @@ def platform(tmp_path: Path, db_url: str) -> Iterator[Platform]:
 
 
 def _wait_end(env: Env, name: str, timeout: float = 240.0) -> dict:
+    """The job ended and succeeded, and its event files had their last reading (which comes after the end)."""
     job = wait_for(
         lambda: (j := env.admin.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"{name} to end"
     )
     assert job["state"] == "SUCCEEDED", [line.text for line in env.admin.jobs.logs(name)]
+    assert env.control is not None
+    wait_for(lambda: env.control.ingester.settled(job["id"]), timeout=timeout, what=f"{name}'s last reading")
     return job
 
 

@@ -9,8 +9,11 @@ It runs in the leader control-plane process only (``leader.py``). Each tick:
    (scheduled by the next pass);
 4. dispatch environment builds.
 
-Beside it, for the same term of leadership, a thread of its own reads the TensorBoard event files of running
-attempts into their metrics (``tensorboard.py``); supervision asks it for a last pass before it records an end.
+Beside it, for the same term of leadership, a thread of its own and a small pool of workers read the TensorBoard
+event files of attempts into their metrics, tenants taking turns (``tensorboard.py``); supervision records an end
+without waiting for it, then tells it to read the attempt's files a last time; a study's trial and a model
+registered from a job wait until that reading is done (``settled``). Ended attempts' outputs and logs are saved on
+a pool of the supervisor's (``savers``, tenants taking turns), started and stopped with the term too.
 
 Recording the attempt before starting it means a crash in between leaves an attempt that never
 launched; the supervisor sees it as lost-before-launch and starts it then, so nothing is lost and
@@ -54,9 +57,15 @@ class ControlLoop:
         self.scheduling = SchedulingPass(platform, executor, self._write)
         self.ingester = TensorBoardIngester(platform, executor, self._write)
         self.supervisor = Supervisor(
-            platform, executor, self._write, self._start, self.wake, final_pass=self.ingester.final_pass
+            platform,
+            executor,
+            self._write,
+            self._start,
+            self.wake,
+            ended=self.ingester.ended,
+            settled=self.ingester.settled,
         )
-        self.studies = StudyDriver(platform, self._write)
+        self.studies = StudyDriver(platform, self._write, settled=self.ingester.settled)
 
     # -- driving -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -69,6 +78,7 @@ class ControlLoop:
             self.builds = EnvironmentBuilder(self.p, self.leadership)
         self.studies.reset()
         self.ingester.start()
+        self.supervisor.savers.start()
         try:
             while not stop.is_set():
                 try:
@@ -81,6 +91,7 @@ class ControlLoop:
                 self._wake.wait(interval)
                 self._wake.clear()
         finally:
+            self.supervisor.savers.shutdown()  # saves not begun are the next leader's (the attempts end with them)
             self.ingester.shutdown()  # the next leader reads the event files again, from their start
             self.builds.shutdown()  # running builds stop; the next leader builds them again
 

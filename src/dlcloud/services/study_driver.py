@@ -1,7 +1,8 @@
 """The study driver: runs the trials of every RUNNING study, in the leader's control loop (a step of its tick).
 
 Optuna decides (samplers and pruners through ask-and-tell); the database remembers. Each pass, per study:
-1. in one fenced transaction: every alive trial whose job ended is told to Optuna (COMPLETE with the objective
+1. in one fenced transaction: every alive trial whose job ended, its metrics all in (``settled``: the last reading of
+   its TensorBoard event files comes after the end), is told to Optuna (COMPLETE with the objective
    read from the job's metrics by the study's ``step`` rule; FAIL when the job failed or reported nothing;
    PRUNED when early stopping cancelled it); the objective's new points of a running trial are reported to
    Optuna step by step, and a trial the pruner stops has its job cancelled through the job's own cancel
@@ -161,9 +162,17 @@ def _space_size(spec: StudySpec) -> int | None:
 class StudyDriver:
     """Drives the RUNNING and STOPPING studies one pass at a time (``run``), with the loop's fenced ``write``."""
 
-    def __init__(self, platform: Platform, write: Callable[[], contextlib.AbstractContextManager[Session]]):
+    def __init__(
+        self,
+        platform: Platform,
+        write: Callable[[], contextlib.AbstractContextManager[Session]],
+        settled: Callable[[str], bool] = lambda job_id: True,
+    ):
         self.p = platform
         self.write = write
+        # whether an ended job's metrics are all in (its event files' last reading comes after its end): a trial's
+        # outcome is read from them once they are
+        self.settled = settled
         self._live: dict[str, _Live] = {}
 
     def reset(self) -> None:
@@ -264,7 +273,8 @@ class StudyDriver:
                     continue
                 state = job_state.get(t.job_id or "")
                 if state is None or JobState(state) in TERMINAL_STATES:
-                    self._finish(s, live, t, state)
+                    if state is None or self.settled(t.job_id or ""):
+                        self._finish(s, live, t, state)
                     continue
                 if t.state == TrialState.RUNNING.value and winding_down:
                     self._cancel(s, t, "the study is stopping" if spent is None else spent)

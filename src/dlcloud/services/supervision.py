@@ -2,10 +2,17 @@
 
 RUNNING once the executor says so; the end of an attempt (exit, timeout, stop, loss) through ``job_states``
 (``end_attempt``, ``fail_or_restart``: the restart policy lives there); whole-gang semantics through
-``gangs``; the last reading of its TensorBoard event files (``final_pass``, asked for and waited on tick by
-tick, never blocking) and the job's outputs saved into the object store before an attempt's end is recorded
-(and, for a job that succeeded with ``register_model``, a model registered from them: ``job_models``); an attempt that
-was recorded but never launched (a crash between the scheduling pass's commit and the start) started again.
+``gangs``; the job's outputs saved into the object store before an attempt's end is recorded (and, for a job
+that succeeded with ``register_model``, a model registered from them once its metrics are all in: ``job_models``,
+``settled``); an attempt that was recorded but never launched (a crash between the scheduling pass's commit and the
+start) started again.
+
+An attempt's end is recorded, and its resources released, as soon as the executor says it ended and its outputs
+are saved: the last reading of its TensorBoard event files comes after (``ended`` tells the ingester,
+``tensorboard.py``), so no tenant's event files ever hold the end of another tenant's job, nor of its own. Outputs and
+logs are saved on a pool of their own (``savers``, a ``FairPool``: tenants take turns, one save of a tenant at a
+time), never on the loop's thread, so one tenant's large outputs hold no other tenant's ends (nor the scheduling
+pass); a loop driven tick by tick (no pool started) saves on its own thread.
 
 A preempted job's attempt (``preempt_requested``, set by the scheduling pass) is stopped exactly like a cancelled
 one: SIGTERM, the grace period, the whole gang. The flag is in the database, so a control plane that restarts
@@ -15,7 +22,9 @@ mid-preemption stops the attempt again and finishes the preemption (``job_states
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +36,7 @@ from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workl
 from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import gangs, job_models, job_states, storage_quota, workloads
+from dlcloud.services.fair_pool import FairPool, pool_size
 from dlcloud.services.jobs import logs_key, outputs_key
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
@@ -68,10 +78,12 @@ class Supervisor:
         write: Callable[[], contextlib.AbstractContextManager[Session]],
         start: Callable[[str, Workload], None],
         wake: Callable[[], None],
-        final_pass: Callable[[int], bool] = lambda attempt_id: True,
+        ended: Callable[[int, str], None] = lambda attempt_id, job_id: None,
+        settled: Callable[[str], bool] = lambda job_id: True,
     ) -> None:
         self.p = platform
-        self.final_pass = final_pass  # whether the attempt's event files had their last reading
+        self.ended = ended  # an attempt's end is recorded: its event files get their last reading
+        self.settled = settled  # whether a job's metrics are all in (no last reading of its files to come)
         self.executor = executor
         self.write = write
         self.start = start
@@ -80,6 +92,10 @@ class Supervisor:
         self._relaunched: set[int] = set()
         self._lost_stopped: set[int] = set()  # lost attempts whose leftovers were stopped
         self._save_tries: dict[str, int] = {}  # handle -> failed saves of its outputs
+        self._registering: set[str] = set()  # jobs that succeeded, their model registered once their metrics are in
+        self.savers = FairPool("dlcloud-outputs", pool_size(), done=lambda key: wake())  # started by the loop's run
+        self._saves: dict[int, bool] = {}  # attempt id -> what its save on the pool said, until the loop takes it
+        self._saves_lock = threading.Lock()
 
     def run(self) -> None:
         """Poll every attempt that has not ended and apply what happened to it."""
@@ -99,6 +115,9 @@ class Supervisor:
                 .where(AttemptRow.finished_at.is_(None))
             ).all()
         ended: list[_Ended] = []
+        with self._saves_lock:
+            for gone in set(self._saves) - {row[0] for row in live}:  # its job was deleted meanwhile
+                del self._saves[gone]
         for attempt_id, handle, tenant_id, number, job_id, state, cancel, preempt in live:
             try:
                 # a preemption stops the attempt as a cancel does; how it ends decides the rest (job_states)
@@ -109,6 +128,7 @@ class Supervisor:
                 log.exception("job %s attempt %d: supervision failed; trying again at the next pass", job_id, number)
         if ended:
             self._finish(ended)
+        self._register_settled()
 
     def _supervise(
         self,
@@ -132,18 +152,40 @@ class Supervisor:
         elif report.state == "pending" and report.message and state == JobState.STARTING.value:
             self._note(job_id, report.message)  # e.g. waiting for room in the dataset cache
         elif report.state == "exited":
-            if self.final_pass(attempt_id) and self._save_outputs(job_id, tenant_id, number, handle):
+            if self._saved(attempt_id, tenant_id, lambda: self._save_outputs(job_id, tenant_id, number, handle)):
                 ended.append(_Ended(job_id, attempt_id, number, report))  # recorded with the others (``_finish``)
         elif report.state == "lost":
             if report.launched:
                 if attempt_id not in self._lost_stopped:
                     self._lost_stopped.add(attempt_id)
                     self.executor.stop(handle)  # whatever the dead launcher left running stops before the save
-                if not self.final_pass(attempt_id):
+                save = functools.partial(self._save_outputs, job_id, tenant_id, number, handle, retry=False)
+                if not self._saved(attempt_id, tenant_id, save):
                     return
-                self._save_outputs(job_id, tenant_id, number, handle, retry=False)
             self._lost_stopped.discard(attempt_id)
             self._lost(job_id, attempt_id, report)
+
+    def _saved(self, attempt_id: int, tenant_id: str, save: Callable[[], bool]) -> bool:
+        """Whether the ended attempt's outputs and logs are saved (``save`` said True), so its end may be recorded.
+        The first call queues ``save`` on the savers' pool and says False; once it ran, the loop is woken and the
+        next call says what it said (False: queued again). Without a running pool, it saves here and now."""
+        if not self.savers.running:
+            return save()
+        with self._saves_lock:
+            said = self._saves.pop(attempt_id, None)
+        if said:
+            return True
+
+        def task() -> None:
+            try:
+                result = save()
+            except LeadershipLost:  # this process no longer leads: the loop ends its term too
+                return
+            with self._saves_lock:
+                self._saves[attempt_id] = result
+
+        self.savers.submit(tenant_id, attempt_id, task)  # nothing while it waits or runs
+        return False
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:
         """The job's outputs as the attempt left them, and the attempt's logs, into the object store
@@ -288,10 +330,18 @@ class Supervisor:
             return
         for e, register in recorded:
             self._stopping.discard(e.attempt_id)
-            if register:  # the outputs are saved (``_save_outputs`` ran first): register the model from them
-                job_models.register_after_success(self.p, e.job_id)
+            self.ended(e.attempt_id, e.job_id)
+            if register:  # the outputs are saved (``_save_outputs`` ran first): the model comes from them
+                self._registering.add(e.job_id)
         if recorded:
             self.wake()
+
+    def _register_settled(self) -> None:
+        """Register the models of the jobs that succeeded once their metrics are all in (the version's metrics are
+        the job's last values: the last reading of its event files first)."""
+        for job_id in [j for j in self._registering if self.settled(j)]:
+            self._registering.discard(job_id)
+            job_models.register_after_success(self.p, job_id)
 
     def _end(self, s: Session, e: _Ended) -> bool | None:
         """Record one attempt's end; None when there was nothing to record (it was already), else whether its job
@@ -360,4 +410,5 @@ class Supervisor:
             else:
                 why = f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}"
                 job_states.fail_or_restart(s, job, why, now)
+        self.ended(attempt_id, job_id)
         self.wake()

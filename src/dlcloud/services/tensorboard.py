@@ -1,47 +1,61 @@
-"""TensorBoard event files as job metrics: the worker that reads them while attempts run (docs/metrics.md).
+"""TensorBoard event files as job metrics: the worker pool that reads them (docs/metrics.md).
 
-``TensorBoardIngester`` runs on a thread of its own in the leading control-plane process, started and stopped
-with the control loop's term of leadership (``ControlLoop.run``), never on the loop's thread: a slow or hostile
-job's event files delay the ingestion of other attempts by at most one bounded pass, and their supervision not
-at all. The files are read through the executor (``Executor.read_event_files``), which parses them in a
-sandboxed one-off process and bounds every pass.
+``TensorBoardIngester`` runs for a term of leadership (started and stopped with ``ControlLoop.run``), never on the
+loop's thread: a thread of its own finds the attempts due a pass, and a small pool of workers (``FairPool``: one
+per core, at least two, at most four: ``pool_size``) runs the passes, the tenants taking turns and a tenant
+running one pass at a time. A tenant with many or huge event files gets its turns, never everyone's: its passes
+hold one worker, each pass is bounded (bytes, points, files and time: ``executors/event_files.py``) and its CPU
+is charged to the job whose files it reads (the executor's ``_reader_charge``: on the local executor a cgroup with
+the job's CPU quota). Nothing else waits for it: supervision records an attempt's end without it.
 
 Invariants:
-- Every attempt that has not ended is read every ``tensorboard_interval_seconds``, every second while a pass
-  left data behind (``EventRead.more``).
+- Every attempt that has not ended is read every ``tensorboard_interval_seconds`` (every ``MORE_SECONDS`` while
+  a pass left data behind, ``EventRead.more``), as soon as its tenant's turn comes.
 - Points are stored through the same upsert as a push (``metrics.store_event_scalars``): attempt = the attempt
   that ran, replica = the gang replica whose directory holds the file ("" otherwise). Reading a file again from
   its start stores nothing twice, so cursors live in memory only: a restarted control plane reads again.
-- The last pass: before supervision records the end of an attempt it asks for one (``final_pass``, which never
-  blocks); it reads until nothing is left, at most ``FINAL_PASSES`` passes. Supervision waits for it at most
-  ``FINAL_WAIT_SECONDS``; without a running ingester (a loop driven tick by tick) there is none.
+- The last reading comes after the end: supervision records an attempt's end, releasing its resources, as soon
+  as the attempt ended, then says so (``ended``); an attempt a round finds ended, or that ended in the
+  ``CATCH_UP_SECONDS`` before this term began, gets one too. It reads what was written until the end (``until``:
+  later records are the next attempt's), first among its own tenant's turns, until nothing is left: at most
+  ``FINAL_PASSES`` passes within ``FINAL_SECONDS``. Its points are the attempt's, stored shortly after its end;
+  what reads a job's metrics as final once it ended (a study's trial, a model registered from it) waits for
+  ``settled``.
 - A problem with an attempt's files (a corrupt file, too many files) is logged once per attempt.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import Executor
 from dlcloud.executors.event_files import EventCursor
 from dlcloud.services import metrics
+from dlcloud.services.fair_pool import FairPool, pool_size
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.store import metrics as store
+from dlcloud.store.rows import utcnow
 
 log = logging.getLogger(__name__)
 FINAL_PASSES = 10  # passes of an attempt's last reading, at most
-FINAL_WAIT_SECONDS = 120.0  # how long supervision waits for the last reading before it records the end anyway
+FINAL_SECONDS = 120.0  # an attempt's last reading ends this long after its end at the latest (``settled`` too)
+CATCH_UP_SECONDS = 60.0  # attempts that ended this shortly before a term began get a last reading in it
+UNTIL_SLACK_SECONDS = 1.0  # records stamped this long after an attempt's recorded end are still its own
 MORE_SECONDS = 1.0  # the next pass of an attempt whose last pass left data behind
-ROUND_SECONDS = 1.0  # rounds over the live attempts (one query of them each) are at least this far apart
+ROUND_SECONDS = 1.0  # queries of the attempts (one round) are at least this far apart
 MAX_PROBLEMS_LOGGED = 20  # per attempt
+READ_OUT_KEPT = 10_000  # ended attempts remembered as read to their end (a late ``ended`` reads them not again)
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,8 @@ class _Attempt:
     since: float  # Unix time it was placed: older files are an earlier attempt's
     slot: int | None  # its tenant's sandbox number
     replicas: tuple[str, ...]
+    cpus: float  # what its reading is charged to
+    until: float | None  # Unix time it ended (None: it runs)
 
 
 @dataclass
@@ -67,28 +83,36 @@ class _State:
 
 @dataclass
 class _Final:
+    job_id: str
     asked: float  # time.monotonic()
-    done: bool = False
+    passes: int = 0
 
 
 class TensorBoardIngester:
-    """Reads the TensorBoard event files of running attempts into their metrics, on its own thread."""
+    """Reads the TensorBoard event files of attempts into their metrics, off the control loop's thread."""
 
     def __init__(
         self,
         platform: Platform,
         executor: Executor,
         write: Callable[[], contextlib.AbstractContextManager[Session]],
+        workers: int | None = None,
     ) -> None:
         self.p = platform
         self.executor = executor
         self.write = write  # the control loop's write transaction: fenced
+        self.workers = workers or pool_size()
+        self._attempts: dict[int, _Attempt] = {}  # running, or ended with a last reading to come
         self._states: dict[int, _State] = {}
-        self._finals: dict[int, _Final] = {}
+        self._finals: dict[int, _Final] = {}  # last readings to come
+        self._read_out: dict[int, None] = {}  # ended attempts read to their end (insertion order: oldest first)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: FairPool | None = None
+        self._refreshed = -math.inf  # time.monotonic() of the last round
+        self._caught_up = False
 
     # -- driving -----------------------------------------------------------------------------------------
 
@@ -97,114 +121,171 @@ class TensorBoardIngester:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def start(self) -> None:
-        """Start the thread (at the start of a term of leadership)."""
+        """Start the thread and the pool (at the start of a term of leadership)."""
         if self.running:
             return
         self._stop = threading.Event()
+        self._refreshed, self._caught_up = -math.inf, False
+        with self._lock:
+            for state in self._states.values():  # a pass queued in the last term's pool never ran
+                state.next_at = 0.0
+        self._pool = FairPool("dlcloud-tensorboard", self.workers, done=lambda key: self._wake.set())
+        self._pool.start()
         self._thread = threading.Thread(target=self._run, name="dlcloud-tensorboard", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the thread, after the pass it is in (at the end of a term of leadership)."""
+        """Stop the thread and the pool, after the passes they are in (at the end of a term of leadership)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+        if self._pool is not None:
+            self._pool.shutdown(timeout=timeout)
 
-    def final_pass(self, attempt_id: int) -> bool:
-        """Whether the last reading of the attempt's event files is done, so its end may be recorded. The first
-        call asks for it and returns False; True once it is done, after ``FINAL_WAIT_SECONDS``, or when this
-        ingester does not run."""
+    def ended(self, attempt_id: int, job_id: str) -> None:
+        """The attempt's end is recorded: its files get their last reading (soon; the caller never waits)."""
+        if not self.running:
+            return
+        with self._lock:
+            if attempt_id not in self._read_out:
+                self._finals.setdefault(attempt_id, _Final(job_id, time.monotonic()))
+        self._wake.set()
+
+    def settled(self, job_id: str) -> bool:
+        """Whether the job's metrics are all in: no last reading of an attempt of it to come (or given up after
+        ``FINAL_SECONDS``), or no ingester runs."""
         if not self.running:
             return True
         now = time.monotonic()
         with self._lock:
-            final = self._finals.get(attempt_id)
-            if final is None:
-                self._finals[attempt_id] = _Final(asked=now)
-                self._wake.set()
-                return False
-            if not final.done and now - final.asked > FINAL_WAIT_SECONDS:
-                log.warning("attempt %d: its last TensorBoard pass took too long; its end is recorded", attempt_id)
-                final.done = True
-            return final.done
+            return not any(f.job_id == job_id and now - f.asked <= FINAL_SECONDS for f in self._finals.values())
 
     def stored(self, attempt_id: int) -> tuple[int, int]:
-        """(values stored, passes made) for a live attempt by this ingester: what it did, for tests and logs."""
+        """(values stored, passes made) for an attempt being read by this ingester: for tests and logs."""
         with self._lock:
             state = self._states.get(attempt_id)
             return (state.stored, state.passes) if state is not None else (0, 0)
 
+    def read_bytes(self, attempt_id: int) -> int:
+        """The bytes of an attempt's event files this ingester has read so far (the offsets of its cursor): for
+        tests and logs."""
+        with self._lock:
+            state = self._states.get(attempt_id)
+            return sum(f.offset for f in state.cursor.files.values()) if state is not None else 0
+
+    def load(self) -> tuple[int, int]:
+        """(passes running, passes waiting for a turn): for tests and logs."""
+        pool = self._pool
+        return pool.load() if pool is not None else (0, 0)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            interval = self.p.settings.tensorboard_interval_seconds
             self._wake.clear()
             try:
                 self.run_once()
             except LeadershipLost:
+                self._stop.set()
                 return  # the control loop ends this term too
-            except Exception:  # a failing pass (the database briefly down) must not end ingestion
-                log.exception("TensorBoard ingestion pass failed")
+            except Exception:  # a failing round (the database briefly down) must not end ingestion
+                log.exception("TensorBoard ingestion round failed")
+            interval = self.p.settings.tensorboard_interval_seconds
             with self._lock:
-                due = min((s.next_at for s in self._states.values()), default=time.monotonic() + interval)
-            # rounds at most every ROUND_SECONDS (or interval): attempts falling due meanwhile wait for the round
-            self._wake.wait(max(min(interval, ROUND_SECONDS), min(interval, due - time.monotonic())))
+                due = min((s.next_at for s in self._states.values()), default=math.inf)
+            # woken sooner by ``ended`` and by every pass that ends (``FairPool.done``)
+            self._wake.wait(min(interval, ROUND_SECONDS, max(0.01, due - time.monotonic())))
 
-    # -- passes ------------------------------------------------------------------------------------------
+    # -- rounds ------------------------------------------------------------------------------------------
 
     def run_once(self) -> None:
-        """One round: the last readings asked for, then every live attempt whose pass is due."""
-        live = {a.id: a for a in self._live()}
+        """A round when one is due (the attempts from the database), then a turn queued for each attempt due one."""
+        interval = self.p.settings.tensorboard_interval_seconds
         with self._lock:
-            for gone in [i for i in self._states if i not in live]:
-                del self._states[gone]
-            for gone in [i for i in self._finals if i not in live]:
-                del self._finals[gone]
-        for a in live.values():
-            if self._stop.is_set():
-                return
-            self._finals_asked(live)
-            state = self._state(a.id)
-            if time.monotonic() >= state.next_at:
-                self._pass(a, state)
-        self._finals_asked(live)
+            unknown = [i for i in self._finals if i not in self._attempts or self._attempts[i].until is None]
+        if unknown or time.monotonic() - self._refreshed >= min(interval, ROUND_SECONDS):
+            self._refreshed = time.monotonic()
+            self._round(unknown)
+        self._submit_due()
 
-    def _live(self) -> list[_Attempt]:
+    def _round(self, unknown: Sequence[int]) -> None:
+        """The attempts to read: those that run, and those that ended with a last reading to come."""
+        catch_up = None if self._caught_up else utcnow() - timedelta(seconds=CATCH_UP_SECONDS)
+        with self._lock:
+            known = list(self._attempts)
         with self.p.db.read() as s:
-            rows = store.live_attempts(s)
+            rows = store.reading_attempts(s)
+            live = {row[0] for row in rows}
+            rows += store.reading_attempts(s, ids=sorted({*unknown, *(i for i in known if i not in live)}))
+            if catch_up is not None:
+                rows += store.reading_attempts(s, ended_since=catch_up)
             replicas = store.replica_names(s, [(row[2], row[4]) for row in rows])
-        return [
-            _Attempt(
-                id=row[0],
-                handle=row[1],
-                job_id=row[2],
-                tenant_id=row[3],
-                number=row[4],
-                since=row[5].timestamp(),
-                slot=row[6],
-                replicas=tuple(replicas.get((row[2], row[4]), ())),
+        self._caught_up = True
+        found = {row[0]: _attempt(row, replicas.get((row[2], row[4]), ())) for row in rows}
+        now = time.monotonic()
+        with self._lock:
+            for i, a in found.items():
+                if a.until is not None and i not in self._read_out:  # ended: its last reading comes
+                    self._finals.setdefault(i, _Final(a.job_id, now))
+            self._attempts = {i: a for i, a in found.items() if a.until is None or i in self._finals}
+            for gone in [i for i in self._states if i not in self._attempts]:
+                del self._states[gone]
+            for gone in [i for i in self._finals if i not in found or found[i].until is None]:
+                del self._finals[gone]  # its job was deleted (or it has not ended)
+
+    def _submit_due(self) -> None:
+        pool = self._pool
+        if pool is None:
+            return
+        now = time.monotonic()
+        due: list[tuple[_Attempt, _State, bool]] = []
+        with self._lock:
+            for i, a in self._attempts.items():
+                state = self._states.setdefault(i, _State())
+                final = i in self._finals
+                if final if a.until is not None else now >= state.next_at:
+                    state.next_at = math.inf  # queued: its pass says when the next one is due
+                    due.append((a, state, final))
+        for a, state, final in due:
+            pool.submit(a.tenant_id, a.id, functools.partial(self._turn, a, state), first=final)
+
+    # -- turns -------------------------------------------------------------------------------------------
+
+    def _turn(self, a: _Attempt, state: _State) -> None:
+        """One pass over the attempt's files, on a worker of the pool; then, for an ended attempt, whether its last
+        reading is over."""
+        if self._stop.is_set():
+            return
+        try:
+            more = self._pass(a, state)
+        except LeadershipLost:
+            self._stop.set()
+            self._wake.set()
+            return
+        if a.until is None:
+            return
+        with self._lock:
+            final = self._finals.get(a.id)
+            if final is None:
+                return
+            final.passes += 1
+            if more and final.passes < FINAL_PASSES and time.monotonic() - final.asked <= FINAL_SECONDS:
+                return  # its next turn is queued by the next round
+            self._read_out_locked(a.id)
+        if more:
+            log.warning(
+                "job %s attempt %d: its last TensorBoard reading stopped after %d passes; the rest is not read",
+                a.job_id,
+                a.number,
+                final.passes,
             )
-            for row in rows
-        ]
 
-    def _state(self, attempt_id: int) -> _State:
-        with self._lock:
-            return self._states.setdefault(attempt_id, _State())
-
-    def _finals_asked(self, live: dict[int, _Attempt]) -> None:
-        with self._lock:
-            asked = [i for i, f in self._finals.items() if not f.done]
-        for attempt_id in asked:
-            a = live.get(attempt_id)
-            if a is not None:
-                state = self._state(attempt_id)
-                for _ in range(FINAL_PASSES):
-                    if self._stop.is_set() or not self._pass(a, state):
-                        break
-            with self._lock:
-                final = self._finals.get(attempt_id)
-                if final is not None:
-                    final.done = True
+    def _read_out_locked(self, attempt_id: int) -> None:
+        self._finals.pop(attempt_id, None)
+        self._attempts.pop(attempt_id, None)
+        self._states.pop(attempt_id, None)
+        self._read_out[attempt_id] = None
+        while len(self._read_out) > READ_OUT_KEPT:
+            del self._read_out[next(iter(self._read_out))]
 
     def _pass(self, a: _Attempt, state: _State) -> bool:
         """One bounded pass over the attempt's event files; whether data is left for another."""
@@ -212,7 +293,13 @@ class TensorBoardIngester:
         stored, more = 0, False
         try:
             read = self.executor.read_event_files(
-                a.handle, state.cursor, since=a.since, sandbox_slot=a.slot, replicas=a.replicas
+                a.handle,
+                state.cursor,
+                since=a.since,
+                sandbox_slot=a.slot,
+                replicas=a.replicas,
+                cpus=a.cpus,
+                until=None if a.until is None else a.until + UNTIL_SLACK_SECONDS,
             )
             more = read.more
             problems = {p: p for p in read.problems}
@@ -236,3 +323,20 @@ class TensorBoardIngester:
             state.passes += 1
             state.next_at = time.monotonic() + (min(MORE_SECONDS, interval) if more else interval)
         return more
+
+
+def _attempt(row: tuple, replicas: Sequence[str]) -> _Attempt:
+    """An attempt to read from a row of ``store.reading_attempts``."""
+    attempt_id, handle, job_id, tenant_id, number, started_at, slot, cpus, finished_at = row
+    return _Attempt(
+        id=attempt_id,
+        handle=handle,
+        job_id=job_id,
+        tenant_id=tenant_id,
+        number=number,
+        since=started_at.timestamp(),
+        slot=slot,
+        replicas=tuple(replicas),
+        cpus=float(cpus or 1.0),
+        until=None if finished_at is None else finished_at.timestamp(),
+    )

@@ -20,9 +20,12 @@ from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, ReplicaRow, Ten
 _KEY = ("job_id", "attempt", "replica", "metric", "step")
 
 
-def live_attempts(s: Session) -> list[tuple[int, str, str, str, int, datetime, int | None]]:
-    """(attempt id, handle, job id, tenant id, number, started at, the tenant's sandbox slot) of every attempt
-    that has not ended, its job still there."""
+def reading_attempts(
+    s: Session, *, ids: Sequence[int] | None = None, ended_since: datetime | None = None
+) -> list[tuple[int, str, str, str, int, datetime, int | None, float, datetime | None]]:
+    """(attempt id, handle, job id, tenant id, number, started at, the tenant's sandbox slot, cpus, finished at) of
+    the attempts whose event files are read, their jobs still there: every attempt that has not ended (no
+    argument), those of ``ids`` whether ended or not, or those that ended after ``ended_since``."""
     q = (
         select(
             AttemptRow.id,
@@ -32,12 +35,22 @@ def live_attempts(s: Session) -> list[tuple[int, str, str, str, int, datetime, i
             AttemptRow.number,
             AttemptRow.started_at,
             TenantRow.sandbox_slot,
+            AttemptRow.cpus,
+            AttemptRow.finished_at,
         )
         .join(JobRow, JobRow.id == AttemptRow.job_id)
         .join(TenantRow, TenantRow.id == AttemptRow.tenant_id)
-        .where(AttemptRow.finished_at.is_(None))
         .order_by(AttemptRow.id)
     )
+    if ids is not None:
+        rows = []
+        for i in range(0, len(ids), 500):  # bounded IN lists
+            rows += [tuple(r) for r in s.execute(q.where(AttemptRow.id.in_(list(ids[i : i + 500]))))]
+        return rows  # type: ignore[return-value]
+    if ended_since is not None:
+        q = q.where(AttemptRow.finished_at > ended_since)
+    else:
+        q = q.where(AttemptRow.finished_at.is_(None))
     return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
 
 

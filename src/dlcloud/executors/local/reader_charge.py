@@ -2,7 +2,7 @@
 
 Each run of the reader (``executors/event_files.py``) gets a cgroup of its own with the job's CPU quota: cgroup v2
 where ours is delegated (``cpu.max`` in ``<own cgroup>/<name>``), else v1 as root (``<root>/cpu/<name>``), made
-with the launcher's helpers as a job's own are, and removed once the reader is gone. So reading a job's files
+with ``launch_limits`` as a job's own are, and removed once the reader is gone. So reading a job's files
 may use at most as much CPU as the job itself may (``cpus``), never less than ``READER_MIN_CPUS``: the reader's
 start alone costs most of a CPU-second, which a job of 0.01 CPU would stretch past the reader's wall-time limit.
 Where neither cgroup version is usable, the reader runs under ``nice``, its weight scaled to the job's CPUs
@@ -21,7 +21,7 @@ import os
 import shutil
 from collections.abc import Iterator
 
-from dlcloud.executors.local import launcher as launcher_mod
+from dlcloud.executors.local import launch_limits
 
 READER_MIN_CPUS = 0.25
 MAX_NICE = 19
@@ -44,16 +44,16 @@ def nice_for(cpus: float) -> int:
 def _cgroup(cpus: float) -> str | None:
     """A new cgroup with a quota of ``cpus`` (its CPU controller's directory), or None where none can be made."""
     name = f"dlcloud-{os.urandom(8).hex()}"
-    path = launcher_mod.create_cgroup(name, cpus, 0)
+    path = launch_limits.create_cgroup(name, cpus, 0)
     if path is not None:
         return path
     if os.geteuid() != 0:
         return None
-    dirs = launcher_mod.create_cgroups_v1(name, cpus, 0) or []
+    dirs = launch_limits.create_cgroups_v1(name, cpus, 0) or []
     cpu = next((d for d in dirs if os.path.basename(os.path.dirname(d)) == "cpu"), None)
     for d in dirs:
         if d != cpu:
-            launcher_mod.remove_cgroup(d)
+            launch_limits.remove_cgroup(d)
     return cpu
 
 
@@ -68,4 +68,4 @@ def charged(cpus: float) -> Iterator[list[str]]:
     try:
         yield ["/bin/sh", "-c", JOIN, "sh", path]
     finally:
-        launcher_mod.remove_cgroup(path)  # the reader's processes are gone: their session was killed
+        launch_limits.remove_cgroup(path)  # the reader's processes are gone: their session was killed
