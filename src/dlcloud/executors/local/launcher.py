@@ -544,6 +544,17 @@ class Launcher:
         self.record_child(proc.pid, PHASE_ROLES[phase])
         return self.sandbox_status(self.supervise(proc, phase)), None
 
+    def time_out(self, phase: str, pgid: int) -> None:
+        """The phase's time limit passed (the job's timeout, or post's own): SIGTERM its group and say so."""
+        if phase == "post":
+            self.post_timed_out = True
+            what = f"post_command still running after its post_timeout of {self.post_timeout:g} s"
+        else:
+            self.timed_out = True
+            what = "timeout"
+        self.system(f"{what}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
+        self.terminate(pgid)
+
     def over_disk(self, phase: str, pgid: int) -> bool:
         """Measure the job's directories; past the disk limit, SIGTERM the phase (once per phase) and say why."""
         assert self.disk is not None
@@ -659,14 +670,12 @@ class Launcher:
     # ---- running a process
 
     def supervise(self, proc: subprocess.Popen[bytes], phase: str) -> int:
-        """Pump the process's pipes into output.log until it exits; enforce stop requests and time limits.
+        """Pump the process's pipes into output.log until it exits; enforce stop requests, time and disk limits.
 
-        ``phase`` is ``prepare`` (pip: its output is logged as ``system`` lines prefixed ``pip: ``), or
-        ``pre`` / ``main`` / ``post`` (logged as that phase's stdout / stderr). A stop and the job's timeout
-        end every phase but ``post``, which only its own ``post_timeout`` ends. Returns the return code
-        (negative: killed by that signal). When it returns, every process of the group is gone or
-        SIGKILLed and the leader is reaped.
-        """
+        ``phase`` is ``prepare`` (pip: logged as ``system`` lines prefixed ``pip: ``), or ``pre`` / ``main`` /
+        ``post`` (that phase's stdout / stderr). A stop and the job's timeout end every phase but ``post``, which
+        only its own ``post_timeout`` ends. Returns the return code (negative: killed by that signal); by then
+        every process of the group is gone or SIGKILLed and the leader is reaped."""
         is_post = phase == "post"
         deadline = self.post_deadline if is_post else self.deadline
 
@@ -699,14 +708,7 @@ class Launcher:
                     self.system(f"stop requested: post_command may finish (at most {self.post_timeout:g} s)", phase)
                 self.terms_noted = self.term_signals
                 if deadline is not None and now >= deadline and limit_pending():
-                    if is_post:
-                        self.post_timed_out = True
-                        what = f"post_command still running after its post_timeout of {self.post_timeout:g} s"
-                    else:
-                        self.timed_out = True
-                        what = "timeout"
-                    self.system(f"{what}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
-                    self.terminate(pgid)
+                    self.time_out(phase, pgid)
                     kill_at = now + self.grace
                 if self.disk is not None and exited_at is None and self.disk.due(now) and self.over_disk(phase, pgid):
                     kill_at = now + self.grace if kill_at is None else kill_at
