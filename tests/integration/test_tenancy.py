@@ -50,7 +50,9 @@ def test_only_the_platform_admin_manages_tenants(env, role):
         user.tenants.create("rogue")
     assert exc.value.code == "permission_denied"
     assert exc.value.http_status == 403
-    with pytest.raises(DlcloudError, match="changing quotas and scheduling terms needs the platform-admin role") as exc:
+    with pytest.raises(
+        DlcloudError, match="changing quotas, scheduling terms and network policies needs the platform-admin role"
+    ) as exc:
         user.tenants.set_quota("team", {"gpus": 64})
     assert exc.value.code == "permission_denied"
     assert [t["name"] for t in env.admin.tenants.list()] == ["default", "team"]

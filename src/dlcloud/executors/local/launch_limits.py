@@ -191,6 +191,16 @@ def has_pids_limit(cgroups: Sequence[str]) -> bool:
     return any(os.path.exists(os.path.join(c, "pids.max")) for c in cgroups)
 
 
+def nproc_limit(workload: dict[str, Any], cgroups: Sequence[str], sandboxed: bool, unprivileged: bool) -> int:
+    """RLIMIT_NPROC for the attempt's processes, where no pids cgroup bounds them (0: none). As root, the
+    tenant's uid (all its jobs together: ``nproc_max``); unprivileged, the sandbox's own user namespace counts
+    its processes alone, so it is the replica's pids limit (``pids_max``). Unsandboxed: none (the limit would
+    count the control plane's own processes)."""
+    if has_pids_limit(cgroups) or not sandboxed:
+        return 0
+    return int(workload.get("pids_max" if unprivileged else "nproc_max") or 0)
+
+
 def child_setup(
     cgroups: Sequence[str],
     data_limit: int = 0,

@@ -409,13 +409,7 @@ class Launcher:
         if disk > 0:
             writable = [self.path(d) for d in (CODE_DIR, PACKAGES_DIR, TMP_DIR)]
             self.disk = limits.DiskMeter([*writable, *map(str, workload.get("data_dirs") or ())], disk)
-        # Without a pids cgroup: as root, RLIMIT_NPROC of the tenant's uid (all its jobs together); unprivileged,
-        # the sandbox's own user namespace counts its processes alone, so RLIMIT_NPROC is the replica's pids limit.
-        nproc = int(workload.get("nproc_max") or 0)
-        if limits.has_pids_limit(self.cgroups) or not self.sandbox_argv:
-            nproc = 0
-        elif self.sandbox_uid is None:
-            nproc = int(workload.get("pids_max") or 0)
+        nproc = limits.nproc_limit(workload, self.cgroups, bool(self.sandbox_argv), self.sandbox_uid is None)
         return limits.child_setup(self.cgroups, 0 if self.cgroups else memory_bytes, namespaces, nproc, disk)
 
     def sandboxed(self, command: list[str]) -> tuple[list[str], tuple[int, ...]]:
@@ -484,9 +478,7 @@ class Launcher:
         if error is not None:
             return code, error
         message = f"timed out after {timeout} s" if self.timed_out else "stopped" if self.stopped else ""
-        if code == -signal.SIGXFSZ and self.disk is not None and not self.disk_exceeded:
-            limit = limits.format_bytes(self.disk.limit)
-            self.disk_exceeded = f"stopped: a file it wrote reached the job's disk limit of {limit} (SIGXFSZ)"
+        self.note_full_disk(code)
         message = self.disk_message() or message
         self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
         return code, message
@@ -570,6 +562,15 @@ class Launcher:
         self.terminate(pgid)
         self.disk_exceeded += f" [{phase}]"
         return True
+
+    def note_full_disk(self, code: int) -> None:
+        """A command that failed with a file stopped at the limit (RLIMIT_FSIZE: SIGXFSZ, or EFBIG where it is
+        ignored, as in Python) left its directories at the limit: that is why it failed."""
+        if self.disk is None or self.disk_exceeded or code == 0:
+            return
+        if code == -signal.SIGXFSZ or self.disk.measure() >= self.disk.limit:
+            limit = limits.format_bytes(self.disk.limit)
+            self.disk_exceeded = f"stopped: a file it wrote reached the job's disk limit of {limit}"
 
     def disk_message(self) -> str:
         return self.disk_exceeded.rsplit(" [", 1)[0]
