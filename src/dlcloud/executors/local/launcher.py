@@ -373,8 +373,9 @@ class Launcher:
         try:
             preexec = self.preexec = self.child_setup(workload, memory_bytes)
         except limits.NetworkError as exc:
+            self.stopped = self.term_requested  # a stop while the namespace was awaited is a stop
             self.system(str(exc))
-            self.finish(LAUNCH_FAILED, str(exc))
+            self.finish(LAUNCH_FAILED, self.before_main_message() if self.stopped else str(exc))
             return
         try:
             code_dir = self.prepare(workload, env)
