@@ -2,36 +2,48 @@
 
 The script is ``tests/distributed/scripts/ddp_train.py`` (DDP over gloo on CPU, an MLP on synthetic data,
 a checkpoint per epoch), in a heavier setting that trains for about 20-30 s on a 2-core machine. Each
-round runs it twice, one launch after the other, never both at once:
+round runs it once with torchrun and once on each dlcloud server, one launch after the other, never two at once:
 
 * torchrun: ``python -m torch.distributed.run --nproc_per_node 2 --master_port <free> ddp_train.py ...``
   (torchrun gives each process OMP_NUM_THREADS=1), checkpoints and outputs in fresh temporary dirs;
 * dlcloud: a job with ``framework: pytorch``, ``replicas: {worker: 2}``, ``resources: {cpu: 1}`` per
   replica (so OMP_NUM_THREADS=1 as well), submitted through the SDK to ``dlcloud up`` (started here on a
-  free port with a temporary data dir), its code uploaded as the CLI would. Two servers run side by side,
-  one with the bubblewrap sandbox (``--sandbox auto``, which must find it working) and one without
-  (``--sandbox off``): each round launches torchrun, then the job on each server (``--sandbox on|off``
-  keeps one).
+  free port with a temporary data dir), its code uploaded as the CLI would. Servers run side by side
+  (``--modes`` picks them):
+
+  * ``private`` (always): the bubblewrap sandbox (``--sandbox auto``, which must find it working) with the
+    gang in a network namespace of its own (``DLCLOUD_JOB_NETWORK=private``, the default): both replicas
+    share its loopback, gloo's rendezvous and traffic included, and reach the API through the holder's relay;
+  * ``host``: the same sandbox in the host's network (``DLCLOUD_JOB_NETWORK=host``, the behaviour before
+    the namespace; ``--job-network host`` is a short way to ask for it);
+  * ``off``: no sandbox (``--sandbox off``).
+
+  Each job's attempt directory is checked after it ended: a ``private`` one must hold the namespace holder's
+  ``network-ready.json``, the others must not (the bench fails otherwise).
 
 steps/s is what rank 0 reports: optimizer steps divided by the time from the first step to the last
 (start-up, data generation and the final evaluation are outside it; checkpoints are inside it for both).
-The launches alternate (torchrun, dlcloud, torchrun, dlcloud, ...) so that both see the same machine; the
-table gives each run and the median of each side. Target: dlcloud in the sandbox >= 0.99 x torchrun.
+The launches alternate (torchrun, each dlcloud server, torchrun, ...; the order rotates by one every round) so
+that all see the same machine; the table gives each run and the median of each side. Target: dlcloud in the
+sandbox with the private network >= 0.99 x torchrun.
 
 Also printed, to explain a difference: the wall time (launch to exit, or submit to SUCCEEDED seen by a
 ``--poll`` s poll) and the CPU time of what runs beside the training processes — torchrun's agent process,
-or dlcloud's server (API, control loop) plus the replicas' launchers. When the two training processes
+or dlcloud's server (API, control loop) plus the replicas' launchers and, with a private network, the
+namespace holder (its relay carries the replicas' API calls). When the two training processes
 fill every core, that CPU comes out of their share. This script's own polling of the job's state adds to
 the server's CPU; it polls once a second by default.
 
 Example:
 
     .venv/bin/python bench/ddp_overhead.py --runs 3
+    .venv/bin/python bench/ddp_overhead.py --runs 5 --epochs 4 --modes private,host
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -41,7 +53,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import DlcloudServer, free_port, load_average, machine
@@ -54,6 +66,23 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 TARGET_RATIO = 0.99
 DONE_RE = re.compile(r"^rank 0 done: (\d+) steps, ([0-9.]+) steps/s")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One dlcloud server of the comparison: how it is started and whether its gangs get a namespace."""
+
+    label: str
+    sandbox: str  # dlcloud up --sandbox
+    env: dict[str, str] = field(default_factory=dict)
+    netns: bool = False
+
+
+MODES = {
+    "private": Mode("dlcloud, sandbox, private network", "auto", {"DLCLOUD_JOB_NETWORK": "private"}, True),
+    "host": Mode("dlcloud, sandbox, host network", "auto", {"DLCLOUD_JOB_NETWORK": "host"}),
+    "off": Mode("dlcloud, sandbox off", "off"),
+}
 
 
 @dataclass(frozen=True)
@@ -90,7 +119,8 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def launcher_pids(data_dir: Path) -> list[int]:
-    """The local executor's launcher processes of this server (``launcher.py <attempt dir under data_dir>``)."""
+    """The local executor's launcher and namespace holder processes of this server (``launcher.py`` or
+    ``netns_holder.py`` with an attempt dir under data_dir: the holder's two halves both carry its argv)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -99,9 +129,26 @@ def launcher_pids(data_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"launcher.py") for a in argv) and any(f"{data_dir}/".encode() in a for a in argv):
+        ours = any(a.endswith((b"launcher.py", b"netns_holder.py")) for a in argv)
+        if ours and any(f"{data_dir}/".encode() in a for a in argv):
             pids.append(int(entry.name))
     return pids
+
+
+def check_network(data_dir: Path, job_id: str, netns: bool) -> None:
+    """Fail unless the gang's attempt ran in a network namespace of its own exactly when ``netns``."""
+    dirs = sorted(data_dir.glob(f"runs/*/{job_id}/attempt-1"))
+    if not dirs:
+        raise RuntimeError(f"no attempt directory of job {job_id} under {data_dir}/runs")
+    ready = dirs[0] / "network-ready.json"
+    if ready.exists() != netns:
+        state = "ran in a network namespace of its own" if ready.exists() else "ran in the host's network"
+        raise RuntimeError(f"{dirs[0]}: the gang {state}, which this server should not do")
+    if netns:
+        for workload in sorted(dirs[0].glob("replicas/*/workload.json")):
+            network = (json.loads(workload.read_text()).get("sandbox") or {}).get("network") or {}
+            if Path(str(network.get("dir"))) != dirs[0]:
+                raise RuntimeError(f"{workload}: the replica does not join the gang's namespace ({network})")
 
 
 def run_torchrun(root: Path, index: int, args: argparse.Namespace) -> Run:
@@ -131,7 +178,9 @@ def run_torchrun(root: Path, index: int, args: argparse.Namespace) -> Run:
     return Run(rate, wall, steps, agent_cpu)
 
 
-def run_dlcloud(server: DlcloudServer, client: Client, code: str, index: int, args: argparse.Namespace) -> Run:
+def run_dlcloud(
+    server: DlcloudServer, client: Client, code: str, index: int, args: argparse.Namespace, netns: bool
+) -> Run:
     name = f"ddp-{index}"
     spec = {
         "name": name,
@@ -158,6 +207,7 @@ def run_dlcloud(server: DlcloudServer, client: Client, code: str, index: int, ar
     text = "\n".join(line.text for line in client.jobs.logs(name) if line.stream == "stdout")
     if job["state"] != "SUCCEEDED":
         raise RuntimeError(f"job {name} ended {job['state']}: {job['reason']}\n{text[-3000:]}")
+    check_network(server.data_dir, str(job["id"]), netns)
     steps, rate = parse_done(text)
     return Run(rate, wall, steps, server_cpu + sum(launchers.values()))
 
@@ -180,32 +230,39 @@ def print_report(args: argparse.Namespace, sides: dict[str, list[Run]]) -> None:
     print(f"load average after the runs: {load_average()}")
     print(f"script: {SCRIPT.name} {' '.join(train_args(args))}")
     print(f"2 processes per run, DDP over gloo on CPU, {torchrun[0].steps} optimizer steps per run")
+    for label in sides:
+        if "private network" in label:
+            print(f"{label}: each gang in a network namespace of its own (checked in every attempt directory)")
     print()
-    header = f"{'run':<8}{'launcher':<22}{'steps/s':>10}{'wall s':>10}{'side CPU s':>12}"
+    header = f"{'run':<8}{'launcher':<36}{'steps/s':>10}{'wall s':>10}{'side CPU s':>12}"
     print(header)
     print("-" * len(header))
     for i in range(len(torchrun)):
         for label, rows in sides.items():
             if i < len(rows):
                 r = rows[i]
-                print(f"{i + 1:<8}{label:<22}{r.steps_per_sec:>10.2f}{r.wall:>10.2f}{r.side_cpu:>12.2f}")
+                print(f"{i + 1:<8}{label:<36}{r.steps_per_sec:>10.2f}{r.wall:>10.2f}{r.side_cpu:>12.2f}")
     print("-" * len(header))
     medians: dict[str, tuple[float, float, float]] = {}
     for label, rows in sides.items():
         if rows:
             m = tuple(statistics.median(getattr(r, f) for r in rows) for f in ("steps_per_sec", "wall", "side_cpu"))
             medians[label] = (m[0], m[1], m[2])
-            print(f"{'median':<8}{label:<22}{m[0]:>10.2f}{m[1]:>10.2f}{m[2]:>12.2f}")
-    print("side CPU: torchrun's agent process; dlcloud's server process and the replicas' launchers")
+            print(f"{'median':<8}{label:<36}{m[0]:>10.2f}{m[1]:>10.2f}{m[2]:>12.2f}")
+    print("side CPU: torchrun's agent process; dlcloud's server process, the replicas' launchers, the namespace holder")
     print()
     for label in sides:
         if label == "torchrun" or label not in medians:
             continue
         ratio = medians[label][0] / medians["torchrun"][0]
         verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
-        target = f"; target >= {TARGET_RATIO} ({verdict})" if "sandbox on" in label else ""
+        target = f"; target >= {TARGET_RATIO} ({verdict})" if "private network" in label else ""
         wall = medians[label][1] - medians["torchrun"][1]
         print(f"steps/s ratio {label} / torchrun (medians): {ratio:.3f}{target}; wall time {wall:+.2f} s")
+    private, host = MODES["private"].label, MODES["host"].label
+    if private in medians and host in medians:
+        ratio = medians[private][0] / medians[host][0]
+        print(f"steps/s ratio private / host network (medians): {ratio:.3f}")
 
 
 def main() -> None:
@@ -215,7 +272,17 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=65536, help="dataset size; 256 steps per epoch at 65536")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between checks of a running launch")
     ap.add_argument("--job-timeout", type=float, default=600.0, help="fail if one run takes longer (s)")
-    ap.add_argument("--sandbox", choices=["both", "on", "off"], default="both", help="which servers (default both)")
+    ap.add_argument(
+        "--modes",
+        default="private,host",
+        help="dlcloud servers, comma-separated, of private, host, off (default private,host; private is always run)",
+    )
+    ap.add_argument(
+        "--job-network",
+        choices=["private", "host"],
+        action="append",
+        help="the same as naming private or host in --modes (repeatable)",
+    )
     ap.add_argument("--torchrun-only", action="store_true", help="skip dlcloud (e.g. to size --epochs)")
     ap.add_argument("--log-level", default="warning", help="server log level (default warning)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary dir (server log, torchrun outputs)")
@@ -223,33 +290,34 @@ def main() -> None:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
 
-    modes = [] if args.torchrun_only else (["on", "off"] if args.sandbox == "both" else [args.sandbox])
+    asked = ["private"] + [m.strip() for m in args.modes.split(",") if m.strip()] + (args.job_network or [])
+    unknown = [m for m in asked if m not in MODES]
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(unknown)}; valid: {', '.join(MODES)}")
+    modes = [] if args.torchrun_only else [m for m in MODES if m in asked]
     root = Path(tempfile.mkdtemp(prefix="dlcloud-bench-ddp-"))
-    servers = {mode: DlcloudServer(root, f"sandbox-{mode}") for mode in modes}
-    sides: dict[str, list[Run]] = {"torchrun": []} | {f"dlcloud, sandbox {mode}": [] for mode in modes}
+    servers = {mode: DlcloudServer(root, mode) for mode in modes}
+    sides: dict[str, list[Run]] = {"torchrun": []} | {MODES[mode].label: [] for mode in modes}
     try:
         with ExitStack() as stack:
             clients: dict[str, tuple[Client, str]] = {}
             for mode, server in servers.items():
-                creds = Credentials(server.endpoint, *server.start(args.log_level, "auto" if mode == "on" else "off"))
-                print(f"sandbox {mode}: {server.isolation}", file=sys.stderr)
+                m = MODES[mode]
+                creds = Credentials(server.endpoint, *server.start(args.log_level, m.sandbox, extra_env=m.env))
+                print(f"{mode}: {server.isolation}", file=sys.stderr)
                 client = stack.enter_context(Client(creds))
                 clients[mode] = (client, upload_script(client, root / mode))
+            kinds = ["torchrun", *clients]
             for i in range(args.runs):
-                sides["torchrun"].append(run_torchrun(root, i, args))
-                print(
-                    f"run {i + 1}: torchrun {sides['torchrun'][-1].steps_per_sec:.2f} steps/s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                for mode, (client, code) in clients.items():
-                    label = f"dlcloud, sandbox {mode}"
-                    sides[label].append(run_dlcloud(servers[mode], client, code, i, args))
-                    print(
-                        f"run {i + 1}: {label} {sides[label][-1].steps_per_sec:.2f} steps/s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:  # the order rotates every round
+                    if kind == "torchrun":
+                        label, run = kind, run_torchrun(root, i, args)
+                    else:
+                        client, code = clients[kind]
+                        label = MODES[kind].label
+                        run = run_dlcloud(servers[kind], client, code, i, args, MODES[kind].netns)
+                    sides[label].append(run)
+                    print(f"run {i + 1}: {label} {run.steps_per_sec:.2f} steps/s", file=sys.stderr, flush=True)
     finally:
         for server in servers.values():
             server.stop()
