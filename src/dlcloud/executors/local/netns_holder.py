@@ -19,13 +19,15 @@ It forks once:
 
 Files in ``<dir>`` (written atomically):
 ``network.json`` (input, written by the executor)
-    {"listen": [host, port], "target": [host, port], "userns": bool, "egress": {"mode", "allow", "slirp4netns",
-    "nft"}}; ``listen`` may be null (no relay). Egress ``none``: nothing more. ``internet`` / ``allow``: the
-    outside process starts ``slirp4netns`` (user-mode networking: the job's packets leave as this process's
-    sockets, never through a route or a bridge on the host), and the inside one loads nftables rules in the
-    namespace first: loopback and the allow-list (CIDRs) pass; then the host's own addresses (read from
-    ``/proc/net`` before the fork), link-local ones (cloud metadata) and slirp4netns's gateway are dropped;
-    then everything passes (``internet``) or nothing does (``allow``), DNS to slirp4netns's resolver aside.
+    {"listen": [host, port], "target": [host, port], "userns": bool, "ends": [paths], "egress": {"mode", "allow",
+    "slirp4netns", "nft"}}; ``listen`` may be null (no relay); ``ends``: the launchers' exit records, all of
+    which there (or their directories gone) end the holder by itself. Egress ``none``: nothing more.
+    ``internet`` / ``allow``: the outside process starts ``slirp4netns`` (user-mode networking: the job's
+    packets leave as this process's sockets, never through a route or a bridge on the host), and the inside one
+    first loads nftables rules in the namespace: loopback and addresses the allow-list names pass; the host's
+    own addresses (read from ``/proc/net`` before the fork), link-local ones (cloud metadata) and slirp4netns's
+    gateway are refused; the allow-list's ranges and slirp4netns's DNS pass; then everything passes
+    (``internet``) or nothing does (``allow``).
 ``network-ready.json``
     {"pid", "proc_start_ticks", "inside_pid", "inside_start_ticks", "netns_inode"} once the namespace is up:
     launchers wait for it, open ``/proc/<inside_pid>/ns/net`` and check the start ticks before they trust it.
@@ -72,6 +74,7 @@ NOBODY = 65534
 MAX_CONNECTIONS = 64
 CONNECT_TIMEOUT = 10.0
 READY_TIMEOUT = 20.0
+END_CHECK_SECONDS = 1.0  # how often the outside process looks whether the attempt is over
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
@@ -280,13 +283,24 @@ def relay(conn: socket.socket, target: tuple[str, int], slots: threading.Bounded
         slots.release()
 
 
+def attempt_over(ends: list[str]) -> bool:
+    """Whether every launcher of the attempt recorded its end (or the attempt's directory is gone): the holder
+    then ends by itself, whether or not the executor is there to end it."""
+    return bool(ends) and all(os.path.exists(p) or not os.path.isdir(os.path.dirname(p)) for p in ends)
+
+
 def outside(config: dict[str, Any], channel: socket.socket) -> None:
     """The outside process: relay every connection the inside one hands over to the API's address."""
     import threading  # once the namespace is reported (see TYPE_CHECKING above)
 
     target = config.get("target")
+    ends = [str(p) for p in config.get("ends") or ()]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     while True:
+        if not select.select([channel], [], [], END_CHECK_SECONDS)[0]:
+            if attempt_over(ends):
+                return
+            continue
         try:
             _msg, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
         except OSError:

@@ -111,7 +111,14 @@ def egress_record(egress: Egress) -> dict[str, object] | str:
     return {"mode": egress.mode, "allow": resolve_allow(egress.allow), "slirp4netns": tools[0], "nft": tools[1]}
 
 
-def start(directory: Path, api_url: str | None, userns: bool, env: dict[str, str], egress: Egress = Egress()) -> None:
+def start(
+    directory: Path,
+    api_url: str | None,
+    userns: bool,
+    env: dict[str, str],
+    egress: Egress = Egress(),
+    ends: tuple[Path, ...] = (),
+) -> None:
     """Start the holder of the attempt in ``directory`` (detached, its own session); returns at once. A holder
     left by an earlier start of the same attempt that crashed before its launchers is ended first."""
     stop(directory)
@@ -125,7 +132,7 @@ def start(directory: Path, api_url: str | None, userns: bool, env: dict[str, str
         return
     launcher_mod.write_json_atomic(
         str(directory / netns_holder.CONFIG_FILE),
-        {"listen": listen, "target": target, "userns": userns, "egress": policy},
+        {"listen": listen, "target": target, "userns": userns, "egress": policy, "ends": [str(p) for p in ends]},
     )
     log_fd = os.open(directory / HOLDER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -410,7 +410,9 @@ class ProcessRunner:
             make_private_dirs(attempt_dir)
             if not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
                 userns = not self.sandbox.per_tenant_uids
-                network.start(attempt_dir, workload.api_url, userns, dict(self.base_env), workload.egress)
+                dirs = [attempt_dir / REPLICAS_DIR / r.name for r in workload.replicas] or [attempt_dir]
+                ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
+                network.start(attempt_dir, workload.api_url, userns, dict(self.base_env), workload.egress, ends)
         if workload.replicas:
             self._start_gang(workload)
         else:
