@@ -242,6 +242,47 @@ def _lower(limit: int, value: int) -> None:
 # The attempt's network namespace
 
 
+def start_holder(directory: str, holder_main: Callable[[list[str]], int]) -> None:
+    """Start the attempt's network holder (``netns_holder.main``) as a fork of this process, detached: its own
+    session and process group (the executor ends it with the group), reparented away from us, its output in
+    ``network.log``. Returns as soon as the intermediate child is gone; a failure to fork is written where the
+    launchers look for it."""
+    try:
+        first = os.fork()
+    except OSError as exc:
+        _write_failed(directory, f"could not start its holder: {exc.strerror}")
+        return
+    if first:
+        os.waitpid(first, 0)
+        return
+    try:  # the intermediate child: a new session, then the holder in a group of its own, and away
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os.setpgid(0, 0)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(os.path.join(directory, "network.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 65536)
+        code = holder_main(["netns_holder", directory])
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            _write_failed(directory, f"its holder failed: {exc}")
+        code = 1
+    os._exit(code)
+
+
+def _write_failed(directory: str, message: str) -> None:
+    path = os.path.join(directory, NETWORK_FAILED_FILE)
+    with open(f"{path}.tmp.{os.getpid()}", "w", encoding="utf-8") as f:
+        json.dump({"message": message}, f)
+    os.replace(f"{path}.tmp.{os.getpid()}", path)
+
+
 class NetworkError(Exception):
     """The attempt's network namespace is not there or not the one the holder made; the message says why."""
 
@@ -315,6 +356,27 @@ class DiskMeter:
         self.limit = limit
         self.next_at = time.monotonic() + 0.5
         self.used = 0
+        self.reason = ""  # why the attempt was stopped for its disk use ("": it was not)
+        self.stopped_phases: set[str] = set()
+
+    def over(self, phase: str) -> str | None:
+        """Measure; past the limit, why (once per phase: the caller stops that phase), else None."""
+        used = self.measure()
+        if used <= self.limit or phase in self.stopped_phases:
+            return None
+        self.stopped_phases.add(phase)
+        limit = format_bytes(self.limit)
+        why = f"its directories took {format_bytes(used)} on disk, over the job's disk limit of {limit}"
+        self.reason = f"stopped: {why}"
+        return why
+
+    def note_failure(self, code: int) -> None:
+        """A command that failed with a file stopped at the limit (RLIMIT_FSIZE: SIGXFSZ, or EFBIG where it is
+        ignored, as in Python) left its directories at the limit: that is why it failed."""
+        if self.reason or code == 0:
+            return
+        if code == -signal.SIGXFSZ or self.measure() >= self.limit:
+            self.reason = f"stopped: a file it wrote reached the job's disk limit of {format_bytes(self.limit)}"
 
     def due(self, now: float) -> bool:
         return self.limit > 0 and now >= self.next_at

@@ -1,23 +1,24 @@
 """The detached launcher of one local attempt: runs its phases, logs them, records how it ended.
 
-Run as ``<python> -I -S launcher.py <attempt_dir>`` by ``LocalExecutor`` in a new session. It uses the
-standard library only (it must never import dlcloud or a third-party package) so it starts fast and
-keeps working whatever happens to the control plane that started it.
+Run as ``<python> -I -S launcher.py <attempt_dir>`` by ``LocalExecutor`` in a new session. Standard library
+only (never dlcloud nor a third-party package; its siblings ``launch_*.py`` and ``netns_holder.py`` likewise):
+it starts fast and keeps working whatever happens to the control plane. The attempt's first launcher forks the
+attempt's network holder before anything else (``sandbox.network.make``); every phase joins its namespace.
 
-An attempt runs up to three **phases** after preparing its code directory, each as its own
-``/bin/sh -c`` child in its own process group, with the same environment, working directory and limits:
-``pre`` (``pre_command``), ``main`` (``command``) and ``post`` (``post_command``). ``pre`` failing (or being
-stopped / timed out) skips ``main``. ``post`` runs whenever a phase was started, after success, failure,
-stop and timeout alike, with ``DLCLOUD_EXIT_CODE`` = the exit status of ``main`` (of ``pre`` when ``main``
-was skipped; 128+N for a process killed by signal N, as the shell reports it). Every phase sees
-``DLCLOUD_PHASE`` = its name.
+An attempt runs up to three **phases** after preparing its code directory, each as its own ``/bin/sh -c`` child
+in its own process group, with the same environment, working directory and limits: ``pre`` (``pre_command``),
+``main`` (``command``) and ``post`` (``post_command``). ``pre`` failing (or being stopped / timed out) skips
+``main``. ``post`` runs whenever a phase was started, after success, failure, stop and timeout alike, with
+``DLCLOUD_EXIT_CODE`` = the exit status of ``main`` (of ``pre`` when ``main`` was skipped; 128+N for a process
+killed by signal N, as the shell reports it). Every phase sees ``DLCLOUD_PHASE`` = its name.
 
 Everything it knows goes to files in the attempt directory, each written atomically (tmp + rename):
 
 ``workload.json`` (input, written by the executor)
     job_id, tenant_id, attempt, attempt_dir, command, pre_command, post_command, post_timeout_seconds,
-    env (the COMPLETE environment of the phases), code_archive, package, gpus, cpus, memory_bytes,
-    timeout_seconds, grace_seconds, python.
+    env (the COMPLETE environment of the phases), code_archive, package, gpus, cpus, memory_bytes, pids_max,
+    nproc_max, disk_max_bytes, data_dirs, timeout_seconds, grace_seconds, python, sandbox {argv, uid,
+    seccomp, network {dir, userns, make}}.
 ``launcher.json``
     {"pid", "proc_start_ticks", "started_at", "limits": "cgroup2" | "cgroup1" | "rlimit", "cgroup": path | null,
     "cgroups": [paths]} (cgroup v1: one directory per controller, memory and cpu).
@@ -79,10 +80,12 @@ from typing import Any, BinaryIO
 try:  # imported by the executor, as part of the package
     from dlcloud.executors.local import launch_files as files
     from dlcloud.executors.local import launch_limits as limits
+    from dlcloud.executors.local import netns_holder
 except ImportError:  # run as a script with -I -S: the package is not importable, its own directory is
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import launch_files as files  # type: ignore[no-redef]
     import launch_limits as limits  # type: ignore[no-redef]
+    import netns_holder  # type: ignore[no-redef]
 
 PrepareError = files.PrepareError
 extract_archive = files.extract_archive
@@ -185,7 +188,6 @@ class Launcher:
         self.post_timeout = DEFAULT_POST_TIMEOUT_SECONDS
         self.preexec: Callable[[], None] | None = None  # what every child runs before exec (limits, namespaces)
         self.disk: limits.DiskMeter | None = None  # the disk the job's writable directories take
-        self.disk_exceeded = ""  # why the attempt was stopped for its disk use ("": it was not)
         self.post_deadline: float | None = None
         self.post_timed_out = False
         self.post_exit_code: int | None = None  # None: no post phase ran
@@ -310,10 +312,13 @@ class Launcher:
     # ---- the whole run
 
     def run(self) -> None:
-        self.install_signal_handlers()
-        self.open_log()
         with open(self.path(WORKLOAD_FILE), encoding="utf-8") as f:
             workload: dict[str, Any] = json.load(f)
+        network = (workload.get("sandbox") or {}).get("network")
+        if isinstance(network, dict) and network.get("make"):  # first: it makes the namespace the others wait for
+            limits.start_holder(str(network["dir"]), netns_holder.main)
+        self.install_signal_handlers()
+        self.open_log()
         self.grace = max(0.0, float(workload.get("grace_seconds", 10.0)))
         sandbox = workload.get("sandbox") or {}
         self.sandbox_argv = [str(a) for a in sandbox.get("argv") or ()]
@@ -467,7 +472,7 @@ class Launcher:
             if why:
                 self.system(f"command skipped: pre_command was {'stopped' if self.stopped else 'timed out'}")
                 return code, f"{why} while pre_command ran; the command did not run"
-            if self.disk_exceeded:
+            if self.disk_message():
                 self.system("command skipped: pre_command passed the disk limit")
                 return code, f"{self.disk_message()} while pre_command ran; the command did not run"
             if code != 0:
@@ -479,7 +484,8 @@ class Launcher:
         if error is not None:
             return code, error
         message = f"timed out after {timeout} s" if self.timed_out else "stopped" if self.stopped else ""
-        self.note_full_disk(code)
+        if self.disk is not None:
+            self.disk.note_failure(code)
         message = self.disk_message() or message
         self.system(f"command exited with code {code}" + (f" ({message})" if message else ""))
         return code, message
@@ -551,30 +557,14 @@ class Launcher:
     def over_disk(self, phase: str, pgid: int) -> bool:
         """Measure the job's directories; past the disk limit, SIGTERM the phase (once per phase) and say why."""
         assert self.disk is not None
-        used = self.disk.measure()
-        if used <= self.disk.limit or self.disk_exceeded.endswith(f"[{phase}]"):
-            return False
-        why = (
-            f"its directories took {limits.format_bytes(used)} on disk, over the job's disk limit of "
-            f"{limits.format_bytes(self.disk.limit)}"
-        )
-        self.disk_exceeded = f"stopped: {why}"
-        self.system(f"disk limit: {why}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
-        self.terminate(pgid)
-        self.disk_exceeded += f" [{phase}]"
-        return True
-
-    def note_full_disk(self, code: int) -> None:
-        """A command that failed with a file stopped at the limit (RLIMIT_FSIZE: SIGXFSZ, or EFBIG where it is
-        ignored, as in Python) left its directories at the limit: that is why it failed."""
-        if self.disk is None or self.disk_exceeded or code == 0:
-            return
-        if code == -signal.SIGXFSZ or self.disk.measure() >= self.disk.limit:
-            limit = limits.format_bytes(self.disk.limit)
-            self.disk_exceeded = f"stopped: a file it wrote reached the job's disk limit of {limit}"
+        why = self.disk.over(phase)
+        if why is not None:
+            self.system(f"disk limit: {why}: SIGTERM to process group {pgid}, SIGKILL in {self.grace:g} s", phase)
+            self.terminate(pgid)
+        return why is not None
 
     def disk_message(self) -> str:
-        return self.disk_exceeded.rsplit(" [", 1)[0]
+        return self.disk.reason if self.disk is not None else ""
 
     def sandbox_status(self, code: int) -> int:
         """bwrap reports a command killed by signal N as 128+N: give it back as -N, as for an unsandboxed one."""

@@ -1,9 +1,9 @@
 """The network of one local attempt (a single job or a whole gang): a network namespace of its own, and the one
 path out of it that jobs legitimately need, to the control plane's API.
 
-Run as ``<python> -I -S netns_holder.py <dir>`` by the executor (``network.py``) in a new session, before the
-attempt's launchers. Standard library only, like the launcher: it keeps working whatever happens to the control
-plane, and jobs outlive the control plane.
+Started by the attempt's first launcher as a fork of itself, in a session of its own (``launch_limits.
+start_holder``; ``<python> -I -S netns_holder.py <dir>`` runs it by hand). Standard library only, like the
+launcher: it keeps working whatever happens to the control plane, and jobs outlive the control plane.
 
 It forks once:
 - the **inside** process makes a new network namespace (unprivileged: inside a new user namespace that maps the

@@ -21,8 +21,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,8 +30,6 @@ from dlcloud.executors.local import netns_holder
 
 log = logging.getLogger(__name__)
 
-HOLDER_PATH = Path(netns_holder.__file__).resolve()
-HOLDER_LOG = "network.log"
 SLIRP_DNS = netns_holder.SLIRP_DNS
 
 
@@ -111,16 +107,12 @@ def egress_record(egress: Egress) -> dict[str, object] | str:
     return {"mode": egress.mode, "allow": resolve_allow(egress.allow), "slirp4netns": tools[0], "nft": tools[1]}
 
 
-def start(
-    directory: Path,
-    api_url: str | None,
-    userns: bool,
-    env: dict[str, str],
-    egress: Egress = Egress(),
-    ends: tuple[Path, ...] = (),
+def configure(
+    directory: Path, api_url: str | None, userns: bool, egress: Egress = Egress(), ends: tuple[Path, ...] = ()
 ) -> None:
-    """Start the holder of the attempt in ``directory`` (detached, its own session); returns at once. A holder
-    left by an earlier start of the same attempt that crashed before its launchers is ended first."""
+    """Configure the holder of the attempt in ``directory``: the attempt's first launcher starts it (a fork of
+    itself, detached in a session of its own: no second interpreter on the way to the job's first line). A
+    holder left by an earlier start of the same attempt that crashed before its launchers is ended first."""
     stop(directory)
     for name in (netns_holder.READY_FILE, netns_holder.FAILED_FILE):
         with contextlib.suppress(FileNotFoundError):
@@ -134,24 +126,6 @@ def start(
         str(directory / netns_holder.CONFIG_FILE),
         {"listen": listen, "target": target, "userns": userns, "egress": policy, "ends": [str(p) for p in ends]},
     )
-    log_fd = os.open(directory / HOLDER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        subprocess.Popen(
-            [sys.executable, "-I", "-S", str(HOLDER_PATH), str(directory)],
-            cwd=directory,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            close_fds=True,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        launcher_mod.write_json_atomic(
-            str(directory / netns_holder.FAILED_FILE), {"message": f"could not start its holder: {exc.strerror}"}
-        )
-    finally:
-        os.close(log_fd)
 
 
 def stop(directory: Path) -> None:
@@ -174,6 +148,7 @@ def _read(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def record(directory: Path, userns: bool) -> dict[str, object]:
-    """workload.json's ``sandbox.network``: where the launcher finds the attempt's namespace."""
-    return {"dir": str(directory), "userns": userns}
+def record(directory: Path, userns: bool, make: bool) -> dict[str, object]:
+    """workload.json's ``sandbox.network``: where the launcher finds the attempt's namespace, and whether it
+    starts the holder (the attempt's first launcher does)."""
+    return {"dir": str(directory), "userns": userns, "make": make}

@@ -412,7 +412,7 @@ class ProcessRunner:
                 userns = not self.sandbox.per_tenant_uids
                 dirs = [attempt_dir / REPLICAS_DIR / r.name for r in workload.replicas] or [attempt_dir]
                 ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
-                network.start(attempt_dir, workload.api_url, userns, dict(self.base_env), workload.egress, ends)
+                network.configure(attempt_dir, workload.api_url, userns, workload.egress, ends)
         if workload.replicas:
             self._start_gang(workload)
         else:
@@ -455,7 +455,8 @@ class ProcessRunner:
                 memory_bytes=r.memory_bytes,
                 replicas=(),
             )
-            self._start_one(one, shm=shm, files=tuple(rdir / name for name, _ in r.files), net_dir=attempt_dir)
+            replica_files = tuple(rdir / name for name, _ in r.files)
+            self._start_one(one, shm=shm, files=replica_files, net_dir=attempt_dir, first=r is workload.replicas[0])
 
     def _gang_shm(self, workload: Run, attempt_dir: Path) -> Path | None:
         """A /dev/shm shared by the replicas of one gang attempt, and by nobody else (NCCL, gloo and
@@ -469,15 +470,23 @@ class ProcessRunner:
         return shm
 
     def _start_one(
-        self, workload: Run, shm: Path | None = None, files: tuple[Path, ...] = (), net_dir: Path | None = None
+        self,
+        workload: Run,
+        shm: Path | None = None,
+        files: tuple[Path, ...] = (),
+        net_dir: Path | None = None,
+        first: bool = False,
     ) -> None:
+        """One launcher; ``net_dir``: the gang's directory, whose network namespace the ``first`` replica's
+        launcher makes and the others join (None: a single attempt, which makes its own)."""
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
             raise _used(attempt_dir)
         make_private_dirs(attempt_dir)
         sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
         if sandbox is not None and self._private_network(workload):
-            sandbox["network"] = network.record(net_dir or attempt_dir, not self.sandbox.per_tenant_uids)
+            userns = not self.sandbox.per_tenant_uids
+            sandbox["network"] = network.record(net_dir or attempt_dir, userns, make=net_dir is None or first)
         record = asdict(workload)
         record.update(
             attempt_dir=str(attempt_dir),
