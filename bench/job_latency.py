@@ -13,8 +13,8 @@ Several servers run side by side, each round submits one job to each (in an orde
 round), then spawns the peer:
 
 * ``private``: the bubblewrap sandbox (``--sandbox auto``, which must find it working) with each attempt in a
-  network namespace of its own (``DLCLOUD_JOB_NETWORK=private``, the default): a detached holder process makes
-  the namespace and relays the API; the launcher waits for it and joins every phase to it;
+  network namespace of its own (``DLCLOUD_JOB_NETWORK=private``, the default): a holder, forked by the attempt's
+  first launcher, makes the namespace and relays the API; the launcher waits for it and joins every phase to it;
 * ``host``: the same sandbox in the host's network (``DLCLOUD_JOB_NETWORK=host``, the behaviour before the
   namespace);
 * ``off``: no sandbox (``--sandbox off``);
@@ -26,8 +26,8 @@ hold the holder's ``network-ready.json``, a ``host`` one must not (the bench fai
 
 The breakdown splits a dlcloud start into stages from the job's events (STARTING: the scheduling pass
 that placed it) and the attempt's system log lines (launcher started, command started); for a private network
-also the holder: its start (the executor writes ``network.json`` just before it spawns it) to
-``network-ready.json``'s ``ready_at``, and ``ready_at`` against the launcher's ``started_at``
+also the holder: from the executor's writing of ``network.json`` (before the launcher is spawned, which forks
+the holder first thing) to ``network-ready.json``'s ``ready_at``, and ``ready_at`` against the launcher's ``started_at``
 (``launcher.json``; positive: the launcher may have waited that long for the namespace, at most).
 
 Example:
@@ -119,7 +119,7 @@ def attempt_stages(data_dir: Path, job_id: str, netns: bool | None) -> dict[str,
     if not ready_path.exists():
         raise RuntimeError(f"{attempt}: no network-ready.json: the job did not run in a network namespace")
     ready_at = float(json.loads(ready_path.read_text())["ready_at"])
-    holder_spawned = (attempt / "network.json").stat().st_mtime  # written just before the holder is spawned
+    holder_spawned = (attempt / "network.json").stat().st_mtime  # written just before the launcher is spawned
     launcher_started = _iso(json.loads((attempt / "launcher.json").read_text())["started_at"])
     return {
         "holder_ready": (ready_at - holder_spawned) * 1e3,
@@ -248,7 +248,7 @@ def print_report(
         ("command -> first user line", "to_user_code"),
     ]
     holder = [
-        ("holder: spawned -> namespace ready", "holder_ready"),
+        ("holder: configured -> namespace ready", "holder_ready"),
         ("holder ready - launcher started", "ready_vs_launcher"),
     ]
     for mode, rows in samples.items():
