@@ -12,6 +12,8 @@ from rich.table import Table
 from dlcloud.cli.output import Output, OutputOption, console, err_console, print_json
 from dlcloud.scheduler.planner import PlanConfig, Policy
 
+DEFAULT_TENANT_LAS_QUEUES = ",".join(f"{b:g}" for b in PlanConfig.tenant_las_queues_gpu_s)
+
 
 def simulate(
     trace: Path = typer.Option(..., "--trace", help="CSV with job_id, submit_time_s, num_gpus, duration_s, user."),
@@ -39,7 +41,7 @@ def simulate(
         help="Jobs declare max_run_time = their duration (backfill) [default: on, except for las].",
     ),
     tenant_las_queues: str = typer.Option(
-        ",".join(f"{x:g}" for x in PlanConfig.tenant_las_queues_gpu_s),
+        DEFAULT_TENANT_LAS_QUEUES,
         "--tenant-las-queues",
         help="fair-share: attained-service boundaries (GPU-seconds) inside each tenant, comma-separated; none: off.",
     ),
