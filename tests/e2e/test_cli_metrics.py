@@ -46,8 +46,8 @@ TRAIN = textwrap.dedent(
                 answers[path] = urllib.request.urlopen(req, timeout=10).status
             except urllib.error.HTTPError as exc:
                 answers[path] = exc.code
-            except urllib.error.URLError:
-                time.sleep(0.2)
+            except (urllib.error.URLError, ConnectionError):  # refused, or (in the job's own network, where the
+                time.sleep(0.2)  # relay takes the connection) reset while the API is down
     dlcloud.flush(60.0)
     print(json.dumps(answers), flush=True)
     """

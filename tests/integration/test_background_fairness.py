@@ -132,6 +132,7 @@ def _read(env: Env, attempt_ids: list[int]) -> int:
     return sum(env.control.ingester.read_bytes(i) for i in attempt_ids)
 
 
+@pytest.mark.serial  # its bound (2x the unloaded lag, measured in the same test) wants a machine to itself
 def test_a_tenant_flooding_the_event_file_reader_slows_neither_another_tenants_metrics_nor_its_jobs_ends(running):
     env = running
     assert env.control is not None
