@@ -188,6 +188,7 @@ def test_a_jobs_network_is_its_own_and_reaches_only_the_api(platform: Platform, 
     assert report["unshare"] != 0
 
 
+@pytest.mark.sqlite_only  # the database plays no part: root and unprivileged on SQLite
 def test_a_gang_still_rendezvous_on_its_own_loopback(platform: Platform, tmp_path: Path):
     code = tmp_path / "gang"
     code.mkdir()
@@ -210,6 +211,7 @@ def test_a_gang_still_rendezvous_on_its_own_loopback(platform: Platform, tmp_pat
     assert "SUM 3" in _logs(platform, "vera", "gang")
 
 
+@pytest.mark.sqlite_only  # the database plays no part: root and unprivileged on SQLite
 def test_forks_past_the_pids_limit_are_refused_and_the_host_goes_on(platform: Platform, tmp_path: Path):
     code = tmp_path / "forks"
     code.mkdir()
@@ -225,6 +227,7 @@ def test_forks_past_the_pids_limit_are_refused_and_the_host_goes_on(platform: Pl
     assert _wait_state(platform, "vera", "after", TERMINAL, timeout=240)["state"] == "SUCCEEDED"
 
 
+@pytest.mark.sqlite_only  # the database plays no part: root and unprivileged on SQLite
 def test_a_job_writing_past_its_disk_limit_is_stopped_with_the_reason(platform: Platform, tmp_path: Path):
     server = platform.server
     code = tmp_path / "disk"
