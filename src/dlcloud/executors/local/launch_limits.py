@@ -5,7 +5,7 @@ every phase joins, and the disk its writable directories may take. Standard libr
   else v1 as root (one directory per controller: memory, cpu, pids), else rlimits (``RLIMIT_DATA``, and as
   root ``RLIMIT_NPROC`` for the tenant's uid). Names are random (``dlcloud-<16 hex>``): what a job can read of
   ``/sys/fs/cgroup`` names no job or tenant.
-- network: ``Network.join`` opens the attempt's namespace (made by ``netns_holder.py``), after checking it is
+- network: ``join_network`` opens the attempt's namespace (made by ``netns_holder.py``), after checking it is
   the one the holder reported and not this process's own; ``child_setup`` then ``setns``-es every child into it
   before it execs, so no phase ever starts in the host's network.
 - disk: ``DiskMeter`` adds up the blocks of the writable directories (never following links) at an interval
@@ -242,7 +242,7 @@ def _lower(limit: int, value: int) -> None:
 # The attempt's network namespace
 
 
-def start_holder(directory: str, holder_main: Callable[[list[str]], int]) -> None:
+def start_holder(directory: str, holder: Any) -> None:
     """Start the attempt's network holder (``netns_holder.main``) as a fork of this process, detached: its own
     session and process group (the executor ends it with the group), reparented away from us, its output in
     ``network.log``. Returns as soon as the intermediate child is gone; a failure to fork is written where the
@@ -250,7 +250,7 @@ def start_holder(directory: str, holder_main: Callable[[list[str]], int]) -> Non
     try:
         first = os.fork()
     except OSError as exc:
-        _write_failed(directory, f"could not start its holder: {exc.strerror}")
+        holder.write_failed(directory, f"could not start its holder: {exc.strerror}")
         return
     if first:
         os.waitpid(first, 0)
@@ -268,19 +268,12 @@ def start_holder(directory: str, holder_main: Callable[[list[str]], int]) -> Non
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.closerange(3, 65536)
-        code = holder_main(["netns_holder", directory])
+        code = holder.main(["netns_holder", directory])
     except BaseException as exc:
         with contextlib.suppress(BaseException):
-            _write_failed(directory, f"its holder failed: {exc}")
+            holder.write_failed(directory, f"its holder failed: {exc}")
         code = 1
     os._exit(code)
-
-
-def _write_failed(directory: str, message: str) -> None:
-    path = os.path.join(directory, NETWORK_FAILED_FILE)
-    with open(f"{path}.tmp.{os.getpid()}", "w", encoding="utf-8") as f:
-        json.dump({"message": message}, f)
-    os.replace(f"{path}.tmp.{os.getpid()}", path)
 
 
 class NetworkError(Exception):

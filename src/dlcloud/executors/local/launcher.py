@@ -316,7 +316,7 @@ class Launcher:
             workload: dict[str, Any] = json.load(f)
         network = (workload.get("sandbox") or {}).get("network")
         if isinstance(network, dict) and network.get("make"):  # first: it makes the namespace the others wait for
-            limits.start_holder(str(network["dir"]), netns_holder.main)
+            limits.start_holder(str(network["dir"]), netns_holder)
         self.install_signal_handlers()
         self.open_log()
         self.grace = max(0.0, float(workload.get("grace_seconds", 10.0)))

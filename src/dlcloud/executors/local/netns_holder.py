@@ -43,22 +43,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import json
 import os
 import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import threading
 import time
-
-# Before network-ready.json only what the namespace needs is imported: the holder starts beside the attempt's
-# launchers, on the way to the job's first line. The egress modes' tools (subprocess, ipaddress) and the relay's
-# threads are imported where they are used (together ~15 ms of a loaded 2-core machine's CPU at every start).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import threading
-    from typing import Any
+from typing import Any
 
 CONFIG_FILE = "network.json"
 READY_FILE = "network-ready.json"
@@ -82,6 +78,11 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+def write_failed(directory: str, message: str) -> None:
+    """Why the namespace could not be made, where the launchers look for it."""
+    write_json_atomic(os.path.join(directory, FAILED_FILE), {"message": message})
 
 
 def start_ticks(pid: int) -> int | None:
@@ -138,8 +139,6 @@ def _lines(path: str) -> list[str]:
 
 def host_addresses(fib_trie: str = "/proc/net/fib_trie", inet6: str = "/proc/net/if_inet6") -> list[str]:
     """Every address of this host's own interfaces (IPv4 local routes, IPv6 interface addresses)."""
-    import ipaddress  # egress modes only (see TYPE_CHECKING above)
-
     found: set[str] = set()
     last = ""
     for line in _lines(fib_trie):
@@ -177,8 +176,6 @@ def nft_rules(mode: str, allow: list[str], deny: list[str]) -> str:
 
 
 def load_rules(nft: str, rules: str) -> None:
-    import subprocess  # egress modes only (see TYPE_CHECKING above)
-
     proc = subprocess.run([nft, "-f", "-"], input=rules.encode(), capture_output=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise OSError(f"nft refused the egress rules: {proc.stderr.decode(errors='replace').strip()[:500]}")
@@ -187,8 +184,6 @@ def load_rules(nft: str, rules: str) -> None:
 def start_slirp(egress: dict[str, Any], pid: int, userns: bool) -> None:
     """slirp4netns for the namespace of ``pid``, configured (tap0, 10.0.2.100/24, DNS 10.0.2.3) before it
     returns; it stays in the holder's process group, so it ends with it."""
-    import subprocess  # egress modes only (see TYPE_CHECKING above)
-
     ready_r, ready_w = os.pipe()
     argv = [str(egress["slirp4netns"]), "--configure", "--mtu=65520", "--disable-host-loopback"]
     argv += [f"--ready-fd={ready_w}", "--enable-seccomp", "--netns-type=path"]
@@ -267,8 +262,6 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def relay(conn: socket.socket, target: tuple[str, int], slots: threading.BoundedSemaphore) -> None:
-    import threading  # once the namespace is reported (see TYPE_CHECKING above)
-
     try:
         with conn, socket.create_connection(target, timeout=CONNECT_TIMEOUT) as out:
             out.settimeout(None)
@@ -291,8 +284,6 @@ def attempt_over(ends: list[str]) -> bool:
 
 def outside(config: dict[str, Any], channel: socket.socket) -> None:
     """The outside process: relay every connection the inside one hands over to the API's address."""
-    import threading  # once the namespace is reported (see TYPE_CHECKING above)
-
     target = config.get("target")
     ends = [str(p) for p in config.get("ends") or ()]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -342,7 +333,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             answer = f"error: {exc}"
     if answer != "ok":
-        write_json_atomic(os.path.join(directory, FAILED_FILE), {"message": answer.removeprefix("error: ")})
+        write_failed(directory, answer.removeprefix("error: "))
         os.kill(pid, signal.SIGKILL)
         return 1
     write_json_atomic(
