@@ -39,6 +39,7 @@ from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import GpuSpec, Settings
 from dlcloud.store.db import Database, migrate
 from dlcloud.store.rows import Base
+from tests.job_files import touch_for_job
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -123,7 +124,7 @@ def release(data_dir: Path, job_id: str) -> None:
     (outputs,) = wait_for(
         lambda: list((data_dir / "runs").glob(f"*/{job_id}/outputs")), what=f"job {job_id} to be placed"
     )
-    (outputs / "go").touch()
+    touch_for_job(outputs / "go")
 
 
 def _sa_url(url: str) -> str:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server
+from tests.job_files import touch_for_job
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -78,7 +79,7 @@ def test_a_job_reports_through_an_outage_and_its_owner_reads_the_series(server: 
     ).parent
 
     server.kill9()  # the job keeps running and reporting into the void
-    (outputs / "go").touch()
+    touch_for_job(outputs / "go")
     wait_for(lambda: (outputs / "second-half").exists(), timeout=60, what="5 steps reported during the outage")
     server.start()
     job = wait_for(

@@ -15,6 +15,7 @@ import pytest
 import dlcloud
 from tests.conftest import WAIT_FOR_GO, wait_for
 from tests.e2e.conftest import Server
+from tests.job_files import touch_for_job
 
 pytestmark = pytest.mark.e2e
 
@@ -69,12 +70,12 @@ def test_kill9_mid_study_then_restart_completes_it_with_every_trial_run_once(ser
     wait_for(lambda: len(_outputs(server)) == 2, timeout=30, what="their run directories")
     before = _trials(server)
     server.kill9()  # the trial jobs keep running without a control plane
-    (_outputs(server)[0] / "go").touch()  # one of them finishes meanwhile (its metric waits for the API)
+    touch_for_job(_outputs(server)[0] / "go")  # one of them finishes meanwhile (its metric waits for the API)
     server.start()
 
     def ended() -> dict | None:
         for out in _outputs(server):  # every trial started from now on may go on at once
-            (out / "go").touch()
+            touch_for_job(out / "go")
         s = server.cli_json("tune", "describe", "phoenix")
         assert isinstance(s, dict)
         return s if s["state"] in ("COMPLETED", "FAILED", "STOPPED") else None

@@ -17,6 +17,7 @@ from dlcloud.client import Client, Credentials
 from dlcloud.services.leader import ADVISORY_LOCK_ID
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server, free_port
+from tests.job_files import touch_for_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -92,7 +93,7 @@ def test_a_deposed_leader_stops_and_the_other_server_takes_over(tmp_path: Path, 
 
             assert c.jobs.get("long")["state"] == "RUNNING"
             outputs = next(o for s in (a, b) for o in s.data_dir.glob(f"runs/*/{long_id}/outputs"))
-            (outputs / "go").touch()
+            touch_for_job(outputs / "go")
             jobs = {
                 n: wait_for(lambda n=n: (j := c.jobs.get(n))["state"] in TERMINAL and j, timeout=120, what=n)
                 for n in ("long", "flaky")

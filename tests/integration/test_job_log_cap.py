@@ -11,6 +11,7 @@ import pytest
 
 from dlcloud.executors.local.executor import LocalExecutor
 from tests.conftest import Env, build_env, control_running, make_settings, wait_for
+from tests.job_files import touch_for_job
 
 CAP = 64 * 1024
 RESPONSE = 16 * 1024
@@ -95,7 +96,7 @@ def test_following_a_job_across_log_rotations_loses_no_line(capped_env: Env):
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     assert attached.wait(60), "the job's first line never reached the follower"
-    (_attempt_dir(capped_env, "steady").parent / "checkpoints" / "go").touch()
+    touch_for_job(_attempt_dir(capped_env, "steady").parent / "checkpoints" / "go")
     follower.join(timeout=90)
     assert not follower.is_alive()
     assert _wait_end(capped_env, "steady")["state"] == "SUCCEEDED"

@@ -25,6 +25,7 @@ from dlcloud.services.leader import ADVISORY_LOCK_ID, Leadership, LeadershipLost
 from dlcloud.store.db import Database
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, LeadershipRow
 from tests.conftest import Env, wait_for
+from tests.job_files import touch_for_job
 
 pytestmark = pytest.mark.serial  # lease expiry and takeover timings: run alone (make test)
 
@@ -122,7 +123,7 @@ def test_a_lost_lock_session_stops_the_leader_within_one_pass_and_another_takes_
         threads.append(threading.Thread(target=b.control.run, args=(stop,), daemon=True))
         threads[1].start()
         assert c.jobs.get("long")["state"] == "RUNNING"
-        (next(env.settings.runs_dir.glob(f"*/{job_id}/outputs")) / "go").touch()
+        touch_for_job(next(env.settings.runs_dir.glob(f"*/{job_id}/outputs")) / "go")
         # the job kept running through the handover; the new leader adopts its end
         job = wait_for(lambda: (j := c.jobs.get("long"))["state"] == "SUCCEEDED" and j, what="the job to end")
         assert [x.text for x in c.jobs.logs("long") if x.stream == "stdout"] == ["done"]

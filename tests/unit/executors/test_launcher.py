@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlcloud.executors.local import launcher
+from tests.job_files import touch_for_job
 
 LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z) ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
 
@@ -182,7 +183,7 @@ def test_sigint_and_sighup_are_ignored(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     time.sleep(0.1)  # give a wrongly handled signal the chance to kill it
     assert proc.poll() is None
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     result = finish(attempt_dir, proc)
     assert result["exit_code"] == 0 and result["stopped"] is False
     assert lines(attempt_dir, "stdout")[-1] == "done"

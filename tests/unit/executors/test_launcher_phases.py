@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlcloud.executors.local import launcher
+from tests.job_files import touch_for_job
 from tests.unit.executors.test_launcher import finish, lines, logged, start, wait_for
 
 # Each phase prints its name, the environment it sees and its process group (field 5 of /proc/$$/stat).
@@ -120,7 +121,7 @@ def test_a_stop_during_post_lets_it_finish(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)  # a second stop (e.g. from a restarted control plane) must not end post
     wait_for(lambda: logged(attempt_dir, "post:system stop requested: post_command may finish"))
     assert proc.poll() is None
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     result = finish(attempt_dir, proc)
     assert result["stopped"] is True and result["exit_code"] == -signal.SIGTERM
     assert result["post_exit_code"] == 0 and result["post_timed_out"] is False
@@ -133,7 +134,7 @@ def test_a_stop_after_the_command_ended_does_not_end_post(tmp_path: Path) -> Non
     wait_for(lambda: logged(attempt_dir, "post:stdout post-ready"))
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: logged(attempt_dir, "post:system stop requested: post_command may finish"))
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     result = finish(attempt_dir, proc)
     assert result["exit_code"] == 0 and result["stopped"] is False  # the command ended by itself
     assert lines(attempt_dir, "post:stdout") == ["post-ready", "post-done"]
@@ -161,7 +162,7 @@ def test_the_job_timeout_does_not_cover_post(tmp_path: Path) -> None:
     # let the job's deadline pass while post runs (counted from the launcher's start)
     started = time.monotonic()
     wait_for(lambda: time.monotonic() - started > 3.2, timeout=10)
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     result = finish(attempt_dir, proc)
     assert result["timed_out"] is False and result["exit_code"] == 0 and result["post_exit_code"] == 0
     assert lines(attempt_dir, "post:stdout") == ["post-ready", "post-done"]

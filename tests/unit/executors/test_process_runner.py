@@ -25,6 +25,7 @@ from dlcloud.executors.local import launcher
 from dlcloud.executors.local import runner as runner_mod
 from dlcloud.executors.local.runner import ProcessRunner, Run, stop_deadline
 from dlcloud.executors.local.sandbox import Sandbox
+from tests.job_files import touch_for_job
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ((?:pre:|post:)?(?:stdout|stderr|system)) (.*)$")
 
@@ -223,7 +224,7 @@ def test_attempt_survives_the_process_that_started_it(tmp_path: Path) -> None:
     report = wait_state(restarted, attempt_dir, "running")
     assert report.pid is not None and report.started_at is not None
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     report = wait_state(restarted, attempt_dir, "exited")
     assert report.exit_code == 0
     assert output(attempt_dir, "stdout") == ["ready", "done"]
@@ -294,7 +295,7 @@ def test_env_has_workload_env_but_not_server_secrets(monkeypatch: pytest.MonkeyP
     wait_for(lambda: logged(attempt_dir, "stdout ready"))
     launcher_pid = json.loads((attempt_dir / "launcher.json").read_text())["pid"]
     launcher_environ = Path(f"/proc/{launcher_pid}/environ").read_bytes()
-    (attempt_dir / "code" / "go").touch()
+    touch_for_job(attempt_dir / "code" / "go")
     assert wait_state(ex, attempt_dir, "exited").exit_code == 0
     ex.reap()
     env = dict(line.split("=", 1) for line in output(attempt_dir, "stdout") if "=" in line)

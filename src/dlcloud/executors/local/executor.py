@@ -54,8 +54,8 @@ from dlcloud.executors.base import (
     dataset_env_name,
     log_segments,
 )
+from dlcloud.executors.local import job_view, network, reader_charge
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local import network, reader_charge
 from dlcloud.executors.local.checkpoints import (
     NoRoom,
     SourceGone,
@@ -88,7 +88,7 @@ PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits grow
 CHECKPOINTS, OUTPUTS, TENSORBOARD = "checkpoints", "outputs", "tensorboard"
 # what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
 RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas", "mounts"}
-DATASETS_MOUNT = "/datasets"  # where a sandboxed job finds its datasets, each at /datasets/<name>
+DATASETS_MOUNT = job_view.DATASETS_AT  # where a sandboxed job finds its datasets, each at /datasets/<name>
 
 
 class LocalExecutor(Executor):
@@ -280,16 +280,18 @@ class LocalExecutor(Executor):
         # in a sandbox each dataset is at /datasets/<name> (where the host keeps it is none of the job's business);
         # bare, the job reads the host's directory
         seen = {name: f"{DATASETS_MOUNT}/{name}" if self.sandbox.enabled else str(path) for name, path in data}
+        # in a sandbox the job's directories are at neutral paths (job_view.py); bare, at the host's
+        at = job_view.job_dir_at if self.sandbox.enabled else (lambda name: str(jd / name))
         env.update(
             {
-                "DLCLOUD_CHECKPOINT_DIR": str(jd / CHECKPOINTS),
-                "DLCLOUD_OUTPUT_DIR": str(jd / OUTPUTS),
-                TENSORBOARD_ENV: str(jd / TENSORBOARD),
+                "DLCLOUD_CHECKPOINT_DIR": at(CHECKPOINTS),
+                "DLCLOUD_OUTPUT_DIR": at(OUTPUTS),
+                TENSORBOARD_ENV: at(TENSORBOARD),
                 "DLCLOUD_DATASETS": json.dumps(seen),
             }
         )
         env.update({dataset_env_name(name): path for name, path in seen.items()})
-        replicas = tuple(self._replica(r, attempt_dir) for r in w.replicas)
+        replicas = tuple(self._replica(r, attempt_dir, at) for r in w.replicas)
         # the job's own directories, kept across attempts; a gang replica writes its event files into its own
         tensorboard = (jd / TENSORBOARD, *(jd / TENSORBOARD / r.name for r in w.replicas))
         same = {f.name: getattr(w, f.name) for f in fields(Workload) if f.name in RUN_FIELDS}  # limits, phases...
@@ -440,14 +442,14 @@ class LocalExecutor(Executor):
         self._record_end(attempt_dir, -15, "stopped before it started", stopped=True)
         return True
 
-    @staticmethod
-    def _replica(r: Replica, attempt_dir: Path) -> Replica:
-        """The replica with its own TensorBoard directory, and the directory of its files (its own directory)
-        in place of REPLICA_FILES_REF."""
-        tensorboard = {TENSORBOARD_ENV: str(attempt_dir.parent / TENSORBOARD / r.name)}
+    def _replica(self, r: Replica, attempt_dir: Path, at: Callable[[str], str]) -> Replica:
+        """The replica with its own TensorBoard directory, and the directory of its files in place of
+        REPLICA_FILES_REF (both as the replica sees them: ``at`` names the job's directories)."""
+        tensorboard = {TENSORBOARD_ENV: f"{at(TENSORBOARD)}/{r.name}"}
         if not r.files:
             return replace(r, env={**r.env, **tensorboard})
-        files_dir = str(attempt_dir / REPLICAS_DIR / r.name)
+        host = attempt_dir / REPLICAS_DIR / r.name / job_view.FILES
+        files_dir = job_view.FILES_AT if self.sandbox.enabled else str(host)
         env = {
             k: files_dir + v[len(REPLICA_FILES_REF) :] if v.startswith(REPLICA_FILES_REF) else v
             for k, v in r.env.items()
@@ -545,4 +547,7 @@ class LocalExecutor(Executor):
             return None
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
-        shutil.rmtree(self._job_dir(tenant_id, job_id), ignore_errors=True)
+        job_dir = self._job_dir(tenant_id, job_id)
+        for attempt in job_dir.glob("attempt-*"):  # an attempt whose end was never polled keeps its work dirs
+            job_view.remove_work_dirs(attempt)
+        shutil.rmtree(job_dir, ignore_errors=True)

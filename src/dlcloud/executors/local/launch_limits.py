@@ -29,6 +29,7 @@ from typing import Any
 CPU_PERIOD_US = 100_000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
 NETWORK_READY_FILE = "network-ready.json"
 NETWORK_FAILED_FILE = "network-failed.json"
 
@@ -227,7 +228,7 @@ def child_setup(
             assert setns is not None
             if setns(fd, kind) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"cannot enter the job's network namespace: {os.strerror(err)}")
+                raise OSError(err, f"cannot enter the job's namespaces: {os.strerror(err)}")
 
     return setup
 
@@ -313,13 +314,18 @@ def join_network(directory: str, userns: bool, timeout: float, stopped: Callable
         ready: dict[str, Any] = json.load(f)
     pid = int(ready["inside_pid"])
     kinds = [("user", CLONE_NEWUSER)] if userns else []
+    if ready.get("mntns_inode") is not None:  # the job's volumes (job_view.py)
+        kinds.append(("mnt", CLONE_NEWNS))
     opened: list[tuple[int, int]] = []
     try:
         for name, kind in [*kinds, ("net", CLONE_NEWNET)]:
             opened.append((os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind))
         net_inode = os.fstat(opened[-1][0]).st_ino
+        mnt = [os.fstat(fd).st_ino for fd, kind in opened if kind == CLONE_NEWNS]
         if _start_ticks(pid) != ready.get("inside_start_ticks") or net_inode != ready.get("netns_inode"):
             raise NetworkError("the job's network namespace is gone (its holder process ended)")
+        if mnt and mnt[0] != ready.get("mntns_inode"):
+            raise NetworkError("the job's mount namespace is gone (its holder process ended)")
         if net_inode == os.stat("/proc/self/ns/net").st_ino:
             raise NetworkError("the job's network namespace is the host's: refusing to run in it")
     except OSError as exc:

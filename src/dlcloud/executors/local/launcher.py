@@ -629,7 +629,11 @@ class Launcher:
             self.system(f"installing {os.path.basename(package)} into {PACKAGES_DIR}/")
             # building an sdist runs its setup code: pip runs in the job's sandbox like the phases
             pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
-            pip += ["--disable-pip-version-check", "--no-input", "--target", packages, str(package)]
+            # a sandboxed job sees its directories at neutral paths (sandbox.paths; job_view.py)
+            seen = (workload.get("sandbox") or {}).get("paths") or {}
+            packages_seen = str(seen.get("packages") or packages)
+            pip += ["--disable-pip-version-check", "--no-input", "--target", packages_seen]
+            pip.append(str(seen.get("package") or package))
             argv, fds = self.sandboxed(pip)
             try:
                 proc = subprocess.Popen(
@@ -656,7 +660,7 @@ class Launcher:
             if code != 0:
                 raise PrepareError(f"pip install of {os.path.basename(package)} exited with code {code}")
             old = env.get("PYTHONPATH")
-            env["PYTHONPATH"] = packages + (os.pathsep + old if old else "")
+            env["PYTHONPATH"] = packages_seen + (os.pathsep + old if old else "")
         return code_dir
 
     # ---- running a process

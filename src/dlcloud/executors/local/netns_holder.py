@@ -62,6 +62,8 @@ FAILED_FILE = "network-failed.json"
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REC, MS_SLAVE = 0x1, 0x2, 0x4, 0x4000, 0x80000
 PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -104,11 +106,13 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def enter_new_namespace(userns: bool) -> None:
-    """Unshare the network namespace (and, unprivileged, a user namespace mapping our uid to 0 in it)."""
+def enter_new_namespace(userns: bool, mounts: bool = False) -> None:
+    """Unshare the network namespace (and, unprivileged, a user namespace mapping our uid to 0 in it; with
+    ``mounts``, a mount namespace too)."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
-    _check(libc.unshare(CLONE_NEWNET | (CLONE_NEWUSER if userns else 0)), "unshare")
+    flags = CLONE_NEWNET | (CLONE_NEWUSER if userns else 0) | (CLONE_NEWNS if mounts else 0)
+    _check(libc.unshare(flags), "unshare")
     if userns:
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
@@ -123,6 +127,53 @@ def loopback_up() -> None:
         req = struct.pack("16sH14s", b"lo", 0, b"")
         flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req)[:18])[1]
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, options: str | None) -> None:
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    args = (source.encode(), target.encode(), fstype.encode() if fstype else None, flags)
+    _check(libc.mount(*args, options.encode() if options else None), f"mounting {fstype or 'a bind'}")
+
+
+def _overlay(target: str, item: dict[str, Any], userns: bool) -> None:
+    """One volume's overlay at ``target``, its layers opened here and named to the kernel by descriptor."""
+    fds: list[int] = []
+
+    def named(path: object) -> str:
+        fds.append(os.open(str(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        return f"/proc/self/fd/{fds[-1]}"
+
+    try:
+        options = "lowerdir=" + ":".join(named(p) for p in item["lowers"])
+        writable = bool(item.get("upper"))
+        if writable:
+            options += f",upperdir={named(item['upper'])},workdir={named(item['work'])}"
+        if userns:
+            options += ",userxattr"
+        _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY), options)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def mount_volumes(volumes: dict[str, Any], userns: bool) -> None:
+    """The attempt's volumes, in this (new) mount namespace: a small tmpfs at ``volumes["root"]`` holding one
+    overlay per volume (its one writable layer the job's directory on the host; a read-only one: the directory as
+    its lower layer, over an empty one) and the small ``files`` given as text. Every layer is named to the kernel
+    as ``/proc/self/fd/N``, so that a job's ``/proc/self/mountinfo`` shows ``overlay`` and those names, never a
+    host path; the sandbox binds each volume where the job sees it."""
+    root = str(volumes["root"])
+    _mount("none", "/", None, MS_REC | MS_SLAVE, None)  # nothing mounted here reaches the host
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for item in volumes.get("items") or ():
+        target = os.path.join(root, str(item["name"]))
+        os.mkdir(target, 0o755)
+        _overlay(target, item, userns)
+    for name, text in (volumes.get("files") or {}).items():
+        with open(os.path.join(root, str(name)), "w", encoding="utf-8") as f:
+            f.write(str(text))
+        os.chmod(os.path.join(root, str(name)), 0o644)
 
 
 SLIRP_GATEWAY, SLIRP_DNS = "10.0.2.2", "10.0.2.3"
@@ -214,7 +265,10 @@ def _listener(host: str, port: int) -> socket.socket:
 def inside(config: dict[str, Any], channel: socket.socket, ready_w: int, deny: list[str]) -> None:
     """The inside process: make the namespace, report, then hand over every connection made to the relay."""
     try:
-        enter_new_namespace(bool(config.get("userns")))
+        volumes = config.get("volumes")
+        enter_new_namespace(bool(config.get("userns")), mounts=bool(volumes))
+        if volumes:
+            mount_volumes(volumes, bool(config.get("userns")))
         loopback_up()
         egress = config.get("egress") or {}
         if egress.get("mode") in ("internet", "allow"):
@@ -344,6 +398,7 @@ def main(argv: list[str]) -> int:
             "inside_pid": pid,
             "inside_start_ticks": start_ticks(pid),
             "netns_inode": os.stat(f"/proc/{pid}/ns/net").st_ino,
+            "mntns_inode": os.stat(f"/proc/{pid}/ns/mnt").st_ino if config.get("volumes") else None,
             "ready_at": time.time(),
         },
     )

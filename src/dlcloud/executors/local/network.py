@@ -25,8 +25,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from dlcloud.executors.base import Egress
+from dlcloud.executors.local import job_view, netns_holder
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local import netns_holder
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +108,17 @@ def egress_record(egress: Egress) -> dict[str, object] | str:
 
 
 def configure(
-    directory: Path, api_url: str | None, userns: bool, egress: Egress = Egress(), ends: tuple[Path, ...] = ()
+    directory: Path,
+    api_url: str | None,
+    userns: bool,
+    egress: Egress = Egress(),
+    ends: tuple[Path, ...] = (),
+    volumes: dict[str, object] | None = None,
 ) -> None:
     """Configure the holder of the attempt in ``directory``: the attempt's first launcher starts it (a fork of
     itself, detached in a session of its own: no second interpreter on the way to the job's first line). A
-    holder left by an earlier start of the same attempt that crashed before its launchers is ended first."""
+    holder left by an earlier start of the same attempt that crashed before its launchers is ended first.
+    ``volumes`` (``job_view.holder_volumes``): what it mounts in the mount namespace it makes too."""
     stop(directory)
     for name in (netns_holder.READY_FILE, netns_holder.FAILED_FILE):
         with contextlib.suppress(FileNotFoundError):
@@ -124,12 +130,20 @@ def configure(
         return
     launcher_mod.write_json_atomic(
         str(directory / netns_holder.CONFIG_FILE),
-        {"listen": listen, "target": target, "userns": userns, "egress": policy, "ends": [str(p) for p in ends]},
+        {
+            "listen": listen,
+            "target": target,
+            "userns": userns,
+            "egress": policy,
+            "ends": [str(p) for p in ends],
+            "volumes": volumes,
+        },
     )
 
 
 def stop(directory: Path) -> None:
-    """End the holder of the attempt in ``directory``, if it still runs."""
+    """End the holder of the attempt in ``directory``, if it still runs, and remove its overlays' work
+    directories."""
     ready = _read(directory / netns_holder.READY_FILE)
     if ready is None:
         return
@@ -137,6 +151,7 @@ def stop(directory: Path) -> None:
     if isinstance(pid, int) and launcher_mod.proc_start_ticks(pid) == ticks:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # the holder leads its session's only group: both halves go
+    job_view.remove_work_dirs(directory)
 
 
 def _read(path: Path) -> dict[str, object] | None:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlcloud.errors import InvalidState
 from dlcloud.executors.base import (
@@ -47,11 +47,11 @@ from dlcloud.executors.base import (
     Egress,
     Replica,
     ReplicaReport,
-    log_segments,
     replica_log_files,
 )
+from dlcloud.executors.local import job_view, network, seccomp
 from dlcloud.executors.local import launcher as launcher_mod
-from dlcloud.executors.local import network, seccomp
+from dlcloud.executors.local.gang_reports import last_lines, summarize_replicas
 from dlcloud.executors.local.sandbox import (
     BUILD_SLOT,
     Sandbox,
@@ -63,9 +63,6 @@ from dlcloud.executors.local.sandbox import (
 )
 from dlcloud.executors.local.venvs import BuildSandbox
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 
 LAUNCHER_PATH = Path(launcher_mod.__file__).resolve()
@@ -75,7 +72,6 @@ STOP_MARGIN_SECONDS = 30.0  # slack on top of what a stopping launcher may legit
 BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 GANG_FILE = "gang.json"
-LAST_LINES = 5
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -190,54 +186,6 @@ def stop_deadline(workload: dict[str, Any]) -> float:
         post_timeout = workload.get("post_timeout_seconds")
         post = (launcher_mod.DEFAULT_POST_TIMEOUT_SECONDS if post_timeout is None else float(post_timeout)) + phase
     return phase + post + STOP_MARGIN_SECONDS
-
-
-def last_lines(log: Path, n: int = LAST_LINES) -> tuple[str, ...]:
-    """The last ``n`` lines the command wrote (stdout / stderr of any phase) to an output.log."""
-    lines: list[str] = []
-    for segment in reversed(log_segments(log)):  # output.log, then its older half if it has one
-        try:
-            with open(segment, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 64 * 1024))
-                lines = f.read().decode("utf-8", "replace").splitlines() + lines
-        except OSError:
-            continue
-        if len(lines) > n:
-            break
-    out = []
-    for line in lines:
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[1].rpartition(":")[2] in ("stdout", "stderr"):
-            out.append(parts[2][:500])
-    return tuple(out[-n:])
-
-
-def summarize_replicas(reports: tuple[ReplicaReport, ...]) -> AttemptReport:
-    """The state of a gang from its replicas': exited once all exited; lost when one is lost and none runs
-    any more (a lost one while others run: still running, the control plane stops the rest)."""
-    states = {r.state for r in reports}
-    started = [r.started_at for r in reports if r.started_at is not None]
-    finished = [r.finished_at for r in reports if r.finished_at is not None]
-    if states <= {"exited"}:
-        state = "exited"
-    elif "running" in states:
-        state = "running"
-    elif "pending" in states:
-        state = "pending"
-    else:
-        state = "lost"
-    lost = [r for r in reports if r.state == "lost"]
-    message = f"{lost[0].name} was lost: {lost[0].message}" if state == "lost" and lost else ""
-    launched = not (state == "lost" and all("never started" in r.message for r in lost) and len(lost) == len(reports))
-    return AttemptReport(
-        state=state,  # type: ignore[arg-type]
-        started_at=min(started) if started else None,
-        finished_at=max(finished) if state == "exited" and finished else None,
-        message=message,
-        launched=launched,
-        replicas=reports,
-    )
 
 
 @dataclass(frozen=True)
@@ -405,18 +353,36 @@ class ProcessRunner:
         for d in workload.data_dirs:
             make_private_dirs(Path(d))
             give_to(Path(d), uid)
-        if self._private_network(workload):
-            attempt_dir = Path(os.path.abspath(workload.attempt_dir))
-            make_private_dirs(attempt_dir)
-            if not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
-                userns = not self.sandbox.per_tenant_uids
-                dirs = [attempt_dir / REPLICAS_DIR / r.name for r in workload.replicas] or [attempt_dir]
-                ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
-                network.configure(attempt_dir, workload.api_url, userns, workload.egress, ends)
+        if self.sandbox.enabled:
+            self._make_volume_dirs(workload)
+        attempt_dir = Path(os.path.abspath(workload.attempt_dir))
+        if self._private_network(workload) and not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
+            dirs = job_view.launcher_dirs(attempt_dir, workload.replicas)
+            volumes = [v for d in dirs for v in self._volumes(workload, d, attempt_dir)]
+            files = {"resolv.conf": f"nameserver {network.SLIRP_DNS}\n"} if workload.egress.mode != "none" else {}
+            view = job_view.holder_volumes(attempt_dir, volumes, files)
+            ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
+            network.configure(
+                attempt_dir, workload.api_url, not self.sandbox.per_tenant_uids, workload.egress, ends, view
+            )
         if workload.replicas:
             self._start_gang(workload)
         else:
             self._start_one(workload)
+
+    def _volumes(self, workload: Run, directory: Path, attempt_dir: Path) -> list[job_view.Volume]:
+        """The volumes of the launcher in ``directory`` (the attempt's, or a gang replica's below it)."""
+        replica = directory.name if directory != attempt_dir else ""
+        return job_view.attempt_volumes(directory, workload.data_dirs, workload.mounts, replica)
+
+    def _make_volume_dirs(self, workload: Run) -> None:
+        """Every launcher's own directories (code, packages, files, tmp), the job's, before the holder mounts
+        them."""
+        for d in job_view.launcher_dirs(Path(os.path.abspath(workload.attempt_dir)), workload.replicas):
+            make_private_dirs(d)
+            for name in job_view.ATTEMPT_DIRS:
+                (d / name).mkdir(mode=0o700, exist_ok=True)
+                give_to(d / name, self._uid(workload))
 
     def _start_gang(self, workload: Run) -> None:
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
@@ -439,11 +405,12 @@ class ProcessRunner:
                 os.close(fd)
         for r in workload.replicas:
             rdir = attempt_dir / REPLICAS_DIR / r.name
+            (rdir / job_view.FILES).mkdir(mode=0o700, exist_ok=True)
             for name, text in r.files:
-                fd = os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                fd = os.open(rdir / job_view.FILES / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
-                give_to(rdir / name, self._uid(workload))  # read-only in the replica's sandbox
+                give_to(rdir / job_view.FILES / name, self._uid(workload))  # read-only in the replica's sandbox
             env = {**workload.env, **r.env}
             one = replace(
                 workload,
@@ -455,8 +422,7 @@ class ProcessRunner:
                 memory_bytes=r.memory_bytes,
                 replicas=(),
             )
-            replica_files = tuple(rdir / name for name, _ in r.files)
-            self._start_one(one, shm=shm, files=replica_files, net_dir=attempt_dir, first=r is workload.replicas[0])
+            self._start_one(one, shm=shm, net_dir=attempt_dir, first=r is workload.replicas[0])
 
     def _gang_shm(self, workload: Run, attempt_dir: Path) -> Path | None:
         """A /dev/shm shared by the replicas of one gang attempt, and by nobody else (NCCL, gloo and
@@ -473,7 +439,6 @@ class ProcessRunner:
         self,
         workload: Run,
         shm: Path | None = None,
-        files: tuple[Path, ...] = (),
         net_dir: Path | None = None,
         first: bool = False,
     ) -> None:
@@ -483,7 +448,7 @@ class ProcessRunner:
         if (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
             raise _used(attempt_dir)
         make_private_dirs(attempt_dir)
-        sandbox = self._sandbox_record(workload, attempt_dir, shm, files)
+        sandbox = self._sandbox_record(workload, attempt_dir, shm, net_dir or attempt_dir)
         if sandbox is not None and self._private_network(workload):
             userns = not self.sandbox.per_tenant_uids
             sandbox["network"] = network.record(net_dir or attempt_dir, userns, make=net_dir is None or first)
@@ -544,44 +509,42 @@ class ProcessRunner:
             self._launchers[attempt_dir] = proc
 
     def _sandbox_record(
-        self, workload: Run, attempt_dir: Path, shm: Path | None, files: tuple[Path, ...]
+        self, workload: Run, attempt_dir: Path, shm: Path | None, net_dir: Path
     ) -> dict[str, Any] | None:
-        """workload.json's ``sandbox``: the argv prefix of every process the launcher starts for the job, and
-        the uid that must own the directories the launcher fills (code, packages) — or None (no sandbox).
+        """workload.json's ``sandbox``: the argv prefix of every process the launcher starts for the job, the uid
+        that must own the directories the launcher fills (code, packages), and ``paths``: where the job sees
+        them (job_view) — or None (no sandbox).
 
-        The attempt directory itself (the launcher's records) is never in the view: only its code/,
-        packages/ and tmp/ below it, which the executor creates here, owned by the job's uid."""
+        The attempt directory itself (the launcher's records) is never in the view: only the volumes below it
+        (``start`` made them), at their neutral paths; with a private network, as the holder's overlays."""
         if not self.sandbox.enabled:
             return None
         uid = self._uid(workload)
-        work = [attempt_dir / launcher_mod.CODE_DIR, attempt_dir / launcher_mod.PACKAGES_DIR]
-        tmp = attempt_dir / launcher_mod.TMP_DIR
-        for d in (*work, tmp):
-            d.mkdir(mode=0o700, exist_ok=True)
-            give_to(d, uid)
-        readonly = [*files, *([Path(workload.venv)] if workload.venv is not None else []), *workload.readonly_dirs]
-        if workload.package is not None:  # pip installs it inside the sandbox: readable there, closed on the host
-            readonly.append(Path(workload.package))
-            if uid is not None:
-                _open_for_readers(Path(workload.package))
-        mounts = workload.mounts
-        if workload.private_network and workload.egress.mode != "none":  # slirp4netns's resolver, from inside
-            resolv = attempt_dir / "resolv.conf"
-            resolv.write_text(f"nameserver {network.SLIRP_DNS}\n", encoding="utf-8")
-            resolv.chmod(0o644)
-            mounts = (*mounts, (resolv, "/etc/resolv.conf"))
+        private = self._private_network(workload)
+        volumes = self._volumes(workload, attempt_dir, net_dir)
+        readonly = [*([Path(workload.venv)] if workload.venv is not None else []), *workload.readonly_dirs]
+        paths = {"code": job_view.CODE_AT, "packages": job_view.PACKAGES_AT}
+        if workload.package is not None:  # pip installs it inside the sandbox, from the job's read-only files
+            copy = attempt_dir / job_view.FILES / Path(workload.package).name
+            shutil.copyfile(workload.package, copy)
+            give_to(copy, uid)
+            paths["package"] = f"{job_view.FILES_AT}/{copy.name}"
+        placed = [(job_view.source(v, net_dir if private else None), v) for v in volumes]
+        mounts = [(src, v.dest) for src, v in placed if not v.writable]
+        if private and workload.egress.mode != "none":  # slirp4netns's resolver, from inside
+            mounts.append((net_dir / job_view.VOLUMES_DIR / "resolv.conf", "/etc/resolv.conf"))
         view = View(
-            writable=(*work, *workload.data_dirs),
             readonly=tuple(readonly),
-            mounts=mounts,
-            tmp=tmp,
+            mounts=tuple(mounts),
+            binds=tuple((src, v.dest) for src, v in placed if v.writable and v.dest != "/tmp"),
+            tmp=next(src for src, v in placed if v.dest == "/tmp"),
             shm=shm,
             gpus=workload.gpus,
-            cwd=attempt_dir / launcher_mod.CODE_DIR,
-            network=not workload.private_network,
-            joins_network=workload.private_network,
+            cwd=Path(job_view.CODE_AT),
+            network=not private,
+            joins_network=private,
         )
-        record: dict[str, Any] = {"argv": self.sandbox.wrap(view, uid), "uid": uid}
+        record: dict[str, Any] = {"argv": self.sandbox.wrap(view, uid), "uid": uid, "paths": paths}
         program = seccomp.no_user_namespaces() if uid is not None else None
         if program is not None:  # unprivileged, bwrap's --disable-userns does it
             record["seccomp"] = program.hex()

@@ -56,6 +56,8 @@ class View:
     # read-only, at another path: (host path, path in the sandbox), e.g. a dataset at /datasets/<name>, so the
     # job learns nothing of where the host keeps it
     mounts: tuple[tuple[Path, str], ...] = ()
+    # writable, at another path: (host path, path in the sandbox), e.g. a job's checkpoints at /job/checkpoints
+    binds: tuple[tuple[Path, str], ...] = ()
     tmp: Path | None = None  # mounted at /tmp (private when None: an empty directory on the sandbox's root)
     shm: Path | None = None  # mounted at /dev/shm (a gang's replicas share one); None: private
     gpus: tuple[int, ...] = ()
@@ -149,7 +151,7 @@ class Sandbox:
                     continue
                 argv += ["--perms", "0755", "--dir", q]
                 made.add(q)
-        for _, dest in view.mounts:
+        for _, dest in (*view.mounts, *view.binds):
             for parent in reversed(Path(dest).parents):
                 q = str(parent)
                 if q not in made and not any(q.startswith(b.rstrip("/") + "/") for b in bound):
@@ -161,6 +163,8 @@ class Sandbox:
             argv += ["--bind", p, p]
         for src, dest in view.mounts:
             argv += ["--ro-bind", os.path.realpath(src), dest]
+        for src, dest in view.binds:
+            argv += ["--bind", os.path.realpath(src), dest]
         if view.shm is not None:
             argv += ["--bind", str(view.shm), "/dev/shm"]
         for dev in (*(f"/dev/nvidia{g}" for g in view.gpus), *GPU_CONTROL_DEVICES) if view.gpus else ():
