@@ -51,13 +51,30 @@ def test_only_the_platform_admin_manages_tenants(env, role):
     assert exc.value.code == "permission_denied"
     assert exc.value.http_status == 403
     with pytest.raises(
-        DlcloudError, match="changing quotas, scheduling terms and network policies needs the platform-admin role"
+        DlcloudError,
+        match="changing quotas, scheduling terms, network policies and sandbox terms needs the platform-admin role",
     ) as exc:
         user.tenants.set_quota("team", {"gpus": 64})
     assert exc.value.code == "permission_denied"
     assert [t["name"] for t in env.admin.tenants.list()] == ["default", "team"]
     assert env.admin.tenants.get("team")["quota"]["gpus"] == 1
     assert [t["name"] for t in user.tenants.list()] == ["team"]
+
+
+def test_only_the_platform_admin_lets_a_tenants_jobs_make_user_namespaces(env):
+    member = env.new_tenant_user("lab", "lena", role="tenant-admin")
+    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": False}  # the default: denied
+    with pytest.raises(DlcloudError, match="sandbox terms needs the platform-admin role") as exc:
+        member.tenants.update("lab", sandbox={"user_namespaces": True})
+    assert exc.value.http_status == 403
+    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": False}  # nothing changed
+    updated = env.admin.tenants.update("lab", sandbox={"user_namespaces": True})
+    assert updated["sandbox"] == {"user_namespaces": True}
+    assert updated["network"] == {"egress": None, "allow": []}  # what was left out stays
+    with pytest.raises(DlcloudError) as exc:
+        env.admin.tenants.update("lab", sandbox={"user_namespaces": "sometimes"})
+    assert exc.value.http_status == 422
+    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": True}
 
 
 # --- users --------------------------------------------------------------------------------------------------

@@ -305,7 +305,7 @@ def _connects(host: str, port: int) -> bool:
 
 
 @pytest.mark.sqlite_only
-def test_egress_reaches_outside_only_as_the_tenants_policy_says(
+def test_egress_and_user_namespaces_follow_the_tenants_policy(
     platform: Platform, tmp_path: Path, outside_host: tuple[str, str, int]
 ):
     outside, host_side, port = outside_host
@@ -341,3 +341,14 @@ def test_egress_reaches_outside_only_as_the_tenants_policy_says(
         assert not run("none")["outside"].startswith("REACHED")
     finally:
         on_host.close()
+    # the sandbox's terms are the tenant's too: user namespaces only where an admin allowed them (this server is
+    # reused for it: the database plays no part)
+    userns = "unshare -Ur true && echo USERNS made || echo USERNS refused"
+    platform.as_("local", "tenants", "set-sandbox", "attacker", "--user-namespaces", "allow")
+    _submit(platform, "mallory", "userns-allowed", code, userns)
+    assert _wait_state(platform, "mallory", "userns-allowed", TERMINAL, timeout=240)["state"] == "SUCCEEDED"
+    assert "USERNS made" in _logs(platform, "mallory", "userns-allowed")
+    platform.as_("local", "tenants", "set-sandbox", "attacker", "--user-namespaces", "deny")
+    _submit(platform, "mallory", "userns-denied", code, userns)
+    assert _wait_state(platform, "mallory", "userns-denied", TERMINAL, timeout=240)["state"] == "SUCCEEDED"
+    assert "USERNS refused" in _logs(platform, "mallory", "userns-denied")

@@ -170,6 +170,35 @@ def tenants_set_network(
     )
 
 
+@tenants_app.command("set-sandbox")
+def tenants_set_sandbox(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name."),
+    user_namespaces: str = typer.Option(
+        ..., "--user-namespaces", help="allow (its jobs may make user namespaces of their own) or deny (the default)."
+    ),
+    output: Output = OutputOption,
+) -> None:
+    """Set what a tenant's jobs may do in their sandbox beyond the default (platform admin). By default a job
+    cannot make user namespaces (unshare -U, rootless containers): they put more of the kernel in its reach.
+    See docs/isolation.md#user-namespaces.
+
+    Examples:
+
+      dlcloud tenants set-sandbox vision --user-namespaces allow
+
+      dlcloud tenants set-sandbox vision --user-namespaces deny
+    """
+    if user_namespaces not in ("allow", "deny"):
+        raise InvalidArgument(f"--user-namespaces must be allow or deny; got {user_namespaces!r}")
+    t = client(ctx).tenants.update(name, sandbox={"user_namespaces": user_namespaces == "allow"})
+    if output == Output.json:
+        print_json(t)
+        return
+    allowed = t["sandbox"]["user_namespaces"]
+    render_fields(t, output, [("Tenant", t["name"]), ("User namespaces", "allowed" if allowed else "denied")])
+
+
 @tenants_app.command("update")
 def tenants_update(
     ctx: typer.Context,
@@ -406,11 +435,15 @@ def quota(
     tenant: str | None = typer.Option(None, "--tenant", help="Another tenant (platform admin)."),
     output: Output = OutputOption,
 ) -> None:
-    """Show your tenant's limits and live usage, the queued-jobs cap in force and the request rate limits.
+    """Show your tenant's limits and live usage, the queued-jobs cap in force, the request rate limits and what
+    bounds each job.
 
     A tenant whose quota leaves max queued jobs unset gets the platform's default cap ("(platform default)").
     The request rate limits are per access key and per tenant (all its keys together); over one, a call is
-    refused with 429 rate_limited and a Retry-After (docs/quotas-and-usage.md).
+    refused with 429 rate_limited and a Retry-After (docs/quotas-and-usage.md). Processes per job count each
+    replica's; the tenant's count all its processes where only a per-user limit can (as root without a pids
+    cgroup: its max running jobs times the per-job limit); disk per job is what its directories may take
+    (docs/isolation.md#processes-and-disk).
 
     Examples:
 
@@ -455,6 +488,9 @@ def quota(
         rows += [
             {"resource": "requests (your key)", "used": "", "limit": rate_str(admission.get("rate_limit_per_key"))},
             {"resource": "requests (tenant)", "used": "", "limit": rate_str(admission.get("rate_limit_per_tenant"))},
+            {"resource": "processes (per job)", "used": "", "limit": lim_str(admission.get("processes_per_job"))},
+            {"resource": "processes (tenant)", "used": "", "limit": lim_str(admission.get("processes_per_tenant"))},
+            {"resource": "disk (per job)", "used": "", "limit": lim_str(admission.get("disk_per_job"), format_memory)},
         ]
     render(
         rows, output, [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")], title=f"tenant {r['tenant']}"

@@ -31,12 +31,15 @@ class TenantsAPI:
         quota: dict[str, Any] | None = None,
         scheduling: dict[str, Any] | None = None,
         network: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Replace a tenant's quota, its scheduling terms and/or its network policy (platform admin):
+        """Replace a tenant's quota, its scheduling terms, its network policy and/or its sandbox terms (platform
+        admin):
         ``scheduling`` keys are guarantee {gpus, cpus, memory}, borrow_limit {gpus, cpus, memory} (None:
         unlimited), weight, priority_min, priority_max (docs/scheduling.md); ``network`` keys are egress (none,
         internet, allow; None: the platform's default) and allow (addresses, CIDRs, host names;
-        docs/isolation.md#network)."""
+        docs/isolation.md#network); ``sandbox`` keys are user_namespaces (bool;
+        docs/isolation.md#user-namespaces)."""
         body: dict[str, Any] = {}
         if quota is not None:
             body["quota"] = quota
@@ -44,6 +47,8 @@ class TenantsAPI:
             body["scheduling"] = scheduling
         if network is not None:
             body["network"] = network
+        if sandbox is not None:
+            body["sandbox"] = sandbox
         return self._t.request("PATCH", f"{API}/tenants/{name}", json_body=body)
 
 

@@ -129,6 +129,11 @@ class Workload:
     # from the job's network, and nothing else of the host's
     api_url: str | None = None
     egress: Egress = Egress()
+    # the tenant may make user namespaces in its sandboxes (an admin allowed it); otherwise its jobs cannot
+    user_namespaces: bool = False
+    # how many processes the tenant may run at once where only a per-uid limit can count them (as root without a
+    # pids cgroup), derived from its quota above the executor; 0: the executor's own default
+    tenant_processes: int = 0
 
 
 @dataclass(frozen=True)

@@ -94,20 +94,30 @@ class NetworkSpec(Request):
     allow: list[EgressTarget] = Field(default_factory=list, max_length=256)
 
 
+class SandboxSpec(Request):
+    """What a tenant's jobs may do inside their sandbox beyond the default (docs/isolation.md#user-namespaces):
+    ``user_namespaces`` true lets them make user namespaces of their own (rootless containers, nested sandboxes;
+    more of the kernel in reach), which they otherwise cannot."""
+
+    user_namespaces: bool = False
+
+
 class TenantCreate(Request):
     name: Name
     quota: QuotaSpec = QuotaSpec()
     scheduling: SchedulingSpec = SchedulingSpec()
     network: NetworkSpec = NetworkSpec()
+    sandbox: SandboxSpec = SandboxSpec()
 
 
 class TenantUpdate(Request):
-    """What is given is replaced whole (a quota, the scheduling terms, the network policy); what is left out
-    stays."""
+    """What is given is replaced whole (a quota, the scheduling terms, the network policy, the sandbox terms);
+    what is left out stays."""
 
     quota: QuotaSpec | None = None
     scheduling: SchedulingSpec | None = None
     network: NetworkSpec | None = None
+    sandbox: SandboxSpec | None = None
 
 
 class Tenant(Response):
@@ -117,6 +127,7 @@ class Tenant(Response):
     quota: QuotaSpec
     scheduling: SchedulingSpec = SchedulingSpec()
     network: NetworkSpec = NetworkSpec()
+    sandbox: SandboxSpec = SandboxSpec()
 
 
 class QuotaUsage(Response):
@@ -144,6 +155,10 @@ class AdmissionLimits(Response):
     max_queued_jobs_source: Literal["tenant quota", "platform default", "none"]
     rate_limit_per_key: RateLimit | None
     rate_limit_per_tenant: RateLimit | None
+    # what bounds each job and the tenant's processes (docs/isolation.md#processes-and-disk; None: no bound)
+    processes_per_job: int | None = None  # per replica (pids cgroup, else RLIMIT_NPROC in its sandbox)
+    processes_per_tenant: int | None = None  # its uid's, as root without a pids cgroup (derived from its quota)
+    disk_per_job: int | None = None  # bytes its writable directories may take
 
 
 class QuotaReport(Response):

@@ -53,7 +53,7 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
                 queued_jobs=int(queued or 0),
                 storage=storage_used(s, t.id),
             ),
-            admission=admission_limits(platform.settings, t.quota_max_queued_jobs),
+            admission=admission_limits(platform.settings, t.quota_max_queued_jobs, t.quota_max_running_jobs),
         )
 
 

@@ -169,8 +169,22 @@ def check_queue_room(settings: Settings, s: Session, tenant: TenantRow) -> None:
     )
 
 
-def admission_limits(settings: Settings, tenant_limit: int | None) -> AdmissionLimits:
-    """What the platform admits from a caller of a tenant whose quota says ``tenant_limit`` (``dlcloud quota``)."""
+def tenant_processes(settings: Settings, max_running_jobs: int | None) -> int:
+    """How many processes a tenant's uid may run at once where only a per-uid limit counts them (as root without
+    a pids cgroup): what its quota lets it run, ``job_pids_max`` for each of its ``max_running_jobs``, within the
+    platform's ``tenant_processes_max`` (0: none); without that quota, the platform's."""
+    if max_running_jobs is None or settings.job_pids_max <= 0:
+        return settings.tenant_processes_max
+    derived = settings.job_pids_max * max_running_jobs
+    cap = settings.tenant_processes_max
+    return max(1, min(cap, derived) if cap > 0 else derived)
+
+
+def admission_limits(
+    settings: Settings, tenant_limit: int | None, max_running_jobs: int | None = None
+) -> AdmissionLimits:
+    """What the platform admits from a caller of a tenant whose quota says ``tenant_limit`` queued jobs and
+    ``max_running_jobs`` running ones, and what bounds each of its jobs (``dlcloud quota``)."""
     limit, source = queued_jobs_cap(settings, tenant_limit)
 
     def rate(value: float, burst: int) -> RateLimit | None:
@@ -181,4 +195,7 @@ def admission_limits(settings: Settings, tenant_limit: int | None) -> AdmissionL
         max_queued_jobs_source=source,
         rate_limit_per_key=rate(settings.api_rate_limit_per_key, settings.api_rate_limit_per_key_burst),
         rate_limit_per_tenant=rate(settings.api_rate_limit_per_tenant, settings.api_rate_limit_per_tenant_burst),
+        processes_per_job=settings.job_pids_max or None,
+        processes_per_tenant=tenant_processes(settings, max_running_jobs) or None,
+        disk_per_job=settings.job_disk_max_bytes or None,
     )

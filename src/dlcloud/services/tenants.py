@@ -18,6 +18,7 @@ from dlcloud.schemas.tenants import (
     GuaranteeSpec,
     NetworkSpec,
     QuotaSpec,
+    SandboxSpec,
     SchedulingSpec,
     Tenant,
     TenantCreate,
@@ -49,6 +50,7 @@ def _tenant_model(row: TenantRow) -> Tenant:
         ),
         scheduling=scheduling_model(row),
         network=NetworkSpec(egress=row.egress, allow=list(row.egress_allow or ())),  # type: ignore[arg-type]
+        sandbox=SandboxSpec(user_namespaces=bool(row.user_namespaces)),
     )
 
 
@@ -113,6 +115,7 @@ def create_tenant(db: Database, caller: Caller, req: TenantCreate) -> Tenant:
         _apply_quota(row, req.quota)
         _apply_scheduling(row, req.scheduling)
         _apply_network(row, req.network)
+        row.user_namespaces = req.sandbox.user_namespaces
         _check_guarantee(row)
         s.add(row)
         s.flush()
@@ -148,13 +151,15 @@ def get_tenant(db: Database, caller: Caller, name: str) -> Tenant:
 def update_tenant(db: Database, caller: Caller, name: str, req: TenantUpdate) -> Tenant:
     with db.write() as s:
         row = resolve_tenant(s, caller, name)
-        caller.require_platform_admin("changing quotas, scheduling terms and network policies")
+        caller.require_platform_admin("changing quotas, scheduling terms, network policies and sandbox terms")
         if req.quota is not None:
             _apply_quota(row, req.quota)
         if req.scheduling is not None:
             _apply_scheduling(row, req.scheduling)
         if req.network is not None:
             _apply_network(row, req.network)
+        if req.sandbox is not None:
+            row.user_namespaces = req.sandbox.user_namespaces
         _check_guarantee(row)
         s.flush()
         return _tenant_model(row)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from dlcloud.executors.base import DatasetMount, Egress, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
+from dlcloud.services.admission import tenant_processes
 from dlcloud.services.jobs import CHECKPOINT_FROM_ID, RESOLVED_DATASETS, hparams_env, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
@@ -105,6 +106,8 @@ def build(
         checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
         api_url=platform.settings.resolved_job_api_url,
         egress=egress(platform, tenant),
+        user_namespaces=bool(tenant is not None and tenant.user_namespaces),
+        tenant_processes=tenant_processes(platform.settings, tenant.quota_max_running_jobs if tenant else None),
     )
 
 

@@ -84,6 +84,8 @@ class TenantRow(Base):
     # the allow-list; None: the platform's default
     egress: Mapped[str | None] = mapped_column(String(16))
     egress_allow: Mapped[list[str] | None] = mapped_column(JSON)
+    # whether its jobs may make user namespaces of their own (docs/isolation.md#user-namespaces)
+    user_namespaces: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class UserRow(Base):

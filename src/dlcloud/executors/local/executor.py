@@ -308,7 +308,7 @@ class LocalExecutor(Executor):
             mounts=tuple((path, seen[name]) for name, path in data) if self.sandbox.enabled else (),
             private_network=self.settings.job_network == "private",
             pids_max=self.settings.job_pids_max,
-            nproc_max=self.settings.tenant_processes_max,
+            nproc_max=w.tenant_processes or self.settings.tenant_processes_max,
             disk_max_bytes=self.settings.job_disk_max_bytes,
         )
 

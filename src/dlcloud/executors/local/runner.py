@@ -230,6 +230,7 @@ class Run:
     nproc_max: int = 0  # as root without a pids cgroup: RLIMIT_NPROC of the tenant's uid; 0: none
     disk_max_bytes: int = 0  # what its writable directories may take on disk; 0: no limit
     egress: Egress = Egress()  # what it may reach beyond its own network (with a private network)
+    user_namespaces: bool = False  # it may make user namespaces in its sandbox (its tenant is allowed to)
 
 
 class ProcessRunner:
@@ -543,9 +544,11 @@ class ProcessRunner:
             cwd=Path(job_view.CODE_AT),
             network=not private,
             joins_network=private,
+            user_namespaces=workload.user_namespaces,
         )
         record: dict[str, Any] = {"argv": self.sandbox.wrap(view, uid), "uid": uid, "paths": paths}
-        program = seccomp.no_user_namespaces() if uid is not None else None
+        # as root, a seccomp filter keeps user namespaces out (unprivileged, bwrap's --disable-userns does)
+        program = seccomp.no_user_namespaces() if uid is not None and not workload.user_namespaces else None
         if program is not None:  # unprivileged, bwrap's --disable-userns does it
             record["seccomp"] = program.hex()
         return record

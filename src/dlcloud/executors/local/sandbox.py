@@ -66,6 +66,7 @@ class View:
     # True: the process is started inside the attempt's network namespace (the launcher joins it, and, unprivileged,
     # the user namespace that owns it: bwrap then runs as uid 0 there and must drop what that gives)
     joins_network: bool = False
+    user_namespaces: bool = False  # it may make user namespaces of its own (else, unprivileged: --disable-userns)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ class Sandbox:
         """
         argv = [self.bwrap]
         if uid is None:
-            argv += ["--unshare-user", *(["--disable-userns"] if self.disable_userns else [])]
+            no_more = self.disable_userns and not view.user_namespaces
+            argv += ["--unshare-user", *(["--disable-userns"] if no_more else [])]
             if view.joins_network:  # the control plane's uid and gid inside, as without a joined namespace
                 argv += ["--uid", str(os.getuid()), "--gid", str(os.getgid()), "--cap-drop", "ALL"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try", "--die-with-parent"]
