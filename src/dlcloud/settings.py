@@ -6,10 +6,11 @@ Nothing here imports other dlcloud modules.
 
 from __future__ import annotations
 
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, IPvAnyAddress, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlcloud.scheduler.contract import MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S, PlanConfig
@@ -192,6 +193,9 @@ class Settings(BaseSettings):
     # host names)
     job_egress: Literal["none", "internet", "allow"] = "none"
     job_egress_allow: list[str] = []
+    # where the ports jobs publish (``publish`` in a job's spec) listen on this host: each on a free port of this
+    # address, forwarded into the job's own network (docs/jobs.md#publishing-ports)
+    job_publish_address: IPvAnyAddress = IPv4Address("127.0.0.1")
     job_pids_max: Annotated[int, Field(ge=0)] = 4096
     tenant_processes_max: Annotated[int, Field(ge=0)] = 16384
     job_disk_max_bytes: Annotated[int, Field(ge=0)] = 50 * 1024**3

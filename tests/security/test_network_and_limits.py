@@ -29,7 +29,7 @@ VICTIM = textwrap.dedent(
     """
     import os, socket, sys, threading, time
     tcp = socket.socket()
-    tcp.bind(("127.0.0.1", 0))
+    tcp.bind(("127.0.0.1", int(sys.argv[2])))  # its own network's loopback: the port is free there
     tcp.listen(8)
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind("\\0" + sys.argv[1])
@@ -72,6 +72,7 @@ ATTACK = textwrap.dedent(
 
     report["host port"] = tcp(targets["host_port"])
     report["victim port"] = tcp(targets["victim_port"])
+    report["victim published"] = tcp(targets["published_port"])
     report["postgres"] = tcp(5432)
     report["abstract"] = abstract(targets["abstract"])
     report["abstract listed"] = targets["abstract"] in open("/proc/net/unix").read()
@@ -139,16 +140,30 @@ def test_a_jobs_network_is_its_own_and_reaches_only_the_api(platform: Platform, 
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "victim.py").write_text(VICTIM)
-    _submit(platform, "vera", "listener", victim, f"python victim.py {abstract}")
-    logs = wait_for(
-        lambda: "VICTIM-PORT" in (out := _logs(platform, "vera", "listener")) and out, timeout=180, what="victim"
+    victim_port = 8765  # published: reached from the host at the endpoint the job shows, from nowhere else
+    _submit(platform, "vera", "listener", victim, f"python victim.py {abstract} {victim_port}", "--publish", "8765")
+    wait_for(lambda: "VICTIM-PORT" in _logs(platform, "vera", "listener"), timeout=180, what="victim")
+    endpoints = wait_for(
+        lambda: json.loads(platform.as_("vera", "jobs", "describe", "listener", "-o", "json").stdout)["endpoints"],
+        what="the victim's published port",
     )
-    victim_port = int(logs.split("VICTIM-PORT ", 1)[1].split()[0])
+    published_host, published_port = endpoints[str(victim_port)].rsplit(":", 1)
+    assert published_host == "127.0.0.1"
+    with socket.create_connection((published_host, int(published_port)), timeout=10) as conn:
+        conn.settimeout(10)
+        assert conn.recv(64) == b"victim-secret-data"  # the host reaches what the job published
+    shown = platform.as_("vera", "jobs", "describe", "listener").stdout
+    assert f"{victim_port} -> {published_host}:{published_port}" in shown, shown
 
     attack = tmp_path / "attack"
     attack.mkdir()
     (attack / "attack.py").write_text(ATTACK)
-    targets = {"host_port": host.getsockname()[1], "victim_port": victim_port, "abstract": abstract}
+    targets = {
+        "host_port": host.getsockname()[1],
+        "victim_port": victim_port,
+        "published_port": int(published_port),
+        "abstract": abstract,
+    }
     (attack / "targets.json").write_text(json.dumps(targets))
     _submit(platform, "mallory", "prober", attack, "python attack.py")
     job = _wait_state(platform, "mallory", "prober", TERMINAL, timeout=240)
@@ -161,6 +176,7 @@ def test_a_jobs_network_is_its_own_and_reaches_only_the_api(platform: Platform, 
     # nothing of the host's loopback, nothing of another job's network
     assert report["host port"] == "ConnectionRefusedError", report
     assert report["victim port"] == "ConnectionRefusedError", report
+    assert report["victim published"] == "ConnectionRefusedError", report  # the host's side of it: not in reach
     assert report["postgres"] == "ConnectionRefusedError", report
     assert report["abstract"] == "ConnectionRefusedError", report
     assert report["abstract listed"] is False

@@ -271,6 +271,13 @@ def submit(
         help="Start from the checkpoints of JOB, one of your tenant's jobs that has ended: this job's "
         "$DLCLOUD_CHECKPOINT_DIR starts as a copy of JOB's (e.g. to train a finished job for more epochs).",
     ),
+    publish: list[int] = typer.Option(
+        [],
+        "--publish",
+        metavar="PORT",
+        help="A port the job serves on in its own network, to reach from this host while it runs: "
+        "'jobs describe' shows where (repeatable, at most 8).",
+    ),
     follow: bool = typer.Option(False, "--follow", help="Stream the logs until the job ends."),
     output: Output = OutputOption,
 ) -> None:
@@ -297,6 +304,8 @@ def submit(
       dlcloud jobs submit -f job.yaml --priority-class high --max-run-time 2h --non-preemptible
 
       dlcloud jobs submit -f job.yaml --name mnist-more --env EPOCHS=6 --checkpoint-from mnist
+
+      dlcloud jobs submit --name board --code . --command "tensorboard --logdir runs --port 6006" --publish 6006
 
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
 
@@ -342,6 +351,8 @@ def submit(
         spec["secret_env"] = {**(spec.get("secret_env") or {}), **_parse_secret_env(secret_env)}
     if datasets:
         spec["datasets"] = [*(spec.get("datasets") or []), *datasets]
+    if publish:
+        spec["publish"] = [*(spec.get("publish") or []), *publish]
     res = dict(spec.get("resources") or {})
     for key, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
         if value is not None:
@@ -429,7 +440,8 @@ def list_jobs(
 def describe(
     ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id."), output: Output = OutputOption
 ) -> None:
-    """Show a job: state, resources, queue position and wait reason, attempts and events.
+    """Show a job: state, resources, queue position and wait reason, where its published ports are reached
+    while it runs (Endpoints), attempts and events.
 
     Example:
 
@@ -465,6 +477,8 @@ def describe(
         fields.append(("Estimated start", short_time(job.get("estimated_start"))))
     if job.get("preempt_requested"):
         fields.append(("Being preempted", job.get("preempt_reason")))
+    if job.get("endpoints"):
+        fields.append(("Endpoints", ", ".join(f"{port} -> {at}" for port, at in job["endpoints"].items())))
     render_fields(job, output, fields)
     if job["attempts"]:
         console.print()

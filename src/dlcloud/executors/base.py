@@ -129,6 +129,8 @@ class Workload:
     # from the job's network, and nothing else of the host's
     api_url: str | None = None
     egress: Egress = Egress()
+    # ports it serves on inside its own network, to be reachable from the host (``Executor.endpoints``)
+    publish: tuple[int, ...] = ()
     # the tenant may make user namespaces in its sandboxes (an admin allowed it); otherwise its jobs cannot
     user_namespaces: bool = False
     # how many processes the tenant may run at once where only a per-uid limit can count them (as root without a
@@ -338,6 +340,11 @@ class Executor(abc.ABC):
     def replica_host(self, handle: str) -> str:
         """The address at which the replicas of the attempt reach each other (the rendezvous host)."""
         return "localhost"
+
+    def endpoints(self, handle: str) -> dict[int, str]:
+        """Where each port the running attempt publishes (``Workload.publish``) is reached: ``{port: "host:port"}``;
+        empty while none is reachable (not yet, or no more)."""
+        return {}
 
     def isolation(self) -> tuple[bool, str]:
         """Whether user code this executor runs is sandboxed, and how, in words for the start-up banner."""

@@ -23,6 +23,8 @@ SECRET_MASK = "***"  # what reads show for each value of a job's secret_env
 DEFAULT_POST_TIMEOUT_SECONDS = 300.0
 MAX_POST_TIMEOUT_SECONDS = 3600.0
 
+MAX_PUBLISHED_PORTS = 8  # ports one job may publish
+
 
 class JobState(StrEnum):
     QUEUED = "QUEUED"
@@ -202,6 +204,17 @@ class JobSpec(Request):
     # a job of the caller's tenant that has ended (name or id): this job's DLCLOUD_CHECKPOINT_DIR starts as a
     # copy of that job's, taken when its first attempt is prepared (docs/jobs.md#starting-from-another-jobs-checkpoints)
     checkpoint_from: Name | None = None
+    # ports the job serves on inside its own network, published on the host while it runs (the job's
+    # ``endpoints``; docs/jobs.md#publishing-ports)
+    publish: Annotated[list[Annotated[int, Field(ge=1, le=65535)]], Field(max_length=MAX_PUBLISHED_PORTS)] = []
+
+    @field_validator("publish")
+    @classmethod
+    def _distinct_ports(cls, v: list[int]) -> list[int]:
+        twice = sorted({p for p in v if v.count(p) > 1})
+        if twice:
+            raise ValueError(f"publish names port(s) {', '.join(map(str, twice))} more than once")
+        return v
 
     @field_validator("hparams")
     @classmethod
@@ -406,6 +419,8 @@ class JobDetail(Job):
     preempt_reason: str | None = None
     events: list[JobEvent]
     attempts: list[JobAttempt]
+    # while it runs: where each port it publishes is reached on the host, {"8888": "127.0.0.1:41234"}
+    endpoints: dict[str, str] = {}
 
 
 class QueueEntry(Response):

@@ -469,6 +469,11 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
             for r in job_store.describe_replicas(conn, row.id):
                 fields = r._asdict()
                 replicas.setdefault(fields.pop("attempt"), []).append(JobReplica(**fields))
+        endpoints: dict[str, str] = {}
+        if row.state == JobState.RUNNING.value and (row.spec or {}).get("publish") and platform.executor is not None:
+            handle = job_store.live_handle(conn, row.id)
+            if handle is not None:
+                endpoints = {str(p): at for p, at in sorted(platform.executor.endpoints(handle).items())}
         position = None
         wait = None
         if row.state in QUEUE_STATES:
@@ -493,6 +498,7 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
         attempts=[
             JobAttempt(**{**a._asdict(), "ports": a.ports or []}, replicas=replicas.get(a.number, [])) for a in attempts
         ],
+        endpoints=endpoints,
     )
 
 

@@ -107,6 +107,7 @@ def build(
         api_url=platform.settings.resolved_job_api_url,
         egress=egress(platform, tenant),
         user_namespaces=bool(tenant is not None and tenant.user_namespaces),
+        publish=tuple(int(p) for p in job.spec.get("publish") or ()),
         tenant_processes=tenant_processes(platform.settings, tenant.quota_max_running_jobs if tenant else None),
     )
 

@@ -77,6 +77,13 @@ def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str, bool]]:
     return [(int(n), str(d), f is not None) for n, d, f in s.execute(q.order_by(AttemptRow.number))]
 
 
+def live_handle(conn: Connection, job_id: str) -> str | None:
+    """The executor handle of the job's attempt that has not ended, if one has not."""
+    q = select(AttemptRow.handle).where(AttemptRow.job_id == job_id, AttemptRow.finished_at.is_(None))
+    handle = conn.execute(q.order_by(AttemptRow.number.desc()).limit(1)).scalar()
+    return str(handle) if handle is not None else None
+
+
 _jobs, _users = JobRow.__table__, UserRow.__table__
 _events, _attempts, _replicas = JobEventRow.__table__, AttemptRow.__table__, ReplicaRow.__table__
 _DESCRIBE_JOB = (

@@ -71,3 +71,14 @@ def test_job_spec_rules(fields, fragment):
 def test_job_spec_never_shows_secret_env_in_its_repr():
     spec = JobSpec(name="x", command="a", secret_env={"TOKEN": "hunter2"})
     assert spec.secret_env == {"TOKEN": "hunter2"} and "hunter2" not in repr(spec)
+
+
+def test_published_ports_are_distinct_ports_and_at_most_eight():
+    assert JobSpec(name="x", command="a", publish=[8888, 6006]).publish == [8888, 6006]
+    with pytest.raises(ValidationError, match="publish names port\\(s\\) 8888 more than once"):
+        JobSpec(name="x", command="a", publish=[8888, 6006, 8888])
+    for bad in (0, 65536, -1):
+        with pytest.raises(ValidationError, match="publish"):
+            JobSpec(name="x", command="a", publish=[bad])
+    with pytest.raises(ValidationError, match="at most 8"):
+        JobSpec(name="x", command="a", publish=list(range(8000, 8009)))

@@ -310,6 +310,7 @@ class LocalExecutor(Executor):
             pids_max=self.settings.job_pids_max,
             nproc_max=w.tenant_processes or self.settings.tenant_processes_max,
             disk_max_bytes=self.settings.job_disk_max_bytes,
+            publish_address=str(self.settings.job_publish_address),
         )
 
     def _copy_checkpoints_from(self, handle: str, w: Workload, attempt_dir: Path) -> bool:
@@ -545,6 +546,12 @@ class LocalExecutor(Executor):
             return self.attempt_dir(handle).parent / TENSORBOARD
         except ValueError:  # not a handle of this executor: it has no directory of that attempt
             return None
+
+    def endpoints(self, handle: str) -> dict[int, str]:
+        try:
+            return network.endpoints(self.attempt_dir(handle))
+        except ValueError:  # not a handle of this executor
+            return {}
 
     def remove_job(self, tenant_id: str, job_id: str) -> None:
         job_dir = self._job_dir(tenant_id, job_id)

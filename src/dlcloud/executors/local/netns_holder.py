@@ -262,8 +262,31 @@ def _listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def inside(config: dict[str, Any], channel: socket.socket, ready_w: int, deny: list[str]) -> None:
-    """The inside process: make the namespace, report, then hand over every connection made to the relay."""
+def answer_publish(channel: socket.socket) -> None:
+    """Inside: for each port the outside process asks for (a host connection to a published port waits), a
+    connection to that port on the namespace's loopback, handed over (or ``e``: nothing listens there)."""
+    while True:
+        try:
+            asked = channel.recv(2, socket.MSG_WAITALL)
+        except OSError:
+            os._exit(0)
+        if len(asked) != 2:
+            os._exit(0)  # the outside process is gone
+        (port,) = struct.unpack("!H", asked)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT) as conn:
+                conn.settimeout(None)
+                socket.send_fds(channel, [b"k"], [conn.fileno()])
+        except OSError:
+            with contextlib.suppress(OSError):
+                channel.sendall(b"e")
+
+
+def inside(
+    config: dict[str, Any], channel: socket.socket, ready_w: int, deny: list[str], published: socket.socket
+) -> None:
+    """The inside process: make the namespace, report, then hand over every connection made to the relay, and
+    connect to the job's published ports when the outside process asks."""
     try:
         volumes = config.get("volumes")
         enter_new_namespace(bool(config.get("userns")), mounts=bool(volumes))
@@ -287,6 +310,7 @@ def inside(config: dict[str, Any], channel: socket.socket, ready_w: int, deny: l
         os.write(ready_w, f"error: {exc}".encode()[:4000])
         os._exit(1)
     os.close(ready_w)
+    threading.Thread(target=answer_publish, args=(published,), daemon=True).start()
     if sock is None:
         while True:
             signal.pause()
@@ -330,21 +354,74 @@ def relay(conn: socket.socket, target: tuple[str, int], slots: threading.Bounded
         slots.release()
 
 
+class Publisher:
+    """Outside: the host's listeners of the job's published ports; each connection is paired with one the inside
+    process makes to the port in the namespace, then relayed both ways (sharing the relay's connection slots)."""
+
+    def __init__(self, config: dict[str, Any], channel: socket.socket) -> None:
+        publish = config.get("publish") or {}
+        address = str(publish.get("address") or "127.0.0.1")
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.listeners = {int(port): _listener(address, 0) for port in publish.get("ports") or ()}
+
+    def published(self) -> dict[str, list[object]]:
+        return {str(port): list(sock.getsockname()[:2]) for port, sock in self.listeners.items()}
+
+    def accept(self, sock: socket.socket, slots: threading.BoundedSemaphore) -> None:
+        port = next(p for p, s in self.listeners.items() if s is sock)
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        if not slots.acquire(blocking=False):
+            conn.close()
+            return
+        threading.Thread(target=self.forward, args=(conn, port, slots), daemon=True).start()
+
+    def forward(self, conn: socket.socket, port: int, slots: threading.BoundedSemaphore) -> None:
+        try:
+            with self.lock:
+                self.channel.sendall(struct.pack("!H", port))
+                _msg, fds, _flags, _addr = socket.recv_fds(self.channel, 16, 1)
+            if not fds:
+                conn.close()  # nothing listens on the port in the job's network
+                return
+            inner = socket.socket(fileno=fds[0])
+            with conn, inner:
+                back = threading.Thread(target=_pump, args=(inner, conn), daemon=True)
+                back.start()
+                _pump(conn, inner)
+                back.join()
+        except OSError:
+            conn.close()
+        finally:
+            slots.release()
+
+
 def attempt_over(ends: list[str]) -> bool:
     """Whether every launcher of the attempt recorded its end (or the attempt's directory is gone): the holder
     then ends by itself, whether or not the executor is there to end it."""
     return bool(ends) and all(os.path.exists(p) or not os.path.isdir(os.path.dirname(p)) for p in ends)
 
 
-def outside(config: dict[str, Any], channel: socket.socket) -> None:
-    """The outside process: relay every connection the inside one hands over to the API's address."""
+def outside(config: dict[str, Any], channel: socket.socket, publisher: Publisher) -> None:
+    """The outside process: relay every connection the inside one hands over to the API's address, and forward
+    the published ports' connections in."""
     target = config.get("target")
     ends = [str(p) for p in config.get("ends") or ()]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    listeners = list(publisher.listeners.values())
     while True:
-        if not select.select([channel], [], [], END_CHECK_SECONDS)[0]:
+        readable = select.select([channel, *listeners], [], [], END_CHECK_SECONDS)[0]
+        if not readable:
             if attempt_over(ends):
                 return
+            continue
+        for sock in readable:
+            if sock is not channel:
+                publisher.accept(sock, slots)
+        if channel not in readable:
             continue
         try:
             _msg, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
@@ -369,14 +446,17 @@ def main(argv: list[str]) -> int:
     filtered = egress.get("mode") in ("internet", "allow")
     deny = [*host_addresses(), *ALWAYS_DENIED] if filtered else []  # read here, in the host's namespace
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pub_ours, pub_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         ours.close()
+        pub_ours.close()
         os.close(ready_r)
-        inside(config, theirs, ready_w, deny)
+        inside(config, theirs, ready_w, deny, pub_theirs)
         os._exit(0)
     theirs.close()
+    pub_theirs.close()
     os.close(ready_w)
     readable, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
     answer = os.read(ready_r, 4096).decode(errors="replace") if readable else "error: timed out"
@@ -386,7 +466,13 @@ def main(argv: list[str]) -> int:
             start_slirp(egress, pid, bool(config.get("userns")))
         except OSError as exc:
             answer = f"error: {exc}"
-    if answer != "ok":
+    publisher = None
+    if answer == "ok":
+        try:
+            publisher = Publisher(config, pub_ours)
+        except OSError as exc:
+            answer = f"error: the job's ports could not be published: {exc}"
+    if answer != "ok" or publisher is None:
         write_failed(directory, answer.removeprefix("error: "))
         os.kill(pid, signal.SIGKILL)
         return 1
@@ -400,9 +486,10 @@ def main(argv: list[str]) -> int:
             "netns_inode": os.stat(f"/proc/{pid}/ns/net").st_ino,
             "mntns_inode": os.stat(f"/proc/{pid}/ns/mnt").st_ino if config.get("volumes") else None,
             "ready_at": time.time(),
+            "published": publisher.published(),
         },
     )
-    outside(config, ours)
+    outside(config, ours, publisher)
     os.kill(pid, signal.SIGKILL)
     return 0
 

@@ -114,11 +114,13 @@ def configure(
     egress: Egress = Egress(),
     ends: tuple[Path, ...] = (),
     volumes: dict[str, object] | None = None,
+    publish: tuple[str, tuple[int, ...]] = ("127.0.0.1", ()),
 ) -> None:
     """Configure the holder of the attempt in ``directory``: the attempt's first launcher starts it (a fork of
     itself, detached in a session of its own: no second interpreter on the way to the job's first line). A
     holder left by an earlier start of the same attempt that crashed before its launchers is ended first.
-    ``volumes`` (``job_view.holder_volumes``): what it mounts in the mount namespace it makes too."""
+    ``volumes`` (``job_view.holder_volumes``): what it mounts in the mount namespace it makes too. ``publish``:
+    (the host address, the ports inside) it forwards from a free port of that address each."""
     stop(directory)
     for name in (netns_holder.READY_FILE, netns_holder.FAILED_FILE):
         with contextlib.suppress(FileNotFoundError):
@@ -137,6 +139,7 @@ def configure(
             "egress": policy,
             "ends": [str(p) for p in ends],
             "volumes": volumes,
+            "publish": {"address": publish[0], "ports": list(publish[1])},
         },
     )
 
@@ -152,6 +155,23 @@ def stop(directory: Path) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # the holder leads its session's only group: both halves go
     job_view.remove_work_dirs(directory)
+
+
+HOST_PUBLISHED_FILE = "published.json"  # with job_network=host: the ports, where the job itself listens
+
+
+def endpoints(directory: Path) -> dict[int, str]:
+    """Where the ports the attempt in ``directory`` publishes are reached on the host: the holder's forwards
+    while it runs, else (host network) the job's own ports."""
+    ready = _read(directory / netns_holder.READY_FILE)
+    if ready is not None:
+        pid, ticks = ready.get("pid"), ready.get("proc_start_ticks")
+        published = ready.get("published")
+        if not isinstance(pid, int) or launcher_mod.proc_start_ticks(pid) != ticks or not isinstance(published, dict):
+            return {}
+        return {int(port): f"{at[0]}:{at[1]}" for port, at in published.items() if isinstance(at, list)}
+    host = _read(directory / HOST_PUBLISHED_FILE)
+    return {int(p): str(at) for p, at in host.items()} if host else {}
 
 
 def _read(path: Path) -> dict[str, object] | None:

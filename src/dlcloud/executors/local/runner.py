@@ -231,6 +231,8 @@ class Run:
     disk_max_bytes: int = 0  # what its writable directories may take on disk; 0: no limit
     egress: Egress = Egress()  # what it may reach beyond its own network (with a private network)
     user_namespaces: bool = False  # it may make user namespaces in its sandbox (its tenant is allowed to)
+    publish: tuple[int, ...] = ()  # ports it serves on in its network, forwarded from free ports of the address
+    publish_address: str = "127.0.0.1"
 
 
 class ProcessRunner:
@@ -358,18 +360,26 @@ class ProcessRunner:
             self._make_volume_dirs(workload)
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         if self._private_network(workload) and not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
-            dirs = job_view.launcher_dirs(attempt_dir, workload.replicas)
-            volumes = [v for d in dirs for v in self._volumes(workload, d, attempt_dir)]
-            files = {"resolv.conf": f"nameserver {network.SLIRP_DNS}\n"} if workload.egress.mode != "none" else {}
-            view = job_view.holder_volumes(attempt_dir, volumes, files)
-            ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
-            network.configure(
-                attempt_dir, workload.api_url, not self.sandbox.per_tenant_uids, workload.egress, ends, view
-            )
+            self._configure_network(workload, attempt_dir)
+        elif workload.publish and not self._private_network(workload):  # the job's ports are the host's own
+            make_private_dirs(attempt_dir)
+            published = {str(p): f"127.0.0.1:{p}" for p in workload.publish}
+            launcher_mod.write_json_atomic(str(attempt_dir / network.HOST_PUBLISHED_FILE), published)
         if workload.replicas:
             self._start_gang(workload)
         else:
             self._start_one(workload)
+
+    def _configure_network(self, workload: Run, attempt_dir: Path) -> None:
+        """The holder's configuration: the attempt's network, its egress, its volumes, the ports it publishes."""
+        dirs = job_view.launcher_dirs(attempt_dir, workload.replicas)
+        volumes = [v for d in dirs for v in self._volumes(workload, d, attempt_dir)]
+        files = {"resolv.conf": f"nameserver {network.SLIRP_DNS}\n"} if workload.egress.mode != "none" else {}
+        view = job_view.holder_volumes(attempt_dir, volumes, files)
+        ends = tuple(d / launcher_mod.EXIT_FILE for d in dirs)
+        userns = not self.sandbox.per_tenant_uids
+        publish = (workload.publish_address, workload.publish)
+        network.configure(attempt_dir, workload.api_url, userns, workload.egress, ends, view, publish)
 
     def _volumes(self, workload: Run, directory: Path, attempt_dir: Path) -> list[job_view.Volume]:
         """The volumes of the launcher in ``directory`` (the attempt's, or a gang replica's below it)."""
