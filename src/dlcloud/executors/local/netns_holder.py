@@ -28,9 +28,15 @@ Files in ``<dir>`` (written atomically):
     own addresses (read from ``/proc/net`` before the fork), link-local ones (cloud metadata) and slirp4netns's
     gateway are refused; the allow-list's ranges and slirp4netns's DNS pass; then everything passes
     (``internet``) or nothing does (``allow``).
+    ``volumes`` (``job_view.holder_volumes``; may be null): the inside process also makes a mount namespace with
+    a tmpfs at ``volumes.root`` holding one overlay per job directory (``mount_volumes``), which the launchers
+    join too, so that the sandbox binds overlays whose layers the kernel names ``/proc/self/fd/N``.
+    ``publish`` {"address", "ports"}: for each port, the outside process listens on a free port of the address
+    and pairs each connection with one the inside process makes to the port on the namespace's loopback.
 ``network-ready.json``
-    {"pid", "proc_start_ticks", "inside_pid", "inside_start_ticks", "netns_inode"} once the namespace is up:
-    launchers wait for it, open ``/proc/<inside_pid>/ns/net`` and check the start ticks before they trust it.
+    {"pid", "proc_start_ticks", "inside_pid", "inside_start_ticks", "netns_inode", "mntns_inode", "published"}
+    once the namespace is up: launchers wait for it, open ``/proc/<inside_pid>/ns/net`` (and ``mnt``) and check
+    the start ticks before they trust it; ``published`` maps each published port to [address, host port].
 ``network-failed.json``
     {"message"} when the namespace could not be made; launchers then fail the attempt with that message.
 

@@ -6,7 +6,7 @@ package, environment builds, model inspection) starts under the argv prefix that
 What a sandboxed process gets (see docs/isolation.md for what this does and does not isolate):
 - its own mount namespace: a read-only root made of the system directories (``/usr``, ``/etc``, the
   ``/bin``-style links), the Python installations it needs and ``/sys``, all read-only; writable are only
-  the directories named in its ``View`` (its code/work directory, checkpoints, outputs) and a private
+  the directories named in its ``View`` (a job's: /job/code, /job/checkpoints, ...) and a private
   ``/tmp`` (the View's, or a tmpfs). The data directory, the server key, the database, the bootstrap key
   and every other job's files are not in its view: nothing above the bound directories is mounted;
 - its own PID and IPC namespaces (``/proc`` shows only its own processes) and a private ``/dev`` with only
@@ -14,13 +14,14 @@ What a sandboxed process gets (see docs/isolation.md for what this does and does
 - as root: the unprivileged uid/gid of its tenant (``Sandbox.uid_for``), with no capabilities and
   no-new-privileges, set by ``setpriv`` inside the sandbox, so even an escape lands on a user that owns
   nothing of the platform's;
-- the host's network (loopback included: the replicas of a gang rendezvous over it), unless its View says
-  otherwise (the TensorBoard event-file reader needs none).
+- the network its View says: the attempt's own namespace, which the launcher joins before bwrap starts
+  (``joins_network``; jobs), none at all (``network=False``: the event-file reader, model inspection), or the
+  host's (environment builds; jobs with ``job_network=host``).
 
 Invariants:
 - ``wrap`` never mounts a path that is not a system directory, a Python installation, or named in the
-  View; callers pass host paths and the process sees them at the same paths (environment variables
-  such as DLCLOUD_CHECKPOINT_DIR keep their values).
+  View. ``writable`` and ``readonly`` paths are seen at their host paths; ``mounts`` and ``binds`` at the path
+  the View names (a job's directories: at the neutral paths of ``job_view.py``).
 - Signals: the outer bwrap process leads the caller's process group. A SIGTERM to the group kills bwrap,
   which SIGKILLs the sandbox (``--die-with-parent``): graceful stops must signal the group's other
   members (``launcher.signal_group_except``). SIGKILL to the group ends the whole sandbox, including
@@ -49,7 +50,7 @@ BUILD_SLOT = 0  # environment builds are shared by tenants: they run as the firs
 
 @dataclass(frozen=True)
 class View:
-    """What one sandboxed process may see besides the system: host paths, mounted at the same paths."""
+    """What one sandboxed process may see besides the system: host paths, at the same paths or where named."""
 
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
