@@ -8,6 +8,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -113,6 +114,20 @@ BAD_SPECS: dict[str, dict] = {
         "type-restart-string": ({"restart": {"max_restarts": "x"}}, 422, "validation_error", "restart.max_restarts"),
     },
 }
+
+
+BAD_SPECS["publish"] = {
+    "publish-twice": ({"publish": [8888, 8888]}, 422, "validation_error", "publish names port(s) 8888 more than once"),
+    "publish-zero": ({"publish": [0]}, 422, "validation_error", "publish.0"),
+    "publish-too-many": ({"publish": list(range(9000, 9009))}, 422, "validation_error", "at most 8"),
+}
+
+
+def test_a_job_may_not_publish_the_port_it_reaches_the_api_at(env):
+    api_port = urlsplit(env.settings.resolved_job_api_url).port
+    resp = _post(env, f"{API}/jobs", json.dumps(_spec(publish=[6006, api_port])).encode())
+    assert_api_error(resp, 400, "invalid_spec", f"publish names port {api_port}, where jobs reach the platform's API")
+    assert env.admin.jobs.list() == []
 
 
 @pytest.mark.parametrize("group", list(BAD_SPECS))

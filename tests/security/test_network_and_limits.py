@@ -205,11 +205,19 @@ def test_a_gang_still_rendezvous_on_its_own_loopback(platform: Platform, tmp_pat
     (code / "rdv.py").write_text(
         textwrap.dedent(
             """
-            import os, torch.distributed as dist
+            import json, os, torch.distributed as dist
             dist.init_process_group("gloo")
             t = __import__("torch").ones(1) * (dist.get_rank() + 1)
             dist.all_reduce(t)
             print("SUM", int(t.item()), flush=True)
+            # the replicas share the job's directories: what one writes, the other sees at once
+            rank, ckpt = dist.get_rank(), os.environ["DLCLOUD_CHECKPOINT_DIR"]
+            with open(os.path.join(ckpt, "from-%d" % rank), "w") as f:
+                f.write(str(rank))
+            dist.barrier()
+            print("SEEN", rank, ",".join(sorted(n for n in os.listdir(ckpt) if n.startswith("from-"))), flush=True)
+            if rank == 0:
+                print("MOUNTINFO " + json.dumps(open("/proc/self/mountinfo").read()), flush=True)
             """
         )
     )
@@ -217,8 +225,14 @@ def test_a_gang_still_rendezvous_on_its_own_loopback(platform: Platform, tmp_pat
     (tmp_path / "gang.json").write_text(json.dumps({**spec, "replicas": {"worker": 2}}))
     platform.as_("vera", "jobs", "submit", "-f", str(tmp_path / "gang.json"))
     job = _wait_state(platform, "vera", "gang", TERMINAL, timeout=300)
-    assert job["state"] == "SUCCEEDED", _logs(platform, "vera", "gang")
-    assert "SUM 3" in _logs(platform, "vera", "gang")
+    out = _logs(platform, "vera", "gang")
+    assert job["state"] == "SUCCEEDED", out
+    assert "SUM 3" in out
+    assert "SEEN 0 from-0,from-1" in out and "SEEN 1 from-0,from-1" in out, out
+    # a gang's volumes and its shared /dev/shm name no id and no host path either
+    mountinfo = json.loads(out.split("MOUNTINFO ", 1)[1].splitlines()[0])
+    for secret in (job["id"], str(platform.server.data_dir), os.path.realpath(platform.server.data_dir)):
+        assert secret not in mountinfo, (secret, mountinfo)
 
 
 @pytest.mark.sqlite_only  # the database plays no part: root and unprivileged on SQLite

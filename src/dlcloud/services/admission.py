@@ -169,13 +169,14 @@ def check_queue_room(settings: Settings, s: Session, tenant: TenantRow) -> None:
     )
 
 
-def tenant_processes(settings: Settings, max_running_jobs: int | None) -> int:
+def tenant_processes(settings: Settings, max_running_jobs: int | None, replicas: int = 1) -> int:
     """How many processes a tenant's uid may run at once where only a per-uid limit counts them (as root without
-    a pids cgroup): what its quota lets it run, ``job_pids_max`` for each of its ``max_running_jobs``, within the
-    platform's ``tenant_processes_max`` (0: none); without that quota, the platform's."""
+    a pids cgroup): what its quota lets it run, ``job_pids_max`` for each replica of each of its
+    ``max_running_jobs`` (as many replicas each as the job at hand has), within the platform's
+    ``tenant_processes_max`` (0: none); without that quota, the platform's."""
     if max_running_jobs is None or settings.job_pids_max <= 0:
         return settings.tenant_processes_max
-    derived = settings.job_pids_max * max_running_jobs
+    derived = settings.job_pids_max * max_running_jobs * max(1, replicas)
     cap = settings.tenant_processes_max
     return max(1, min(cap, derived) if cap > 0 else derived)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -324,6 +325,17 @@ def _check_not_a_trial_name(s: Session, tenant_id: str, name: str) -> None:
         )
 
 
+def _check_publish(platform: Platform, spec: JobSpec) -> None:
+    """A job may not publish the port at which it reaches the API on its own loopback (that would put the API,
+    through the job, on ``job_publish_address``)."""
+    api = urlsplit(platform.settings.resolved_job_api_url)
+    if api.port in spec.publish:
+        raise InvalidSpec(
+            f"publish names port {api.port}, where jobs reach the platform's API inside their network; "
+            "serve on another port"
+        )
+
+
 def create_job_row(
     s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
 ) -> JobRow:
@@ -335,6 +347,7 @@ def create_job_row(
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("job", spec.name))
     _check_template(spec)
+    _check_publish(platform, spec)
     register = _register_model_spec(spec)
     if register is not None and looks_like_id(register["name"]):
         raise InvalidSpec(reserved_name_message("model", register["name"]))

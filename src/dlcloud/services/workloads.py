@@ -108,7 +108,11 @@ def build(
         egress=egress(platform, tenant),
         user_namespaces=bool(tenant is not None and tenant.user_namespaces),
         publish=tuple(int(p) for p in job.spec.get("publish") or ()),
-        tenant_processes=tenant_processes(platform.settings, tenant.quota_max_running_jobs if tenant else None),
+        tenant_processes=tenant_processes(
+            platform.settings,
+            tenant.quota_max_running_jobs if tenant else None,
+            len(launch.replicas) if launch else 1,
+        ),
     )
 
 

@@ -4,9 +4,12 @@ tests/security/test_network_and_limits.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,62 @@ def test_the_seccomp_filter_refuses_user_namespaces_and_keeps_threads():
     out = subprocess.run(argv, pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
     os.close(fd)
     assert "thread" in out and "unshare 1" in out
+
+
+def _volumes_in_a_namespace(volumes: dict) -> dict:
+    """Run the holder's mount_volumes in a child in new user, network and mount namespaces (as the holder does
+    unprivileged); write through each volume, then report what the child's mountinfo says and what it wrote."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read_fd)
+            netns_holder.enter_new_namespace(userns=True, mounts=True)
+            fallback = netns_holder.mount_volumes(volumes, userns=True)
+            for item in volumes["items"]:
+                if item.get("upper"):
+                    Path(volumes["root"], item["name"], "written").write_text(item["name"])
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+            os.write(write_fd, json.dumps({"fallback": fallback, "mountinfo": mountinfo}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and data
+    return json.loads(data)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
+def test_volumes_are_overlays_named_by_descriptor_else_the_directories_themselves(tmp_path: Path):
+    root, empty, work = tmp_path / "volumes", tmp_path / "empty", tmp_path / "work"
+    upper, data = tmp_path / "job-j-secret" / "checkpoints", tmp_path / "dataset"
+    for d in (root, empty, work / "checkpoints", work / "elsewhere", upper, data):
+        d.mkdir(parents=True)
+    (data / "rows.csv").write_text("x\n")
+    other_fs = Path(tempfile.mkdtemp(dir="/dev/shm"))  # its work directory on another file system: no overlay
+    try:
+        items = [
+            {"name": "checkpoints", "lowers": [str(empty)], "upper": str(upper), "work": str(work / "checkpoints")},
+            {"name": "dataset-0", "lowers": [str(data), str(empty)]},
+            {"name": "elsewhere", "lowers": [str(empty)], "upper": str(other_fs), "work": str(work / "elsewhere")},
+        ]
+        try:
+            got = _volumes_in_a_namespace({"root": str(root), "items": items, "files": {"resolv.conf": "ns\n"}})
+        except AssertionError:
+            pytest.skip("this kernel lets no user namespace mount here")
+        # what the job writes lands in the host's directory, through the overlay as through the bind
+        assert (upper / "written").read_text() == "checkpoints"
+        assert (other_fs / "written").read_text() == "elsewhere"
+        lines = {line.split()[4]: line for line in got["mountinfo"].splitlines()}
+        for name in ("checkpoints", "dataset-0"):
+            line = lines[str(root / name)]
+            assert " - overlay overlay " in line and "/proc/self/fd/" in line, line
+            assert "job-j-secret" not in line and str(data) not in line, line
+        assert "lowerdir" not in lines[str(root / "elsewhere")]  # a bind of the directory itself
+        assert "overlays unavailable" in got["fallback"]
+    finally:
+        shutil.rmtree(other_fs, ignore_errors=True)

@@ -34,5 +34,11 @@ def test_a_tenants_process_limit_comes_from_its_quota_within_the_platforms_cap(
     assert tenant_processes(platform.settings, tenant.quota_max_running_jobs) == expected
 
 
+def test_a_gangs_replicas_each_count_a_jobs_processes(tmp_path) -> None:
+    settings = _platform(tmp_path, job_pids_max=100, tenant_processes_max=0).settings
+    assert tenant_processes(settings, 1, replicas=4) == 400  # one running job: a gang of 4 replicas of 100
+    assert tenant_processes(settings, 2, replicas=0) == 200  # no replicas: one process tree per job
+
+
 def test_without_a_tenant_row_the_platforms_cap_holds(tmp_path) -> None:
     assert tenant_processes(_platform(tmp_path, tenant_processes_max=500).settings, None) == 500

@@ -69,7 +69,7 @@ FAILED_FILE = "network-failed.json"
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REC, MS_SLAVE = 0x1, 0x2, 0x4, 0x4000, 0x80000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x80000
 PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -142,6 +142,12 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, options: st
     _check(libc.mount(*args, options.encode() if options else None), f"mounting {fstype or 'a bind'}")
 
 
+# nothing that would tie the upper layer (the job's directory, kept across attempts) to this mount's lower one (new,
+# empty, with every attempt): no index, no metacopy, no redirects written (renaming a merged directory, of which
+# an empty lower leaves only the root, fails instead); accepted inside a user namespace too
+OVERLAY_OPTIONS = "index=off,metacopy=off,redirect_dir=nofollow,nfs_export=off"
+
+
 def _overlay(target: str, item: dict[str, Any], userns: bool) -> None:
     """One volume's overlay at ``target``, its layers opened here and named to the kernel by descriptor."""
     fds: list[int] = []
@@ -154,7 +160,7 @@ def _overlay(target: str, item: dict[str, Any], userns: bool) -> None:
         options = "lowerdir=" + ":".join(named(p) for p in item["lowers"])
         writable = bool(item.get("upper"))
         if writable:
-            options += f",upperdir={named(item['upper'])},workdir={named(item['work'])}"
+            options += f",upperdir={named(item['upper'])},workdir={named(item['work'])},{OVERLAY_OPTIONS}"
         if userns:
             options += ",userxattr"
         _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY), options)
@@ -163,23 +169,36 @@ def _overlay(target: str, item: dict[str, Any], userns: bool) -> None:
             os.close(fd)
 
 
-def mount_volumes(volumes: dict[str, Any], userns: bool) -> None:
+def mount_volumes(volumes: dict[str, Any], userns: bool) -> str:
     """The attempt's volumes, in this (new) mount namespace: a small tmpfs at ``volumes["root"]`` holding one
     overlay per volume (its one writable layer the job's directory on the host; a read-only one: the directory as
     its lower layer, over an empty one) and the small ``files`` given as text. Every layer is named to the kernel
     as ``/proc/self/fd/N``, so that a job's ``/proc/self/mountinfo`` shows ``overlay`` and those names, never a
-    host path; the sandbox binds each volume where the job sees it."""
+    host path; the sandbox binds each volume where the job sees it. Where the kernel cannot make an overlay of
+    a directory, the directory itself is bound there instead (returned: why, for the holder's log)."""
     root = str(volumes["root"])
     _mount("none", "/", None, MS_REC | MS_SLAVE, None)  # nothing mounted here reaches the host
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    fallback = ""
     for item in volumes.get("items") or ():
         target = os.path.join(root, str(item["name"]))
         os.mkdir(target, 0o755)
-        _overlay(target, item, userns)
+        try:
+            _overlay(target, item, userns)
+        except OSError as exc:  # no overlayfs here (an old kernel unprivileged, a data dir on NFS): plain binds
+            fallback = fallback or f"overlays unavailable ({exc.strerror}): the job's directories are bound as they are"
+            _bind(target, str(item.get("upper") or item["lowers"][0]), writable=bool(item.get("upper")))
     for name, text in (volumes.get("files") or {}).items():
         with open(os.path.join(root, str(name)), "w", encoding="utf-8") as f:
             f.write(str(text))
         os.chmod(os.path.join(root, str(name)), 0o644)
+    return fallback
+
+
+def _bind(target: str, source: str, writable: bool) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC, None)
+    if not writable:
+        _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
 SLIRP_GATEWAY, SLIRP_DNS = "10.0.2.2", "10.0.2.3"
@@ -297,7 +316,9 @@ def inside(
         volumes = config.get("volumes")
         enter_new_namespace(bool(config.get("userns")), mounts=bool(volumes))
         if volumes:
-            mount_volumes(volumes, bool(config.get("userns")))
+            fallback = mount_volumes(volumes, bool(config.get("userns")))
+            if fallback:
+                print(f"netns_holder: {fallback}", file=sys.stderr, flush=True)
         loopback_up()
         egress = config.get("egress") or {}
         if egress.get("mode") in ("internet", "allow"):
@@ -362,28 +383,34 @@ def relay(conn: socket.socket, target: tuple[str, int], slots: threading.Bounded
 
 class Publisher:
     """Outside: the host's listeners of the job's published ports; each connection is paired with one the inside
-    process makes to the port in the namespace, then relayed both ways (sharing the relay's connection slots)."""
+    process makes to the port in the namespace, then relayed both ways (at most MAX_CONNECTIONS at once, apart
+    from the API relay's)."""
 
     def __init__(self, config: dict[str, Any], channel: socket.socket) -> None:
         publish = config.get("publish") or {}
         address = str(publish.get("address") or "127.0.0.1")
+        relay_port = (config.get("listen") or [None, None])[1]  # the API's, inside: never published
         self.channel = channel
         self.lock = threading.Lock()
-        self.listeners = {int(port): _listener(address, 0) for port in publish.get("ports") or ()}
+        # its own connections, apart from the API relay's: however many a published port holds open (a browser's
+        # keep-alives, a flood from whoever reaches the address), the job still reaches the API
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        ports = [int(p) for p in publish.get("ports") or () if int(p) != relay_port]
+        self.listeners = {port: _listener(address, 0) for port in ports}
 
     def published(self) -> dict[str, list[object]]:
         return {str(port): list(sock.getsockname()[:2]) for port, sock in self.listeners.items()}
 
-    def accept(self, sock: socket.socket, slots: threading.BoundedSemaphore) -> None:
+    def accept(self, sock: socket.socket) -> None:
         port = next(p for p, s in self.listeners.items() if s is sock)
         try:
             conn, _ = sock.accept()
         except OSError:
             return
-        if not slots.acquire(blocking=False):
+        if not self.slots.acquire(blocking=False):
             conn.close()
             return
-        threading.Thread(target=self.forward, args=(conn, port, slots), daemon=True).start()
+        threading.Thread(target=self.forward, args=(conn, port, self.slots), daemon=True).start()
 
     def forward(self, conn: socket.socket, port: int, slots: threading.BoundedSemaphore) -> None:
         try:
@@ -418,15 +445,16 @@ def outside(config: dict[str, Any], channel: socket.socket, publisher: Publisher
     ends = [str(p) for p in config.get("ends") or ()]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     listeners = list(publisher.listeners.values())
+    checked = time.monotonic()
     while True:
         readable = select.select([channel, *listeners], [], [], END_CHECK_SECONDS)[0]
-        if not readable:
+        if time.monotonic() - checked >= END_CHECK_SECONDS:  # however busy its ports, an ended attempt ends it
             if attempt_over(ends):
                 return
-            continue
+            checked = time.monotonic()
         for sock in readable:
             if sock is not channel:
-                publisher.accept(sock, slots)
+                publisher.accept(sock)
         if channel not in readable:
             continue
         try:

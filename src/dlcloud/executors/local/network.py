@@ -121,7 +121,7 @@ def configure(
     holder left by an earlier start of the same attempt that crashed before its launchers is ended first.
     ``volumes`` (``job_view.holder_volumes``): what it mounts in the mount namespace it makes too. ``publish``:
     (the host address, the ports inside) it forwards from a free port of that address each."""
-    stop(directory)
+    _end_holder(directory)
     for name in (netns_holder.READY_FILE, netns_holder.FAILED_FILE):
         with contextlib.suppress(FileNotFoundError):
             (directory / name).unlink()
@@ -146,15 +146,21 @@ def configure(
 
 def stop(directory: Path) -> None:
     """End the holder of the attempt in ``directory``, if it still runs, and remove its overlays' work
-    directories."""
+    directories (the attempt is over)."""
+    if _end_holder(directory):
+        job_view.remove_work_dirs(directory)
+
+
+def _end_holder(directory: Path) -> bool:
+    """End the holder of the attempt in ``directory`` if it still runs; whether it had started."""
     ready = _read(directory / netns_holder.READY_FILE)
     if ready is None:
-        return
+        return False
     pid, ticks = ready.get("pid"), ready.get("proc_start_ticks")
     if isinstance(pid, int) and launcher_mod.proc_start_ticks(pid) == ticks:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # the holder leads its session's only group: both halves go
-    job_view.remove_work_dirs(directory)
+    return True
 
 
 HOST_PUBLISHED_FILE = "published.json"  # with job_network=host: the ports, where the job itself listens

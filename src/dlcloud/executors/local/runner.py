@@ -359,7 +359,9 @@ class ProcessRunner:
         if self.sandbox.enabled:
             self._make_volume_dirs(workload)
         attempt_dir = Path(os.path.abspath(workload.attempt_dir))
-        if self._private_network(workload) and not (attempt_dir / launcher_mod.WORKLOAD_FILE).exists():
+        if self._launched(workload, attempt_dir):  # started already (a deposed leader and its successor): its
+            raise _used(attempt_dir)  # holder, network and volumes are left alone
+        if self._private_network(workload):
             self._configure_network(workload, attempt_dir)
         elif workload.publish and not self._private_network(workload):  # the job's ports are the host's own
             make_private_dirs(attempt_dir)
@@ -395,13 +397,16 @@ class ProcessRunner:
                 (d / name).mkdir(mode=0o700, exist_ok=True)
                 give_to(d / name, self._uid(workload))
 
-    def _start_gang(self, workload: Run) -> None:
-        attempt_dir = Path(os.path.abspath(workload.attempt_dir))
-        used = (attempt_dir / launcher_mod.WORKLOAD_FILE).exists() or any(
+    @staticmethod
+    def _launched(workload: Run, attempt_dir: Path) -> bool:
+        """Whether a launcher of the attempt was started (a gang.json alone is a start that crashed before any
+        launcher: starting it again is safe)."""
+        return (attempt_dir / launcher_mod.WORKLOAD_FILE).exists() or any(
             (attempt_dir / REPLICAS_DIR / r.name / launcher_mod.WORKLOAD_FILE).exists() for r in workload.replicas
         )
-        if used:  # a gang.json alone is a start that crashed before any launcher: starting it again is safe
-            raise _used(attempt_dir)
+
+    def _start_gang(self, workload: Run) -> None:
+        attempt_dir = Path(os.path.abspath(workload.attempt_dir))
         make_private_dirs(attempt_dir / REPLICAS_DIR)
         for r in workload.replicas:  # before gang.json: a stop that reads it finds every replica's directory
             make_private_dirs(attempt_dir / REPLICAS_DIR / r.name)
@@ -418,7 +423,8 @@ class ProcessRunner:
             rdir = attempt_dir / REPLICAS_DIR / r.name
             (rdir / job_view.FILES).mkdir(mode=0o700, exist_ok=True)
             for name, text in r.files:
-                fd = os.open(rdir / job_view.FILES / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                fd = os.open(rdir / job_view.FILES / name, flags, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
                 give_to(rdir / job_view.FILES / name, self._uid(workload))  # read-only in the replica's sandbox
@@ -440,8 +446,8 @@ class ProcessRunner:
         DataLoader workers use it): a directory on the host's /dev/shm, removed when the attempt ends."""
         if not self.sandbox.enabled or not os.path.isdir("/dev/shm"):
             return None
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in workload.job_id)[:64]
-        shm = Path("/dev/shm") / f"dlcloud-{safe}-{workload.attempt}-{os.urandom(4).hex()}"
+        # a random name: the job sees it as its /dev/shm's source in /proc/self/mountinfo
+        shm = Path("/dev/shm") / f"dlcloud-{os.urandom(8).hex()}"
         shm.mkdir(mode=0o700)
         give_to(shm, self._uid(workload))
         return shm
@@ -537,7 +543,9 @@ class ProcessRunner:
         paths = {"code": job_view.CODE_AT, "packages": job_view.PACKAGES_AT}
         if workload.package is not None:  # pip installs it inside the sandbox, from the job's read-only files
             copy = attempt_dir / job_view.FILES / Path(workload.package).name
-            shutil.copyfile(workload.package, copy)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            with open(workload.package, "rb") as src, open(os.open(copy, flags, 0o600), "wb") as dst:
+                shutil.copyfileobj(src, dst)
             give_to(copy, uid)
             paths["package"] = f"{job_view.FILES_AT}/{copy.name}"
         placed = [(job_view.source(v, net_dir if private else None), v) for v in volumes]
