@@ -274,7 +274,13 @@ def test_quota_report_shows_the_cap_in_force_and_the_rate_limits(env: Env) -> No
         "max_queued_jobs_source": "platform default",
         "rate_limit_per_key": {"requests_per_second": 50.0, "burst": 200},
         "rate_limit_per_tenant": {"requests_per_second": 200.0, "burst": 1000},
+        "processes_per_job": 4096,
+        "processes_per_tenant": 16384,  # no running-jobs quota: the platform's cap
+        "disk_per_job": 50 * 1024**3,
     }
+    # a tenant with a running-jobs quota: job_pids_max for each of its jobs
+    limited = env.new_tenant_user("limited", "lea", quota={"max_running_jobs": 2})
+    assert limited.accounting.quota()["admission"]["processes_per_tenant"] == 2 * 4096
     assert own.accounting.quota()["admission"]["max_queued_jobs"] == 5
     assert own.accounting.quota()["admission"]["max_queued_jobs_source"] == "tenant quota"
     env.settings.default_max_queued_jobs = 0

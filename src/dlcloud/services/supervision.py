@@ -309,6 +309,8 @@ class Supervisor:
         still reports it exited), the others are recorded. Then the models of the jobs that succeeded are registered
         and the loop is woken once."""
         recorded: list[tuple[_Ended, bool]] = []  # each end recorded, and whether its job's model is to be registered
+        for e in ended:  # the last reading is asked for before the ends are visible: who sees an end (a study, a
+            self.ended(e.attempt_id, e.job_id)  # test's settled()) also sees that reading to come
         try:
             with self.write() as s:
                 for e in ended:
@@ -330,7 +332,7 @@ class Supervisor:
             return
         for e, register in recorded:
             self._stopping.discard(e.attempt_id)
-            self.ended(e.attempt_id, e.job_id)
+            self.ended(e.attempt_id, e.job_id)  # again, now that the end is recorded: the reading starts at once
             if register:  # the outputs are saved (``_save_outputs`` ran first): the model comes from them
                 self._registering.add(e.job_id)
         if recorded:
@@ -393,6 +395,7 @@ class Supervisor:
             self.start(handle, w)
             return
         now = utcnow()  # whatever the dead launcher left running was stopped (``_supervise``)
+        self.ended(attempt_id, job_id)  # before the end is visible: whoever sees it also sees the reading to come
         with self.write() as s:
             attempt = s.get(AttemptRow, attempt_id)
             job = s.get(JobRow, job_id)
@@ -410,5 +413,5 @@ class Supervisor:
             else:
                 why = f"attempt {job.attempt} lost: {report.message or 'its processes vanished'}"
                 job_states.fail_or_restart(s, job, why, now)
-        self.ended(attempt_id, job_id)
+        self.ended(attempt_id, job_id)  # again, now that the end is recorded: the reading starts at once
         self.wake()

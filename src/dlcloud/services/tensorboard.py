@@ -229,8 +229,14 @@ class TensorBoardIngester:
             self._attempts = {i: a for i, a in found.items() if a.until is None or i in self._finals}
             for gone in [i for i in self._states if i not in self._attempts]:
                 del self._states[gone]
-            for gone in [i for i in self._finals if i not in found or found[i].until is None]:
-                del self._finals[gone]  # its job was deleted (or it has not ended)
+            # its job was deleted, or it has not ended: the supervisor asks for the last reading just before it
+            # records the end (so that whoever sees the end sees the reading to come); that ask waits for the record
+            for gone in [
+                i
+                for i, f in self._finals.items()
+                if i not in found or (found[i].until is None and now - f.asked > FINAL_SECONDS)
+            ]:
+                del self._finals[gone]
 
     def _submit_due(self) -> None:
         pool = self._pool
