@@ -172,3 +172,19 @@ def test_volumes_are_overlays_named_by_descriptor_else_the_directories_themselve
         assert "overlays unavailable" in got["fallback"]
     finally:
         shutil.rmtree(other_fs, ignore_errors=True)
+
+
+def test_the_banner_says_whether_job_directories_are_overlays_here(tmp_path: Path):
+    userns = os.geteuid() != 0
+    why = network.probe_volumes(tmp_path / "runs", userns=userns)
+    assert list((tmp_path / "runs").iterdir()) == []  # the probe leaves nothing behind
+    if subprocess.run(["unshare", "-Urm", "true"], capture_output=True, check=False).returncode == 0:
+        assert why == "", why  # this host makes them (the holder's own code, run as it would run)
+    assert network.describe("private", "none", "").endswith(
+        "job directories as overlays (mountinfo names no host path)"
+    )
+    said = network.describe("private", "none", "Invalid argument")
+    assert "bound as they are (no overlays here: Invalid argument; mountinfo names their host paths)" in said
+    assert "bound as they are" in network.describe("host", "none")
+    # a runs directory on a file system the kernel will not take as an overlay's upper layer: the reason, not a crash
+    assert network.probe_volumes(Path("/proc/self"), userns=userns) != ""

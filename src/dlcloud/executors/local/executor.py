@@ -114,6 +114,7 @@ class LocalExecutor(Executor):
         )
         executor = cls(sandbox=sandbox)
         executor.network_settings = (settings.job_network, settings.job_egress)
+        executor.runs_dir = settings.runs_dir
         return executor
 
     def __init__(
@@ -122,6 +123,7 @@ class LocalExecutor(Executor):
         super().__init__()
         self.runner = ProcessRunner(python, base_env, sandbox)
         self.network_settings: tuple[str, str] | None = None  # (job_network, job_egress), for the banner
+        self.runs_dir: Path | None = None  # where the banner's probe tries the holder's overlays
         self._lock = threading.Lock()
         self._preparing: dict[str, str] = {}  # handle -> what its preparation waits for ("" while fetching)
         self.code_cache: ObjectCache | None = None
@@ -142,7 +144,11 @@ class LocalExecutor(Executor):
     def isolation(self) -> tuple[bool, str]:
         sandboxed, text = self.runner.isolation()
         if sandboxed and self.network_settings is not None:
-            text += "; network: " + network.describe(*self.network_settings)
+            job_network, egress = self.network_settings
+            volumes = ""
+            if job_network == "private" and self.runs_dir is not None:
+                volumes = network.probe_volumes(self.runs_dir, userns=not self.sandbox.per_tenant_uids)
+            text += "; network: " + network.describe(job_network, egress, volumes)
         return sandboxed, text
 
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:

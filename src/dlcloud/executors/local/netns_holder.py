@@ -472,7 +472,26 @@ def outside(config: dict[str, Any], channel: socket.socket, publisher: Publisher
         threading.Thread(target=relay, args=(conn, (str(target[0]), int(target[1])), slots), daemon=True).start()
 
 
+def probe(directory: str, userns: bool) -> int:
+    """``--probe DIR 0|1``: whether this host lets the holder make an overlay like a job directory's in ``DIR``
+    (as root, or unprivileged with ``1``); prints ``ok``, else why not."""
+    try:
+        empty, upper, work = (os.path.join(directory, n) for n in ("volumes-empty", "upper", "volumes-work"))
+        for d in (empty, upper, work, os.path.join(work, "probe"), os.path.join(directory, "volumes")):
+            os.mkdir(d, 0o700)
+        enter_new_namespace(userns, mounts=True)
+        _mount("none", "/", None, MS_REC | MS_SLAVE, None)
+        item = {"lowers": [empty], "upper": upper, "work": os.path.join(work, "probe")}
+        _overlay(os.path.join(directory, "volumes"), item, userns)
+        print("ok")
+    except OSError as exc:
+        print(exc.strerror or str(exc))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1] == "--probe":
+        return probe(argv[2], argv[3] == "1")
     directory = argv[1]
     with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
         config = json.load(f)

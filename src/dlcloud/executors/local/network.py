@@ -21,6 +21,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -63,16 +66,42 @@ def egress_tools() -> tuple[str, str] | None:
     return (slirp, nft) if slirp and nft and os.access(TUN, os.R_OK | os.W_OK) else None
 
 
-def describe(job_network: str, default_egress: str) -> str:
-    """The network part of the start-up banner."""
+def describe(job_network: str, default_egress: str, volumes: str = "") -> str:
+    """The network part of the start-up banner; ``volumes``: why the holder cannot make overlays of the jobs'
+    directories here ("": it can, ``probe_volumes``)."""
     if job_network != "private":
-        return "jobs share the host's network (job_network=host)"
+        return "jobs share the host's network (job_network=host); job directories bound as they are"
     tools = (
         "internet and allow-lists available"
         if egress_tools()
         else f"only 'none' (slirp4netns or nft missing, or {TUN} not readable and writable here)"
     )
-    return f"a network namespace per job reaching only the API; egress by default {default_egress!r}, {tools}"
+    dirs = (
+        "job directories as overlays (mountinfo names no host path)"
+        if not volumes
+        else f"job directories bound as they are (no overlays here: {volumes}; mountinfo names their host paths)"
+    )
+    return f"a network namespace per job reaching only the API; egress by default {default_egress!r}, {tools}; {dirs}"
+
+
+def probe_volumes(base: Path, userns: bool) -> str:
+    """ "" when the holder can make the overlays of job directories under ``base`` (the runs directory) on this
+    host, else why not: tried once, in a child in namespaces of its own, as the holder would."""
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".volumes-probe-", dir=base))
+    except OSError as exc:
+        return f"could not try ({exc.strerror})"
+    argv = [sys.executable, "-I", "-S", netns_holder.__file__, "--probe", str(tmp), "1" if userns else "0"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        said = proc.stdout.strip()
+        return "" if said == "ok" else said or proc.stderr.strip()[-300:] or f"the probe exited with {proc.returncode}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"could not try ({exc})"
+    finally:
+        job_view.remove_work_dirs(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_allow(entries: tuple[str, ...]) -> list[str]:
