@@ -336,14 +336,10 @@ def _check_publish(platform: Platform, spec: JobSpec) -> None:
         )
 
 
-def create_job_row(
-    s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
-) -> JobRow:
-    """Check ``spec`` and add its QUEUED job row in the caller's transaction ``s`` (a study records a trial and
-    its job in one). ``platform_env``: DLCLOUD_* variables the platform itself gives the job (a trial's
-    DLCLOUD_HPARAMS), which a user's spec may not set. ``checkpoint_from`` is resolved and checked here
-    (``resolve_checkpoint_from``), for a study's trials as for a user's submit. The caller checks isolation and
-    wakes the loop."""
+def _check_spec_alone(platform: Platform, spec: JobSpec) -> tuple[dict[str, Any] | None, list[str]]:
+    """What can be checked of ``spec`` without the database: names that look like ids, the template, published
+    ports, env given twice. Returns its register_model section and the datasets it reads (a template's data
+    among them)."""
     if looks_like_id(spec.name):
         raise InvalidSpec(reserved_name_message("job", spec.name))
     _check_template(spec)
@@ -360,6 +356,30 @@ def create_job_row(
     both = sorted(set(spec.env) & set(spec.secret_env))
     if both:
         raise InvalidSpec(f"{', '.join(both)} given in both env and secret_env; give each variable in one of them")
+    return register, refs
+
+
+def _check_code(s: Session, caller: Caller, spec: JobSpec) -> None:
+    """The uploaded code the spec names is the caller's tenant's, and of a kind its command can run (without code,
+    a module comes from the environment itself, e.g. a library's CLI module)."""
+    if spec.code is None:
+        return
+    code = s.get(CodeRow, spec.code)
+    if code is None or code.tenant_id != caller.tenant_id:
+        raise InvalidSpec(f"code {spec.code!r} not found; upload it first (the CLI does this for directories)")
+    if spec.module is None and code.kind != "archive":
+        raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
+
+
+def create_job_row(
+    s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
+) -> JobRow:
+    """Check ``spec`` and add its QUEUED job row in the caller's transaction ``s`` (a study records a trial and
+    its job in one). ``platform_env``: DLCLOUD_* variables the platform itself gives the job (a trial's
+    DLCLOUD_HPARAMS), which a user's spec may not set. ``checkpoint_from`` is resolved and checked here
+    (``resolve_checkpoint_from``), for a study's trials as for a user's submit. The caller checks isolation and
+    wakes the loop."""
+    register, refs = _check_spec_alone(platform, spec)
     tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
     if tenant is None:
         raise NotFound("your tenant no longer exists")
@@ -367,14 +387,7 @@ def create_job_row(
     priority, priority_class = resolve_priority(platform, tenant, spec)
     check_non_preemptible(platform, tenant, spec)
     environment, environment_hash = environments.resolve_for_job(platform, s, caller, spec.environment)
-    if spec.code is not None:
-        code = s.get(CodeRow, spec.code)
-        if code is None or code.tenant_id != caller.tenant_id:
-            raise InvalidSpec(f"code {spec.code!r} not found; upload it first (the CLI does this for directories)")
-        if spec.module is None and code.kind != "archive":
-            raise InvalidSpec(f"code {spec.code} is a {code.kind}; run a package with 'module:', not 'command:'")
-    elif spec.module is not None:
-        pass  # a module from the environment itself (e.g. a library's CLI module)
+    _check_code(s, caller, spec)
     resolved = datasets.resolve_for_job(s, caller, refs)
     checkpoint_from_id = resolve_checkpoint_from(s, caller, spec)
     if platform_env is None or "DLCLOUD_STUDY" not in platform_env:  # not the study driver's trial
@@ -482,11 +495,8 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
             for r in job_store.describe_replicas(conn, row.id):
                 fields = r._asdict()
                 replicas.setdefault(fields.pop("attempt"), []).append(JobReplica(**fields))
-        endpoints: dict[str, str] = {}
-        if row.state == JobState.RUNNING.value and (row.spec or {}).get("publish") and platform.executor is not None:
-            handle = job_store.live_handle(conn, row.id)
-            if handle is not None:
-                endpoints = {str(p): at for p, at in sorted(platform.executor.endpoints(handle).items())}
+        publishing = row.state == JobState.RUNNING.value and bool((row.spec or {}).get("publish"))
+        handle = job_store.live_handle(conn, row.id) if publishing else None
         position = None
         wait = None
         if row.state in QUEUE_STATES:
@@ -496,6 +506,9 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
                 if position == 1
                 else f"waiting behind {position - 1} earlier job(s) in the queue"
             )
+    endpoints: dict[str, str] = {}
+    if handle is not None and platform.executor is not None:  # read outside the database connection
+        endpoints = {str(p): at for p, at in sorted(platform.executor.endpoints(handle).items())}
     # the selected columns carry the read models' field names
     return JobDetail(
         **_job_fields(row, caller.tenant, row.user_name or row.user_id),

@@ -11,6 +11,8 @@ behind its handle.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from dlcloud.executors.base import DatasetMount, Egress, Executor, StoredCode, Workload
@@ -79,7 +81,6 @@ def build(
     if job.timeout_seconds is not None:
         elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
         timeout = max(job.timeout_seconds - elapsed, 0.5)
-    tenant = s.get(TenantRow, job.tenant_id)
     return Workload(
         job_id=job.id,
         tenant_id=job.tenant_id,
@@ -102,18 +103,24 @@ def build(
         grace_seconds=float(grace) if grace is not None else platform.settings.stop_grace_seconds,
         log_max_bytes=platform.settings.job_log_max_bytes,
         replicas=launch.replicas if launch else (),
-        sandbox_slot=tenant.sandbox_slot if tenant is not None else None,
         checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
         api_url=platform.settings.resolved_job_api_url,
-        egress=egress(platform, tenant),
-        user_namespaces=bool(tenant is not None and tenant.user_namespaces),
         publish=tuple(int(p) for p in job.spec.get("publish") or ()),
-        tenant_processes=tenant_processes(
-            platform.settings,
-            tenant.quota_max_running_jobs if tenant else None,
-            len(launch.replicas) if launch else 1,
-        ),
+        **_tenant_terms(platform, s.get(TenantRow, job.tenant_id), len(launch.replicas) if launch else 1),
     )
+
+
+def _tenant_terms(platform: Platform, tenant: TenantRow | None, replicas: int) -> dict[str, Any]:
+    """What a workload takes from its tenant: its sandbox number, its egress policy, whether it may make user
+    namespaces, and its uid's process limit (for a job of ``replicas`` replicas)."""
+    return {
+        "sandbox_slot": tenant.sandbox_slot if tenant is not None else None,
+        "egress": egress(platform, tenant),
+        "user_namespaces": bool(tenant is not None and tenant.user_namespaces),
+        "tenant_processes": tenant_processes(
+            platform.settings, tenant.quota_max_running_jobs if tenant else None, replicas
+        ),
+    }
 
 
 def egress(platform: Platform, tenant: TenantRow | None) -> Egress:
