@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Query, Request, status
 
 from dlcloud import signing
-from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.deps import (
+    CallerDep,
+    PlatformDep,
+    StreamingCallerDep,
+    set_audit_resource,
+)
 from dlcloud.api.params import CodeId
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services import code as svc
-from dlcloud.services.auth import Caller
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 
 
 @router.post("/code", response_model=CodeUpload, status_code=status.HTTP_201_CREATED, name="code.upload")
 async def upload_code(
+    c: StreamingCallerDep,
+    p: PlatformDep,
     request: Request,
     # kind and filename are checked by the service (400 invalid_argument); the schema states the same rules
     kind: str = Query(
@@ -31,8 +36,6 @@ async def upload_code(
         description="a wheel's ends in .whl, an sdist's in .tar.gz or .tgz",
         json_schema_extra={"pattern": svc.FILENAME_RE.pattern},
     ),
-    c: Caller = Depends(streaming_caller),
-    p: Platform = Depends(get_platform),
 ) -> CodeUpload:
     length = request.headers.get("content-length")
     try:
@@ -56,5 +59,5 @@ async def upload_code(
 
 
 @router.get("/code/{code_id}", response_model=CodeUpload, name="code.get")
-def get_code(code_id: CodeId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> CodeUpload:
+def get_code(c: CallerDep, p: PlatformDep, code_id: CodeId) -> CodeUpload:
     return svc.get_code(p.db, c, code_id)

@@ -6,11 +6,16 @@ write it ``OWNER/NAME``); without ``owner`` a name is the caller's tenant's.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud import signing
-from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.deps import (
+    CallerDep,
+    PlatformDep,
+    StreamingCallerDep,
+    set_audit_resource,
+)
 from dlcloud.api.params import DatasetUploadId, Label, Owner, TenantName, VersionRef
 from dlcloud.api.params import Name as DatasetName
 from dlcloud.errors import InvalidArgument
@@ -27,9 +32,7 @@ from dlcloud.schemas.datasets import (
 )
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, VERSION_HEADER
 from dlcloud.services import datasets as svc
-from dlcloud.services.auth import Caller
 from dlcloud.services.datasets import FILES_PAGE, FILES_PAGE_MAX
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 Version = Path(..., ge=1, le=999_999_999)
@@ -38,9 +41,7 @@ Version = Path(..., ge=1, le=999_999_999)
 @router.post(
     "/dataset-uploads", response_model=DatasetUpload, status_code=status.HTTP_201_CREATED, name="datasets.upload"
 )
-async def upload_data(
-    request: Request, c: Caller = Depends(streaming_caller), p: Platform = Depends(get_platform)
-) -> DatasetUpload:
+async def upload_data(c: StreamingCallerDep, p: PlatformDep, request: Request) -> DatasetUpload:
     length = request.headers.get("content-length")
     try:
         content_length = int(length) if length is not None else None
@@ -58,7 +59,7 @@ async def upload_data(
 
 
 @router.delete("/dataset-uploads/{upload_id}", status_code=status.HTTP_204_NO_CONTENT, name="datasets.upload_delete")
-def delete_upload(upload_id: DatasetUploadId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_upload(c: CallerDep, p: PlatformDep, upload_id: DatasetUploadId) -> None:
     svc.delete_upload(p, c, upload_id)
 
 
@@ -69,12 +70,7 @@ def delete_upload(upload_id: DatasetUploadId, c: Caller = Depends(caller), p: Pl
     name="datasets.push",
 )
 def push_version(
-    name: DatasetName,
-    body: DatasetPush,
-    request: Request,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, name: DatasetName, body: DatasetPush, request: Request, owner: Owner = None
 ) -> DatasetVersion:
     # a plain ``def``: unpacking, checksumming and storing block, so they run in the thread pool
     set_audit_resource(request, name)
@@ -84,28 +80,22 @@ def push_version(
 
 
 @router.get("/datasets", response_model=list[Dataset], name="datasets.list")
-def list_datasets(c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> list[Dataset]:
+def list_datasets(c: CallerDep, p: PlatformDep) -> list[Dataset]:
     return svc.list_datasets(p, c)
 
 
 @router.get("/datasets/{name}", response_model=DatasetDetail, name="datasets.describe")
-def describe_dataset(
-    name: DatasetName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> DatasetDetail:
+def describe_dataset(c: CallerDep, p: PlatformDep, name: DatasetName, owner: Owner = None) -> DatasetDetail:
     return svc.describe_dataset(p, c, name, owner)
 
 
 @router.delete("/datasets/{name}", status_code=status.HTTP_204_NO_CONTENT, name="datasets.delete")
-def delete_dataset(
-    name: DatasetName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> None:
+def delete_dataset(c: CallerDep, p: PlatformDep, name: DatasetName, owner: Owner = None) -> None:
     svc.delete_dataset(p, c, name, owner)
 
 
 @router.get("/datasets/{name}/versions", response_model=list[DatasetVersion], name="datasets.versions")
-def list_versions(
-    name: DatasetName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> list[DatasetVersion]:
+def list_versions(c: CallerDep, p: PlatformDep, name: DatasetName, owner: Owner = None) -> list[DatasetVersion]:
     return svc.list_versions(p, c, name, owner)
 
 
@@ -113,11 +103,7 @@ def list_versions(
 # 'latest', DELETE a number
 @router.get("/datasets/{name}/versions/{version}", response_model=DatasetVersion, name="datasets.version")
 def get_version(
-    name: DatasetName,
-    version: VersionRef,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, name: DatasetName, version: VersionRef, owner: Owner = None
 ) -> DatasetVersion:
     return svc.get_version(p, c, name, version, owner)
 
@@ -126,12 +112,7 @@ def get_version(
     "/datasets/{name}/versions/{version}", status_code=status.HTTP_204_NO_CONTENT, name="datasets.delete_version"
 )
 def delete_version(
-    request: Request,
-    name: DatasetName,
-    version: int = Version,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: DatasetName, version: int = Version, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}:{version}")
     svc.delete_version(p, c, name, version, owner)
@@ -139,13 +120,13 @@ def delete_version(
 
 @router.get("/datasets/{name}/versions/{version}/files", response_model=list[DatasetFile], name="datasets.files")
 def list_files(
+    c: CallerDep,
+    p: PlatformDep,
     name: DatasetName,
     version: VersionRef,
     owner: Owner = None,
     limit: int = Query(FILES_PAGE, ge=1, le=FILES_PAGE_MAX, description="at most this many files"),
     after: str | None = Query(None, max_length=4096, description="the files whose path sorts after this one"),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> list[DatasetFile]:
     """The version's files sorted by path, a page at a time: fewer than ``limit`` means the last page; the
     next page starts ``after`` the last path of this one."""
@@ -154,11 +135,7 @@ def list_files(
 
 @router.get("/datasets/{name}/versions/{version}/data", name="datasets.download", response_class=StreamingResponse)
 def download_version(
-    name: DatasetName,
-    version: VersionRef,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, name: DatasetName, version: VersionRef, owner: Owner = None
 ) -> StreamingResponse:
     found, stream = svc.open_version(p, c, name, version, owner)
     headers = {
@@ -171,13 +148,13 @@ def download_version(
 
 @router.put("/datasets/{name}/labels/{label}", response_model=DatasetLabel, name="datasets.set_label")
 def set_label(
+    c: CallerDep,
+    p: PlatformDep,
     request: Request,
     name: DatasetName,
     label: Label,
     body: DatasetLabelSet,
     owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> DatasetLabel:
     set_audit_resource(request, f"{name}@{label}")
     return svc.set_label(p, c, name, label, body.version, owner)
@@ -185,12 +162,7 @@ def set_label(
 
 @router.delete("/datasets/{name}/labels/{label}", status_code=status.HTTP_204_NO_CONTENT, name="datasets.remove_label")
 def remove_label(
-    request: Request,
-    name: DatasetName,
-    label: Label,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: DatasetName, label: Label, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}@{label}")
     svc.remove_label(p, c, name, label, owner)
@@ -198,12 +170,7 @@ def remove_label(
 
 @router.post("/datasets/{name}/shares/{tenant}", response_model=DatasetShare, name="datasets.share")
 def share_dataset(
-    request: Request,
-    name: DatasetName,
-    tenant: TenantName,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: DatasetName, tenant: TenantName, owner: Owner = None
 ) -> DatasetShare:
     set_audit_resource(request, f"{name}->{tenant}")
     return svc.share_dataset(p, c, name, tenant, owner)
@@ -211,12 +178,7 @@ def share_dataset(
 
 @router.delete("/datasets/{name}/shares/{tenant}", status_code=status.HTTP_204_NO_CONTENT, name="datasets.unshare")
 def unshare_dataset(
-    request: Request,
-    name: DatasetName,
-    tenant: TenantName,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: DatasetName, tenant: TenantName, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}->{tenant}")
     svc.unshare_dataset(p, c, name, tenant, owner)

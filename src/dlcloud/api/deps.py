@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
-from fastapi import Request
+from fastapi import Depends, Request
 
 from dlcloud import signing
 from dlcloud.api.guard import signed_path
@@ -68,6 +68,13 @@ async def job_token(request: Request) -> JobToken:
     # its own bucket per job attempt, never its user's or tenant's: a user's flood cannot starve a job's pushes
     request.app.state.rate_limits.admit_job(job.job_id, job.attempt)
     return job
+
+
+# the dependencies a route declares, by type: ``c: CallerDep, p: PlatformDep`` instead of a ``Depends`` pair each time
+CallerDep = Annotated[Caller, Depends(caller)]
+StreamingCallerDep = Annotated[Caller, Depends(streaming_caller)]
+PlatformDep = Annotated[Platform, Depends(get_platform)]
+JobTokenDep = Annotated[JobToken, Depends(job_token)]
 
 
 async def run_read(platform: Platform, call: Callable[..., T], *args: Any) -> T:

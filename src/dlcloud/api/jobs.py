@@ -2,68 +2,62 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import StreamingResponse
 
-from dlcloud.api.deps import caller, get_platform, run_read, set_audit_resource
+from dlcloud.api.deps import CallerDep, PlatformDep, run_read, set_audit_resource
 from dlcloud.api.params import JobName
 from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection, QueueEntry
 from dlcloud.services import jobs as svc
-from dlcloud.services.auth import Caller
 from dlcloud.services.logs import open_log_stream
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 
 
 @router.post("/jobs", response_model=Job, status_code=status.HTTP_201_CREATED, name="jobs.submit")
-def submit_job(
-    spec: JobSpec, request: Request, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> Job:
+def submit_job(c: CallerDep, p: PlatformDep, spec: JobSpec, request: Request) -> Job:
     set_audit_resource(request, spec.name)
     return svc.submit_job(p, c, spec)
 
 
 @router.get("/jobs", response_model=list[Job], name="jobs.list")
 def list_jobs(
+    c: CallerDep,
+    p: PlatformDep,
     state: list[JobState] | None = Query(None),
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=10_000_000),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> list[Job]:
     return svc.list_jobs(p, c, states=state, limit=limit, offset=offset)
 
 
 @router.get("/queue", response_model=list[QueueEntry], name="queue.list")
-def list_queue(
-    limit: int = Query(1000, ge=1, le=10_000),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
-) -> list[QueueEntry]:
+def list_queue(c: CallerDep, p: PlatformDep, limit: int = Query(1000, ge=1, le=10_000)) -> list[QueueEntry]:
     """The waiting jobs in the scheduler's order: a platform admin sees every tenant's, others their tenant's."""
     return svc.list_queue(p, c, limit=limit)
 
 
 @router.get("/jobs/{name}", response_model=JobDetail, name="jobs.describe")
-async def describe_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> JobDetail:
+async def describe_job(c: CallerDep, p: PlatformDep, name: JobName) -> JobDetail:
     # async, not a plain ``def``: describe is polled hard, and FastAPI would run a sync endpoint in the
     # thread pool and then validate its result in the thread pool again
     return await run_read(p, svc.describe_job, p, c, name)
 
 
 @router.post("/jobs/{name}/cancel", response_model=Job, name="jobs.cancel")
-def cancel_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Job:
+def cancel_job(c: CallerDep, p: PlatformDep, name: JobName) -> Job:
     return svc.cancel_job(p, c, name)
 
 
 @router.delete("/jobs/{name}", status_code=status.HTTP_204_NO_CONTENT, name="jobs.delete")
-def delete_job(name: JobName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_job(c: CallerDep, p: PlatformDep, name: JobName) -> None:
     svc.delete_job(p, c, name)
 
 
 @router.get("/jobs/{name}/logs", name="jobs.logs", response_class=StreamingResponse)
 async def job_logs(
+    c: CallerDep,
+    p: PlatformDep,
     name: JobName,
     follow: bool = Query(False),
     tail: int | None = Query(None, ge=0, le=1_000_000),
@@ -71,8 +65,6 @@ async def job_logs(
     replica: str | None = Query(
         None, max_length=64, pattern=r"^[a-z]+-[0-9]+(\.[0-9]+)?$", description="only this replica's lines (worker-1)"
     ),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> StreamingResponse:
     lines = await open_log_stream(p, c, name, follow=follow, tail=tail, section=section, replica=replica)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

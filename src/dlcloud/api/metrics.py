@@ -6,15 +6,12 @@ the read is a signed user request, scoped to the caller's tenant like ``GET /job
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
-from dlcloud.api.deps import caller, get_platform, job_token, set_audit_resource
+from dlcloud.api.deps import CallerDep, JobTokenDep, PlatformDep, set_audit_resource
 from dlcloud.api.params import JobName
 from dlcloud.schemas.metrics import DEFAULT_MAX_POINTS, MAX_MAX_POINTS, REPLICA_RE, JobMetrics, MetricName, MetricsPush
 from dlcloud.services import metrics as svc
-from dlcloud.services.auth import Caller
-from dlcloud.services.metrics import JobToken
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 
@@ -25,13 +22,7 @@ router = APIRouter()
     response_class=Response,
     name="jobs.metrics_push",
 )
-def push_metrics(
-    name: JobName,
-    push: MetricsPush,
-    request: Request,
-    token: JobToken = Depends(job_token),
-    p: Platform = Depends(get_platform),
-) -> Response:
+def push_metrics(token: JobTokenDep, p: PlatformDep, name: JobName, push: MetricsPush, request: Request) -> Response:
     """Store points of the job attempt the token was given to (``name``: the job id in DLCLOUD_METRICS_URL)."""
     request.state.audit_skip = True  # routine: a job pushes every few seconds
     set_audit_resource(request, name)
@@ -41,6 +32,8 @@ def push_metrics(
 
 @router.get("/jobs/{name}/metrics", response_model=JobMetrics, name="jobs.metrics")
 def get_metrics(
+    c: CallerDep,
+    p: PlatformDep,
     name: JobName,
     metric: list[MetricName] | None = Query(
         None, max_length=100, description="only these metrics (repeat it); default: all"
@@ -50,8 +43,6 @@ def get_metrics(
         None, max_length=64, pattern=REPLICA_RE, description="only this replica ('' for one process)"
     ),
     max_points: int = Query(DEFAULT_MAX_POINTS, ge=1, le=MAX_MAX_POINTS, description="points per series at most"),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> JobMetrics:
     return svc.get_job_metrics(
         p, c, name, metrics=metric or (), attempt=attempt, replica=replica, max_points=max_points

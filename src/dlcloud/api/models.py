@@ -6,11 +6,16 @@ write it ``OWNER/NAME``); without ``owner`` a name is the caller's tenant's.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Request, status
+from fastapi import APIRouter, Path, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud import signing
-from dlcloud.api.deps import caller, get_platform, set_audit_resource, streaming_caller
+from dlcloud.api.deps import (
+    CallerDep,
+    PlatformDep,
+    StreamingCallerDep,
+    set_audit_resource,
+)
 from dlcloud.api.params import Deployment, Label, Owner, TenantName, UploadId, VersionRef
 from dlcloud.api.params import Name as ModelName
 from dlcloud.errors import InvalidArgument
@@ -30,17 +35,13 @@ from dlcloud.schemas.models import (
     ModelVersion,
 )
 from dlcloud.services import models as svc
-from dlcloud.services.auth import Caller
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 Version = Path(..., ge=1, le=999_999_999)
 
 
 @router.post("/model-uploads", response_model=ModelUpload, status_code=status.HTTP_201_CREATED, name="models.upload")
-async def upload_artifact(
-    request: Request, c: Caller = Depends(streaming_caller), p: Platform = Depends(get_platform)
-) -> ModelUpload:
+async def upload_artifact(c: StreamingCallerDep, p: PlatformDep, request: Request) -> ModelUpload:
     length = request.headers.get("content-length")
     try:
         content_length = int(length) if length is not None else None
@@ -58,17 +59,13 @@ async def upload_artifact(
 
 
 @router.delete("/model-uploads/{upload_id}", status_code=status.HTTP_204_NO_CONTENT, name="models.upload_delete")
-def delete_upload(upload_id: UploadId, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> None:
+def delete_upload(c: CallerDep, p: PlatformDep, upload_id: UploadId) -> None:
     svc.delete_upload(p, c, upload_id)
 
 
 @router.post("/models", response_model=ModelVersion, status_code=status.HTTP_201_CREATED, name="models.register")
 def register_model(
-    body: ModelRegister,
-    request: Request,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, body: ModelRegister, request: Request, owner: Owner = None
 ) -> ModelVersion:
     # a plain ``def``: staging, checksumming and signature inference block, so they run in the thread pool
     set_audit_resource(request, body.name)
@@ -78,28 +75,22 @@ def register_model(
 
 
 @router.get("/models", response_model=list[Model], name="models.list")
-def list_models(c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> list[Model]:
+def list_models(c: CallerDep, p: PlatformDep) -> list[Model]:
     return svc.list_models(p, c)
 
 
 @router.get("/models/{name}", response_model=ModelDetail, name="models.describe")
-def describe_model(
-    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> ModelDetail:
+def describe_model(c: CallerDep, p: PlatformDep, name: ModelName, owner: Owner = None) -> ModelDetail:
     return svc.describe_model(p, c, name, owner)
 
 
 @router.delete("/models/{name}", status_code=status.HTTP_204_NO_CONTENT, name="models.delete")
-def delete_model(
-    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> None:
+def delete_model(c: CallerDep, p: PlatformDep, name: ModelName, owner: Owner = None) -> None:
     svc.delete_model(p, c, name, owner)
 
 
 @router.get("/models/{name}/versions", response_model=list[ModelVersion], name="models.versions")
-def list_versions(
-    name: ModelName, owner: Owner = None, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> list[ModelVersion]:
+def list_versions(c: CallerDep, p: PlatformDep, name: ModelName, owner: Owner = None) -> list[ModelVersion]:
     return svc.list_versions(p, c, name, owner)
 
 
@@ -107,11 +98,7 @@ def list_versions(
 # template with two names, which is not allowed; GET takes a number, a label or 'latest', DELETE a number
 @router.get("/models/{name}/versions/{version}", response_model=ModelVersion, name="models.version")
 def get_version(
-    name: ModelName,
-    version: VersionRef,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, name: ModelName, version: VersionRef, owner: Owner = None
 ) -> ModelVersion:
     return svc.get_version(p, c, name, version, owner)
 
@@ -120,12 +107,7 @@ def get_version(
     "/models/{name}/versions/{version}", status_code=status.HTTP_204_NO_CONTENT, name="models.delete_version"
 )
 def delete_version(
-    request: Request,
-    name: ModelName,
-    version: int = Version,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: ModelName, version: int = Version, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}:{version}")
     svc.delete_version(p, c, name, version, owner)
@@ -133,11 +115,7 @@ def delete_version(
 
 @router.get("/models/{name}/versions/{version}/artifact", name="models.download", response_class=StreamingResponse)
 def download_artifact(
-    name: ModelName,
-    version: VersionRef,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, name: ModelName, version: VersionRef, owner: Owner = None
 ) -> StreamingResponse:
     found, stream = svc.open_artifact(p, c, name, version, owner)
     headers = {
@@ -151,13 +129,7 @@ def download_artifact(
 
 @router.put("/models/{name}/labels/{label}", response_model=ModelLabel, name="models.set_label")
 def set_label(
-    request: Request,
-    name: ModelName,
-    label: Label,
-    body: LabelSet,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: ModelName, label: Label, body: LabelSet, owner: Owner = None
 ) -> ModelLabel:
     set_audit_resource(request, f"{name}@{label}")
     return svc.set_label(p, c, name, label, body.version, owner)
@@ -165,12 +137,7 @@ def set_label(
 
 @router.delete("/models/{name}/labels/{label}", status_code=status.HTTP_204_NO_CONTENT, name="models.remove_label")
 def remove_label(
-    request: Request,
-    name: ModelName,
-    label: Label,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: ModelName, label: Label, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}@{label}")
     svc.remove_label(p, c, name, label, owner)
@@ -178,12 +145,7 @@ def remove_label(
 
 @router.post("/models/{name}/shares/{tenant}", response_model=ModelShare, name="models.share")
 def share_model(
-    request: Request,
-    name: ModelName,
-    tenant: TenantName,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: ModelName, tenant: TenantName, owner: Owner = None
 ) -> ModelShare:
     set_audit_resource(request, f"{name}->{tenant}")
     return svc.share_model(p, c, name, tenant, owner)
@@ -191,12 +153,7 @@ def share_model(
 
 @router.delete("/models/{name}/shares/{tenant}", status_code=status.HTTP_204_NO_CONTENT, name="models.unshare")
 def unshare_model(
-    request: Request,
-    name: ModelName,
-    tenant: TenantName,
-    owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, request: Request, name: ModelName, tenant: TenantName, owner: Owner = None
 ) -> None:
     set_audit_resource(request, f"{name}->{tenant}")
     svc.unshare_model(p, c, name, tenant, owner)
@@ -206,13 +163,13 @@ def unshare_model(
     "/models/{name}/versions/{version}/deployments", response_model=ModelDeployment, name="models.deployment_renew"
 )
 def record_deployment(
+    c: CallerDep,
+    p: PlatformDep,
     request: Request,
     name: ModelName,
     body: DeploymentLease,
     version: int = Version,
     owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> ModelDeployment:
     set_audit_resource(request, f"{name}:{version}")
     lease = svc.record_deployment(p, c, name, version, body, owner)
@@ -227,13 +184,13 @@ def record_deployment(
     name="models.deployment_release",
 )
 def release_deployment(
+    c: CallerDep,
+    p: PlatformDep,
     request: Request,
     name: ModelName,
     deployment: Deployment,
     version: int = Version,
     owner: Owner = None,
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
 ) -> None:
     set_audit_resource(request, f"{name}:{version}")
     svc.release_deployment(p, c, name, version, deployment, owner)

@@ -2,56 +2,49 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Query, Request, status
 
-from dlcloud.api.deps import caller, get_platform, set_audit_resource
+from dlcloud.api.deps import CallerDep, PlatformDep, set_audit_resource
 from dlcloud.api.params import StudyName
 from dlcloud.schemas.studies import BestTrial, Study, StudyDetail, StudySpec, Trial
 from dlcloud.services import studies as svc
-from dlcloud.services.auth import Caller
-from dlcloud.services.platform import Platform
 
 router = APIRouter()
 
 
 @router.post("/studies", response_model=Study, status_code=status.HTTP_201_CREATED, name="studies.submit")
-def submit_study(
-    spec: StudySpec, request: Request, c: Caller = Depends(caller), p: Platform = Depends(get_platform)
-) -> Study:
+def submit_study(c: CallerDep, p: PlatformDep, spec: StudySpec, request: Request) -> Study:
     set_audit_resource(request, spec.name)
     return svc.submit_study(p, c, spec)
 
 
 @router.get("/studies", response_model=list[Study], name="studies.list")
 def list_studies(
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0, le=10_000_000),
-    c: Caller = Depends(caller),
-    p: Platform = Depends(get_platform),
+    c: CallerDep, p: PlatformDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10_000_000)
 ) -> list[Study]:
     return svc.list_studies(p, c, limit=limit, offset=offset)
 
 
 @router.get("/studies/{name}", response_model=StudyDetail, name="studies.describe")
-def describe_study(name: StudyName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> StudyDetail:
+def describe_study(c: CallerDep, p: PlatformDep, name: StudyName) -> StudyDetail:
     return svc.describe_study(p, c, name)
 
 
 @router.get("/studies/{name}/trials", response_model=list[Trial], name="studies.trials")
-def list_trials(name: StudyName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> list[Trial]:
+def list_trials(c: CallerDep, p: PlatformDep, name: StudyName) -> list[Trial]:
     return svc.list_trials(p, c, name)
 
 
 @router.get("/studies/{name}/best", response_model=BestTrial, name="studies.best")
-def best_trial(name: StudyName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> BestTrial:
+def best_trial(c: CallerDep, p: PlatformDep, name: StudyName) -> BestTrial:
     return svc.best_trial(p, c, name)
 
 
 @router.post("/studies/{name}/stop", response_model=Study, name="studies.stop")
-def stop_study(name: StudyName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Study:
+def stop_study(c: CallerDep, p: PlatformDep, name: StudyName) -> Study:
     return svc.stop_study(p, c, name)
 
 
 @router.post("/studies/{name}/resume", response_model=Study, name="studies.resume")
-def resume_study(name: StudyName, c: Caller = Depends(caller), p: Platform = Depends(get_platform)) -> Study:
+def resume_study(c: CallerDep, p: PlatformDep, name: StudyName) -> Study:
     return svc.resume_study(p, c, name)
