@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
@@ -24,7 +25,18 @@ DATASET_REF_RE = re.compile(
     r"^(?:(?P<owner>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)"
     r"(?:@(?P<ref>[0-9]{1,9}|[a-z]([-a-z0-9]{0,61}[a-z0-9])?))?$"
 )
-DatasetVersionState = Literal["pending", "ready", "failed"]
+
+
+class DatasetVersionState(StrEnum):
+    """A dataset version's state. ``services/dataset_sources.py`` is its one writer: a version pushed from an
+    upload is ready at once; one registered in place is pending until a worker has read its objects, then ready
+    or failed."""
+
+    PENDING = "pending"
+    READY = "ready"
+    FAILED = "failed"
+
+
 DatasetRef = Annotated[str, Field(min_length=1, max_length=140, pattern=DATASET_REF_RE.pattern)]
 
 
@@ -68,7 +80,7 @@ class DatasetVersion(Response):
     in_use_by: list[str]  # jobs (of the owner's tenant, by name) not yet ended that read it: it cannot be deleted
     # ready: readable; pending: registered in place, its manifest being computed (sha256 "", sizes 0 until
     # then); failed: it never will be (state_reason says why)
-    state: DatasetVersionState = "ready"
+    state: DatasetVersionState = DatasetVersionState.READY
     state_reason: str | None = None
     source: str | None = None  # s3://BUCKET/PREFIX of a version registered in place (its files stay there)
 

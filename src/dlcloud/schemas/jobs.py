@@ -354,6 +354,17 @@ class JobEvent(Response):
     attempt: int
 
 
+class ReplicaState(StrEnum):
+    """A replica's state on its record (``job_replicas``): running from its placement, then how it ended.
+    ``services/replica_states.py`` is the one writer."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped by the platform: cancelled, preempted, timed out, or its gang ended
+    LOST = "lost"  # the executor lost track of it
+
+
 class JobReplica(Response):
     """One replica of one attempt."""
 
@@ -365,7 +376,7 @@ class JobReplica(Response):
     cpus: float
     memory: int
     ports: list[int]
-    state: str  # running | succeeded | failed | stopped | lost
+    state: ReplicaState
     exit_code: int | None
 
 

@@ -35,7 +35,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import DlcloudError, SourceNotAllowed
-from dlcloud.schemas.datasets import DatasetPush, DatasetVersion
+from dlcloud.schemas.datasets import DatasetPush, DatasetVersion, DatasetVersionState
 from dlcloud.services import datasets
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
@@ -90,7 +90,7 @@ def register_version(
             sha256="",
             size_bytes=0,
             file_count=0,
-            state="pending",
+            state=DatasetVersionState.PENDING.value,
             source_url=src.url,
         )
 
@@ -132,7 +132,7 @@ def _claim(platform: Platform, worker: str) -> str | None:
     with platform.db.write() as s:
         for candidate in store.pending_versions(s):
             row = s.get(DatasetVersionRow, candidate.id, with_for_update=True, populate_existing=True)
-            if row is None or row.state != "pending":
+            if row is None or row.state != DatasetVersionState.PENDING.value:
                 continue
             free = (
                 row.claimed_by is None
@@ -150,7 +150,9 @@ def _claim(platform: Platform, worker: str) -> str | None:
 
 def _held(s: Session, version_id: str, worker: str) -> DatasetVersionRow | None:
     row = s.get(DatasetVersionRow, version_id, with_for_update=True, populate_existing=True)
-    return row if row is not None and row.state == "pending" and row.claimed_by == worker else None
+    return (
+        row if row is not None and row.state == DatasetVersionState.PENDING.value and row.claimed_by == worker else None
+    )
 
 
 def prepare_one(platform: Platform, worker: str) -> bool:
@@ -196,7 +198,7 @@ def prepare_one(platform: Platform, worker: str) -> bool:
     with platform.db.write() as s:
         row = _held(s, version_id, worker)
         if row is not None:
-            row.state, row.state_reason = "ready", None
+            row.state, row.state_reason = DatasetVersionState.READY.value, None
             row.sha256, row.size_bytes, row.file_count = (
                 manifest.artifact_sha256(),
                 manifest.size,
@@ -215,7 +217,7 @@ def _fail(platform: Platform, version_id: str, worker: str, reason: str) -> None
     with platform.db.write() as s:
         row = _held(s, version_id, worker)
         if row is not None:
-            row.state, row.state_reason = "failed", reason
+            row.state, row.state_reason = DatasetVersionState.FAILED.value, reason
             row.claimed_by = row.claimed_at = None
 
 

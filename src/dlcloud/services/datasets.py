@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -276,7 +276,7 @@ def _version_models(
             created_at=r.created_at,
             labels=sorted(by_version.get(r.id, [])),
             in_use_by=_readers_shown(in_use[r.id], caller_tenant_id),
-            state=cast(DatasetVersionState, r.state),
+            state=DatasetVersionState(r.state),
             state_reason=r.state_reason,
             source=r.source_url,
         )
@@ -485,20 +485,20 @@ def _get_version(
 
 def require_ready(version: DatasetVersion) -> None:
     """A version's files can be read only once it is ready (409 ``dataset_version_not_ready`` otherwise)."""
-    if version.state == "ready":
+    if version.state == DatasetVersionState.READY:
         return
     shown = f"{version.dataset}@{version.version}"
-    if version.state == "pending":
+    if version.state == DatasetVersionState.PENDING:
         raise DatasetVersionNotReady(
             f"version {version.version} of dataset {version.dataset!r} is being registered in place from "
             f"{version.source}: its manifest is computed by reading every object; wait until "
             f"'dlcloud datasets describe {shown}' shows it ready",
-            details={"state": version.state},
+            details={"state": version.state.value},
         )
     raise DatasetVersionNotReady(
         f"version {version.version} of dataset {version.dataset!r} failed to register from {version.source} and "
         f"can never be read: {version.state_reason}; delete it and register the data again",
-        details={"state": version.state, "reason": version.state_reason},
+        details={"state": version.state.value, "reason": version.state_reason},
     )
 
 
@@ -753,7 +753,7 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
         dataset, owner_name = _readable(s, caller, name, owner)
         shown = _shown(name, owner_name, caller)
         row = _find_version(s, dataset, version_ref, shown)
-        if row.state != "ready":
+        if row.state != DatasetVersionState.READY.value:
             [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
             require_ready(version)
         out.append(

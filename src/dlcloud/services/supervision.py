@@ -32,17 +32,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import DlcloudError
-from dlcloud.executors.base import AttemptReport, Executor, ReplicaReport, Workload
+from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import gangs, job_models, job_states, storage_quota, workloads
+from dlcloud.services import gangs, job_models, job_states, replica_states, storage_quota, workloads
 from dlcloud.services.fair_pool import FairPool, pool_size
 from dlcloud.services.jobs import logs_key, outputs_key
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import attempt_ports, release_ports
 from dlcloud.storage.objects import StorageError
-from dlcloud.store.rows import AttemptRow, JobRow, ReplicaRow, utcnow
+from dlcloud.store.rows import AttemptRow, JobRow, utcnow
 
 log = logging.getLogger(__name__)
 SAVE_TRIES = 20  # passes that may fail to save an ended attempt's outputs (the store down) before it ends anyway
@@ -273,27 +273,6 @@ class Supervisor:
             if job is not None and not job.cancel_requested:
                 job.reason = reason
 
-    def _record_replicas(self, s: Session, job: JobRow, report: AttemptReport, lost: bool = False) -> None:
-        """The end of each replica of the attempt that just ended, on its record."""
-        if not job.replica_groups:
-            return
-        by_name: dict[str, ReplicaReport] = {r.name: r for r in report.replicas}
-        rows = s.scalars(select(ReplicaRow).where(ReplicaRow.job_id == job.id, ReplicaRow.attempt == job.attempt))
-        for row in rows:
-            r = by_name.get(row.name)
-            if r is None:
-                row.state = "lost" if lost else row.state
-                continue
-            row.exit_code = r.exit_code
-            if r.state == "lost":
-                row.state = "lost"
-            elif r.stopped or r.timed_out:
-                row.state = "stopped"
-            elif r.state == "exited":
-                row.state = "succeeded" if r.exit_code == 0 else "failed"
-            else:
-                row.state = "lost"
-
     def _mark_running(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         with self.write() as s:
             job = s.get(JobRow, job_id)
@@ -359,7 +338,7 @@ class Supervisor:
         attempt.exit_code = code
         job.exit_code = code
         release_ports(s, job.id, attempt.number)
-        self._record_replicas(s, job, report)
+        replica_states.record_ends(s, job, report)
         detail = f" ({report.message})" if report.message else ""
         if report.replicas:  # the message names the failing replica, its code and last lines
             failure = f"attempt {job.attempt} failed: {report.message}"
@@ -404,7 +383,7 @@ class Supervisor:
             attempt.finished_at = now
             attempt.outcome = "lost"
             release_ports(s, job.id, attempt.number)
-            self._record_replicas(s, job, report, lost=True)
+            replica_states.record_ends(s, job, report, lost=True)
             job_states.account_attempt(job, attempt, now)
             if job.cancel_requested:
                 job_states.transition(s, job, JobState.CANCELLED, "cancelled; attempt lost", at=now)

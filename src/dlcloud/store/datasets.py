@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from dlcloud.schemas.datasets import DatasetVersionState
 from dlcloud.store.rows import (
     DatasetLabelRow,
     DatasetRow,
@@ -90,7 +91,11 @@ def get_version(s: Session, tenant_id: str, dataset_id: str, version: int) -> Da
 def pending_versions(s: Session) -> list[DatasetVersionRow]:
     """Every tenant's versions registered in place whose manifest is not computed yet, oldest first (for the
     worker that computes them: ``services/dataset_sources.py``)."""
-    q = select(DatasetVersionRow).where(DatasetVersionRow.state == "pending").order_by(DatasetVersionRow.created_at)
+    q = (
+        select(DatasetVersionRow)
+        .where(DatasetVersionRow.state == DatasetVersionState.PENDING.value)
+        .order_by(DatasetVersionRow.created_at)
+    )
     return list(s.scalars(q))
 
 

@@ -77,6 +77,12 @@ def attempt_handles(s: Session, job_id: str) -> list[tuple[int, str, bool]]:
     return [(int(n), str(d), f is not None) for n, d, f in s.execute(q.order_by(AttemptRow.number))]
 
 
+def attempt_replicas(s: Session, job_id: str, attempt: int) -> list[ReplicaRow]:
+    """The replica records of one attempt of a job, in the order they were placed."""
+    q = select(ReplicaRow).where(ReplicaRow.job_id == job_id, ReplicaRow.attempt == attempt).order_by(ReplicaRow.id)
+    return list(s.scalars(q))
+
+
 def live_handle(conn: Connection, job_id: str) -> str | None:
     """The executor handle of the job's attempt that has not ended, if one has not."""
     q = select(AttemptRow.handle).where(AttemptRow.job_id == job_id, AttemptRow.finished_at.is_(None))
