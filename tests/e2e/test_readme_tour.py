@@ -5,8 +5,9 @@ with the embedded defaults (an empty home directory; only the port is a free one
 Conventions the README keeps for this test:
 - the first block is the platform's start (``dlcloud up``): the test runs it in the background and waits until
   the server is ready;
-- every other block runs under ``set -euo pipefail``: each command must exit 0 (``jobs submit --follow`` exits
-  1 when its job does not succeed);
+- every other block runs under ``set -e``: each command must exit 0 (``jobs submit --follow`` exits 1 when its
+  job does not succeed); a pipeline's status is its last command's, as in a terminal (no ``pipefail``: ``grep -q``
+  may end a pipe before the command writing into it is done);
 - a command ending in ``&`` runs in the background, as in a terminal; whatever still runs at the end is
   stopped with the shell's process group;
 - the model server's port 8000 is replaced by a free port (a machine running the tests may serve on 8000).
@@ -51,7 +52,7 @@ def tour_blocks() -> list[str]:
 
 def _script(blocks: list[str], serve_port: int) -> str:
     """One shell script of the blocks, each announced on stderr; the model server's port rewritten."""
-    lines = ["set -euo pipefail", "PS4='+ '", "set -x"]
+    lines = ["set -e", "PS4='+ '", "set -x"]
     for number, block in enumerate(blocks, 1):
         block = re.sub(r"\b8000\b", str(serve_port), block)
         lines += ["{ set +x; } 2>/dev/null", f"echo '{MARK}{number}' >&2", "set -x", block]

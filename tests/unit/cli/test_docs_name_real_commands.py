@@ -215,6 +215,47 @@ def test_the_option_lists_of_cli_md_name_real_options() -> None:
     assert bad == [], "\n".join(bad)
 
 
+# options the docs name in inline code that belong to other programs, not to dlcloud's CLI
+OTHER_PROGRAMS = {
+    "--algorithms": "bench/hpo.py",
+    "--prune-min-resource": "bench/hpo.py",
+    "--epochs": "bench/ddp_overhead.py",
+    "--jobs": "bench/scheduling_policies.py",
+    "--json": "bench/scheduling_policies.py",
+    "--allow-run-as-root": "mpirun",
+    "--chief_hosts": "TensorFlow parameter-server scripts",
+    "--ps_hosts": "TensorFlow parameter-server scripts",
+    "--nproc_per_node": "torchrun",
+    "--data-binary": "curl",
+    "--disable-host-loopback": "slirp4netns",
+    "--disable-userns": "bwrap",
+    "--find-links": "pip",
+    "--no-deps": "pip",
+    "--lr": "a user's training script",
+}
+
+
+def _all_options(cmd: Any) -> set[str]:
+    return set(_options(cmd)).union(*(_all_options(sub) for sub in getattr(cmd, "commands", {}).values()))
+
+
+def test_an_option_named_alone_is_one_of_the_cli_or_of_a_known_other_program() -> None:
+    """An option in inline code on its own (``--sandbox-uid-start``) must exist somewhere in the CLI, unless it
+    is another program's (OTHER_PROGRAMS)."""
+    known = _all_options(ROOT) | set(OTHER_PROGRAMS)
+    bad = []
+    for doc in DOCS:
+        for number, line in _prose_lines(doc.read_text(encoding="utf-8")):
+            for span in INLINE.findall(line):
+                if re.match(r"--[a-z]", span):
+                    bad += [
+                        f"{doc.relative_to(REPO)}:{number}: {opt}"
+                        for opt in (o.split("=")[0] for o in span.split()[0].split("/"))
+                        if opt not in known
+                    ]
+    assert bad == [], "\n".join(bad)
+
+
 def _real_tree() -> dict[str, set[str]]:
     return {name: set(getattr(cmd, "commands", {})) for name, cmd in ROOT.commands.items()}
 
