@@ -6,14 +6,26 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
+# Which build of torch 2.13.0 the venvs get: TORCH=cuda (the default index's: on Linux the CUDA build) or
+# TORCH=cpu (the CPU build, 2.13.0+cpu, from TORCH_INDEX: no GB of CUDA libraries for nothing). By default cuda
+# where this machine has an NVIDIA GPU (`nvidia-smi -L` succeeds or /proc/driver/nvidia exists), cpu elsewhere;
+# `make run TORCH=cpu` (or cuda) chooses. TORCH_INDEX (PyTorch's CPU index by default) is an extra index: its
+# 2.13.0+cpu ranks above PyPI's 2.13.0, and where it cannot be reached pip goes on with the sources it is
+# configured with (a mirror, --find-links); empty, torch comes from those alone. CI (.ci/run) gives TORCH=cpu
+# TORCH_INDEX= : the CPU build its pip holds, nothing downloaded. An existing venv keeps its torch: `make clean`
+# first to switch.
+TORCH ?= $(shell (nvidia-smi -L >/dev/null 2>&1 || test -d /proc/driver/nvidia) && echo cuda || echo cpu)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH must be cpu or cuda, got '$(TORCH)'))
+TORCH_PIP_ARGS = $(if $(and $(filter cpu,$(TORCH)),$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) )torch==2.13.0
 
 .PHONY: install run test fuzz lint system-deps bench bench-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# the CPU build of torch 2.13.0 is installed first so nothing pulls CUDA packages
-	$(PIP) install -q torch==2.13.0
+	# torch first, the build TORCH chose, so that nothing installed after it picks another
+	$(PIP) install -q $(TORCH_PIP_ARGS)
 	$(PIP) install -q -e ".[all,test,lint]"
 	touch $@
 
@@ -49,8 +61,8 @@ lint: install
 $(RAY_VENV)/.installed:
 	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_VENV)/bin/python -m pip install -q --upgrade pip
-	# the CPU build of torch first, as for our venv, so that nothing pulls CUDA packages
-	$(RAY_VENV)/bin/python -m pip install -q torch==2.13.0
+	# torch first, the build TORCH chose, as for our venv
+	$(RAY_VENV)/bin/python -m pip install -q $(TORCH_PIP_ARGS)
 	$(RAY_VENV)/bin/python -m pip install -q "ray[serve]==2.60.0" torch==2.13.0 numpy
 	touch $@
 

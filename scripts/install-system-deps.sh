@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite needs: PostgreSQL (the postgres tier), Open MPI (MPI jobs, mpi4py),
-# bubblewrap (the sandbox of user code), slirp4netns and nftables (job egress), iproute2.
+# bubblewrap (the sandbox of user code), slirp4netns and nftables (job egress), iproute2, curl.
 # As root on Debian/Ubuntu it installs what is missing; otherwise it only checks and says what to install.
 # Each part is skipped quickly when already present, so running it again is cheap.
 set -euo pipefail
@@ -97,6 +97,17 @@ elif [ "$can_install" = 1 ]; then
   apt_install iproute2
 else
   echo "system deps: iproute2 (ip) is missing: the egress tests are skipped." >&2
+  missing=1
+fi
+
+# -- curl (the README's tour asks the model server with it: tests/e2e/test_readme_tour.py) ----------------
+if command -v curl >/dev/null; then
+  echo "system deps: $(curl --version | head -1)"
+elif [ "$can_install" = 1 ]; then
+  apt_install curl
+else
+  echo "system deps: curl is missing: the README's tour (tests/e2e/test_readme_tour.py) fails without it." >&2
+  echo "  Install it (Debian: apt-get install curl)." >&2
   missing=1
 fi
 
