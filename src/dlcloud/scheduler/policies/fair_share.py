@@ -55,6 +55,7 @@ class Standing:
 
     @property
     def owed(self) -> bool:
+        """Inside or straddling: the job reclaims, goes first in ``FairShare.rank``, and is placed unborrowed."""
         return self.inside or self.straddle
 
 
@@ -342,6 +343,7 @@ class FairShare:
         return out
 
     def _larger_share(self, h: Held, t: Tenant, mine: float) -> bool:
+        """``h`` is another tenant's, whose share now is larger than ``mine`` (``t``'s with the job)."""
         return h.tenant_id != t.id and self.p.share(self.p.tenant(h.tenant_id)) > mine
 
     def share_victims(self, job: QueuedJob, t: Tenant) -> list[Candidate]:

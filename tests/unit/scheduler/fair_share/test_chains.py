@@ -82,3 +82,34 @@ def test_a_chain_is_needless_when_the_tenant_held_its_guarantee_or_a_node_frees_
     ending = [running("b0", "b", (0, 1, 2, 3), max_run_time_s=660), held[1]]  # ends in 1 minute
     fs = fair_share([WHOLE], ending, {"a": short}, nodes(2, 4))
     assert chain_needless(fs.p, WHOLE, fs.p.tenant("a"))
+
+
+def test_an_owed_job_chains_a_moved_job_onto_a_borrowed_attempt_evicted_elsewhere() -> None:
+    # node 0: c's owed c0, c1 and b's borrowed b2, b3; node 1: c's owed c4 and b's borrowed b5-b7; nothing free. a's
+    # job of a whole node is inside a's guarantee: it evicts b5-b7, moves c4 out of its way, and, with no GPU free
+    # for c4, evicts b2 on node 0 for it (chained)
+    held = [
+        running("c0", "c", (0,), minutes=30),
+        running("c1", "c", (1,), minutes=30),
+        running("b2", "b", (2,), minutes=5),
+        running("b3", "b", (3,), minutes=50),
+        running("c4", "c", (4,), minutes=10),
+        *(running(f"b{g}", "b", (g,), minutes=20) for g in (5, 6, 7)),
+    ]
+    limits = {"a": Limits(guarantee_gpus=4), "c": Limits(guarantee_gpus=3)}
+    fs = fair_share([WHOLE], held, limits, nodes(2, 4))
+    fs.run()
+    r = fs.p.result
+    assert sorted((x.job_id, x.reason, x.move_to) for x in r.preemptions) == [
+        ("b2", "reclaim", ()),
+        ("b5", "reclaim", ()),
+        ("b6", "reclaim", ()),
+        ("b7", "reclaim", ()),
+        ("c4", "defrag", (2,)),
+    ]
+    assert r.wait_reasons["a0"] == "preempting 5 job(s) to reclaim its guarantee, moving 1 to gather whole nodes"
+    # its tenant held 90 % of its guarantee over the last hour: it waits rather than chain
+    limits["a"] = Limits(guarantee_gpus=4, recent_gpu_s=4 * 3600)
+    fs = fair_share([WHOLE], held, limits, nodes(2, 4))
+    fs.run()
+    assert fs.p.result.preemptions == []
