@@ -21,7 +21,7 @@ Then the hours such a tenant's oldest job waited behind another job's reservatio
 
 ``--whole-nodes`` also looks at every pass after which a tenant below its entitlement has a queued job of a node
 or more (its oldest) and no node is reclaimable whole: how many GPUs the job could not take on the least held
-node, and, where it waits for capacity, whether the chain (``_Pass._chain_needless``) held it back and what held
+node, and, where it waits for capacity, whether the chain (``defrag.chain_needless``) held it back and what held
 the three least held nodes (docs/scheduling.md, "Best fit gathers what runs inside guarantees").
 """
 
@@ -37,7 +37,11 @@ from pathlib import Path
 from dlcloud.errors import DlcloudError
 from dlcloud.scheduler.contract import QueuedJob
 from dlcloud.scheduler.planner import Plan
-from dlcloud.scheduler.policies import _on_turn, _owed_split, _Pass
+from dlcloud.scheduler.policies.defrag import chain_needless
+from dlcloud.scheduler.policies.guarantees import owed_split
+from dlcloud.scheduler.policies.state import Pass
+from dlcloud.scheduler.policies.terms import on_turn
+from dlcloud.scheduler.policies.turns import held_over_window
 from dlcloud.scheduler.simulator import EPOCH, FAIR_FRACTION, SimConfig, Simulator
 from dlcloud.scheduler.trace import load_trace
 
@@ -103,8 +107,8 @@ class Probe(Simulator):
         if not below:
             return
         held = [self._held(j) for j in self.running.values()]
-        p = _Pass(held, self.limits, self.inventory, EPOCH + timedelta(seconds=self.now), self.pcfg)
-        borrowed, _ = _owed_split(p)
+        p = Pass(held, self.limits, self.inventory, EPOCH + timedelta(seconds=self.now), self.pcfg)
+        borrowed, _ = owed_split(p)
         node_of = {g.index: g.node for g in self.inventory.gpus}
         kept: dict[str, set[str]] = {}  # per tenant: nodes with a GPU a reclaim by it could not take
         for h in held:
@@ -134,9 +138,9 @@ class Probe(Simulator):
             if self.whole_nodes and q is not None and whole == 0 and q.gpus >= self.cfg.gpus_per_node:
                 self._whole_nodes(p, borrowed, q, reason)
 
-    def _whole_nodes(self, p: _Pass, borrowed: set[int], q: QueuedJob, reason: str) -> None:
+    def _whole_nodes(self, p: Pass, borrowed: set[int], q: QueuedJob, reason: str) -> None:
         """Why tenant ``q.tenant_id``'s job of a node or more finds none to take (``--whole-nodes``)."""
-        _, straddling = _owed_split(p)
+        _, straddling = owed_split(p)
         node_of = {g.index: g.node for g in self.inventory.gpus}
         held: dict[str, Counter[str]] = {n: Counter() for n in sorted({g.node for g in self.inventory.gpus})}
         for h in p.held:
@@ -147,7 +151,7 @@ class Probe(Simulator):
                 "the tenant's own" if h.tenant_id == q.tenant_id
                 else "stopping" if h.stopping
                 else "non-preemptible" if not h.preemptible
-                else "on a turn" if _on_turn(h, p.now)
+                else "on a turn" if on_turn(h, p.now)
                 else "on several nodes" if len(nodes) > 1
                 else "a node or more" if len(h.gpus) >= self.cfg.gpus_per_node
                 else "straddling" if id(h) in straddling
@@ -162,8 +166,8 @@ class Probe(Simulator):
             return
         t = p.tenant(q.tenant_id)
         self.chain[
-            "its tenant held 90 % of its guarantee over the window" if p.held_over_window(t)
-            else "a node frees within the hour" if p._chain_needless(q, t)
+            "its tenant held 90 % of its guarantee over the window" if held_over_window(t, p.cfg.turn_window_s)
+            else "a node frees within the hour" if chain_needless(p, q, t)
             else "allowed (none found)"
         ] += 1  # fmt: skip
         for c in least[:3]:

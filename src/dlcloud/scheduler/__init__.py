@@ -1,8 +1,8 @@
 """Placement decisions: pure functions over plain values (no database, no processes).
 
-Modules: ``contract`` (what a pass is given and decides), ``planner`` (``plan()``: dispatch, and FIFO on one
-host), ``policies`` (priority-backfill, fair-share, las, FIFO on many nodes), ``placement`` (node-aware best fit),
-``backfill`` (reservations), ``preemption`` (victims), ``inventory`` (what a host offers).
+Modules: ``contract`` (what a pass is given and decides), ``planner`` (``plan()``: dispatch), ``policies`` (a
+package: fifo, priority-backfill, las and fair-share, one module each, and the pass state), ``placement``
+(node-aware best fit), ``backfill`` (reservations), ``preemption`` (victims), ``inventory`` (what a host offers).
 
 Invariants, every policy:
 - Hard caps (a tenant's quota) always hold; a job over them waits and does not hold up other tenants.

@@ -10,7 +10,8 @@ import pytest
 
 from dlcloud.scheduler.inventory import Inventory
 from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
-from dlcloud.scheduler.policies import _owed_split, _Pass
+from dlcloud.scheduler.policies.guarantees import owed_split
+from dlcloud.scheduler.policies.state import Pass
 from tests.unit.scheduler.scenarios import NOW, GiB, nodes
 
 
@@ -261,7 +262,7 @@ def test_turns_keep_the_invariants(seed: int) -> None:
     # a tenant a turn took attempts inside its guarantee from keeps 90 % of its guarantee over the window that ends
     # with the turn (what it held, as if evenly, and what it keeps for the turn's length, this pass's victims and its
     # stopping attempts gone)
-    borrowed, _ = _owed_split(_Pass(held, limits, inv, NOW, PlanConfig(policy=Policy.FAIR_SHARE)))  # type: ignore[arg-type]
+    borrowed, _ = owed_split(Pass(held, limits, inv, NOW, PlanConfig(policy=Policy.FAIR_SHARE)))  # type: ignore[arg-type]
     gone: dict[str, int] = {}
     for h in held:
         if h.stopping or h.job_id in {x.job_id for x in p.preemptions}:
