@@ -1,7 +1,13 @@
-"""``dlcloud``: the entry point. Errors print as ``error (code): message`` and exit non-zero."""
+"""``dlcloud``: the entry point. Errors print as ``error (code): message`` and exit non-zero.
+
+Help is click's plain text, not Rich markup: a help text's ``[...]`` (``[default: ...]``, ``values: [sgd, adam]``,
+``[pre]``) prints as written, and an indented paragraph of a docstring (examples, a YAML file) prints as it is laid
+out, unwrapped.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -18,6 +24,7 @@ app = typer.Typer(
     "Start a platform on this machine with 'dlcloud up'; in another terminal 'dlcloud jobs list' works at once.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # no Rich markup: "[default: 8420]" and "[sgd, adam]" print as written
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(jobs.app, name="jobs")
@@ -34,6 +41,21 @@ app.command("usage")(admin.usage)
 app.command("audit")(admin.audit)
 app.command("serve")(serve.serve)
 app.command("simulate")(simulate.simulate)
+
+
+def keep_indented_blocks(text: str) -> str:
+    """A help text whose indented paragraphs (examples, a YAML file) click prints as written instead of rewrapping
+    them (click's ``\\b`` marker before each)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(f"\b\n{p}" if p.startswith(" ") else p for p in paragraphs)
+
+
+def _keep_examples_as_written(group: typer.Typer) -> None:
+    for info in group.registered_commands:
+        info.help = keep_indented_blocks(info.help or inspect.getdoc(info.callback) or "")
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _keep_examples_as_written(sub.typer_instance)
 
 
 def _version(value: bool) -> None:
@@ -197,6 +219,10 @@ def whoami(ctx: typer.Context, output: Output = OutputOption) -> None:
         output,
         [("User", who["user"]), ("Tenant", who["tenant"]), ("Role", who["role"]), ("Key", who["access_key"])],
     )
+
+
+# every command is registered above: mark their examples once
+_keep_examples_as_written(app)
 
 
 def main() -> None:
