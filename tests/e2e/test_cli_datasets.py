@@ -301,6 +301,34 @@ def test_a_job_reads_a_dataset_named_on_the_command_line(server: Server, tmp_pat
     server.cli("datasets", "delete", "clicks", "--version", "1", "--yes")
 
 
+def test_a_job_spec_file_names_datasets_as_mappings(server: Server, tmp_path: Path) -> None:
+    """``datasets: [{name: clicks, version: 2}]`` in a YAML spec, with --dataset adding one in the string form; a
+    mapping of another shape is refused with the forms there are."""
+    for name, text in (("clicks", "old\n"), ("clicks", "new\n"), ("views", "seen\n")):
+        (tmp_path / "part.txt").write_text(text)
+        server.cli("datasets", "create", name, "--from", str(tmp_path / "part.txt"))
+    code = tmp_path / "trainer"
+    code.mkdir()
+    (code / "read.py").write_text(
+        "import os\n"
+        "for name in ('CLICKS', 'VIEWS'):\n"
+        "    print(name, open(os.environ['DLCLOUD_DATASET_' + name] + '/part.txt').read().strip())\n"
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: read-both\ncode: ./trainer\ncommand: python read.py\ndatasets: [{name: clicks, version: 1}]\n"
+    )
+    res = server.cli("jobs", "submit", "-f", str(spec), "--dataset", "views", "--follow")
+    assert "CLICKS old" in res.stdout and "VIEWS seen" in res.stdout
+    described = server.cli_json("jobs", "describe", "read-both")
+    assert isinstance(described, dict)
+    assert described["spec"]["datasets"] == ["clicks@1", "views"]
+    spec.write_text("name: bad\ncommand: 'true'\ndatasets: [{name: clicks, versoin: 1}]\n")
+    stderr = _fails(server, "jobs", "submit", "-f", str(spec))
+    assert "error (validation_error)" in stderr
+    assert "datasets.0: unknown key versoin: a dataset is NAME, NAME@VERSION" in stderr
+
+
 def test_create_from_objects_already_in_a_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """--from s3://...: registered in place on a real S3 server, pending until the server's worker has read
     every object, then read and downloaded like any version; outside the allow-list refused cleanly."""

@@ -259,6 +259,35 @@ def test_jobs_refuse_datasets_they_cannot_read(world: World) -> None:
     assert world.alice.jobs.list() == []
 
 
+def test_a_job_spec_gives_datasets_as_strings_or_mappings(world: World) -> None:
+    """``{name: NAME, version: VERSION}`` (version a number, a label, or left out) reads as ``NAME@VERSION``, mixed
+    with the string form; a mapping of another shape is refused with a message that names the forms."""
+    env = world.env
+    for name in ("clicks", "clicks", "views", "ads"):
+        _push(env, world.alice, name, {"f": b"x"})
+    _raw(env, world.alice, "PUT", f"{API}/datasets/views/labels/production", {"version": 1})
+    refs = [{"name": "clicks", "version": 1}, {"name": "views", "version": "production"}, {"name": "ads"}]
+    resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "mixed", "command": "true", "datasets": refs})
+    assert resp.status_code == 201, resp.text
+    job = world.alice.jobs.get("mixed")
+    assert job["spec"]["datasets"] == ["clicks@1", "views@production", "ads"]
+    resolved = job["spec"]["resolved_datasets"]
+    assert [(d["name"], d["version"]) for d in resolved] == [("clicks", 1), ("views", 1), ("ads", 1)]
+    world.alice.jobs.submit({"name": "strings", "command": "true", "datasets": ["clicks", {"name": "views"}]})
+    assert world.alice.jobs.get("strings")["spec"]["datasets"] == ["clicks", "views"]
+    for bad, fragment in (
+        ({"name": "clicks", "versoin": 1}, "datasets.0: unknown key versoin: a dataset is NAME, NAME@VERSION"),
+        ({"version": 1}, "datasets.0: name must be a dataset's NAME or OWNER/NAME"),
+        ({"name": "clicks@1", "version": 2}, "without @VERSION; got 'clicks@1'"),
+        ({"name": "clicks", "version": [1]}, "version must be a version number or a label; got [1]"),
+        ({"name": "Clicks"}, "'Clicks' is not a dataset: give NAME, NAME@VERSION"),
+        (3, "3 is not a dataset"),
+    ):
+        resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "bad", "command": "true", "datasets": [bad]})
+        assert_api_error(resp, 422, "validation_error", fragment)
+    assert sorted(j["name"] for j in world.alice.jobs.list()) == ["mixed", "strings"]
+
+
 READER = r"""
 import json, os, pathlib, sys
 root = pathlib.Path(os.environ["DLCLOUD_DATASET_CLICK_LOG"])

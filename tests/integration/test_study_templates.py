@@ -190,6 +190,15 @@ def test_a_template_trial_reads_the_dataset_version_named_at_submit(env: Env, tm
     }
 
 
+def test_a_trials_datasets_given_as_mappings_are_pinned_at_submit(env: Env, tmp_path: Path) -> None:
+    c = env.admin
+    for name in ("blobs", "extra", "extra"):
+        c.datasets.push(name, path=dense_csv(tmp_path / "train.csv", n=20))
+    trial = {"template": "mlp", "data": "blobs@1", "label": "y", "datasets": [{"name": "extra"}]}
+    c.studies.submit(_template_study(trial=trial))
+    assert c.studies.get("tpl")["spec"]["trial"]["datasets"] == ["extra@2"]
+
+
 def test_a_pausing_asha_study_over_a_template_resumes_trials_from_their_checkpoints(
     template_env: Env,  # noqa: F811
     tmp_path: Path,

@@ -4,7 +4,8 @@ Vocabulary: a *dataset* is a name in a tenant; each push adds an immutable *vers
 tree of files with a manifest (path, size, SHA-256 of each) and its checksum. A *label* (``production``,
 ``v2-clean``, ...) points at exactly one version. A *share* lets another tenant read a dataset (``OWNER/NAME``).
 A job asks for data by reference: ``NAME``, ``NAME@VERSION`` or ``NAME@LABEL`` (``OWNER/`` in front for a
-shared one); without ``@`` it means the newest version, resolved when the job is submitted.
+shared one); without ``@`` it means the newest version, resolved when the job is submitted. A job spec may give
+the same as a mapping, ``{name: NAME, version: VERSION}`` (version optional), read as ``NAME@VERSION``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from dlcloud.schemas.common import Request, Response
 from dlcloud.schemas.models import Label
@@ -38,6 +39,37 @@ class DatasetVersionState(StrEnum):
 
 
 DatasetRef = Annotated[str, Field(min_length=1, max_length=140, pattern=DATASET_REF_RE.pattern)]
+DATASET_FORMS = "NAME, NAME@VERSION, NAME@LABEL, OWNER/NAME@... or {name: NAME, version: VERSION}"
+
+
+class DatasetSelector(Request):
+    """The mapping form of a job's dataset: ``{name: clicks, version: 3}``; ``version`` a number or a label,
+    left out for the newest version."""
+
+    name: Annotated[str, Field(min_length=1, max_length=127)]
+    version: int | str | None = None
+
+
+def dataset_ref(value: object) -> str:
+    """A job's dataset in its string form: a mapping ``{name: clicks, version: 3}`` becomes ``clicks@3``; a string
+    is checked as it is. ValueError says which forms there are."""
+    if isinstance(value, dict):
+        unknown = sorted(str(k) for k in value if k not in ("name", "version"))
+        if unknown:
+            raise ValueError(f"unknown key {', '.join(unknown)}: a dataset is {DATASET_FORMS}")
+        name, version = value.get("name"), value.get("version")
+        if not isinstance(name, str) or "@" in name:
+            raise ValueError(f"name must be a dataset's NAME or OWNER/NAME, without @VERSION; got {name!r}")
+        if isinstance(version, bool) or not isinstance(version, int | str | None):
+            raise ValueError(f"version must be a version number or a label; got {version!r}")
+        value = name if version is None else f"{name}@{version}"
+    if not isinstance(value, str) or len(value) > 140 or not DATASET_REF_RE.match(value):
+        raise ValueError(f"{value!r} is not a dataset: give {DATASET_FORMS} (lowercase names)")
+    return value
+
+
+# a dataset a job reads, either form (``dataset_ref``), always held as the string
+JobDataset = Annotated[DatasetRef, BeforeValidator(dataset_ref, json_schema_input_type=str | DatasetSelector)]
 
 
 class DatasetPush(Request):
@@ -120,6 +152,7 @@ class DatasetShare(Response):
 
 
 __all__ = [
+    "DATASET_FORMS",
     "DATASET_REF_RE",
     "DATASET_UPLOAD_ID_RE",
     "Dataset",
@@ -129,8 +162,11 @@ __all__ = [
     "DatasetLabelSet",
     "DatasetPush",
     "DatasetRef",
+    "DatasetSelector",
     "DatasetShare",
     "DatasetUpload",
     "DatasetVersion",
+    "JobDataset",
     "Label",
+    "dataset_ref",
 ]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dlcloud.schemas.common import JSON_NUMBER, DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
-from dlcloud.schemas.datasets import DatasetRef
+from dlcloud.schemas.datasets import DatasetRef, JobDataset
 from dlcloud.schemas.models import ModelFormat
 
 MAX_COMMAND = 16_384
@@ -176,9 +176,9 @@ class JobSpec(Request):
     mpi_launch: MpiLaunch = MpiLaunch.MPIRUN
     grace_period: DurationSeconds | None = None  # SIGTERM -> SIGKILL on cancel and stop; None: the server's default
     env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256)] = {}
-    # data the job reads: NAME, NAME@VERSION, NAME@LABEL, OWNER/NAME@... (docs/datasets.md), each resolved to
-    # one version at submit and mounted read-only at $DLCLOUD_DATASET_<NAME>
-    datasets: Annotated[list[DatasetRef], Field(max_length=32)] = []
+    # data the job reads: NAME, NAME@VERSION, NAME@LABEL, OWNER/NAME@... or {name: NAME, version: VERSION}
+    # (docs/datasets.md), each resolved to one version at submit and mounted read-only at $DLCLOUD_DATASET_<NAME>
+    datasets: Annotated[list[JobDataset], Field(max_length=32)] = []
     # more env whose values are secrets: stored encrypted, never shown again (reads show SECRET_MASK)
     secret_env: Annotated[dict[EnvKey, EnvValue], Field(max_length=256, repr=False)] = {}
     restart: RestartPolicy = RestartPolicy()

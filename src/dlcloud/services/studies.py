@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied
-from dlcloud.schemas.datasets import DATASET_REF_RE
+from dlcloud.schemas.datasets import DATASET_REF_RE, dataset_ref
 from dlcloud.schemas.jobs import SECRET_MASK, JobSpec
 from dlcloud.schemas.studies import (
     ALIVE_TRIAL_STATES,
@@ -195,7 +195,7 @@ def _pin_datasets(s: Session, caller: Caller, trial: dict[str, Any]) -> None:
         return f"{owner}{m.group('name')}@{resolved.version}"
 
     if trial.get("datasets"):
-        trial["datasets"] = [pin(str(r)) for r in trial["datasets"]]
+        trial["datasets"] = [pin(dataset_ref(r)) for r in trial["datasets"]]  # a mapping too
     template = trial.get("template")
     if isinstance(template, dict) and template.get("data"):
         trial["template"] = {**template, "data": pin(str(template["data"]))}
