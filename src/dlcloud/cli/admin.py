@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, err_console, print_json, render, render_fields, short_time
+from dlcloud.cli.output import (
+    Output,
+    OutputOption,
+    console,
+    err_console,
+    print_json,
+    render,
+    render_fields,
+    short_time,
+)
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.common import format_memory, parse_duration
 
@@ -249,27 +260,26 @@ def tenants_update(
     if output == Output.json:
         print_json(t)
         return
-    s = t["scheduling"]
+    render_fields(t, output, [("Tenant", t["name"]), *_scheduling_fields(t["scheduling"])])
+
+
+def _limit(value: object, fmt: Callable[[Any], str] = str) -> str:
+    return "unlimited" if value is None else fmt(value)
+
+
+def _scheduling_fields(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """A tenant's fair-share terms as lines: guarantee, borrowing limit, weight, priority range."""
     g, b = s["guarantee"], s["borrow_limit"]
-
-    def limit(v: object, fmt=str) -> str:
-        return "unlimited" if v is None else fmt(v)
-
-    render_fields(
-        t,
-        output,
-        [
-            ("Tenant", t["name"]),
-            ("Guarantee", f"{g['gpus']} GPU, {g['cpus']:g} CPU, {format_memory(g['memory'])}"),
-            (
-                "Borrow limit",
-                f"{limit(b['gpus'])} GPU, {limit(b['cpus'], lambda v: f'{v:g}')} CPU, "
-                f"{limit(b['memory'], format_memory)} memory",
-            ),
-            ("Weight", f"{s['weight']:g}"),
-            ("Priority range", f"{s['priority_min']}..{s['priority_max']}"),
-        ],
-    )
+    return [
+        ("Guarantee", f"{g['gpus']} GPU, {g['cpus']:g} CPU, {format_memory(g['memory'])}"),
+        (
+            "Borrow limit",
+            f"{_limit(b['gpus'])} GPU, {_limit(b['cpus'], lambda v: f'{v:g}')} CPU, "
+            f"{_limit(b['memory'], format_memory)} memory",
+        ),
+        ("Weight", f"{s['weight']:g}"),
+        ("Priority range", f"{s['priority_min']}..{s['priority_max']}"),
+    ]
 
 
 @tenants_app.command("set-quota")
@@ -435,8 +445,8 @@ def quota(
     tenant: str | None = typer.Option(None, "--tenant", help="Another tenant (platform admin)."),
     output: Output = OutputOption,
 ) -> None:
-    """Show your tenant's limits and live usage, the queued-jobs cap in force, the request rate limits and what
-    bounds each job.
+    """Show your tenant's limits and live usage, the queued-jobs cap in force, the request rate limits, what
+    bounds each job, and the tenant's fair-share terms.
 
     A tenant whose quota leaves max queued jobs unset gets the platform's default cap ("(platform default)").
     The request rate limits are per access key and per tenant (all its keys together); over one, a call is
@@ -444,6 +454,10 @@ def quota(
     replica's; the tenant's count all its processes where only a per-user limit can (as root without a pids
     cgroup: its max running jobs times the per-job limit); disk per job is what its directories may take
     (docs/isolation.md#processes-and-disk).
+
+    The fair-share terms say why a job waits or is preempted (docs/scheduling.md): the tenant's guarantee, how
+    far it may borrow beyond it (jobs running on borrowed capacity may be preempted to give it back), its weight,
+    and the priorities and priority classes its jobs may use.
 
     Examples:
 
@@ -455,46 +469,59 @@ def quota(
     if output == Output.json:
         print_json(r)
         return
+    render(
+        _quota_rows(r),
+        output,
+        [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")],
+        title=f"tenant {r['tenant']}",
+    )
+    s = r["scheduling"]
+    console.print()
+    console.print(f"[bold]Scheduling[/bold] (policy {s['policy']})")
+    classes = ", ".join(f"{k} ({v})" for k, v in s["priority_classes"].items()) or "none"
+    render_fields(
+        s,
+        output,
+        [*_scheduling_fields(s), ("Priority classes", f"{classes}; default {s['default_priority_class']}")],
+    )
+
+
+def _quota_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``dlcloud quota``'s table: each limit with its use, then what the platform admits."""
     lim, use = r["limits"], r["usage"]
     admission = r.get("admission") or {}
-
-    def lim_str(v: object, fmt=str) -> str:
-        return "unlimited" if v is None else fmt(v)
 
     def rate_str(v: dict | None) -> str:
         return "unlimited" if v is None else f"{v['requests_per_second']:g}/s, bursts of {v['burst']}"
 
-    queued_limit = lim_str(admission.get("max_queued_jobs", lim["max_queued_jobs"]))
+    queued_limit = _limit(admission.get("max_queued_jobs", lim["max_queued_jobs"]))
     if admission.get("max_queued_jobs_source") == "platform default":
         queued_limit += " (platform default)"
-
-    rows = [
-        {"resource": "gpus", "used": use["gpus"], "limit": lim_str(lim["gpus"])},
-        {"resource": "cpus", "used": f"{use['cpus']:g}", "limit": lim_str(lim["cpus"], lambda v: f"{v:g}")},
+    rows: list[dict[str, Any]] = [
+        {"resource": "gpus", "used": use["gpus"], "limit": _limit(lim["gpus"])},
+        {"resource": "cpus", "used": f"{use['cpus']:g}", "limit": _limit(lim["cpus"], lambda v: f"{v:g}")},
         {
             "resource": "memory",
             "used": format_memory(use["memory"]) if use["memory"] else "0",
-            "limit": lim_str(lim["memory"], format_memory),
+            "limit": _limit(lim["memory"], format_memory),
         },
-        {"resource": "running jobs", "used": use["running_jobs"], "limit": lim_str(lim["max_running_jobs"])},
+        {"resource": "running jobs", "used": use["running_jobs"], "limit": _limit(lim["max_running_jobs"])},
         {"resource": "queued jobs", "used": use["queued_jobs"], "limit": queued_limit},
         {
             "resource": "storage",
             "used": format_memory(use["storage"]) if use["storage"] else "0",
-            "limit": lim_str(lim["storage"], format_memory),
+            "limit": _limit(lim["storage"], format_memory),
         },
     ]
     if admission:
         rows += [
             {"resource": "requests (your key)", "used": "", "limit": rate_str(admission.get("rate_limit_per_key"))},
             {"resource": "requests (tenant)", "used": "", "limit": rate_str(admission.get("rate_limit_per_tenant"))},
-            {"resource": "processes (per job)", "used": "", "limit": lim_str(admission.get("processes_per_job"))},
-            {"resource": "processes (tenant)", "used": "", "limit": lim_str(admission.get("processes_per_tenant"))},
-            {"resource": "disk (per job)", "used": "", "limit": lim_str(admission.get("disk_per_job"), format_memory)},
+            {"resource": "processes (per job)", "used": "", "limit": _limit(admission.get("processes_per_job"))},
+            {"resource": "processes (tenant)", "used": "", "limit": _limit(admission.get("processes_per_tenant"))},
+            {"resource": "disk (per job)", "used": "", "limit": _limit(admission.get("disk_per_job"), format_memory)},
         ]
-    render(
-        rows, output, [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")], title=f"tenant {r['tenant']}"
-    )
+    return rows
 
 
 def _since(value: str | None) -> str | None:

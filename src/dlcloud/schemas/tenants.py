@@ -161,11 +161,27 @@ class AdmissionLimits(Response):
     disk_per_job: int | None = None  # bytes its writable directories may take
 
 
+class SchedulingTerms(Response):
+    """A tenant's fair-share terms as its members see them (``dlcloud quota``; docs/scheduling.md): what it is
+    guaranteed (it may preempt other tenants' borrowers to get it back), how far it may borrow beyond that (its
+    jobs running there may be preempted), its weight, and the priorities and priority classes its jobs may use."""
+
+    policy: str  # the platform's scheduling policy: guarantees, borrowing and weights decide under fair-share
+    guarantee: GuaranteeSpec
+    borrow_limit: BorrowLimitSpec
+    weight: float
+    priority_min: int
+    priority_max: int
+    priority_classes: dict[str, int]  # the platform's classes whose priority is inside the tenant's range
+    default_priority_class: str  # what a job that gives neither a class nor a priority gets
+
+
 class QuotaReport(Response):
     tenant: str
     limits: QuotaSpec  # the tenant's own quota, as set
     usage: QuotaUsage
     admission: AdmissionLimits
+    scheduling: SchedulingTerms
 
 
 class UsageRow(Response):

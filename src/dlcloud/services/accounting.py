@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 
 from dlcloud.schemas.audit import AuditEvent
 from dlcloud.schemas.jobs import JobState
-from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, UsageReport, UsageRow
+from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, SchedulingTerms, UsageReport, UsageRow
 from dlcloud.services.admission import admission_limits
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.storage_quota import storage_used
-from dlcloud.services.tenants import resolve_tenant
+from dlcloud.services.tenants import resolve_tenant, scheduling_model
 from dlcloud.store import jobs as job_store
 from dlcloud.store.db import Database
 from dlcloud.store.rows import AccessKeyRow, AttemptRow, AuditRow, TenantRow, UserRow, utcnow
@@ -54,7 +54,24 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
                 storage=storage_used(s, t.id),
             ),
             admission=admission_limits(platform.settings, t.quota_max_queued_jobs, t.quota_max_running_jobs),
+            scheduling=_scheduling_terms(platform, t),
         )
+
+
+def _scheduling_terms(platform: Platform, t: TenantRow) -> SchedulingTerms:
+    settings = platform.settings
+    terms = scheduling_model(t)
+    allowed = {k: v for k, v in settings.priority_classes.items() if terms.priority_min <= v <= terms.priority_max}
+    return SchedulingTerms(
+        policy=settings.scheduling_policy,
+        guarantee=terms.guarantee,
+        borrow_limit=terms.borrow_limit,
+        weight=terms.weight,
+        priority_min=terms.priority_min,
+        priority_max=terms.priority_max,
+        priority_classes=dict(sorted(allowed.items(), key=lambda kv: kv[1])),
+        default_priority_class=settings.default_priority_class,
+    )
 
 
 def usage_report(
