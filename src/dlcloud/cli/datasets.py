@@ -16,8 +16,10 @@ from dlcloud.cli.output import (
     render,
     render_fields,
     short_time,
+    size_text,
     transfer_progress,
 )
+from dlcloud.client.datasets import is_bucket_source, pack_data, split_name
 from dlcloud.errors import DlcloudError, InvalidArgument
 
 app = typer.Typer(
@@ -25,12 +27,6 @@ app = typer.Typer(
     "(NAME, or OWNER/NAME for a shared dataset).",
     no_args_is_help=True,
 )
-
-
-def _size(n: int) -> str:
-    from dlcloud.schemas.common import format_memory
-
-    return format_memory(n) if n >= 1024 else f"{n}B"
 
 
 def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
@@ -53,7 +49,7 @@ VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("VERSION", "version"),
     ("STATE", _state),
     ("FILES", "file_count"),
-    ("SIZE", lambda v: _size(v["size_bytes"])),
+    ("SIZE", lambda v: size_text(v["size_bytes"])),
     ("SHA256", lambda v: v["sha256"][:12] or "-"),
     ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
     ("IN USE BY", lambda v: ",".join(v["in_use_by"]) or "-"),
@@ -99,7 +95,6 @@ def create(
 
       dlcloud datasets create images --from s3://ml-data/images/2026-11 --wait
     """
-    from dlcloud.client.datasets import is_bucket_source, pack_data, split_name
 
     split_name(name)  # a malformed OWNER/NAME fails before the upload
     if is_bucket_source(source):
@@ -176,7 +171,7 @@ def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
             ("NAME", "name"),
             ("LATEST", "latest_version"),
             ("VERSIONS", "version_count"),
-            ("SIZE", lambda d: _size(d["size_bytes"])),
+            ("SIZE", lambda d: size_text(d["size_bytes"])),
             ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
             ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
             ("BY", "created_by"),
@@ -195,7 +190,7 @@ def _describe_version(v: dict[str, Any], output: Output) -> None:
             ("State", _state(v) + (f" ({v['state_reason']})" if v.get("state_reason") else "")),
             ("Source", v.get("source") or "-"),
             ("Files", v["file_count"]),
-            ("Size", f"{_size(v['size_bytes'])} ({v['size_bytes']} bytes)"),
+            ("Size", f"{size_text(v['size_bytes'])} ({v['size_bytes']} bytes)"),
             ("SHA256", v["sha256"] or "-"),
             ("Labels", ", ".join(v["labels"]) or "-"),
             ("Description", v["description"] or "-"),
@@ -241,7 +236,7 @@ def describe(
         ("Created by", d["created_by"]),
         ("Created", short_time(d["created_at"])),
         ("Latest version", d["latest_version"]),
-        ("Size", f"{_size(d['size_bytes'])} in {d['version_count']} version(s)"),
+        ("Size", f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"),
         ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
     ]
     if not d["shared"]:

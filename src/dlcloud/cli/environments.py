@@ -9,22 +9,24 @@ from typing import Any
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.cli.output import (
+    Output,
+    OutputOption,
+    console,
+    err_console,
+    render,
+    render_fields,
+    short_time,
+    size_text,
+)
 from dlcloud.client import Client
+from dlcloud.client.environments import RequirementsFile, read_requirements
 
 app = typer.Typer(
     help="Runtime environments for jobs: a Python version plus pip requirements, built once as a cached venv.",
     no_args_is_help=True,
 )
 STATE_COLORS = {"READY": "green", "FAILED": "red", "UNAVAILABLE": "red", "BUILDING": "yellow"}
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    from dlcloud.schemas.common import format_memory
-
-    return format_memory(n) if n >= 1024 else f"{n}B"
 
 
 def _requirements(env: dict[str, Any]) -> str:
@@ -96,7 +98,6 @@ def create(
 
       dlcloud envs create offline --no-index --wheel dist/mylib-1.0-py3-none-any.whl --inherit
     """
-    from dlcloud.client.environments import RequirementsFile, read_requirements
 
     spec = RequirementsFile()
     for f in requirements_file:
@@ -148,7 +149,7 @@ def list_envs(ctx: typer.Context, output: Output = OutputOption) -> None:
             ("PYTHON", "python"),
             ("INHERIT", lambda e: "yes" if e["inherit"] else "no"),
             ("REQUIREMENTS", _requirements),
-            ("SIZE", lambda e: _size(e["size_bytes"])),
+            ("SIZE", lambda e: size_text(e["size_bytes"])),
             ("HASH", lambda e: (e["spec_hash"] or "-")[:12]),
             ("CREATED", lambda e: short_time(e["created_at"])),
         ],
@@ -192,7 +193,7 @@ def describe(
     fields += [
         ("Image", e["image"] or "-"),
         ("Hash", e["spec_hash"] or "- (the server's own environment)"),
-        ("Size", _size(e["size_bytes"])),
+        ("Size", size_text(e["size_bytes"])),
         ("Builds", e["builds"]),
         ("Ready since", short_time(e["ready_at"])),
         ("Created by", e["created_by"] or "-"),

@@ -16,6 +16,7 @@ import typer
 import yaml
 from rich.markup import escape
 
+from dlcloud.cli import metrics as view
 from dlcloud.cli.common import client
 from dlcloud.cli.output import (
     Output,
@@ -27,8 +28,10 @@ from dlcloud.cli.output import (
     short_time,
     transfer_progress,
 )
+from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
+from dlcloud.schemas.common import format_memory
 from dlcloud.schemas.jobs import LogSection
 
 app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
@@ -86,8 +89,6 @@ def upload_code(c: Client, code: str, base: Path) -> str:
     if not path.exists():
         raise InvalidSpec(f"code {code!r} is neither a directory, a .whl/.tar.gz file nor an uploaded code id (c-...)")
     if path.is_dir():
-        from dlcloud.cli.packing import pack_directory
-
         packed = pack_directory(path)
         for link in packed.skipped_links:
             err_console.print(f"[yellow]skipped link[/yellow] {link} (links are not uploaded)")
@@ -286,25 +287,15 @@ def submit(
     Examples:
 
       dlcloud jobs submit -f job.yaml --follow
-
       dlcloud jobs submit --name mnist --code ./trainer --command "python train.py --epochs 3" --gpus 1
-
       dlcloud jobs submit --name pkg --code dist/trainer-0.1-py3-none-any.whl --module trainer.task --args --lr=0.1
-
       dlcloud jobs submit --name bert --code . --command "python finetune.py" --environment nlp
-
       dlcloud jobs submit -f job.yaml --secret-env HF_TOKEN --secret-env WANDB_API_KEY=abc123
-
       dlcloud jobs submit --name train --code . --command "python train.py" --dataset clicks@production
-
       dlcloud jobs submit --template mlp --data train.csv --label y --hparam layers=3 --register-model churn
-
       dlcloud jobs submit --name ctr --template wide-deep --data clicks@3 --data-format libsvm
-
       dlcloud jobs submit -f job.yaml --priority-class high --max-run-time 2h --non-preemptible
-
       dlcloud jobs submit -f job.yaml --name mnist-more --env EPOCHS=6 --checkpoint-from mnist
-
       dlcloud jobs submit --name board --code . --command "tensorboard --logdir runs --port 6006" --publish 6006
 
     Secrets (--secret-env or 'secret_env:' in the spec) reach the job as environment variables, like --env.
@@ -313,85 +304,14 @@ def submit(
 
     --secret-env HF_TOKEN sends the value HF_TOKEN has in your own environment (kept out of shell history).
     """
-    spec: dict[str, Any] = {}
-    base = Path.cwd()
-    if file is not None:
-        spec = _load_spec(file)
-        if str(file) != "-":
-            base = file.resolve().parent
-    overrides: dict[str, Any] = {
-        "name": name,
-        "command": command,
-        "module": module,
-        "priority": priority,
-        "priority_class": priority_class,
-        "max_run_time": max_run_time,
-        "timeout": timeout,
-        "environment": environment,
-        "checkpoint_from": checkpoint_from,
-    }
-    for key, value in overrides.items():
-        if value is not None:
-            spec[key] = value
-    if priority is not None:
-        spec.pop("priority_class", None)
-    if priority_class is not None:
-        spec.pop("priority", None)
-    if non_preemptible:
-        spec["preemptible"] = False
-    if module is not None:
-        spec.pop("command", None)
-    if command is not None:
-        spec.pop("module", None)
-    if args:
-        spec["args"] = list(args)
-    if env:
-        spec["env"] = {**(spec.get("env") or {}), **_parse_env(env)}
-    if secret_env:
-        spec["secret_env"] = {**(spec.get("secret_env") or {}), **_parse_secret_env(secret_env)}
-    if datasets:
-        spec["datasets"] = [*(spec.get("datasets") or []), *datasets]
-    if publish:
-        spec["publish"] = [*(spec.get("publish") or []), *publish]
-    res = dict(spec.get("resources") or {})
-    for key, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
-        if value is not None:
-            res[key] = value
-    if res:
-        spec["resources"] = res
-    restart = dict(spec.get("restart") or {})
-    if max_restarts is not None:
-        restart["max_restarts"] = max_restarts
-    if backoff is not None:
-        restart["backoff_seconds"] = backoff
-    if restart:
-        spec["restart"] = restart
-    if hparam:
-        spec["hparams"] = {**(spec.get("hparams") or {}), **_parse_hparams(hparam)}
-    section = dict(spec.get("template") or {})
-    for key, value in (
-        ("name", template),
-        ("data", data),
-        ("label", label),
-        ("data_format", data_format),
-        ("validation_split", validation_split),
-        ("task", task),
-    ):
-        if value is not None:
-            section[key] = value
-    if section:
-        spec["template"] = section
-        if not spec.get("name") and section.get("name"):
-            spec["name"] = f"{section['name']}-{secrets.token_hex(3)}"
-    if register_model is not None:
-        spec["register_model"] = {**(spec.get("register_model") or {}), "name": register_model}
+    options = dict(locals())  # every option by its parameter name, for _apply_options
+    spec, base = _read_spec(file)
+    _apply_options(spec, options)
     if not spec.get("name"):
         raise InvalidSpec("a job needs a name: use --name or 'name:' in the spec")
     c = client(ctx)
-    if section:
-        spec["template"] = upload_template_data(c, section, str(spec["name"]), base)
-    if code is not None:
-        spec["code"] = code
+    if spec.get("template"):
+        spec["template"] = upload_template_data(c, spec["template"], str(spec["name"]), base)
     if spec.get("code"):
         spec["code"] = upload_code(c, str(spec["code"]), base)
     job = c.jobs.submit(spec)
@@ -401,6 +321,77 @@ def submit(
     err_console.print(f"job [bold]{job['name']}[/bold] submitted ({job['id']}), state {job['state']}")
     if follow:
         raise typer.Exit(follow_job(c, job["name"]))
+
+
+def _read_spec(file: Path | None) -> tuple[dict[str, Any], Path]:
+    """The spec file's mapping (empty without one) and the directory its relative paths start from."""
+    if file is None:
+        return {}, Path.cwd()
+    return _load_spec(file), Path.cwd() if str(file) == "-" else file.resolve().parent
+
+
+# options of jobs submit that replace the spec's field of the same name
+SCALAR_OPTIONS = (
+    "name",
+    "command",
+    "module",
+    "priority",
+    "priority_class",
+    "max_run_time",
+    "timeout",
+    "environment",
+    "checkpoint_from",
+    "code",
+)
+# an option given drops the field it conflicts with from the spec file
+CONFLICTS = (
+    ("priority", "priority_class"),
+    ("priority_class", "priority"),
+    ("module", "command"),
+    ("command", "module"),
+)
+
+
+def _apply_options(spec: dict[str, Any], o: dict[str, Any]) -> None:
+    """The options of ``jobs submit`` (``o``, by parameter name) over the spec file's ``spec``: options win; lists
+    and mappings (env, datasets, hparams, ...) add to the file's."""
+    for key in SCALAR_OPTIONS:
+        if o[key] is not None:
+            spec[key] = o[key]
+    for option, dropped in CONFLICTS:
+        if o[option] is not None:
+            spec.pop(dropped, None)
+    if o["non_preemptible"]:
+        spec["preemptible"] = False
+    if o["args"]:
+        spec["args"] = list(o["args"])
+    for key, given in (("datasets", o["datasets"]), ("publish", o["publish"])):
+        if given:
+            spec[key] = [*(spec.get(key) or []), *given]
+    for key, pairs in (
+        ("env", _parse_env(o["env"])),
+        ("secret_env", _parse_secret_env(o["secret_env"])),
+        ("hparams", _parse_hparams(o["hparam"])),
+    ):
+        if pairs:
+            spec[key] = {**(spec.get(key) or {}), **pairs}
+    _merge_given(spec, "resources", {"gpus": o["gpus"], "cpu": o["cpu"], "memory": o["memory"]})
+    _merge_given(spec, "restart", {"max_restarts": o["max_restarts"], "backoff_seconds": o["backoff"]})
+    template = {key: o[key] for key in ("data", "label", "data_format", "validation_split", "task")}
+    _merge_given(spec, "template", {"name": o["template"], **template})
+    section = spec.get("template")
+    if section and not spec.get("name") and section.get("name"):
+        spec["name"] = f"{section['name']}-{secrets.token_hex(3)}"
+    if o["register_model"] is not None:
+        spec["register_model"] = {**(spec.get("register_model") or {}), "name": o["register_model"]}
+
+
+def _merge_given(spec: dict[str, Any], key: str, values: dict[str, Any]) -> None:
+    """The ``values`` that are not None over the mapping ``spec[key]``, set where the result is not empty."""
+    merged = dict(spec.get(key) or {})
+    merged.update({k: v for k, v in values.items() if v is not None})
+    if merged:
+        spec[key] = merged
 
 
 @app.command("list")
@@ -451,8 +442,21 @@ def describe(
     if output == Output.json:
         render(job, output, [])
         return
-    from dlcloud.schemas.common import format_memory
+    render_fields(job, output, _job_fields(job))
+    if job["attempts"]:
+        console.print()
+        _print_attempts(job["attempts"])
+    console.print()
+    render(
+        job["events"],
+        Output.table,
+        [("TIME", lambda e: short_time(e["time"])), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
+        title="Events",
+    )
 
+
+def _job_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The lines of ``jobs describe`` above its tables."""
     fields: list[tuple[str, Any]] = [
         ("Name", job["name"]),
         ("Id", job["id"]),
@@ -479,46 +483,42 @@ def describe(
         fields.append(("Being preempted", job.get("preempt_reason")))
     if job.get("endpoints"):
         fields.append(("Endpoints", ", ".join(f"{port} -> {at}" for port, at in job["endpoints"].items())))
-    render_fields(job, output, fields)
-    if job["attempts"]:
-        console.print()
-        render(
-            job["attempts"],
-            Output.table,
-            [
-                ("ATTEMPT", "number"),
-                ("HOST", "host"),
-                ("GPUS", lambda a: ",".join(map(str, a["gpus"])) or "-"),
-                ("STARTED", lambda a: short_time(a["started_at"])),
-                ("FINISHED", lambda a: short_time(a["finished_at"])),
-                ("EXIT", "exit_code"),
-                ("OUTCOME", "outcome"),
-            ],
-            title="Attempts",
-        )
-        replicas = [{**r, "attempt": a["number"]} for a in job["attempts"] for r in a.get("replicas") or []]
-        if replicas:
-            console.print()
-            render(
-                replicas,
-                Output.table,
-                [
-                    ("ATTEMPT", "attempt"),
-                    ("REPLICA", "name"),
-                    ("STATE", "state"),
-                    ("HOST", "host"),
-                    ("PORTS", lambda r: ",".join(map(str, r["ports"])) or "-"),
-                    ("GPUS", lambda r: ",".join(map(str, r["gpus"])) or "-"),
-                    ("EXIT", "exit_code"),
-                ],
-                title="Replicas",
-            )
+    return fields
+
+
+def _print_attempts(attempts: list[dict[str, Any]]) -> None:
+    """The attempts of a job, then the replicas of each (a distributed job's)."""
+    render(
+        attempts,
+        Output.table,
+        [
+            ("ATTEMPT", "number"),
+            ("HOST", "host"),
+            ("GPUS", lambda a: ",".join(map(str, a["gpus"])) or "-"),
+            ("STARTED", lambda a: short_time(a["started_at"])),
+            ("FINISHED", lambda a: short_time(a["finished_at"])),
+            ("EXIT", "exit_code"),
+            ("OUTCOME", "outcome"),
+        ],
+        title="Attempts",
+    )
+    replicas = [{**r, "attempt": a["number"]} for a in attempts for r in a.get("replicas") or []]
+    if not replicas:
+        return
     console.print()
     render(
-        job["events"],
+        replicas,
         Output.table,
-        [("TIME", lambda e: short_time(e["time"])), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
-        title="Events",
+        [
+            ("ATTEMPT", "attempt"),
+            ("REPLICA", "name"),
+            ("STATE", "state"),
+            ("HOST", "host"),
+            ("PORTS", lambda r: ",".join(map(str, r["ports"])) or "-"),
+            ("GPUS", lambda r: ",".join(map(str, r["gpus"])) or "-"),
+            ("EXIT", "exit_code"),
+        ],
+        title="Replicas",
     )
 
 
@@ -680,8 +680,6 @@ def metrics(
 
       dlcloud jobs metrics mnist -o csv > metrics.csv
     """
-    from dlcloud.cli import metrics as view
-
     if follow and output != MetricsOutput.table:
         raise typer.BadParameter("--follow redraws the chart: use it without -o json/csv", param_hint="--follow")
     c = client(ctx)

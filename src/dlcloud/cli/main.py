@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from dlcloud import __version__
 from dlcloud.cli import admin, datasets, environments, jobs, models, serve, simulate, tune
+from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, err_console, render_fields
+from dlcloud.client import Client, Credentials
+from dlcloud.client.config import read_config, write_profile
 from dlcloud.errors import DlcloudError
+from dlcloud.settings import Settings
 
 app = typer.Typer(
     help="dlcloud: train, tune, track and serve models on shared GPUs.\n\n"
@@ -121,58 +127,53 @@ def up(
 
       AWS_ENDPOINT_URL=http://127.0.0.1:9000 dlcloud up --storage-url s3://dlcloud/prod
     """
-    import logging
-
+    # the server pulls FastAPI, uvicorn and SQLAlchemy: only this command needs them
     from dlcloud.server import public_endpoint, serve
-    from dlcloud.settings import Settings
 
     # flags win over DLCLOUD_* variables, which win over the defaults
     if sandbox not in (None, "auto", "off"):
         raise typer.BadParameter(f"must be auto or off, got {sandbox!r}", param_hint="--sandbox")
-    flags = {
+    flags: dict[str, Any] = {
         "host": host,
         "port": port,
         "database_url": database_url,
         "storage_url": storage_url,
         "log_level": log_level,
         "sandbox": sandbox,
+        "allow_unsandboxed_tenants": allow_unsandboxed_tenants or None,
+        "data_dir": data_dir.expanduser().resolve() if data_dir is not None else None,
     }
-    if allow_unsandboxed_tenants:
-        flags["allow_unsandboxed_tenants"] = True
-    overrides: dict = {k: v for k, v in flags.items() if v is not None}
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir.expanduser().resolve()
-    settings = Settings(**overrides)
+    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    endpoint = public_endpoint(settings)
+    serve(settings, on_ready=lambda server: _announce(settings, server, endpoint, write_local_profile=not no_profile))
 
-    def on_ready(server) -> None:
-        endpoint = public_endpoint(settings)
-        if not no_profile and server.bootstrap_file.exists():
-            from dlcloud.client.config import Credentials, read_config, write_profile
 
-            boot = json.loads(server.bootstrap_file.read_text())
-            current = read_config().get("current")
-            path = write_profile(
-                "local",
-                Credentials(endpoint, boot["access_key"], boot["secret_key"]),
-                make_current=current in (None, "local"),
-            )
-            err_console.print(f"CLI profile 'local' written to {path}")
-        err_console.print(f"dlcloud is starting at [bold]{endpoint}[/bold]")
-        platform = server.platform
-        if platform.isolated:
-            err_console.print(f"isolation: {platform.isolation}")
-        else:
-            who = (
-                "EVERY tenant's jobs run unsandboxed (--allow-unsandboxed-tenants)"
-                if settings.allow_unsandboxed_tenants
-                else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs"
-            )
-            err_console.print(f"[bold red]isolation: {platform.isolation}[/bold red] — {who}; see docs/isolation.md")
-        err_console.print(f"storage: {platform.objects.url}")
-        err_console.print(f"admin key: {server.bootstrap_file}")
-
-    serve(settings, on_ready=on_ready)
+def _announce(settings: Settings, server: Any, endpoint: str, *, write_local_profile: bool) -> None:
+    """Once ``dlcloud up``'s ``server`` (a dlcloud.server.Server) is ready: the 'local' CLI profile written with
+    the bootstrap admin's key, and where the platform is, how it isolates jobs and where it stores."""
+    if write_local_profile and server.bootstrap_file.exists():
+        boot = json.loads(server.bootstrap_file.read_text())
+        current = read_config().get("current")
+        path = write_profile(
+            "local",
+            Credentials(endpoint, boot["access_key"], boot["secret_key"]),
+            make_current=current in (None, "local"),
+        )
+        err_console.print(f"CLI profile 'local' written to {path}")
+    err_console.print(f"dlcloud is starting at [bold]{endpoint}[/bold]")
+    platform = server.platform
+    if platform.isolated:
+        err_console.print(f"isolation: {platform.isolation}")
+    else:
+        who = (
+            "EVERY tenant's jobs run unsandboxed (--allow-unsandboxed-tenants)"
+            if settings.allow_unsandboxed_tenants
+            else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs"
+        )
+        err_console.print(f"[bold red]isolation: {platform.isolation}[/bold red] — {who}; see docs/isolation.md")
+    err_console.print(f"storage: {platform.objects.url}")
+    err_console.print(f"admin key: {server.bootstrap_file}")
 
 
 @app.command("configure")
@@ -191,9 +192,6 @@ def configure(
 
       dlcloud configure --profile lab    # prompts for each value
     """
-    from dlcloud.client import Client, Credentials
-    from dlcloud.client.config import write_profile
-
     creds = Credentials(endpoint.rstrip("/"), access_key.strip(), secret_key.strip())
     if check:
         with Client(creds) as c:
@@ -211,8 +209,6 @@ def whoami(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud whoami -o json
     """
-    from dlcloud.cli.common import client
-
     who = client(ctx).whoami()
     render_fields(
         who,

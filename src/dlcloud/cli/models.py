@@ -18,9 +18,12 @@ from dlcloud.cli.output import (
     render,
     render_fields,
     short_time,
+    size_text,
     transfer_progress,
 )
+from dlcloud.client.models import infer_format, pack_artifact, split_name, unknown_format_error
 from dlcloud.errors import InvalidArgument, InvalidSignature, UnknownFormat
+from dlcloud.schemas.models import FORMATS
 
 app = typer.Typer(
     help="Register, version, label, share and download models (NAME, or OWNER/NAME for a shared model).",
@@ -55,12 +58,6 @@ def _load_signature(path: Path) -> dict[str, Any]:
     return data
 
 
-def _size(n: int) -> str:
-    from dlcloud.schemas.common import format_memory
-
-    return format_memory(n) if n >= 1024 else f"{n}B"
-
-
 def _source(v: dict[str, Any]) -> str:
     if v.get("source_job"):
         return f"job {v['source_job']}:{v['source_path']}"
@@ -86,7 +83,7 @@ VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("FORMAT", "format"),
     ("CODE", lambda v: "yes" if v["executes_code"] else "no"),
     ("ARTIFACT", "artifact"),
-    ("SIZE", lambda v: _size(v["size_bytes"])),
+    ("SIZE", lambda v: size_text(v["size_bytes"])),
     ("SHA256", lambda v: v["sha256"][:12]),
     ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
     ("DEPLOYED", lambda v: "yes" if v["deployed"] else "no"),
@@ -129,8 +126,6 @@ def register(
 
       dlcloud models register churn --file ./export --format python --signature signature.yaml
     """
-    from dlcloud.client.models import infer_format, pack_artifact, split_name, unknown_format_error
-    from dlcloud.schemas.models import FORMATS
 
     if (file is None) == (from_job is None):
         raise InvalidArgument("give either --file FILE|DIR or --from-job JOB --path PATH")
@@ -163,7 +158,7 @@ def register(
         return
     err_console.print(
         f"model [bold]{version['model']}[/bold] version {version['version']} registered "
-        f"({version['format']}, {_size(version['size_bytes'])}, sha256 {version['sha256'][:12]})"
+        f"({version['format']}, {size_text(version['size_bytes'])}, sha256 {version['sha256'][:12]})"
     )
     if version["signature"] is None:
         err_console.print("signature: not declared (could not be inferred; give --signature FILE to declare it)")
@@ -208,7 +203,7 @@ def _describe_version(v: dict[str, Any], output: Output) -> None:
         ("Format", v["format"]),
         ("Executes code", "yes: loading it runs its author's code" if v["executes_code"] else "no"),
         ("Artifact", v["artifact"]),
-        ("Size", _size(v["size_bytes"])),
+        ("Size", size_text(v["size_bytes"])),
         ("SHA256", v["sha256"]),
         ("Labels", ", ".join(v["labels"]) or "-"),
         ("Signature", "not declared" if sig is None else ""),

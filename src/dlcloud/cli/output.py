@@ -20,6 +20,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 from rich.text import Text
 
+from dlcloud.schemas.common import format_memory
+
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -46,6 +48,13 @@ OutputOption = typer.Option(Output.table, "-o", "--output", help="Output format:
 
 def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def size_text(n: int | None) -> str:
+    """A size in bytes for a table: ``512B``, ``1.5Mi``; ``-`` for none."""
+    if n is None:
+        return "-"
+    return format_memory(n) if n >= 1024 else f"{n}B"
 
 
 def short_time(value: str | None) -> str:

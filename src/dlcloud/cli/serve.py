@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
+from rich.markup import escape
 
+from dlcloud.cli.common import client
 from dlcloud.cli.output import err_console
+from dlcloud.client.mirror import MirrorThread, RegistryMirror, parse_registry_ref
+from dlcloud.errors import DlcloudError
 
 
 def serve(
@@ -67,15 +72,10 @@ def serve(
     Examples:
 
       dlcloud serve --model mlp=./mlp.pt --model clf=./clf.joblib --port 8000
-
       dlcloud serve -m ranker=./models/ranker:onnx --max-batch-size 64 --max-queue-delay 2ms
-
       dlcloud serve --config serving.yaml
-
       dlcloud serve --registry fraud@production --registry team-a/ranker --port 8000
-
       dlcloud serve --registry team-a/churn@production --trust-code team-a/churn
-
       dlcloud serve -m clf=./clf.joblib --host 0.0.0.0 --admin-token "$(openssl rand -hex 16)"
 
     With --registry the server follows the registry (credentials from 'dlcloud configure'): the versions it
@@ -88,19 +88,13 @@ def serve(
 
     Listening on anything but a loopback address needs --admin-token.
     """
-    from dlcloud.serving.config import ConfigError, build_config
-
     batching = {
-        k: v
-        for k, v in {
-            "max_batch_size": max_batch_size,
-            "max_queue_delay": max_queue_delay,
-            "max_queue_size": max_queue_size,
-            "max_queue_bytes": max_queue_bytes,
-            "timeout": request_timeout,
-            "instances": instances,
-        }.items()
-        if v is not None
+        "max_batch_size": max_batch_size,
+        "max_queue_delay": max_queue_delay,
+        "max_queue_size": max_queue_size,
+        "max_queue_bytes": max_queue_bytes,
+        "timeout": request_timeout,
+        "instances": instances,
     }
     overrides = {
         "host": host,
@@ -110,19 +104,58 @@ def serve(
         "admin_token": admin_token,
         "access_log": access_log,
     }
-    settings: dict[str, Any] = {
-        "config_file": config,
-        "overrides": overrides,
-        "batching": batching,
-        "versions": versions,
-    }
+    given = {k: v for k, v in batching.items() if v is not None}
+    settings: dict[str, Any] = {"config_file": config, "overrides": overrides, "batching": given, "versions": versions}
+    cfg, mirrors = _serving_config(ctx, model, settings, registry, trust_code, cache_dir)
+    _log_to_stderr(log_level)
+    _run(cfg, mirrors, registry_interval, log_level)
+
+
+def _run(cfg: Any, mirrors: list[RegistryMirror], registry_interval: float, log_level: str) -> None:
+    """Serve ``cfg`` until stopped, following the registry for ``mirrors`` meanwhile."""
+    # the model server pulls numpy and the frameworks' loaders: only this command needs them
+    from dlcloud.serving.server import run
+
+    def started(bound: int) -> None:
+        names = ", ".join(m.name for m in cfg.models) + "".join(f", {p.name} (pipeline)" for p in cfg.pipelines)
+        err_console.print(f"serving {names} at [bold]http://{cfg.host}:{bound}[/bold] (V2: /v2, TF Serving: /v1)")
+
+    follower = MirrorThread(mirrors, registry_interval) if mirrors else None
+    if follower is not None:
+        follower.start()
+    try:
+        run(cfg, log_level=log_level, on_started=started)
+    finally:
+        if follower is not None:
+            follower.stop()
+
+
+def _config_error(message: str) -> NoReturn:
+    err_console.print(f"[red]error (invalid_config):[/red] {escape(message)}")
+    raise typer.Exit(2)
+
+
+def _serving_config(
+    ctx: typer.Context,
+    model: list[str],
+    settings: dict[str, Any],
+    registry: list[str],
+    trust_code: list[str],
+    cache_dir: Path,
+) -> tuple[Any, list[RegistryMirror]]:
+    """The server's configuration (a dlcloud.serving.config.ServingConfig) from the flags, with the --registry
+    models downloaded; a configuration that cannot serve exits 2 saying why."""
+    # the model server's package pulls numpy: only this command needs it
+    from dlcloud.serving.config import ConfigError, build_config
+
     try:
         build_config(model_flags=model, **settings)  # refuse a bad configuration before touching the registry
     except ConfigError as exc:
-        err_console.print(f"[red]error (invalid_config):[/red] {exc}")
-        raise typer.Exit(2) from None
+        _config_error(str(exc))
     trusted = _trusted_refs(trust_code, registry)
-    mirrors = _registry_mirrors(ctx, registry, trusted, cache_dir, host or "127.0.0.1", port or 8000)
+    overrides = settings["overrides"]
+    host, port = overrides["host"] or "127.0.0.1", overrides["port"] or 8000
+    mirrors = _registry_mirrors(ctx, registry, trusted, cache_dir, host, port)
     try:
         extra = [
             {"name": m.local_name, "path": str(m.root), "format": m.first_format(), "versions": "all"} for m in mirrors
@@ -131,19 +164,17 @@ def serve(
     except ConfigError as exc:
         for mirror in mirrors:
             mirror.release()
-        err_console.print(f"[red]error (invalid_config):[/red] {exc}")
-        raise typer.Exit(2) from None
+        _config_error(str(exc))
     if not cfg.models:
-        err_console.print(
-            "[red]error (invalid_config):[/red] nothing to serve: give --model NAME=PATH or --config FILE"
-        )
-        raise typer.Exit(2)
+        _config_error("nothing to serve: give --model NAME=PATH or --config FILE")
     missing = [m for m in cfg.models if not cfg.resolve(m.path).exists()]
     if missing:
-        listed = ", ".join(f"{m.name}={cfg.resolve(m.path)}" for m in missing)
-        err_console.print(f"[red]error (invalid_config):[/red] model paths do not exist: {listed}")
-        raise typer.Exit(2)
+        _config_error("model paths do not exist: " + ", ".join(f"{m.name}={cfg.resolve(m.path)}" for m in missing))
+    return cfg, mirrors
 
+
+def _log_to_stderr(log_level: str) -> None:
+    """The server's log lines to stderr; the access log as bare JSON lines."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -153,29 +184,9 @@ def serve(
     access.addHandler(handler)
     access.propagate = False
 
-    from dlcloud.serving.server import run
-
-    def started(bound: int) -> None:
-        names = ", ".join(m.name for m in cfg.models) + "".join(f", {p.name} (pipeline)" for p in cfg.pipelines)
-        err_console.print(f"serving {names} at [bold]http://{cfg.host}:{bound}[/bold] (V2: /v2, TF Serving: /v1)")
-
-    follower = None
-    if mirrors:
-        from dlcloud.client.mirror import MirrorThread
-
-        follower = MirrorThread(mirrors, registry_interval)
-        follower.start()
-    try:
-        run(cfg, log_level=log_level, on_started=started)
-    finally:
-        if follower is not None:
-            follower.stop()
-
 
 def _trusted_refs(trust_code: list[str], registry: list[str]) -> set[str]:
     """The OWNER/NAME references of --trust-code, each of which must name a --registry model."""
-    from dlcloud.client.mirror import parse_registry_ref
-
     served = set()
     for value in registry:
         with contextlib.suppress(ValueError):  # reported with the mirrors
@@ -184,41 +195,31 @@ def _trusted_refs(trust_code: list[str], registry: list[str]) -> set[str]:
     for value in trust_code:
         owner, sep, name = value.partition("/")
         if not sep or not owner or not name or "/" in name or "@" in value:
-            err_console.print(
-                f"[red]error (invalid_config):[/red] --trust-code {value!r} must name a model another tenant "
-                "shares with yours as OWNER/NAME (no label: trust covers every version)"
+            _config_error(
+                f"--trust-code {value!r} must name a model another tenant shares with yours as OWNER/NAME (no label: "
+                "trust covers every version)"
             )
-            raise typer.Exit(2)
         if value not in served:
-            err_console.print(
-                f"[red]error (invalid_config):[/red] --trust-code {value} names no --registry model; served: "
-                + (", ".join(sorted(served)) or "none")
+            _config_error(
+                f"--trust-code {value} names no --registry model; served: " + (", ".join(sorted(served)) or "none")
             )
-            raise typer.Exit(2)
         trusted.add(value)
     return trusted
 
 
 def _registry_mirrors(
     ctx: typer.Context, refs: list[str], trusted: set[str], cache_dir: Path, host: str, port: int
-) -> list:
+) -> list[RegistryMirror]:
     """Download what each --registry reference names, before the server starts (with a progress line)."""
     if not refs:
         return []
-    import socket
-
-    from dlcloud.cli.common import client
-    from dlcloud.client.mirror import RegistryMirror, parse_registry_ref
-    from dlcloud.errors import DlcloudError
-
     api = client(ctx)
     mirrors: list[RegistryMirror] = []
     for value in refs:
         try:
             ref, label = parse_registry_ref(value)
         except ValueError as exc:
-            err_console.print(f"[red]error (invalid_config):[/red] {exc}")
-            raise typer.Exit(2) from None
+            _config_error(str(exc))
         root = cache_dir.expanduser().resolve() / ref.replace("/", "__")
         mirror = RegistryMirror(
             api,

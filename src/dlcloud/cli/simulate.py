@@ -7,10 +7,11 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
 
-from dlcloud.cli.output import Output, OutputOption, console, err_console, print_json
+from dlcloud.cli.output import Output, OutputOption, console, err_console, print_json, render
 from dlcloud.scheduler.planner import PlanConfig, Policy
+from dlcloud.scheduler.simulator import SimConfig, Simulator, parse_boundaries
+from dlcloud.scheduler.trace import load_trace
 
 DEFAULT_TENANT_LAS_QUEUES = ",".join(f"{b:g}" for b in PlanConfig.tenant_las_queues_gpu_s)
 
@@ -78,9 +79,6 @@ def simulate(
 
       dlcloud simulate --trace jobs.csv --gpus 64 --lend-after 0
     """
-    from dlcloud.scheduler.simulator import SimConfig, Simulator, parse_boundaries
-    from dlcloud.scheduler.trace import load_trace
-
     config = SimConfig(
         gpus=gpus,
         gpus_per_node=gpus_per_node,
@@ -97,23 +95,27 @@ def simulate(
     )
     config.validate()
     jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
-    if err_console.is_terminal and len(jobs) >= 5_000:
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task(f"{policy.value}: jobs finished", total=len(jobs))
-            report = Simulator(jobs, config, lambda done, total: bar.update(task, completed=done)).run()
-    else:
-        report = Simulator(jobs, config).run()
+    report = _run(jobs, config)
     if output == Output.json:
         print_json(report)
         return
     render_report(report)
+
+
+def _run(jobs: list[Any], config: SimConfig) -> dict[str, Any]:
+    """The simulator's report, with a progress bar on a terminal for a long trace."""
+    if not (err_console.is_terminal and len(jobs) >= 5_000):
+        return Simulator(jobs, config).run()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"{config.policy.value}: jobs finished", total=len(jobs))
+        return Simulator(jobs, config, lambda done, total: bar.update(task, completed=done)).run()
 
 
 def _hours(seconds: float | None) -> str:
@@ -155,18 +157,18 @@ def render_report(r: dict[str, Any]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         console.print(f"{key + ':':<{width + 1}}  {value}")
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("TENANT", "JOBS", "GUARANTEE", "TRACE SHARE", "SHARE", "HOURS <90%", "AVG JCT"):
-        table.add_column(col)
-    for name, t in r["tenants"].items():
-        table.add_row(
-            name,
-            str(t["jobs"]),
-            str(t["guarantee_gpus"]),
-            f"{t['trace_gpu_time_share']:.1%}",
-            f"{t['share']:.1%}",
-            f"{t['windows_below_90pct']} of {t['windows_with_demand']}",
-            _hours(t["avg_jct_s"]),
-        )
+    tenants = [{"name": name, **t} for name, t in r["tenants"].items()]
     console.print()
-    console.print(table)
+    render(
+        tenants,
+        Output.table,
+        [
+            ("TENANT", "name"),
+            ("JOBS", "jobs"),
+            ("GUARANTEE", "guarantee_gpus"),
+            ("TRACE SHARE", lambda t: f"{t['trace_gpu_time_share']:.1%}"),
+            ("SHARE", lambda t: f"{t['share']:.1%}"),
+            ("HOURS <90%", lambda t: f"{t['windows_below_90pct']} of {t['windows_with_demand']}"),
+            ("AVG JCT", lambda t: _hours(t["avg_jct_s"])),
+        ],
+    )
