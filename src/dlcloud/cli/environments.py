@@ -9,16 +9,7 @@ from typing import Any
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import (
-    Output,
-    OutputOption,
-    console,
-    err_console,
-    render,
-    render_fields,
-    short_time,
-    size_text,
-)
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time, size_text
 from dlcloud.client import Client
 from dlcloud.client.environments import RequirementsFile, read_requirements
 
