@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time, size_text
@@ -30,7 +31,7 @@ def _requirements(env: dict[str, Any]) -> str:
 
 def _print_build_line(line: Any, to_stderr: bool) -> None:
     if line.stream == "system":
-        err_console.print(f"[dim]\\[dlcloud] {line.text}[/dim]", markup=True)
+        err_console.print(f"[dim]\\[dlcloud] {escape(line.text)}[/dim]", markup=True)
     else:
         out = sys.stderr if to_stderr else sys.stdout
         out.write(line.text + "\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from dlcloud import __version__
 from dlcloud.cli import admin, datasets, environments, jobs, models, serve, simulate, tune
@@ -225,12 +226,12 @@ def main() -> None:
     try:
         app()
     except DlcloudError as exc:
-        err_console.print(f"[red]error[/red] ({exc.code}): {exc.message}", markup=True, highlight=False)
+        err_console.print(f"[red]error[/red] ({exc.code}): {escape(exc.message)}", markup=True, highlight=False)
         errors = exc.details.get("errors") if exc.details else None
         if isinstance(errors, list):
             for e in errors[:20]:
                 if isinstance(e, dict):
-                    err_console.print(f"  - {e.get('field')}: {e.get('problem')}")
+                    err_console.print(f"  - {e.get('field')}: {e.get('problem')}", markup=False)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
@@ -153,5 +154,5 @@ def render_fields(data: dict[str, Any], output: Output, fields: Sequence[tuple[s
         print_json(data)
         return
     width = max(len(k) for k, _ in fields)
-    for key, value in fields:
-        console.print(f"[bold]{key.ljust(width)}[/bold]  {'-' if value is None else value}")
+    for key, value in fields:  # a value prints as written, brackets and all
+        console.print(f"[bold]{key.ljust(width)}[/bold]  {escape('-' if value is None else str(value))}")

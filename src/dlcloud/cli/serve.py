@@ -236,7 +236,7 @@ def _registry_mirrors(
             except DlcloudError as exc:
                 for started in mirrors:  # the server will not start: end the leases taken so far
                     started.release()
-                err_console.print(f"[red]error ({exc.code}):[/red] {value}: {exc.message}")
+                err_console.print(f"[red]error ({exc.code}):[/red] {escape(f'{value}: {exc.message}')}")
                 raise typer.Exit(1) from None
         versions = ", ".join(str(v) for v in sorted(mirror.on_disk())) or "none"
         err_console.print(f"{value}: version(s) {versions} in {root}")
