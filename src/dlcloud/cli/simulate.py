@@ -72,11 +72,8 @@ def simulate(
     Examples:
 
       dlcloud simulate --trace philly_jobs_2017-10-02_to_2017-10-16.csv --gpus 256 --gpus-per-node 8 --policy las
-
       dlcloud simulate --trace jobs.csv --gpus 64 --policy fifo --limit-jobs 2000 --seed 1 -o json
-
       dlcloud simulate --trace jobs.csv --gpus 64 --tenant-las-queues none --no-defragment --turn-window 0
-
       dlcloud simulate --trace jobs.csv --gpus 64 --lend-after 0
     """
     config = SimConfig(
@@ -94,8 +91,7 @@ def simulate(
         lend_after_s=lend_after,
     )
     config.validate()
-    jobs = load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs)
-    report = _run(jobs, config)
+    report = _run(load_trace(trace, start_s=start_s, end_s=end_s, limit_jobs=limit_jobs), config)
     if output == Output.json:
         print_json(report)
         return
