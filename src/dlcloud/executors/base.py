@@ -174,6 +174,9 @@ class AttemptReport:
     post_exit_code: int | None = None  # the post command's exit code; None when none ran
     post_timed_out: bool = False  # the post command was ended by its post_timeout
     replicas: tuple[ReplicaReport, ...] = ()  # a gang's replicas; the fields above then summarise them
+    # running: the last change the attempt made to its job's checkpoint directory (None: none yet), so that a
+    # preemption picks the attempts that lose the least work (docs/scheduling.md#preemption)
+    checkpoint_at: datetime | None = None
 
 
 def replica_sort_key(name: str) -> tuple[str, int, int]:

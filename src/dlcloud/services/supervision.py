@@ -27,6 +27,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -42,6 +43,7 @@ from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import attempt_ports, release_ports
 from dlcloud.storage.objects import StorageError
+from dlcloud.store import jobs as job_store
 from dlcloud.store.rows import AttemptRow, JobRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class Supervisor:
         self.savers = FairPool("dlcloud-outputs", pool_size(), done=lambda key: wake())  # started by the loop's run
         self._saves: dict[int, bool] = {}  # attempt id -> what its save on the pool said, until the loop takes it
         self._saves_lock = threading.Lock()
+        self._checkpoints: dict[int, datetime] = {}  # attempt id -> the last change to its checkpoints recorded
 
     def run(self) -> None:
         """Poll every attempt that has not ended and apply what happened to it."""
@@ -118,6 +121,8 @@ class Supervisor:
         with self._saves_lock:
             for gone in set(self._saves) - {row[0] for row in live}:  # its job was deleted meanwhile
                 del self._saves[gone]
+        for gone in set(self._checkpoints) - {row[0] for row in live}:
+            del self._checkpoints[gone]
         for attempt_id, handle, tenant_id, number, job_id, state, cancel, preempt in live:
             try:
                 # a preemption stops the attempt as a cancel does; how it ends decides the rest (job_states)
@@ -147,6 +152,8 @@ class Supervisor:
             self.executor.stop(handle)
         if report.replicas:
             report = self._gang(job_id, attempt_id, handle, report)
+        if report.state == "running" and report.checkpoint_at is not None:
+            self._checkpointed(attempt_id, report.checkpoint_at)
         if report.state == "running" and state == JobState.STARTING.value:
             self._mark_running(job_id, attempt_id, report)
         elif report.state == "pending" and report.message and state == JobState.STARTING.value:
@@ -164,6 +171,15 @@ class Supervisor:
                     return
             self._lost_stopped.discard(attempt_id)
             self._lost(job_id, attempt_id, report)
+
+    def _checkpointed(self, attempt_id: int, at: datetime) -> None:
+        """Record the attempt's last change to its checkpoints when it is later than the one recorded: the
+        scheduling pass reads it as the attempt's progress (a preemption loses the work since)."""
+        if self._checkpoints.get(attempt_id, at - timedelta(seconds=1)) >= at:
+            return
+        with self.write() as s:
+            job_store.record_checkpoint(s, attempt_id, at)
+        self._checkpoints[attempt_id] = at
 
     def _saved(self, attempt_id: int, tenant_id: str, save: Callable[[], bool]) -> bool:
         """Whether the ended attempt's outputs and logs are saved (``save`` said True), so its end may be recorded.

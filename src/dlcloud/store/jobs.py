@@ -6,9 +6,10 @@ statement skips query construction, and they run on a Core connection without OR
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
@@ -81,6 +82,15 @@ def attempt_replicas(s: Session, job_id: str, attempt: int) -> list[ReplicaRow]:
     """The replica records of one attempt of a job, in the order they were placed."""
     q = select(ReplicaRow).where(ReplicaRow.job_id == job_id, ReplicaRow.attempt == attempt).order_by(ReplicaRow.id)
     return list(s.scalars(q))
+
+
+def record_checkpoint(s: Session, attempt_id: int, at: datetime) -> None:
+    """The attempt's last change to its checkpoint directory is ``at``, unless a later one is recorded."""
+    s.execute(
+        update(AttemptRow)
+        .where(AttemptRow.id == attempt_id, or_(AttemptRow.checkpoint_at.is_(None), AttemptRow.checkpoint_at < at))
+        .values(checkpoint_at=at)
+    )
 
 
 def live_handle(conn: Connection, job_id: str) -> str | None:

@@ -257,6 +257,9 @@ class AttemptRow(Base):
     handle: Mapped[str] = mapped_column("attempt_dir", Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # the last change the attempt made to its job's checkpoint directory, as the executor saw it: preempting it
+    # loses the work since (else since its start; services/supervision.py records it)
+    checkpoint_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # placed for its tenant's turn: owed (not reclaimable) until then, and its tenant's usage counts it until then
     turn_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     exit_code: Mapped[int | None] = mapped_column(Integer)

@@ -39,7 +39,8 @@ Vocabulary: the *source job directory* holds the source's ``checkpoints`` direct
 means the job was deleted (``SourceGone``); the checkpoints directory alone missing means it saved none.
 
 ``measure_checkpoints`` measures a job's own checkpoints the same way (the first pass alone), for its tenant's
-storage quota.
+storage quota; ``last_change`` reads when they last changed (the directory's and its entries' modification
+times, nothing followed nor opened but the directory), so that a preemption picks the attempt that loses least.
 """
 
 from __future__ import annotations
@@ -189,6 +190,39 @@ def measure_checkpoints(job_dir: Path, name: str, max_entries: int) -> tuple[int
         finally:
             os.close(src_fd)
         return walk.result.bytes, True
+    finally:
+        os.close(job_fd)
+
+
+LAST_CHANGE_MAX_ENTRIES = 256  # the entries of a checkpoint directory ``last_change`` looks at, at the most
+
+
+def last_change(job_dir: Path, name: str) -> float | None:
+    """When ``job_dir/name`` last changed, as a POSIX time: the latest modification time of the directory and of
+    its first ``LAST_CHANGE_MAX_ENTRIES`` entries (a new file or directory, one renamed into place, or one
+    rewritten where it was). Nothing is followed: a link there, or at the top, counts as its own change only.
+    None: no such directory."""
+    try:
+        job_fd = os.open(job_dir, _DIR)
+    except OSError:
+        return None
+    try:
+        src_fd, _ = _open_source(job_fd, name)
+        if src_fd is None:
+            return None
+        try:
+            latest = os.fstat(src_fd).st_mtime
+            with os.scandir(src_fd) as entries:
+                for _, entry in zip(range(LAST_CHANGE_MAX_ENTRIES), entries, strict=False):
+                    try:
+                        latest = max(latest, entry.stat(follow_symlinks=False).st_mtime)
+                    except FileNotFoundError:  # removed while it was listed
+                        continue
+            return latest
+        finally:
+            os.close(src_fd)
+    except OSError:
+        return None
     finally:
         os.close(job_fd)
 

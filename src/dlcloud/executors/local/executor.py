@@ -31,8 +31,10 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,6 +65,7 @@ from dlcloud.executors.local.checkpoints import (
     TooLarge,
     TooManyEntries,
     copy_checkpoints,
+    last_change,
     measure_checkpoints,
     size_text,
 )
@@ -86,6 +89,7 @@ JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a job's directory name, as in 
 CACHE_RETRY_SECONDS = 2.0  # how often an attempt waiting for room in the dataset cache tries again
 PREPARE_TRIES = 5  # reads of the inputs that may fail for the store (waits growing from 2 s) before it ends
 CHECKPOINTS, OUTPUTS, TENSORBOARD = "checkpoints", "outputs", "tensorboard"
+CHECKPOINT_LOOK_SECONDS = 15.0  # how often a running attempt's checkpoint directory is looked at for a change
 # what a Run takes from its Workload as it is (the rest the executor decides: directories, env, local copies)
 RUN_FIELDS = {f.name for f in fields(Run)} - {"env", "replicas", "mounts"}
 DATASETS_MOUNT = job_view.DATASETS_AT  # where a sandboxed job finds its datasets, each at /datasets/<name>
@@ -126,6 +130,7 @@ class LocalExecutor(Executor):
         self.runs_dir: Path | None = None  # where the banner's probe tries the holder's overlays
         self._lock = threading.Lock()
         self._preparing: dict[str, str] = {}  # handle -> what its preparation waits for ("" while fetching)
+        self._checkpoints: dict[str, tuple[float, datetime | None]] = {}  # handle -> (looked at, last change seen)
         self.code_cache: ObjectCache | None = None
         self.data_cache: TreeCache | None = None
 
@@ -495,9 +500,30 @@ class LocalExecutor(Executor):
         if waiting is not None:
             return AttemptReport(state="pending", message=waiting)
         report = self.runner.poll(self.attempt_dir(handle))
+        if report.state == "running":
+            return replace(report, checkpoint_at=self._checkpoint_at(handle, report.started_at))
+        with self._lock:
+            self._checkpoints.pop(handle, None)
         if report.state in ("exited", "lost") and self.data_cache is not None:
             self.data_cache.release(self._holder(handle))  # its processes are gone: its datasets may go too
         return report
+
+    def _checkpoint_at(self, handle: str, started_at: datetime | None) -> datetime | None:
+        """The last change this attempt made to its job's checkpoint directory (``checkpoints.last_change``),
+        looked at once every ``CHECKPOINT_LOOK_SECONDS``; None while it made none (a change from before its
+        start is an earlier attempt's, or the copy of ``checkpoint_from``: resuming from it is the start)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._checkpoints.get(handle)
+        if seen is not None and now - seen[0] < CHECKPOINT_LOOK_SECONDS:
+            return seen[1]
+        changed = last_change(self.attempt_dir(handle).parent, CHECKPOINTS)
+        at = datetime.fromtimestamp(changed, UTC) if changed is not None else None
+        if at is not None and (started_at is None or at <= started_at):
+            at = None
+        with self._lock:
+            self._checkpoints[handle] = (now, at)
+        return at
 
     def _stop(self, handle: str) -> None:
         self.runner.stop(self.attempt_dir(handle))  # while preparing: the marker it leaves stops the launch
