@@ -41,7 +41,7 @@ from dlcloud.schemas.jobs import (
     JobState,
     QueueEntry,
 )
-from dlcloud.schemas.models import FORMATS
+from dlcloud.schemas.models import FORMATS, format_from_name
 from dlcloud.services import admission, datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
@@ -256,7 +256,6 @@ def hparams_env(spec: dict[str, Any]) -> str | None:
 
 def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
     """``register_model`` as stored: path and format filled in (a template's export; else the path's suffix)."""
-    from dlcloud.client.models import infer_format
     from dlcloud.templates import catalog
 
     r = spec.register_model
@@ -265,7 +264,7 @@ def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
     path = r.path or catalog.EXPORT_DIR
     fmt = r.format.value if r.format is not None else None
     if fmt is None:
-        fmt = catalog.EXPORT_FORMAT if spec.template is not None and r.path is None else infer_format(path, local=False)
+        fmt = catalog.EXPORT_FORMAT if spec.template is not None and r.path is None else format_from_name(path)
     if fmt is None:
         raise InvalidSpec(
             f"register_model.format is needed: the format of {path!r} cannot be told from its name; "
@@ -413,7 +412,7 @@ def create_job_row(
         user_id=caller.user_id,
         name=spec.name,
         spec=stored,
-        command=spec.shell_command(),
+        command=recipes.shell_command(spec),
         code_id=spec.code,
         state=JobState.QUEUED.value,
         reason="submitted",
