@@ -49,7 +49,6 @@ from dlcloud.errors import (
     PermissionDenied,
     Unavailable,
 )
-from dlcloud.executors.base import dataset_env_name as env_name
 from dlcloud.schemas.common import NAME_RE
 from dlcloud.schemas.datasets import (
     DATASET_REF_RE,
@@ -64,6 +63,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersion,
     DatasetVersionState,
 )
+from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.models import LABEL_RE, check_label
 from dlcloud.services import job_states, storage_quota, uploads
