@@ -22,8 +22,8 @@ from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
 from dlcloud.errors import InvalidArgument
-from dlcloud.executors import get_executor_class
 from dlcloud.executors.base import Executor
+from dlcloud.executors.registry import get_executor_class
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
 from dlcloud.services.auth import purge_nonces
