@@ -25,7 +25,7 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, DIRECTORY_MARKERS, FORMATS, format_from_name
 
