@@ -325,16 +325,13 @@ def check_name(name: str) -> None:
         raise InvalidArgument(reserved_name_message("dataset", name))
 
 
-def push_version(
+def push_upload(
     platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
 ) -> DatasetVersion:
-    """Add a version from an upload (creating the dataset with its first), or register one in place from
-    ``req.source`` (``services/dataset_sources.py``). Blocking: run it in a worker thread."""
+    """Add a version from the upload ``req.upload`` (creating the dataset with its first); a push from
+    ``req.source`` is ``services/dataset_sources.py``'s (``push_version`` picks). Blocking: run it in a worker
+    thread."""
     check_name(name)
-    if req.source is not None:
-        from dlcloud.services import dataset_sources
-
-        return dataset_sources.register_version(platform, caller, name, req, owner)
     assert req.upload is not None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
