@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dlcloud.executors.base import REPLICA_FILES_REF, Replica
@@ -185,8 +185,6 @@ def _base_env(r: Replica) -> dict[str, str]:
 
 
 def _with(r: Replica, env: dict[str, str], **changes: Any) -> Replica:
-    from dataclasses import replace
-
     return replace(r, env={**_base_env(r), **env}, **changes)
 
 
