@@ -221,6 +221,9 @@ class BuildLog:
         self.line("system", text)
 
 
+# -- what a build's subprocesses see --------------------------------------------------------------------
+
+
 def build_env_vars(
     environ: dict[str, str] | None = None, *, index_url: str | None = None, extra_index_urls: Sequence[str] = ()
 ) -> dict[str, str]:
@@ -239,6 +242,9 @@ def build_env_vars(
     if extra_index_urls:
         out["PIP_EXTRA_INDEX_URL"] = " ".join(extra_index_urls)
     return out
+
+
+# -- the backend ----------------------------------------------------------------------------------------
 
 
 class HostVenvBackend(EnvironmentBackend):
