@@ -53,10 +53,12 @@ fuzz: install
 	$(PY) tests/fuzz/run.py $(FUZZ_ARGS)
 	$(PY) tests/fuzz/run.py --postgres $(FUZZ_ARGS)
 
+# lint-imports: the import contracts of pyproject.toml ([tool.importlinter], docs/architecture.md)
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 $(RAY_VENV)/.installed:
 	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)

@@ -20,7 +20,8 @@ def report(step: int | None = None, **metrics: Any) -> None:
             ``**{"train/loss": x}`` for a name with a slash), values finite numbers. A bad name or value is
             dropped with one warning. Outside a dlcloud job (no ``DLCLOUD_METRICS_URL``) this is a no-op.
     """
-    from dlcloud.client.metrics import report as _report
+    # lazy: every dlcloud module imports this package first; httpx and the reporter load when a job reports
+    from dlcloud.reporter import report as _report
 
     _report(step, **metrics)
 
@@ -31,7 +32,7 @@ def flush(timeout: float = 5.0) -> bool:
     Returns:
         True when nothing is left to send.
     """
-    from dlcloud.client.metrics import flush as _flush
+    from dlcloud.reporter import flush as _flush  # lazy, as in report
 
     return _flush(timeout)
 

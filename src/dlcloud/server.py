@@ -18,12 +18,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
 from dlcloud.errors import InvalidArgument
-from dlcloud.executors import get_executor_class
 from dlcloud.executors.base import Executor
+from dlcloud.executors.registry import get_executor_class
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
 from dlcloud.services.auth import purge_nonces
@@ -39,7 +40,7 @@ from dlcloud.services.uploads import sweep_uploads
 from dlcloud.settings import Settings
 from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
-from dlcloud.uvicorn_server import uvicorn_class
+from dlcloud.uvicorn_server import Uvicorn
 
 log = logging.getLogger("dlcloud")
 
@@ -210,9 +211,6 @@ def _housekeeping(server: Server) -> None:
 
 def serve(settings: Settings, on_ready=None) -> None:
     """Run until SIGTERM/SIGINT."""
-    import uvicorn
-
-    _Uvicorn = uvicorn_class()
     os.umask(0o077)  # the database, keys, code and logs are readable by this user only
     server = build_server(settings)
     config = uvicorn.Config(
@@ -224,7 +222,7 @@ def serve(settings: Settings, on_ready=None) -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    uv = _Uvicorn(config)
+    uv = Uvicorn(config)
     if on_ready is not None:
         on_ready(server)
     # start-up made the long-lived objects (the app, SQLAlchemy's and pydantic's caches): leave them out

@@ -13,7 +13,14 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, IPvAnyAddress, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlcloud.scheduler.contract import MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S, PlanConfig
+# The planner's bounds and defaults live here, at the bottom, so that settings imports nothing of dlcloud;
+# scheduler/contract.py's PlanConfig takes its defaults from these names.
+TURN_MIN_S = 900.0  # no fair-share turn shorter than this (a job's work up to a first checkpoint) ...
+MIN_TURN_WINDOW_S = 2 * TURN_MIN_S  # ... nor longer than half the window: the shortest window that has turns
+MAX_LEND_AFTER_S = 86_400.0  # ``PlanConfig.lend_after_s``: at most a day (the attempts read for it grow with it)
+LAS_QUEUES_GPU_S: tuple[float, ...] = (3600.0, 36_000.0)  # ``PlanConfig.las_queues_gpu_s``
+TENANT_LAS_QUEUES_GPU_S: tuple[float, ...] = (7_200.0, 72_000.0)  # ``PlanConfig.tenant_las_queues_gpu_s``
+LEND_AFTER_S = 600.0  # ``PlanConfig.lend_after_s``
 
 
 class GpuSpec(BaseModel):
@@ -137,13 +144,11 @@ class Settings(BaseSettings):
     scheduling_aging_interval_seconds: Annotated[float, Field(gt=0)] = 3600.0
     scheduling_aging_step: Annotated[int, Field(ge=0, le=1000)] = 1
     scheduling_aging_max: Annotated[int, Field(ge=0, le=2000)] = 100
-    scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(PlanConfig.las_queues_gpu_s)
-    scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(
-        PlanConfig.tenant_las_queues_gpu_s
-    )
+    scheduling_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(LAS_QUEUES_GPU_S)
+    scheduling_tenant_las_queues_gpu_seconds: list[Annotated[float, Field(gt=0)]] = list(TENANT_LAS_QUEUES_GPU_S)
     scheduling_defragment: bool = True
     scheduling_turn_window_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] = 3600.0
-    scheduling_lend_after_seconds: Annotated[float, Field(ge=0, le=MAX_LEND_AFTER_S)] = PlanConfig.lend_after_s
+    scheduling_lend_after_seconds: Annotated[float, Field(ge=0, le=MAX_LEND_AFTER_S)] = LEND_AFTER_S
     # named priorities a job spec may give as ``priority_class`` (each inside -1000..1000); a job that gives
     # neither a class nor a ``priority`` gets ``default_priority_class``'s
     priority_classes: dict[str, Annotated[int, Field(ge=-1000, le=1000)]] = {"low": -100, "normal": 0, "high": 100}

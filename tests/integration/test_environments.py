@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
-from dlcloud.executors.local import venvs
+from dlcloud.executors import host_venvs
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.services.control import ControlLoop
 from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow
@@ -90,11 +90,11 @@ def test_built_once_reused_across_tenants_and_jobs_run_in_the_venv(running_env: 
     assert detail["wheels"] == [wheel.name] and detail["no_index"] is True
     assert "torch" in detail["base_packages"]
     assert sum("build started" in line for line in detail["log_tail"]) == 1
-    log_before = venvs.log_path(env.settings.envs_dir, spec_hash).read_text()
+    log_before = host_venvs.log_path(env.settings.envs_dir, spec_hash).read_text()
     bob.jobs.submit({"name": "again", "command": PROBE, "environment": "tiny-too"})
     assert _wait_end(bob, "again")["state"] == "SUCCEEDED"
     assert _stdout(bob, "again")["prefix"] == [str(venv)]
-    assert venvs.log_path(env.settings.envs_dir, spec_hash).read_text() == log_before
+    assert host_venvs.log_path(env.settings.envs_dir, spec_hash).read_text() == log_before
     assert bob.environments.get("tiny-too")["builds"] == 1
     assert _rows(env) == (2, 1)
 

@@ -22,6 +22,7 @@ from dlcloud.client import Client
 from dlcloud.errors import QuotaExceeded
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.schemas.jobs import JobSpec
+from dlcloud.services import recipes
 from dlcloud.store.ids import new_id
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, JobWaitRow, TenantRow, UserRow, utcnow
 from tests.conftest import Env, ShiftedClock, build_env, make_settings
@@ -81,7 +82,7 @@ def enqueue(env: Env, tenant: str, user: str, count: int, gpus: int) -> None:
                     "user_id": user_id,
                     "name": job_spec.name,
                     "spec": job_spec.model_dump(mode="json"),
-                    "command": job_spec.shell_command(),
+                    "command": recipes.shell_command(job_spec),
                     "state": "QUEUED",
                     "reason": "submitted",
                     "priority": 0,

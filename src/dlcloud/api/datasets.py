@@ -31,6 +31,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersion,
 )
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, VERSION_HEADER
+from dlcloud.services import dataset_sources
 from dlcloud.services import datasets as svc
 from dlcloud.services.datasets import FILES_PAGE, FILES_PAGE_MAX
 
@@ -74,7 +75,7 @@ def push_version(
 ) -> DatasetVersion:
     # a plain ``def``: unpacking, checksumming and storing block, so they run in the thread pool
     set_audit_resource(request, name)
-    version = svc.push_version(p, c, name, body, owner)
+    version = dataset_sources.push_version(p, c, name, body, owner)
     set_audit_resource(request, f"{name}:{version.version}")
     return version
 

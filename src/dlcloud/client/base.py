@@ -1,158 +1,20 @@
-"""HTTP transport: signing every request, mapping error bodies back to DlcloudError classes."""
+"""The SDK's entry point: ``Client`` holds one signed ``Transport`` (``transport.py``) and a sub-API per resource."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlencode, urlsplit
 
 import httpx
 
-from dlcloud import signing
+from dlcloud.client.accounting import AccountingAPI
 from dlcloud.client.config import Credentials, load_credentials
-from dlcloud.errors import DlcloudError, Unavailable, error_from_body
-
-API = "/api/v1"
-CHUNK = 1024 * 1024
-
-
-def _query_string(params: dict[str, Any] | None) -> str:
-    if not params:
-        return ""
-    pairs: list[tuple[str, str]] = []
-    for k, v in params.items():
-        if v is None:
-            continue
-        values = v if isinstance(v, list | tuple) else [v]
-        for item in values:
-            if isinstance(item, bool):
-                item = "true" if item else "false"
-            pairs.append((k, str(item)))
-    return urlencode(pairs)
-
-
-def _url(path: str, query: str) -> str:
-    """What to send for the decoded ``path`` (the one signed): percent-encoded, so a '?', '#' or '%' in a
-    name stays in the path (docs/api-auth.md)."""
-    return signing.url_path(path) + (f"?{query}" if query else "")
-
-
-class Transport:
-    def __init__(self, creds: Credentials, timeout: float = 60.0, client: httpx.Client | None = None):
-        self.creds = creds
-        self._http = client or httpx.Client(base_url=creds.endpoint, timeout=timeout)
-        self._base_path = unquote(urlsplit(creds.endpoint).path.rstrip("/"))  # signed decoded, as any path
-
-    def close(self) -> None:
-        self._http.close()
-
-    def _signed(self, method: str, path: str, query: str, body_sha256: str) -> dict[str, str]:
-        full_path = self._base_path + path
-        return signing.sign_request(
-            self.creds.access_key, self.creds.secret_key, method, full_path, query, body_sha256
-        ).headers
-
-    def _raise_for(self, resp: httpx.Response) -> None:
-        if resp.status_code < 400:
-            return
-        try:
-            body = resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = resp.text
-        raise error_from_body(resp.status_code, body)
-
-    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
-        query = _query_string(params)
-        content = b"" if json_body is None else json.dumps(json_body).encode()
-        headers = self._signed(method, path, query, hashlib.sha256(content).hexdigest())
-        if json_body is not None:
-            headers["Content-Type"] = "application/json"
-        url = _url(path, query)
-        try:
-            resp = self._http.request(method, url, content=content or None, headers=headers)
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach {self.creds.endpoint}: {exc}") from None
-        self._raise_for(resp)
-        if resp.status_code == 204 or not resp.content:
-            return None
-        return resp.json()
-
-    def upload(
-        self,
-        path: str,
-        file: Path,
-        *,
-        params: dict[str, Any] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> Any:
-        """Stream a file: hash it first (streaming), sign the declared hash, then send it in chunks."""
-        digest = hashlib.sha256()
-        with file.open("rb") as f:
-            while chunk := f.read(CHUNK):
-                digest.update(chunk)
-        query = _query_string(params)
-        headers = self._signed("POST", path, query, digest.hexdigest())
-        headers["Content-Type"] = "application/octet-stream"
-        headers["Content-Length"] = str(file.stat().st_size)
-
-        def body() -> Iterator[bytes]:
-            with file.open("rb") as f:
-                while chunk := f.read(CHUNK):
-                    if progress:
-                        progress(len(chunk))
-                    yield chunk
-
-        try:
-            resp = self._http.post(_url(path, query), content=body(), headers=headers)
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach {self.creds.endpoint}: {exc}") from None
-        self._raise_for(resp)
-        return resp.json()
-
-    def download(
-        self,
-        path: str,
-        dest: Path,
-        *,
-        params: dict[str, Any] | None = None,
-        progress: Callable[[int], None] | None = None,
-        timeout: float | None = None,
-    ) -> httpx.Headers:
-        """Stream a GET response body into the file ``dest``; returns the response headers."""
-        query = _query_string(params)
-        headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = _url(path, query)
-        try:
-            with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    self._raise_for(resp)
-                with dest.open("wb") as f:
-                    for chunk in resp.iter_bytes(CHUNK):
-                        f.write(chunk)
-                        if progress:
-                            progress(len(chunk))
-                return resp.headers
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the connection to {self.creds.endpoint}: {exc}") from None
-
-    def stream_lines(
-        self, path: str, *, params: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> Iterator[str]:
-        query = _query_string(params)
-        headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = _url(path, query)
-        try:
-            with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    self._raise_for(resp)
-                yield from resp.iter_lines()
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the connection to {self.creds.endpoint}: {exc}") from None
+from dlcloud.client.datasets import DatasetsAPI
+from dlcloud.client.environments import EnvironmentsAPI
+from dlcloud.client.jobs import CodeAPI, JobsAPI
+from dlcloud.client.models import ModelsAPI
+from dlcloud.client.studies import StudiesAPI
+from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
+from dlcloud.client.transport import API, Transport
 
 
 class Client:
@@ -163,14 +25,6 @@ class Client:
     """
 
     def __init__(self, creds: Credentials, *, timeout: float = 60.0, http_client: httpx.Client | None = None):
-        from dlcloud.client.accounting import AccountingAPI
-        from dlcloud.client.datasets import DatasetsAPI
-        from dlcloud.client.environments import EnvironmentsAPI
-        from dlcloud.client.jobs import CodeAPI, JobsAPI
-        from dlcloud.client.models import ModelsAPI
-        from dlcloud.client.studies import StudiesAPI
-        from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
-
         self.transport = Transport(creds, timeout=timeout, client=http_client)
         self.jobs = JobsAPI(self.transport)
         self.code = CodeAPI(self.transport)
@@ -201,4 +55,4 @@ class Client:
         self.close()
 
 
-__all__ = ["API", "Client", "DlcloudError", "Transport"]
+__all__ = ["API", "Client", "Transport"]

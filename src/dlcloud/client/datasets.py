@@ -22,6 +22,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
 
@@ -291,8 +292,6 @@ class DatasetsAPI:
         Raises:
             DlcloudError (code timeout): still pending after ``timeout``.
         """
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             found = self.version(name, version)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlcloud.client.base import API, Transport
 from dlcloud.client.jobs import CodeAPI, LogLine
+from dlcloud.client.transport import API, Transport
 from dlcloud.errors import InvalidArgument, Unavailable
 
 CODE_ID_RE = re.compile(r"^c-[a-z0-9]{16}$")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 
 STREAMS = ("stdout", "stderr", "system")
 SECTIONS = ("pre", "main", "post")

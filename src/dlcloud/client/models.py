@@ -25,22 +25,9 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
-from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, FORMATS
-
-# file suffix -> format; a directory is recognised by what it holds (see infer_format)
-SUFFIX_FORMATS = {
-    ".pt": "torchscript",
-    ".pth": "torchscript",
-    ".torchscript": "torchscript",
-    ".onnx": "onnx",
-    ".joblib": "sklearn",
-    ".pkl": "sklearn",
-    ".json": "xgboost",
-    ".ubj": "xgboost",
-}
-DIRECTORY_MARKERS = {"saved_model.pb": "savedmodel", "predictor.py": "python"}
+from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, DIRECTORY_MARKERS, FORMATS, format_from_name
 
 
 def infer_format(path: Path | str, *, local: bool = True) -> str | None:
@@ -56,7 +43,7 @@ def infer_format(path: Path | str, *, local: bool = True) -> str | None:
             if (p / marker).is_file():
                 return fmt
         return None
-    return SUFFIX_FORMATS.get(p.suffix.lower())
+    return format_from_name(str(p))
 
 
 def unknown_format_error(what: str) -> UnknownFormat:

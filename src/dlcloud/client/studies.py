@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 
 
 class StudiesAPI:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlcloud.client.base import API, Transport
+from dlcloud.client.transport import API, Transport
 
 
 class TenantsAPI:

@@ -18,16 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from dlcloud.errors import DlcloudError
 from dlcloud.executors import event_files
+from dlcloud.executors.environments import EnvironmentBackend
 from dlcloud.executors.event_files import EventCursor, EventRead
+from dlcloud.settings import Settings
 from dlcloud.storage.objects import Manifest, ObjectStore, StorageError
-
-if TYPE_CHECKING:
-    from dlcloud.executors.environments import EnvironmentBackend
-    from dlcloud.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +82,6 @@ class DatasetMount:
     name: str
     storage_key: str
     sha256: str
-
-
-def dataset_env_name(name: str) -> str:
-    """DLCLOUD_DATASET_<NAME>, where a job finds a dataset: upper case, '-' as '_'."""
-    return "DLCLOUD_DATASET_" + name.upper().replace("-", "_")
 
 
 @dataclass(frozen=True)

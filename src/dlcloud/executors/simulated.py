@@ -16,16 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dlcloud.errors import InvalidState, NotFound
 from dlcloud.executors.base import LAUNCH_FAILED, AttemptReport, Executor, InputsUnavailable, Workload, check_inputs
 from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
-from dlcloud.executors.local import venvs
-from dlcloud.executors.local.environments import LocalVenvBackend
-
-if TYPE_CHECKING:
-    from dlcloud.settings import Settings
+from dlcloud.executors.host_venvs import BuildLog, HostVenvBackend
+from dlcloud.settings import Settings
 
 
 def _utc_now() -> datetime:
@@ -38,7 +34,7 @@ class _Attempt:
     report: AttemptReport
 
 
-class SimulatedEnvironments(LocalVenvBackend):
+class SimulatedEnvironments(HostVenvBackend):
     """Environments as this host would have them (its Python versions and packages, so the catalogue and the
     spec hashes are the local executor's) that are never built: a build is READY at once, empty, with one
     log line saying so. Nothing runs in them, and a real build runs user code (sdists' setup code) with no
@@ -50,7 +46,7 @@ class SimulatedEnvironments(LocalVenvBackend):
         log_file = self._log_path(spec_hash)
         log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(log_file, "w", encoding="utf-8") as f:
-            venvs.BuildLog(f).system("build skipped: the simulated executor runs nothing, so nothing is built")
+            BuildLog(f).system("build skipped: the simulated executor runs nothing, so nothing is built")
         return BuildResult(size_bytes=0, built=True)
 
 

@@ -59,7 +59,7 @@ def _limit(limits: dict[str, int]) -> None:
 def _tensorboard() -> types.SimpleNamespace:
     # ``tensorboard.compat.notf`` present: TensorBoard uses its own TensorFlow stand-in, never TensorFlow
     sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
-    from tensorboard import data_compat
+    from tensorboard import data_compat  # tensorboard is heavy: loaded only in the reader process
     from tensorboard.compat.proto import event_pb2
     from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
     from tensorboard.util import tensor_util

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+# the bounds and defaults shared with the server's settings are defined there (the bottom layer); re-exported
+from dlcloud.settings import LAS_QUEUES_GPU_S, LEND_AFTER_S, TENANT_LAS_QUEUES_GPU_S
+from dlcloud.settings import MAX_LEND_AFTER_S as MAX_LEND_AFTER_S
+from dlcloud.settings import MIN_TURN_WINDOW_S as MIN_TURN_WINDOW_S
+from dlcloud.settings import TURN_MIN_S as TURN_MIN_S
+
 
 @dataclass(frozen=True)
 class GroupDemand:
@@ -28,13 +34,10 @@ class Policy(StrEnum):
 
 
 TURN_MIN_WAIT_S = 900.0  # fair-share turns: a job waits this long before its tenant takes a turn for it
-TURN_MIN_S = 900.0  # no turn shorter than this (a job's work up to a first checkpoint) ...
-MIN_TURN_WINDOW_S = 2 * TURN_MIN_S  # ... nor longer than half the window: the shortest window that has turns
 # how much longer than the grace period GPUs stay held for a moved job that is stopping (``Held.hold``), and it waits
 # for those of its hold a victim still stopping holds (``QueuedJob.hold_until``): the supervision's SIGKILL comes at
 # the end of the grace period, its next pass (a tick) sees the attempt ended
 HOLD_MARGIN_S = 60.0
-MAX_LEND_AFTER_S = 86_400.0  # ``PlanConfig.lend_after_s``: at most a day (the attempts read for it grow with it)
 
 
 @dataclass(frozen=True)
@@ -46,14 +49,14 @@ class PlanConfig:
     aging_step: int = 1
     aging_max: int = 100
     # las: attained-service boundaries (GPU-seconds) of its priority queues, lowest first
-    las_queues_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
+    las_queues_gpu_s: tuple[float, ...] = LAS_QUEUES_GPU_S
     # fair-share inside a tenant: jobs of one priority by the queue of these attained-service boundaries
     # (GPU-seconds; least attained service first), then submit time, and a job may preempt its own tenant's
     # attempts of the same priority in a higher queue (Tiresias-style time sharing inside the tenant's share);
     # empty: by effective priority, then submit time, no such preemption. Coarser than las's own queues. On the
     # Philly window, replayed at three ticks, (7200, 72000) gave avg JCT 0.39 x FIFO where (14400, 144000) gave 0.41
     # and (10800, 108000) 0.43, for a third more preemptions (docs/scheduling.md, "Results")
-    tenant_las_queues_gpu_s: tuple[float, ...] = (7_200.0, 72_000.0)
+    tenant_las_queues_gpu_s: tuple[float, ...] = TENANT_LAS_QUEUES_GPU_S
     # fair-share: when enough GPUs are free for the job at the head of the line but scattered over nodes, move
     # single-node preemptible attempts (stop them; they resume on the GPUs left free) so that it fits
     defragment: bool = True
@@ -70,7 +73,7 @@ class PlanConfig:
     # its jobs and other tenants' owed ones): a tenant of short jobs gets its next one started at once instead of
     # after a reclaim's grace period, and no borrower loses work to a reclaim minutes after it started; 0: idle
     # guaranteed GPUs are lent at once
-    lend_after_s: float = 600.0
+    lend_after_s: float = LEND_AFTER_S
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,13 @@ from dlcloud.schemas.common import Request, Response
 from dlcloud.schemas.models import Label
 
 DATASET_UPLOAD_ID_RE = re.compile(r"^du-[a-z0-9]{16}$")
+
+
+def dataset_env_name(name: str) -> str:
+    """DLCLOUD_DATASET_<NAME>, where a job finds a dataset: upper case, '-' as '_'."""
+    return "DLCLOUD_DATASET_" + name.upper().replace("-", "_")
+
+
 # NAME, NAME@7, NAME@production, OWNER/NAME@...
 DATASET_REF_RE = re.compile(
     r"^(?:(?P<owner>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)"

@@ -13,6 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import AfterValidator, Field, model_validator
 
 from dlcloud.schemas.common import Name, Request, Response
@@ -36,8 +37,6 @@ class EnvironmentState(StrEnum):
 
 def check_requirement(value: str) -> str:
     """One pip requirement (PEP 508): a name with optional extras, versions, markers or an http(s) URL."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
     value = value.strip()
     if not value:
         raise ValueError("a requirement must not be empty")

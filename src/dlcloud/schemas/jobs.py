@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import shlex
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -324,17 +323,6 @@ class JobSpec(Request):
             return []
         shown = {True: "true", False: "false"}
         return [f"--{k}={shown[v] if isinstance(v, bool) else v}" for k, v in self.hparams.items()]
-
-    def shell_command(self) -> str:
-        """The main command as one shell string: a template's trainer, the command, or ``python -m MODULE``."""
-        if self.template is not None:
-            from dlcloud.templates.catalog import command_for
-
-            return command_for(self.template.model_dump())
-        extra = self.hparam_args()
-        if self.command:
-            return self.command + (" " + shlex.join(extra) if extra else "")
-        return shlex.join(["python", "-m", str(self.module), *self.args, *extra])
 
 
 class LogSection(StrEnum):

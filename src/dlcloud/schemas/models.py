@@ -15,6 +15,7 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
+from pathlib import PurePath
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -49,6 +50,25 @@ CODE_FORMATS: frozenset[str] = frozenset({ModelFormat.SKLEARN.value, ModelFormat
 def executes_code(fmt: str) -> bool:
     """Whether loading an artifact of format ``fmt`` runs code its author wrote (an unknown format counts)."""
     return fmt in CODE_FORMATS or fmt not in FORMATS
+
+
+# file suffix -> format; a directory is recognised by what it holds (DIRECTORY_MARKERS, client.models.infer_format)
+SUFFIX_FORMATS = {
+    ".pt": "torchscript",
+    ".pth": "torchscript",
+    ".torchscript": "torchscript",
+    ".onnx": "onnx",
+    ".joblib": "sklearn",
+    ".pkl": "sklearn",
+    ".json": "xgboost",
+    ".ubj": "xgboost",
+}
+DIRECTORY_MARKERS = {"saved_model.pb": "savedmodel", "predictor.py": "python"}
+
+
+def format_from_name(path: str) -> str | None:
+    """The format a path's file name stands for (its suffix, SUFFIX_FORMATS); None if unknown."""
+    return SUFFIX_FORMATS.get(PurePath(path).suffix.lower())
 
 
 def check_label(value: str) -> str:

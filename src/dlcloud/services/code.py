@@ -19,6 +19,7 @@ from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.settings import Settings
 from dlcloud.storage.archives import ArchiveLimits, validate_sdist, validate_tar, validate_zip
+from dlcloud.storage.local import remove_tree
 from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
 from dlcloud.store.ids import new_id
@@ -147,8 +148,6 @@ def sweep_upload_scratch(settings: Settings, max_age_seconds: float) -> None:
     """Remove what requests that died with their process (a kill -9 mid-upload or mid-push) left in the
     scratch directory: files and directories not changed for ``max_age_seconds``. A live request's file is
     being written and its push directory is new, so they are younger."""
-    from dlcloud.storage.local import remove_tree
-
     cutoff = time.time() - max_age_seconds
     for entry in upload_scratch_dir(settings).iterdir():
         try:

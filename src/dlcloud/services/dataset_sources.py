@@ -5,6 +5,8 @@ This module owns the state of such versions (``dataset_versions.state``); nothin
     pending --(every object read, the manifest stored)--> ready
     pending --(a name or limit refused, an object vanished, the source unreadable)--> failed
 
+- ``push_version`` is every push's entry: from an upload it is ``datasets.push_upload``'s, from a source
+  ``register_version``'s.
 - ``register_version`` (the request) checks the source (``storage/sources.py``: a valid ``s3://`` URL, inside
   ``dataset_source_urls``, apart from the platform's own store) and that something is there, then adds the
   version ``pending`` with its ``source_url``: it reads no object, so a prefix of any size answers at once.
@@ -65,6 +67,17 @@ def _reader(platform: Platform) -> SourceReader:
 
 
 # -- the request ------------------------------------------------------------------------------------------
+
+
+def push_version(
+    platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
+) -> DatasetVersion:
+    """A push: a version registered in place from ``req.source`` (here), else one stored from the upload
+    (``datasets.push_upload``). Blocking: run it in a worker thread."""
+    if req.source is None:
+        return datasets.push_upload(platform, caller, name, req, owner)
+    datasets.check_name(name)
+    return register_version(platform, caller, name, req, owner)
 
 
 def register_version(

@@ -49,7 +49,6 @@ from dlcloud.errors import (
     PermissionDenied,
     Unavailable,
 )
-from dlcloud.executors.base import dataset_env_name as env_name
 from dlcloud.schemas.common import NAME_RE
 from dlcloud.schemas.datasets import (
     DATASET_REF_RE,
@@ -64,6 +63,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersion,
     DatasetVersionState,
 )
+from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState
 from dlcloud.schemas.models import LABEL_RE, check_label
 from dlcloud.services import job_states, storage_quota, uploads
@@ -325,16 +325,13 @@ def check_name(name: str) -> None:
         raise InvalidArgument(reserved_name_message("dataset", name))
 
 
-def push_version(
+def push_upload(
     platform: Platform, caller: Caller, name: str, req: DatasetPush, owner: str | None = None
 ) -> DatasetVersion:
-    """Add a version from an upload (creating the dataset with its first), or register one in place from
-    ``req.source`` (``services/dataset_sources.py``). Blocking: run it in a worker thread."""
+    """Add a version from the upload ``req.upload`` (creating the dataset with its first); a push from
+    ``req.source`` is ``services/dataset_sources.py``'s (``push_version`` picks). Blocking: run it in a worker
+    thread."""
     check_name(name)
-    if req.source is not None:
-        from dlcloud.services import dataset_sources
-
-        return dataset_sources.register_version(platform, caller, name, req, owner)
     assert req.upload is not None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:

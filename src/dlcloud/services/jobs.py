@@ -41,16 +41,19 @@ from dlcloud.schemas.jobs import (
     JobState,
     QueueEntry,
 )
-from dlcloud.schemas.models import FORMATS
+from dlcloud.schemas.models import FORMATS, format_from_name
 from dlcloud.services import admission, datasets, environments, job_states, recipes
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
+from dlcloud.services.job_keys import job_prefix
+from dlcloud.services.models import check_signature
 from dlcloud.services.platform import Platform
 from dlcloud.store import jobs as job_store
 from dlcloud.store import studies as study_store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, UserRow, utcnow
+from dlcloud.templates import catalog
 
 log = logging.getLogger(__name__)
 # the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)
@@ -59,23 +62,6 @@ RESOLVED_DATASETS = "resolved_datasets"
 # no checkpoints); platform-owned, beside the name the user gave (``resolve_checkpoint_from``)
 CHECKPOINT_FROM_ID = "checkpoint_from_id"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
-
-
-def job_prefix(tenant_id: str, job_id: str) -> str:
-    """Everything the object store keeps of a job (its saved outputs and archived logs) is below this prefix."""
-    return f"jobs/{tenant_id}/{job_id}"
-
-
-def outputs_key(tenant_id: str, job_id: str, attempt: int) -> str:
-    """Where the job's outputs, as attempt ``attempt`` left them, are kept in the object store (a tree, saved
-    by the executor when the attempt ends)."""
-    return f"{job_prefix(tenant_id, job_id)}/outputs/attempt-{attempt}"
-
-
-def logs_key(tenant_id: str, job_id: str, attempt: int) -> str:
-    """Where the logs of attempt ``attempt`` are archived in the object store when it ends (a tree:
-    ``<replica or "main">/output.log`` and its older half)."""
-    return f"{job_prefix(tenant_id, job_id)}/logs/attempt-{attempt}"
 
 
 def _job_model(row: JobRow, tenant: str, user: str) -> Job:
@@ -232,8 +218,6 @@ def check_non_preemptible(platform: Platform, tenant: TenantRow, spec: JobSpec) 
 
 def _check_template(spec: JobSpec) -> None:
     """A template job's template and hyperparameters, against the catalog (400 naming what is allowed)."""
-    from dlcloud.templates import catalog
-
     if spec.template is None:
         return
     try:
@@ -248,31 +232,24 @@ def hparams_env(spec: dict[str, Any]) -> str | None:
     hparams = spec.get("hparams") or {}
     template = spec.get("template")
     if template:
-        from dlcloud.templates import catalog
-
         hparams = catalog.get_template(str(template["name"])).resolve(hparams)
     return json.dumps(hparams, sort_keys=True) if hparams or template else None
 
 
 def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
     """``register_model`` as stored: path and format filled in (a template's export; else the path's suffix)."""
-    from dlcloud.client.models import infer_format
-    from dlcloud.templates import catalog
-
     r = spec.register_model
     if r is None:
         return None
     path = r.path or catalog.EXPORT_DIR
     fmt = r.format.value if r.format is not None else None
     if fmt is None:
-        fmt = catalog.EXPORT_FORMAT if spec.template is not None and r.path is None else infer_format(path, local=False)
+        fmt = catalog.EXPORT_FORMAT if spec.template is not None and r.path is None else format_from_name(path)
     if fmt is None:
         raise InvalidSpec(
             f"register_model.format is needed: the format of {path!r} cannot be told from its name; "
             f"give one of {', '.join(FORMATS)}"
         )
-    from dlcloud.services.models import check_signature  # models imports this module
-
     signature = check_signature(r.signature) if r.signature is not None else None
     return {"name": r.name, "path": path, "format": fmt, "signature": signature, "description": r.description}
 
@@ -348,11 +325,9 @@ def _check_spec_alone(platform: Platform, spec: JobSpec) -> tuple[dict[str, Any]
     if register is not None and looks_like_id(register["name"]):
         raise InvalidSpec(reserved_name_message("model", register["name"]))
     refs = list(spec.datasets)
-    if spec.template is not None:
-        from dlcloud.templates.catalog import dataset_name
-
-        if dataset_name(spec.template.data) not in {dataset_name(r) for r in refs}:
-            refs.append(spec.template.data)
+    template_data = spec.template.data if spec.template is not None else None
+    if template_data is not None and catalog.dataset_name(template_data) not in {catalog.dataset_name(r) for r in refs}:
+        refs.append(template_data)
     both = sorted(set(spec.env) & set(spec.secret_env))
     if both:
         raise InvalidSpec(f"{', '.join(both)} given in both env and secret_env; give each variable in one of them")
@@ -413,7 +388,7 @@ def create_job_row(
         user_id=caller.user_id,
         name=spec.name,
         spec=stored,
-        command=spec.shell_command(),
+        command=recipes.shell_command(spec),
         code_id=spec.code,
         state=JobState.QUEUED.value,
         reason="submitted",

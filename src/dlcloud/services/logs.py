@@ -44,7 +44,8 @@ import anyio
 from dlcloud.executors.base import LOG_TRUNCATED, MAIN_LOG, log_segments, replica_sort_key
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
-from dlcloud.services.jobs import get_row, logs_key
+from dlcloud.services.job_keys import logs_key
+from dlcloud.services.jobs import get_row
 from dlcloud.services.platform import Platform
 from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store

@@ -12,6 +12,7 @@ from dlcloud.scheduler.inventory import Inventory
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
 from dlcloud.storage.objects import ObjectStore
+from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database
 
 # (writable paths, readable paths) -> the argv prefix of a sandboxed process, or None where there is none
@@ -48,8 +49,6 @@ class Platform:
 
     def __post_init__(self) -> None:
         if self.objects is None:
-            from dlcloud.storage.stores import open_object_store
-
             object.__setattr__(self, "objects", open_object_store(self.settings))
         if self.executor is not None:
             self.executor.bind(self.settings, self.objects, self.environments)

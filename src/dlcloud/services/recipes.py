@@ -31,10 +31,12 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dlcloud.executors.base import REPLICA_FILES_REF, Replica
+from dlcloud.schemas.jobs import JobSpec
+from dlcloud.templates.catalog import command_for
 
 TORCH_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 HOLD_COMMAND = "exec sleep 2147483647"  # an MPI worker on one host: holds its slot until the gang stops
@@ -55,6 +57,16 @@ class Slot:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+
+def shell_command(spec: JobSpec) -> str:
+    """The main command as one shell string: a template's trainer, the command, or ``python -m MODULE``."""
+    if spec.template is not None:
+        return command_for(spec.template.model_dump())
+    extra = spec.hparam_args()
+    if spec.command:
+        return spec.command + (" " + shlex.join(extra) if extra else "")
+    return shlex.join(["python", "-m", str(spec.module), *spec.args, *extra])
 
 
 def replica_groups(spec: Mapping[str, Any], groups: Mapping[str, int], resources: Mapping[str, Any]) -> list[dict]:
@@ -173,8 +185,6 @@ def _base_env(r: Replica) -> dict[str, str]:
 
 
 def _with(r: Replica, env: dict[str, str], **changes: Any) -> Replica:
-    from dataclasses import replace
-
     return replace(r, env={**_base_env(r), **env}, **changes)
 
 

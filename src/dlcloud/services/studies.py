@@ -52,6 +52,7 @@ from dlcloud.store import studies as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import StudyRow, StudyTrialRow, UserRow, utcnow
+from dlcloud.templates import catalog
 
 
 def trial_job_name(study: str, number: int, segment: int = 0) -> str:
@@ -129,8 +130,6 @@ def trial_last_step(stored: dict[str, Any], params: dict[str, Any]) -> int:
     template = stored["trial"].get("template")
     if not isinstance(template, dict):
         raise InvalidSpec("early_stopping.max_resource: a pausing ASHA study needs it (the last step of a trial)")
-    from dlcloud.templates import catalog
-
     hparams = {**(stored["trial"].get("hparams") or {}), **params}
     try:
         return int(catalog.get_template(str(template["name"])).resolve(hparams)["epochs"])
@@ -156,8 +155,6 @@ def _check_template_space(spec: StudySpec, job_spec: JobSpec) -> None:
     sampled as its type allows, every value (a range's ends) in its bounds. InvalidSpec names what is allowed."""
     if job_spec.template is None:
         return
-    from dlcloud.templates import catalog
-
     try:
         template = catalog.get_template(job_spec.template.name)
     except ValueError as exc:

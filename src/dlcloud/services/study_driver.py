@@ -66,7 +66,7 @@ from dlcloud.store import studies as store
 from dlcloud.store.rows import JobRow, StudyRow, StudyTrialRow, TenantRow, UserRow, utcnow
 
 if TYPE_CHECKING:
-    import optuna
+    import optuna  # for annotations only: heavy (optuna, ~0.5 s): only where a study runs
 
 log = logging.getLogger(__name__)
 DUPLICATES_IN_A_ROW = 100  # proposals of configurations already run, in a row: the space is exhausted
@@ -93,7 +93,7 @@ class _GridSampler:
 
     @staticmethod
     def make(search_space: dict[str, list[Any]], seed: int) -> optuna.samplers.BaseSampler:
-        import optuna
+        import optuna  # heavy (optuna, ~0.5 s): only where a study runs
 
         class GridSampler(optuna.samplers.GridSampler):
             def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
@@ -103,7 +103,7 @@ class _GridSampler:
 
 
 def _sampler(spec: StudySpec, seed: int, number: int) -> optuna.samplers.BaseSampler:
-    import optuna
+    import optuna  # heavy (optuna, ~0.5 s): only where a study runs
 
     per_trial = (seed * 1_000_003 + number) % 2**32
     if spec.algorithm == Algorithm.GRID:
@@ -114,7 +114,7 @@ def _sampler(spec: StudySpec, seed: int, number: int) -> optuna.samplers.BaseSam
 
 
 def _pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
-    import optuna
+    import optuna  # heavy (optuna, ~0.5 s): only where a study runs
 
     if spec.algorithm != Algorithm.ASHA or spec.pauses():
         return optuna.pruners.NopPruner()
@@ -211,7 +211,7 @@ class StudyDriver:
         live = self._live.get(row.id)
         if live is not None and live.n == len(trials):
             return live
-        import optuna
+        import optuna  # heavy (optuna, ~0.5 s): only where a study runs
         from optuna.distributions import json_to_distribution
         from optuna.trial import create_trial
 
@@ -241,7 +241,7 @@ class StudyDriver:
 
     @staticmethod
     def _optuna_outcome(t: StudyTrialRow) -> tuple[Any, float | None]:
-        from optuna.trial import TrialState as OT
+        from optuna.trial import TrialState as OT  # heavy (optuna, ~0.5 s): only where a study runs
 
         state = TrialState(t.state)
         if state in ALIVE_TRIAL_STATES or state == TrialState.PAUSED:
@@ -533,7 +533,7 @@ class StudyDriver:
     def _report(self, s: Session, live: _Live, t: StudyTrialRow, *, judge: bool = True) -> None:
         """Report the objective's new points to Optuna, in step order; cancel the trial's job (PRUNING) when
         the pruner says so (``judge``)."""
-        import optuna
+        import optuna  # heavy (optuna, ~0.5 s): only where a study runs
 
         known = {int(k) for k in t.intermediate}
         new = [(step, v) for step, v in self._series(s, live.spec.objective.metric, t) if step not in known]
@@ -648,6 +648,6 @@ class StudyDriver:
 
 
 def _dist_json(d: Any) -> str:
-    from optuna.distributions import distribution_to_json
+    from optuna.distributions import distribution_to_json  # heavy (optuna, ~0.5 s): only where a study runs
 
     return distribution_to_json(d)

@@ -38,7 +38,7 @@ from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import gangs, job_models, job_states, replica_states, storage_quota, workloads
 from dlcloud.services.fair_pool import FairPool, pool_size
-from dlcloud.services.jobs import logs_key, outputs_key
+from dlcloud.services.job_keys import logs_key, outputs_key
 from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.services.ports import attempt_ports, release_ports
@@ -205,7 +205,7 @@ class Supervisor:
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:
         """The job's outputs as the attempt left them, and the attempt's logs, into the object store
-        (``jobs.outputs_key``, ``jobs.logs_key``) before the attempt's end is recorded; the earlier attempts' saved
+        (``job_keys``: ``outputs_key``, ``logs_key``) before the attempt's end is recorded; the earlier attempts' saved
         outputs go (registering reads the latest). Outputs and checkpoints count in the tenant's storage quota
         (``storage_quota``): outputs over what it leaves are refused before a byte is copied, and the job is told.
         False: the store failed, try again at the next pass (they stay with the executor meanwhile), at most

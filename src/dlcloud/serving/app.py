@@ -28,6 +28,7 @@ from dlcloud.serving.errors import BadRequest, NotFound, PayloadTooLarge, Servin
 from dlcloud.serving.metrics import ServingMetrics
 from dlcloud.serving.protocol import tfserving, v2
 from dlcloud.serving.repository import ModelRepository, ModelVersion, ServedModel, VersionState
+from dlcloud.serving.types import Signature
 
 log = logging.getLogger("dlcloud.serving")
 access_log = logging.getLogger("dlcloud.serving.access")
@@ -168,8 +169,6 @@ class ServingApp:
             versions = [m.label for m in served.available()]
             sig = mv.signature
             if sig is None:
-                from dlcloud.serving.types import Signature
-
                 sig = Signature()
             return _json(v2.model_metadata(served.name, versions, mv.platform, sig))
         except ServingError as exc:
@@ -189,8 +188,6 @@ class ServingApp:
             served, mv = self._served_version(request)
             sig = mv.signature
             if sig is None:
-                from dlcloud.serving.types import Signature
-
                 sig = Signature()
             batching = None
             if served.spec is not None and mv.max_batch_size > 0:
@@ -304,8 +301,6 @@ class ServingApp:
             served = self.repository.get(name)
             if action == "metadata":
                 mv = served.route(version, label)
-                from dlcloud.serving.types import Signature
-
                 return _json(tfserving.model_metadata(served.name, mv.version, mv.signature or Signature()))
             if action not in ("", None, "status"):
                 raise NotFound(f"'{action}' needs POST")

@@ -19,7 +19,7 @@ import itertools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,8 +28,18 @@ from dlcloud.serving.errors import BadRequest
 from dlcloud.serving.loaders.base import Arrays
 from dlcloud.serving.types import Signature, TensorSpec
 
-if TYPE_CHECKING:
-    from dlcloud.serving.repository import ModelRepository
+
+class StepModels(Protocol):
+    """What a pipeline asks of the models its steps run (``repository.ModelRepository`` is one)."""
+
+    def signature_of(self, name: str) -> Signature | None:
+        """The signature of model ``name``'s default version; None when it has none (or no version)."""
+        ...
+
+    async def infer(
+        self, name: str, version: int | None, label: str | None, inputs: Arrays, timeout: float | None = None
+    ) -> tuple[object, Arrays]: ...
+
 
 _module_ids = itertools.count(1)
 
@@ -72,7 +82,7 @@ def _mean(output: str) -> Callable[[dict[str, Arrays], Arrays], Arrays]:
 
 
 class Pipeline:
-    def __init__(self, spec: PipelineSpec, repository: ModelRepository, base_dir: Path) -> None:
+    def __init__(self, spec: PipelineSpec, repository: StepModels, base_dir: Path) -> None:
         self.spec = spec
         self.repository = repository
         self.base_dir = base_dir
@@ -96,20 +106,20 @@ class Pipeline:
             return Signature.from_dict(self.spec.signature)
         if self._preprocess is not None:
             return None
-        first = self.repository.get(self.spec.steps[0].model).default_version()
-        if first is None or first.signature is None:
+        first = self.repository.signature_of(self.spec.steps[0].model)
+        if first is None:
             return None
         outputs: tuple[TensorSpec, ...] = ()
         if self._combine is _concat:
             specs: list[TensorSpec] = []
             for step in self.spec.steps:
-                mv = self.repository.get(step.model).default_version()
-                if mv is None or mv.signature is None:
+                signature = self.repository.signature_of(step.model)
+                if signature is None:
                     break
-                specs.extend(TensorSpec(f"{step.model}.{o.name}", o.datatype, o.shape) for o in mv.signature.outputs)
+                specs.extend(TensorSpec(f"{step.model}.{o.name}", o.datatype, o.shape) for o in signature.outputs)
             else:
                 outputs = tuple(specs)
-        return Signature(inputs=first.signature.inputs, outputs=outputs)
+        return Signature(inputs=first.inputs, outputs=outputs)
 
     async def run(self, inputs: Arrays, timeout: float | None) -> Arrays:
         prepared = await asyncio.to_thread(self._preprocess, inputs) if self._preprocess is not None else inputs

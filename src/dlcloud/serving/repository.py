@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,10 +32,9 @@ from dlcloud.serving.errors import BadRequest, NotFound, ServingError, Unavailab
 from dlcloud.serving.loaders import artifact_for, check_inputs, detect_format, load_predictor
 from dlcloud.serving.loaders.base import Arrays, Predictor
 from dlcloud.serving.metrics import ServingMetrics
+from dlcloud.serving.pipeline import Pipeline
+from dlcloud.serving.protocol.v2 import decode_infer_request
 from dlcloud.serving.types import V2_TO_NUMPY, Signature
-
-if TYPE_CHECKING:
-    from dlcloud.serving.pipeline import Pipeline
 
 log = logging.getLogger("dlcloud.serving")
 
@@ -196,8 +194,6 @@ def zeros_for(signature: Signature) -> Arrays | None:
 
 def decode_warmup(path: Path, max_body_bytes: int) -> list[Arrays]:
     """A warm-up file: a JSON list of V2 infer requests (JSON tensors), replayed in order."""
-    from dlcloud.serving.protocol.v2 import decode_infer_request
-
     try:
         items = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -226,8 +222,6 @@ class ModelRepository:
     # lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from dlcloud.serving.pipeline import Pipeline
-
         await asyncio.gather(*(self.sync_model(name) for name in list(self.models)))
         for pspec in self.config.pipelines:
             pipeline = Pipeline(pspec, self, self.config.base_dir)
@@ -270,6 +264,11 @@ class ModelRepository:
 
     def ready(self) -> bool:
         return all(m.ready() for m in self.models.values() if m.enabled)
+
+    def signature_of(self, name: str) -> Signature | None:
+        """The signature of model ``name``'s default version (a pipeline step's); None when it has none."""
+        mv = self.get(name).default_version()
+        return mv.signature if mv is not None else None
 
     async def infer(
         self, name: str, version: int | None, label: str | None, inputs: Arrays, timeout: float | None = None

@@ -18,6 +18,7 @@ How the invariants of ``objects.py`` hold here:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -72,8 +73,6 @@ def remove_tree(path: Path) -> None:
 
 def _copy_verified(src: Path, dest: Path, entry: TreeEntry, key: str) -> None:
     """Copy one tree file, checking its size and SHA-256 against the manifest entry on the way."""
-    import hashlib
-
     digest = hashlib.sha256()
     size = 0
     with src.open("rb") as fi, dest.open("wb") as fo:

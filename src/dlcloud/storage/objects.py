@@ -23,13 +23,16 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dlcloud.checksums import MANIFEST_HEADER, file_sha256
 from dlcloud.errors import DlcloudError
+from dlcloud.settings import Settings
 
 CHUNK = 1024 * 1024
 KEY_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_+=@,-][A-Za-z0-9._+=@,-]{0,254}$")
@@ -190,9 +193,6 @@ class TreeSources(abc.ABC):
 
 def scan_tree(root: Path) -> Manifest:
     """The manifest of the regular files under ``root`` (links and special files refused: ValueError)."""
-    import os
-    import stat
-
     entries: list[TreeEntry] = []
     empty: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -380,3 +380,8 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def _put_tree_manifest(self, prefix: str, manifest: Manifest) -> None: ...
+
+
+def storage_url(settings: Settings) -> str:
+    """The configured store's URL: ``storage_url``, else the data directory as a ``file://`` URL."""
+    return settings.storage_url or settings.data_dir.as_uri()

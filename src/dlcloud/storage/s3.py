@@ -33,11 +33,13 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dlcloud.errors import DlcloudError
+from dlcloud.settings import Settings
 from dlcloud.storage.local import INTERNAL, MANIFEST_NAME
 from dlcloud.storage.objects import (
     Manifest,
@@ -109,7 +111,7 @@ class S3ObjectStore(ObjectStore):
         max_attempts: int = 5,
         max_concurrency: int = 8,
     ) -> None:
-        import boto3
+        import boto3  # heavy (boto3): only for an s3:// store
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -168,7 +170,7 @@ class S3ObjectStore(ObjectStore):
 
     def _error(self, exc: BaseException, doing: str, key: str | None = None) -> DlcloudError:
         """The dlcloud error for a boto3 failure while ``doing`` something (with ``key``: a 404 is ObjectMissing)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # heavy (boto3): only for an s3:// store
         from s3transfer.exceptions import RetriesExceededError
 
         if isinstance(exc, RetriesExceededError) and exc.last_exception is not None:
@@ -196,6 +198,7 @@ class S3ObjectStore(ObjectStore):
 
     def _failures(self) -> tuple[type[BaseException], ...]:
         """What boto3 and s3transfer raise for a failed request (network, server, credentials)."""
+        # heavy (boto3): only for an s3:// store
         from botocore.exceptions import BotoCoreError, ClientError
         from s3transfer.exceptions import RetriesExceededError
 
@@ -211,7 +214,7 @@ class S3ObjectStore(ObjectStore):
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist yet (in the client's region)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # heavy (boto3): only for an s3:// store
 
         try:
             self._client.head_bucket(Bucket=self.bucket)
@@ -238,12 +241,13 @@ class S3ObjectStore(ObjectStore):
         self.ensure_bucket()
 
     def _transfer(self) -> Any:
+        # heavy (boto3): only for an s3:// store
         from boto3.s3.transfer import create_transfer_manager
 
         return create_transfer_manager(self._client, self._transfer_config)
 
     def _head_raw(self, key: str) -> tuple[ObjectInfo, str | None] | None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # heavy (boto3): only for an s3:// store
 
         try:
             r = self._client.head_object(Bucket=self.bucket, Key=self._full(key))
@@ -515,8 +519,6 @@ class S3ObjectStore(ObjectStore):
     def sweep(self, max_age_seconds: float) -> None:
         """Abort multipart uploads under the prefix begun more than ``max_age_seconds`` ago (left by crashes;
         their parts are invisible but stored, and billed, until aborted)."""
-        import time
-
         cutoff = time.time() - max_age_seconds
         paginator = self._client.get_paginator("list_multipart_uploads")
         try:
@@ -528,3 +530,20 @@ class S3ObjectStore(ObjectStore):
                         )
         except self._failures() as exc:
             raise self._error(exc, "clean up unfinished uploads") from None
+
+
+def s3_store(settings: Settings, bucket: str, prefix: str) -> S3ObjectStore:
+    """An S3ObjectStore on ``bucket``/``prefix`` with the S3 settings (endpoint, credentials, options): the
+    platform's store, and the read-only sources of datasets registered in place."""
+    secret = settings.s3_secret_access_key
+    return S3ObjectStore(
+        bucket,
+        prefix,
+        endpoint_url=settings.s3_endpoint_url,
+        region=settings.s3_region,
+        access_key_id=settings.s3_access_key_id,
+        secret_access_key=secret.get_secret_value() if secret is not None else None,
+        addressing_style=settings.s3_addressing_style,
+        multipart_threshold=settings.s3_multipart_threshold_bytes,
+        multipart_chunksize=settings.s3_multipart_chunk_bytes,
+    )

@@ -13,7 +13,7 @@ Invariants:
   when a version is registered and again on every read (an admin who removes a source from the list stops
   its versions from being read).
 - **The store's S3 settings.** Sources are read with the endpoint, credentials and client options of the
-  platform's store (``stores.s3_store``): one configuration, one code path (``S3ObjectStore``).
+  platform's store (``s3.s3_store``): one configuration, one code path (``S3ObjectStore``).
 - Names follow the rules of uploaded trees (``archives.check_tree_name``): UTF-8, no backslash, no
   ``.dlcloud-`` segment, bounded length and depth; the number of files and directories and their bytes
   follow ``max_archive_members`` and ``max_unpacked_bytes``.
@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from dlcloud.errors import InvalidArchive, InvalidArgument, PayloadTooLarge, SourceNotAllowed
@@ -44,10 +43,9 @@ from dlcloud.storage.objects import (
     ObjectMissing,
     TreeEntry,
     TreeSources,
+    storage_url,
 )
-
-if TYPE_CHECKING:
-    from dlcloud.storage.s3 import S3ObjectStore
+from dlcloud.storage.s3 import S3ObjectStore, s3_store
 
 BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 SETTING = "dataset_source_urls"
@@ -102,8 +100,6 @@ def allowed_sources(settings: Settings) -> list[SourceUrl]:
 
 def store_location(settings: Settings) -> SourceUrl | None:
     """The platform's store as a location in S3 (None for a local store)."""
-    from dlcloud.storage.stores import storage_url
-
     url = storage_url(settings)
     return parse_source_url(url, "storage_url") if url.startswith("s3://") else None
 
@@ -152,8 +148,6 @@ class SourceReader(TreeSources):
 
     def store(self, src: SourceUrl) -> S3ObjectStore:
         """A read-only use of an S3ObjectStore rooted at the source (built once per source)."""
-        from dlcloud.storage.stores import s3_store
-
         with self._lock:
             found = self._stores.get(src)
             if found is None:

@@ -119,7 +119,7 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def migrate(url: str) -> None:
     """Bring the schema to the newest Alembic revision."""
-    from alembic import command
+    from alembic import command  # alembic is heavy (~1 s): loaded only to migrate
     from alembic.config import Config
 
     cfg = Config()

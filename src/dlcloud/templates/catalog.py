@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dlcloud.executors.base import dataset_env_name
+from dlcloud.schemas.datasets import dataset_env_name
 
 TRAINER_MODULE = "dlcloud.templates.train"
 DATA_FORMATS = ("csv", "libsvm")

@@ -198,7 +198,7 @@ class Checkpoint:
 
     def read(self) -> dict[str, Any] | None:
         """The saved state, None when there is none; CheckpointError when unreadable or another run's."""
-        import torch
+        import torch  # torch is heavy: loaded only when training
 
         if not self.path.exists():
             return None
@@ -229,7 +229,7 @@ class Checkpoint:
 
     def write(self, state: dict[str, Any]) -> None:
         """Replace the checkpoint atomically: a temporary file in the same directory, fsync, rename."""
-        import torch
+        import torch  # torch is heavy: loaded only when training
 
         self.directory.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(CHECKPOINT_FILE + ".tmp")  # one writer per directory: a fixed name
@@ -295,9 +295,9 @@ def train(
         CheckpointError: the checkpoint is unreadable or was written for another template, hparams, seed or data.
         ValueError: the data's shape does not fit the template.
     """
-    import torch
+    import torch  # torch is heavy: loaded only when training
 
-    from dlcloud.templates import networks
+    from dlcloud.templates import networks  # networks imports torch: loaded only when training
 
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -443,9 +443,9 @@ def train(
 
 def export(net: Any, mean: Any, std: Any, data: Prepared, task: str, y_mean: float, y_std: float, output: Path) -> Path:
     """``output/model``: ``model.pt`` (TorchScript, standardisation included), ``signature.json``, ``classes.json``."""
-    import torch
+    import torch  # torch is heavy: loaded only when training
 
-    from dlcloud.templates.networks import Classifier, Regressor
+    from dlcloud.templates.networks import Classifier, Regressor  # networks imports torch: loaded only when training
 
     wrapped = Classifier(net, mean, std) if task == "classification" else Regressor(net, mean, std, y_mean, y_std)
     wrapped.eval()

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from dlcloud.errors import InvalidState
-from dlcloud.executors import AttemptReport, Executor, Workload, get_executor_class
+from dlcloud.executors import AttemptReport, Executor, Workload
 from dlcloud.executors.base import LAUNCH_FAILED, DatasetMount, StoredCode
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.executors.registry import get_executor_class
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.settings import Settings
 from dlcloud.storage.objects import ObjectStore, scan_tree

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlcloud.errors import InvalidArgument, Unavailable
+from dlcloud.executors import host_venvs
 from dlcloud.executors.environments import (
     BuildCancelled,
     BuildError,
@@ -105,7 +106,7 @@ def test_build_locate_log_and_discard(tmp_path: Path) -> None:
     assert not again.built and again.size_bytes == result.size_bytes
 
     # discard: never while a builder holds the hash, nor when it is wanted again; else venv and log go
-    with venvs.build_lock(backend.envs_dir, spec_hash):
+    with host_venvs.build_lock(backend.envs_dir, spec_hash):
         assert backend.discard(spec_hash) is False
     assert backend.discard(spec_hash, wanted=lambda: True) is False
     assert venv.is_dir()

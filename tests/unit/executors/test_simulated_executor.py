@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dlcloud.errors import InvalidState, NotFound
-from dlcloud.executors import Workload, get_executor_class
+from dlcloud.executors import Workload
+from dlcloud.executors.registry import get_executor_class
 from dlcloud.executors.simulated import SimulatedExecutor
 
 

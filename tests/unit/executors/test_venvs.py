@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from dlcloud.executors import host_venvs
 from dlcloud.executors.local import venvs
 from dlcloud.executors.local.venvs import BuildError, BuildSpec, Runner
 from tests.wheels import make_wheel
 
 
 def inherit_spec(**kw: object) -> BuildSpec:
-    fields: dict = dict(python=venvs.python_version(), interpreter=sys.executable, inherit=True, no_index=True)
-    fields.update(venvs.base_spec_fields())
+    fields: dict = dict(python=host_venvs.python_version(), interpreter=sys.executable, inherit=True, no_index=True)
+    fields.update(host_venvs.base_spec_fields())
     fields.update(kw)
     return BuildSpec(**fields)
 
@@ -42,20 +43,20 @@ def test_hash_covers_the_spec_but_not_order_or_where_wheels_are_stored() -> None
 
 
 def test_interpreters_are_found_only_where_they_run(tmp_path: Path) -> None:
-    assert venvs.find_interpreter(venvs.python_version()) == os.path.abspath(sys.executable)
-    assert venvs.python_version() in venvs.available_versions()
+    assert host_venvs.find_interpreter(host_venvs.python_version()) == os.path.abspath(sys.executable)
+    assert host_venvs.python_version() in host_venvs.available_versions()
     shim = tmp_path / "python3.29"  # on PATH, but not a working interpreter (like a pyenv shim)
     shim.write_text("#!/bin/sh\necho 'python3.29: command not found' >&2; exit 127\n")
     shim.chmod(0o755)
-    assert venvs.find_interpreter("3.29", search_path=str(tmp_path)) is None
-    assert "3.29" not in venvs.available_versions(search_path=str(tmp_path))
-    assert venvs.find_interpreter("3.28", search_path=str(tmp_path)) is None
+    assert host_venvs.find_interpreter("3.29", search_path=str(tmp_path)) is None
+    assert "3.29" not in host_venvs.available_versions(search_path=str(tmp_path))
+    assert host_venvs.find_interpreter("3.28", search_path=str(tmp_path)) is None
 
 
 def test_base_distributions_are_read_from_site_packages() -> None:
-    dists = venvs.base_distributions()
+    dists = host_venvs.base_distributions()
     assert "pytest" in dists and "dlcloud" in dists
-    assert venvs.base_digest(dists) == venvs.base_digest(dict(dists))
+    assert host_venvs.base_digest(dists) == host_venvs.base_digest(dict(dists))
 
 
 def test_concurrent_builds_of_one_hash_build_once_and_inherit_the_base(tmp_path: Path) -> None:
@@ -74,9 +75,9 @@ def test_concurrent_builds_of_one_hash_build_once_and_inherit_the_base(tmp_path:
         t.join(timeout=120)
     assert sorted(r.built for r in results) == [False, False, True]
     assert all(r.size_bytes > 0 for r in results)
-    log = venvs.log_path(envs_dir, spec_hash).read_text()
+    log = host_venvs.log_path(envs_dir, spec_hash).read_text()
     assert log.count("build started") == 1 and "build finished" in log
-    venv = venvs.venv_dir(envs_dir, spec_hash)
+    venv = host_venvs.venv_dir(envs_dir, spec_hash)
     python = venv / "bin" / "python"
     out = subprocess.run(
         [
@@ -96,7 +97,7 @@ def test_concurrent_builds_of_one_hash_build_once_and_inherit_the_base(tmp_path:
     assert (venv / venvs.READY_MARKER).exists()
     pip = subprocess.run([str(venv / "bin" / "pip"), "--version"], capture_output=True, text=True, check=True)
     assert "pip" in pip.stdout
-    venvs.remove_tree(venv)
+    host_venvs.remove_tree(venv)
     assert not venv.exists()
 
 
@@ -106,20 +107,20 @@ def test_broken_requirement_fails_readably_and_leaves_no_venv(tmp_path: Path) ->
     with pytest.raises(BuildError, match="No matching distribution found for nonexistent-pkg-dlcloud==9.9") as exc:
         venvs.materialise(spec, spec_hash, tmp_path, Runner())
     assert str(exc.value).startswith("pip install failed (exit code 1):\n")
-    assert not venvs.venv_dir(tmp_path, spec_hash).exists()
-    assert "build failed: pip install failed" in venvs.log_path(tmp_path, spec_hash).read_text()
+    assert not host_venvs.venv_dir(tmp_path, spec_hash).exists()
+    assert "build failed: pip install failed" in host_venvs.log_path(tmp_path, spec_hash).read_text()
 
 
 def test_an_interrupted_build_is_built_again(tmp_path: Path) -> None:
     spec = inherit_spec()
     spec_hash = spec.spec_hash()
-    leftover = venvs.venv_dir(tmp_path, spec_hash)
+    leftover = host_venvs.venv_dir(tmp_path, spec_hash)
     (leftover / "bin").mkdir(parents=True)
     (leftover / "bin" / "half-written").write_text("x")
     result = venvs.materialise(spec, spec_hash, tmp_path, Runner())
     assert result.built and venvs.is_ready(tmp_path, spec_hash)
     assert not (leftover / "bin" / "half-written").exists()
-    assert "removing the unfinished venv" in venvs.log_path(tmp_path, spec_hash).read_text()
+    assert "removing the unfinished venv" in host_venvs.log_path(tmp_path, spec_hash).read_text()
 
 
 def test_build_environment_is_an_allow_list_plus_the_configured_index() -> None:
@@ -131,9 +132,9 @@ def test_build_environment_is_an_allow_list_plus_the_configured_index() -> None:
         "DLCLOUD_SECRET_KEY": "s",
         "AWS_SECRET_ACCESS_KEY": "k",
     }
-    env = venvs.build_env_vars(server)
+    env = host_venvs.build_env_vars(server)
     assert env == {"PATH": "/bin", "HTTPS_PROXY": "http://proxy:3128", "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1"}
-    env = venvs.build_env_vars(
+    env = host_venvs.build_env_vars(
         server, index_url="https://builds:t0ken@mirror/simple", extra_index_urls=["https://a", "https://b"]
     )
     assert env["PIP_INDEX_URL"] == "https://builds:t0ken@mirror/simple"
@@ -147,17 +148,17 @@ def test_requirements_are_not_expanded_and_credentials_not_logged(tmp_path: Path
     spec = inherit_spec(
         requirements=("x @ https://127.0.0.1:9/${PIP_INDEX_URL}/x-1.0-py3-none-any.whl",), no_index=False
     )
-    env = venvs.build_env_vars(index_url="https://user:build-secret-42@127.0.0.1:9/simple")
+    env = host_venvs.build_env_vars(index_url="https://user:build-secret-42@127.0.0.1:9/simple")
     runner = Runner(env={**env, "PIP_RETRIES": "0"})  # nothing listens on port 9: fail at once
     with pytest.raises(BuildError) as exc:
         venvs.materialise(spec, spec.spec_hash(), tmp_path, runner)
-    log = venvs.log_path(tmp_path, spec.spec_hash()).read_text()
+    log = host_venvs.log_path(tmp_path, spec.spec_hash()).read_text()
     assert "stdout Collecting x @ https://127.0.0.1:9/${PIP_INDEX_URL}/" in log  # pip got the text as written
     assert "build-secret-42" not in log + str(exc.value)
     # a step that prints its environment, as the setup code of a hostile sdist can: the output is redacted
     out = io.StringIO()
     printenv = "import os; print(os.environ['PIP_INDEX_URL']); raise SystemExit(3)"
     with pytest.raises(BuildError) as exc:
-        runner.run([sys.executable, "-c", printenv], venvs.BuildLog(out), time.monotonic() + 60, "printing")
+        runner.run([sys.executable, "-c", printenv], host_venvs.BuildLog(out), time.monotonic() + 60, "printing")
     assert "https://***@127.0.0.1:9/simple" in out.getvalue() and "build-secret-42" not in out.getvalue()
     assert "https://***@127.0.0.1:9/simple" in str(exc.value) and "build-secret-42" not in str(exc.value)

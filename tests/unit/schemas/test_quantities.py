@@ -40,11 +40,6 @@ def test_format_memory():
     assert format_memory(None) == "-"
 
 
-def test_job_spec_module_runs_with_python_m():
-    spec = JobSpec(name="pkg", module="trainer.task", args=["--lr", "0.1 x"])
-    assert spec.shell_command() == "python -m trainer.task --lr '0.1 x'"
-
-
 @pytest.mark.parametrize(
     ("fields", "fragment"),
     [

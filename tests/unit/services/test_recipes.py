@@ -25,7 +25,7 @@ def launch(spec_fields: dict, ports: list[int], gpus: list[tuple[int, ...]] | No
     return recipes.build(
         data,
         rg,
-        command=spec.shell_command(),
+        command=recipes.shell_command(spec),
         job_id="j-abc",
         attempt=kw.get("attempt", 1),
         max_restarts=spec.restart.max_restarts,
@@ -154,3 +154,8 @@ def test_every_replica_knows_its_name_and_gpus_follow_its_slot() -> None:
         ("worker-1", (1,), 2.0),
     ]
     assert out.env["DLCLOUD_NUM_REPLICAS"] == "2"
+
+
+def test_job_spec_module_runs_with_python_m():
+    spec = JobSpec(name="pkg", module="trainer.task", args=["--lr", "0.1 x"])
+    assert recipes.shell_command(spec) == "python -m trainer.task --lr '0.1 x'"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlcloud.client import metrics as client_metrics
+from dlcloud import reporter as client_metrics
 from dlcloud.templates.data import load
 from dlcloud.templates.train import CHECKPOINT_FILE, main, prepare, train
 from tests.metrics_stub import MetricsStub

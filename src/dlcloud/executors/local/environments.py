@@ -1,4 +1,5 @@
-"""LocalVenvBackend: the local executor's environments, venvs on this host (the mechanics are ``venvs.py``).
+"""LocalVenvBackend: the local executor's environments, venvs on this host (the build is ``venvs.py``; how they
+are described and laid out, ``executors/host_venvs.py``).
 
 A built environment is the venv ``<envs_dir>/<spec hash>``, which a workload runs in (``Workload.venv``).
 Builds run under the build sandbox the executor gives (``LocalExecutor.build_sandbox``), with the pip index
@@ -7,18 +8,16 @@ of the settings and nothing else of the server's environment, within the setting
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation, EnvironmentBackend
+from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
+from dlcloud.executors.host_venvs import HostVenvBackend, build_env_vars
 from dlcloud.executors.local import venvs
-
-if TYPE_CHECKING:
-    from dlcloud.settings import Settings
+from dlcloud.settings import Settings
 
 
-class LocalVenvBackend(EnvironmentBackend):
+class LocalVenvBackend(HostVenvBackend):
     """Venvs under ``envs_dir``, one per spec hash, built by ``venvs.materialise``.
 
     Args:
@@ -39,10 +38,10 @@ class LocalVenvBackend(EnvironmentBackend):
         index_url: str | None = None,
         extra_index_urls: Sequence[str] = (),
     ) -> None:
-        self.envs_dir = envs_dir
+        super().__init__(envs_dir)
         self.timeout = timeout
         self.sandbox = sandbox
-        self.build_env = venvs.build_env_vars(index_url=index_url, extra_index_urls=extra_index_urls)
+        self.build_env = build_env_vars(index_url=index_url, extra_index_urls=extra_index_urls)
 
     @classmethod
     def from_settings(cls, settings: Settings, sandbox: venvs.BuildSandbox | None = None) -> LocalVenvBackend:
@@ -54,39 +53,7 @@ class LocalVenvBackend(EnvironmentBackend):
             extra_index_urls=settings.env_build_extra_index_urls,
         )
 
-    def _server_python(self) -> str:
-        return venvs.python_version()
-
-    def _interpreter(self, version: str) -> str | None:
-        return venvs.find_interpreter(version)
-
-    def _available_versions(self) -> list[str]:
-        return venvs.available_versions()
-
-    def _inherited_fields(self) -> dict[str, Any]:
-        return venvs.base_spec_fields()
-
-    def _server_packages(self) -> dict[str, str]:
-        return venvs.base_distributions()
-
     def _build(self, spec: BuildSpec, spec_hash: str, cancel: Cancellation) -> BuildResult:
         runner = venvs.Runner(timeout=self.timeout, sandbox=self.sandbox, env=self.build_env)
         with cancel.watch(runner.cancel):  # kills the build's running pip; its next step does not start
             return venvs.materialise(spec, spec_hash, self.envs_dir, runner)
-
-    def _discard(self, spec_hash: str, wanted: Callable[[], bool]) -> bool:
-        with venvs.build_lock(self.envs_dir, spec_hash, blocking=False) as held:
-            if not held or wanted():  # a builder holds it, or it was asked for again before we got the lock
-                return False
-            venvs.remove_tree(venvs.venv_dir(self.envs_dir, spec_hash))
-            venvs.log_path(self.envs_dir, spec_hash).unlink(missing_ok=True)
-            return True
-
-    def _log_tail(self, spec_hash: str, lines: int) -> list[str]:
-        return venvs.read_tail(venvs.log_path(self.envs_dir, spec_hash), lines)
-
-    def _log_path(self, spec_hash: str) -> Path:
-        return venvs.log_path(self.envs_dir, spec_hash)
-
-    def _location(self, spec_hash: str) -> Path:
-        return venvs.venv_dir(self.envs_dir, spec_hash)

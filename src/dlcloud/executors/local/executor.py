@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dlcloud.errors import DlcloudError, InvalidState
 from dlcloud.executors.base import (
@@ -53,9 +52,9 @@ from dlcloud.executors.base import (
     Replica,
     Workload,
     check_inputs,
-    dataset_env_name,
     log_segments,
 )
+from dlcloud.executors.environments import EnvironmentBackend
 from dlcloud.executors.local import job_view, network, reader_charge
 from dlcloud.executors.local import launcher as launcher_mod
 from dlcloud.executors.local.checkpoints import (
@@ -74,13 +73,11 @@ from dlcloud.executors.local.runner import ProcessRunner, Run, make_private_dirs
 from dlcloud.executors.local.sandbox import Sandbox, probe
 from dlcloud.executors.local.venvs import BuildSandbox
 from dlcloud.executors.outputs import save_left_out, scan_outputs
+from dlcloud.schemas.datasets import dataset_env_name
+from dlcloud.settings import Settings
 from dlcloud.storage.cache import ObjectCache
 from dlcloud.storage.objects import Manifest, ObjectStore, StorageError, scan_tree
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
-
-if TYPE_CHECKING:
-    from dlcloud.executors.environments import EnvironmentBackend
-    from dlcloud.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import tarfile
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,6 @@ def chown_tree(path: str, uid: int) -> None:
 
 def extract_archive(archive: str, dest: str) -> None:
     """Unpack a tar archive (any compression) into dest, refusing anything that would land outside it."""
-    import tarfile  # only attempts with an archive pay for this import
-
     try:
         with tarfile.open(archive, "r:*") as tar:
             if hasattr(tarfile, "data_filter"):  # 3.11.4+ (and 3.8.17+, 3.9.17+, 3.10.12+)

@@ -73,6 +73,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
@@ -774,8 +775,6 @@ def main(argv: list[str]) -> int:
     try:
         launcher.run()
     except BaseException as exc:  # the attempt must end with an exit.json whatever went wrong
-        import traceback
-
         traceback.print_exc()  # to launcher.log
         message = f"launcher error: {type(exc).__name__}: {exc}"
         if launcher.live_pgid is not None:  # still unreaped, so the pgid is still ours

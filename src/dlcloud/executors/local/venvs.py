@@ -1,8 +1,9 @@
 """Runtime environments of the local executor: Python virtual environments built once per spec hash.
 
-This module knows nothing of tenants or the database: it finds interpreters, describes the base
-environment (the Python environment the server runs in) and builds the venv of a ``BuildSpec`` (the spec and
-its hash are backend-neutral: ``executors/environments.py``). Services reach it only through
+This module knows nothing of tenants or the database: it builds the venv of a ``BuildSpec`` (the spec and
+its hash are backend-neutral: ``executors/environments.py``); finding interpreters, describing the base
+environment (the Python environment the server runs in) and the directory's paths and locks are
+``executors/host_venvs.py``, shared with the simulated executor. Services reach it only through
 ``LocalVenvBackend`` (``environments.py`` beside this module).
 
 Layout under the environments directory (``<data_dir>/envs``)::
@@ -27,38 +28,28 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
-import sys
-import sysconfig
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
 
 from dlcloud.executors.environments import BuildCancelled, BuildError, BuildResult, BuildSpec
+from dlcloud.executors.host_venvs import BuildLog, build_env_vars, build_lock, log_path, remove_tree, venv_dir
 
 READY_MARKER = ".dlcloud-ready"
 SPEC_FILE = "dlcloud-environment.json"
 BASE_PTH = "_dlcloud_base.pth"
 ERROR_LINES = 8  # pip output kept in a failed build's error
-# all a build's subprocesses see of the server's environment (never DLCLOUD_* or PIP_* variables)
-PASSED_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 _CREDENTIALS_RE = re.compile(r"(://)[^/@\s]+@")  # user:password@ in an index URL: never logged
 _USERINFO_RE = re.compile(r"://([^/@\s]+)@")
-_DIST_RE = re.compile(r"^(?P<name>.+?)-(?P<version>[^-]+)\.(?:dist-info|egg-info)$")
 PIP_SCRIPT = """#!{python}
 import sys
 from pip._internal.cli.main import main
@@ -66,161 +57,11 @@ sys.exit(main())
 """
 
 
-# -- interpreters and the base environment ---------------------------------------------------------------
-
-
-def python_version(info: Any = None) -> str:
-    v = info or sys.version_info
-    return f"{v[0]}.{v[1]}"
-
-
-def probe_interpreter(path: str, timeout: float = 15.0) -> tuple[str, str] | None:
-    """(major.minor, sys.executable) of the interpreter at ``path`` if it runs, else None (a pyenv shim of a
-    version that is not installed, say, exists on PATH but fails)."""
-    code = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
-    try:
-        proc = subprocess.run(
-            [path, "-I", "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            env=build_env_vars(),
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = proc.stdout.splitlines()
-    if proc.returncode != 0 or len(lines) < 2 or not lines[1]:
-        return None
-    return lines[0], lines[1]
-
-
-def _candidates(search_path: str | None) -> dict[str, str]:
-    found = {}
-    for minor in range(6, 30):
-        path = shutil.which(f"python3.{minor}", path=search_path)
-        if path is not None:
-            found[f"3.{minor}"] = path
-    return found
-
-
-def find_interpreter(version: str, search_path: str | None = None) -> str | None:
-    """The interpreter of Python ``version`` on this machine: the server's own for its version, else a
-    ``python3.N`` on PATH that runs and is that version; None when there is none."""
-    if version == python_version():
-        return os.path.abspath(sys.executable)
-    path = _candidates(search_path).get(version)
-    probed = probe_interpreter(path) if path is not None else None
-    if probed is None or probed[0] != version:
-        return None
-    return probed[1]
-
-
-def available_versions(search_path: str | None = None) -> list[str]:
-    """Every Python version ``find_interpreter`` finds (each candidate is run once, all at the same time:
-    not for hot paths)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    candidates = {v: p for v, p in _candidates(search_path).items() if v != python_version()}
-    found = {python_version()}
-    if candidates:
-        with ThreadPoolExecutor(max_workers=len(candidates)) as pool:
-            probes = dict(zip(candidates, pool.map(probe_interpreter, candidates.values()), strict=True))
-        found.update(v for v, probed in probes.items() if probed is not None and probed[0] == v)
-    return sorted(found, key=lambda v: int(v.split(".")[1]))
-
-
-def base_site_dirs() -> tuple[str, ...]:
-    """The base environment's site-packages directories (purelib first)."""
-    paths = sysconfig.get_paths()
-    dirs = [paths["purelib"], paths["platlib"]]
-    return tuple(dict.fromkeys(os.path.abspath(d) for d in dirs if d))
-
-
-def normalise_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def base_distributions(site_dirs: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Distributions installed in the base environment: normalised name -> version.
-
-    Read from the names of the ``*.dist-info`` / ``*.egg-info`` entries (no file is opened), so it is cheap
-    enough to run on every request that needs it.
-    """
-    out: dict[str, str] = {}
-    for d in site_dirs if site_dirs is not None else base_site_dirs():
-        try:
-            entries = os.listdir(d)
-        except OSError:
-            continue
-        for entry in entries:
-            m = _DIST_RE.match(entry)
-            if m:
-                out.setdefault(normalise_name(m["name"]), m["version"])
-    return dict(sorted(out.items()))
-
-
-def base_digest(dists: dict[str, str]) -> str:
-    """One hash for the base environment's packages: a changed base gives inherit specs a new hash."""
-    return hashlib.sha256("\n".join(f"{k}=={v}" for k, v in dists.items()).encode()).hexdigest()
-
-
-def base_spec_fields() -> dict[str, Any]:
-    """The ``base_*`` fields of an inheriting spec, describing the server's environment as it is now."""
-    site_dirs = base_site_dirs()
-    return {
-        "base_prefix": os.path.abspath(sys.prefix),
-        "base_site": site_dirs,
-        "base_packages": base_digest(base_distributions(site_dirs)),
-    }
-
-
-# -- paths and locks -------------------------------------------------------------------------------------
-
-
-def venv_dir(envs_dir: Path, spec_hash: str) -> Path:
-    return envs_dir / spec_hash
-
-
-def log_path(envs_dir: Path, spec_hash: str) -> Path:
-    return envs_dir / ".logs" / f"{spec_hash}.log"
+# -- the venv's state ------------------------------------------------------------------------------------
 
 
 def is_ready(envs_dir: Path, spec_hash: str) -> bool:
     return (venv_dir(envs_dir, spec_hash) / READY_MARKER).exists()
-
-
-@contextlib.contextmanager
-def build_lock(envs_dir: Path, spec_hash: str, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold the hash's lock; yields False (holding nothing) when ``blocking`` is off and someone else has it."""
-    locks = envs_dir / ".locks"
-    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(locks / f"{spec_hash}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a venv directory, read-only files and directories included."""
-    if not os.path.lexists(path):
-        return
-    for root, dirs, _files in os.walk(path):
-        for d in dirs:
-            p = os.path.join(root, d)
-            if not os.path.islink(p):
-                with contextlib.suppress(OSError):
-                    os.chmod(p, 0o700)
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    shutil.rmtree(path)
 
 
 def tree_size(path: Path) -> int:
@@ -243,26 +84,6 @@ def _make_read_only(path: Path) -> None:
                 os.chmod(p, stat.S_IMODE(st.st_mode) & no_write)
 
 
-def build_env_vars(
-    environ: dict[str, str] | None = None, *, index_url: str | None = None, extra_index_urls: Sequence[str] = ()
-) -> dict[str, str]:
-    """The environment of a build's subprocesses, from an allow-list: a minimal base and the proxies of the
-    server's environment, and the pip index given here (the admin's settings for builds).
-
-    Never the server's ``PIP_*`` variables: sdists' setup code runs in the build and can print what it finds
-    in its environment into the build log, which the environment's author reads."""
-    src = os.environ if environ is None else environ
-    out = {k: v for k, v in src.items() if k in PASSED_VARS or k in PROXY_VARS}
-    out.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    out["PYTHONUNBUFFERED"] = "1"
-    out["PIP_NO_INPUT"] = "1"
-    if index_url:
-        out["PIP_INDEX_URL"] = index_url
-    if extra_index_urls:
-        out["PIP_EXTRA_INDEX_URL"] = " ".join(extra_index_urls)
-    return out
-
-
 def url_credentials(env: dict[str, str]) -> tuple[str, ...]:
     """The ``user:password`` parts (and passwords) of the URLs in ``env``'s values, longest first: a build's
     output is logged with each of them replaced by ``***``."""
@@ -276,22 +97,6 @@ def url_credentials(env: dict[str, str]) -> tuple[str, ...]:
 
 
 # -- the build -------------------------------------------------------------------------------------------
-
-
-class BuildLog:
-    """The build log: one ``<UTC time>Z <stream> <text>`` line per write."""
-
-    def __init__(self, f: TextIO):
-        self._f = f
-
-    def line(self, stream: str, text: str) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        for part in text.splitlines() or [""]:
-            self._f.write(f"{now} {stream} {part}\n")
-        self._f.flush()
-
-    def system(self, text: str) -> None:
-        self.line("system", text)
 
 
 @dataclass(frozen=True)
@@ -490,19 +295,3 @@ def _pip_install(spec: BuildSpec, target: Path, python: Path, log: BuildLog, run
         argv.append(path)
     log.system("pip install " + _CREDENTIALS_RE.sub(r"\1***@", " ".join(argv[4:])))
     runner.run(argv, log, deadline, "pip install", target, [path for _sha, path in spec.wheels])
-
-
-def read_tail(path: Path, lines: int) -> list[str]:
-    """The last ``lines`` lines of a log file (empty when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", "replace").splitlines()
-    if size > 64 * 1024 and text:
-        text = text[1:]  # the first line may be cut
-    return text[-lines:] if lines else []

@@ -254,7 +254,7 @@ def read_sidecar_signature(path: Path) -> Signature | None:
         if name.endswith(".json"):
             data = json.loads(text)
         else:
-            import yaml
+            import yaml  # yaml: loaded only for a YAML config
 
             data = yaml.safe_load(text)
         if not isinstance(data, dict):

@@ -47,7 +47,7 @@ def read_config(directory: Path) -> dict[str, Any]:
     config_path = directory / CONFIG
     if not config_path.is_file():
         return {}
-    import yaml
+    import yaml  # yaml: loaded only for a predictor with a config
 
     data = yaml.safe_load(config_path.read_text()) or {}
     if not isinstance(data, dict):

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from dlcloud.client import metrics
-from dlcloud.client.metrics import Reporter
+from dlcloud import reporter as metrics
+from dlcloud.reporter import Reporter
 from tests.conftest import wait_for
 from tests.metrics_stub import MetricsStub
 
-SRC = str(Path(metrics.__file__).parents[2])
+SRC = str(Path(metrics.__file__).parents[1])
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -39,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
+from multiprocessing import util as mp_util
 from typing import Any
 
 import httpx
@@ -369,14 +371,9 @@ def _get() -> Reporter | None:
 
 def _register_worker_exit() -> None:
     """A multiprocessing child leaves through os._exit, past atexit: flush from its finalizers instead."""
-    import sys
-
-    mp = sys.modules.get("multiprocessing")
-    if mp is None or mp.parent_process() is None:
+    if multiprocessing.parent_process() is None:
         return
-    from multiprocessing import util
-
-    util.Finalize(None, _flush_at_exit, exitpriority=100)
+    mp_util.Finalize(None, _flush_at_exit, exitpriority=100)
 
 
 def _flush_at_exit() -> None:

@@ -1,0 +1,24 @@
+"""Where the object store keeps a job's things: its saved outputs and archived logs, each attempt's apart.
+
+Plain functions of ids, shared by the job service, supervision, logs and the model registry (a model
+registered from a job reads its outputs).
+"""
+
+from __future__ import annotations
+
+
+def job_prefix(tenant_id: str, job_id: str) -> str:
+    """Everything the object store keeps of a job (its saved outputs and archived logs) is below this prefix."""
+    return f"jobs/{tenant_id}/{job_id}"
+
+
+def outputs_key(tenant_id: str, job_id: str, attempt: int) -> str:
+    """Where the job's outputs, as attempt ``attempt`` left them, are kept in the object store (a tree, saved
+    by the executor when the attempt ends)."""
+    return f"{job_prefix(tenant_id, job_id)}/outputs/attempt-{attempt}"
+
+
+def logs_key(tenant_id: str, job_id: str, attempt: int) -> str:
+    """Where the logs of attempt ``attempt`` are archived in the object store when it ends (a tree:
+    ``<replica or "main">/output.log`` and its older half)."""
+    return f"{job_prefix(tenant_id, job_id)}/logs/attempt-{attempt}"
