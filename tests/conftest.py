@@ -95,10 +95,11 @@ class SteppedClock:
 @pytest.fixture
 def registry_clock(monkeypatch: pytest.MonkeyPatch) -> ShiftedClock:
     """The model registry's clock (it gives and checks deployment leases), moved on by the test instead of waiting."""
-    from dlcloud.services import models as models_service
+    from dlcloud.services import model_leases, models
 
     clock = ShiftedClock()
-    monkeypatch.setattr(models_service, "utcnow", clock)
+    for module in (models, model_leases):
+        monkeypatch.setattr(module, "utcnow", clock)
     return clock
 
 

@@ -34,6 +34,7 @@ from dlcloud.schemas.models import (
     ModelUpload,
     ModelVersion,
 )
+from dlcloud.services import model_leases as leases
 from dlcloud.services import models as svc
 
 router = APIRouter()
@@ -172,7 +173,7 @@ def record_deployment(
     owner: Owner = None,
 ) -> ModelDeployment:
     set_audit_resource(request, f"{name}:{version}")
-    lease = svc.record_deployment(p, c, name, version, body, owner)
+    lease = leases.record_deployment(p, c, name, version, body, owner)
     if lease.created_at != lease.last_seen:
         request.state.audit_skip = True  # a renewal: the audit log keeps the lease's first heartbeat only
     return lease
@@ -193,4 +194,4 @@ def release_deployment(
     owner: Owner = None,
 ) -> None:
     set_audit_resource(request, f"{name}:{version}")
-    svc.release_deployment(p, c, name, version, deployment, owner)
+    leases.release_deployment(p, c, name, version, deployment, owner)

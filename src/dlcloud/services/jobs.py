@@ -46,7 +46,7 @@ from dlcloud.services import admission, datasets, environments, job_states, reci
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import job_prefix
-from dlcloud.services.models import check_signature
+from dlcloud.services.model_signatures import check_signature
 from dlcloud.services.platform import Platform
 from dlcloud.store import jobs as job_store
 from dlcloud.store import studies as study_store

@@ -1,25 +1,22 @@
-"""The model registry: register versions, read them, move labels, share, delete, deployment leases.
+"""The model registry: register versions, read them, move labels, share, delete.
 
-Rules (this module is the only writer of the registry tables):
-- Models are tenant-scoped. Another tenant's model is visible only when it is shared with the caller's
-  tenant, and then only for reading (describe, versions, download) and for holding deployment leases; any
-  change to it is 403. A model that is not shared with the caller is 404 ``model_not_found``, exactly like
-  one that does not exist.
+The registry is four modules: this one (versions, labels, shares, deletion), ``model_access`` (names resolved
+to rows: who may read and who may change a model), ``model_signatures`` (declared signatures validated, missing
+ones inferred through ``model_inspect``, the one process the registry starts) and ``model_leases`` (deployment
+leases, which stop a served version from being deleted).
+
+Rules (these modules are the only writers of the registry tables):
+- Models are tenant-scoped; a model shared with another tenant is read-only there (``model_access``).
 - Versions are numbered 1, 2, ... per model from ``models.last_version``, under the model row's lock; a
   deleted version's number is never given again. Artifacts are immutable trees in the object store
   (``storage/objects.py``) under ``models/<tenant>/<model>/<version>``; uploads wait for their register
   under ``uploads/<tenant>/<id>.tar.gz`` (at most ``model_upload_ttl_seconds``).
 - Any member registers versions and moves labels; deleting a model or a version is for its author or a
   tenant admin; sharing is for the model's author or a tenant admin.
-- A version is *deployed* while one of its leases (``model_deployments``) has not expired; deleting it or
-  its model is refused with 409 ``model_deployed``. Every tenant that can read a model may hold leases on
-  it; a lease is named per holding tenant and belongs to its user: only that user renews or releases it.
-  Expired leases count nowhere. Unsharing a model ends the leases of the tenant it was shared with.
-- A declared signature is validated (400 ``invalid_signature``). Without one the signature is inferred by
-  ``python -m dlcloud.serving.inspect`` in a subprocess with a timeout (``run_inspect``: an allow-listed
-  environment, an empty working directory), so ML libraries and the artifact's own code (pickles,
-  predictors) never enter the API process; when inference fails the version is stored without a
-  signature, the register still succeeds.
+- A deployed version or its model cannot be deleted (409 ``model_deployed``, ``model_leases``). Unsharing a
+  model ends the leases of the tenant it was shared with.
+- A declared signature is validated (400 ``invalid_signature``); without one it is inferred in a process of
+  its own, and a register whose inference fails stores the version without a signature (``model_signatures``).
 - A version's ``executes_code`` is derived from its format (``schemas.models.CODE_FORMATS``), never stored.
 - A register that fails leaves no rows and no stored artifact.
 """
@@ -27,13 +24,7 @@ Rules (this module is the only writer of the registry tables):
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -44,26 +35,12 @@ import anyio
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import (
-    InvalidArgument,
-    InvalidSignature,
-    ModelDeployed,
-    ModelNotFound,
-    ModelVersionNotFound,
-    NotFound,
-    PermissionDenied,
-    Unavailable,
-    UnknownFormat,
-)
+from dlcloud.errors import InvalidArgument, ModelNotFound, ModelVersionNotFound, NotFound, Unavailable
 from dlcloud.executors.outputs import BAD_NAME, LINK, load_left_out
 from dlcloud.schemas.models import (
-    FORMATS,
-    LABEL_RE,
     UPLOAD_ID_RE,
-    DeploymentLease,
     FromJob,
     Model,
-    ModelDeployment,
     ModelDetail,
     ModelLabel,
     ModelRegister,
@@ -78,7 +55,10 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.platform import Platform, SandboxPrefix
+from dlcloud.services.model_access import find_version, readable, require_author_or_admin, shown_name, writable
+from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
+from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
+from dlcloud.services.platform import Platform
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
@@ -97,11 +77,6 @@ from dlcloud.store.rows import (
 )
 
 log = logging.getLogger(__name__)
-INSPECT_MODULE = "dlcloud.serving.inspect"
-# what the inspect process takes from the server's environment: where programs and libraries are, the locale
-INSPECT_ENV_PASSED = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
-INSPECT_OUTPUT_LIMIT = 1024 * 1024
-DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 
 
 def artifact_store(platform: Platform) -> ArtifactStore:
@@ -112,157 +87,6 @@ def artifact_store(platform: Platform) -> ArtifactStore:
 
 def version_key(tenant_id: str, model_id: str, version: int) -> str:
     return f"models/{tenant_id}/{model_id}/{version}"
-
-
-def _shown(name: str, owner: str | None, caller: Caller) -> str:
-    return name if owner is None or owner == caller.tenant else f"{owner}/{name}"
-
-
-# -- validation ------------------------------------------------------------------------------------------
-
-
-def check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise UnknownFormat(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return fmt
-
-
-def check_signature(data: Any) -> dict[str, Any]:
-    """A declared signature, validated and normalised (datatypes upper case, shapes as lists)."""
-    from dlcloud.serving.types import Signature, TensorSpec
-
-    if not isinstance(data, dict):
-        raise InvalidSignature("signature must be an object with 'inputs' and 'outputs' lists")
-    unknown = sorted(set(data) - {"inputs", "outputs"})
-    if unknown:
-        raise InvalidSignature(f"signature has unknown field(s) {', '.join(unknown)}; allowed: inputs, outputs")
-    for side in ("inputs", "outputs"):
-        items = data.get(side, [])
-        if not isinstance(items, list):
-            raise InvalidSignature(f"signature.{side} must be a list of {{name, datatype, shape}} objects")
-        seen: set[str] = set()
-        for i, spec in enumerate(items):
-            where = f"signature.{side}[{i}]"
-            if not isinstance(spec, dict):
-                raise InvalidSignature(f"{where} must be an object with name, datatype and shape")
-            extra = sorted(set(spec) - {"name", "datatype", "shape"})
-            if extra:
-                allowed = "name, datatype, shape"
-                raise InvalidSignature(f"{where} has unknown field(s) {', '.join(extra)}; allowed: {allowed}")
-            name = spec.get("name")
-            if not isinstance(name, str) or not name or len(name) > 256:
-                raise InvalidSignature(f"{where}.name must be a string of 1-256 characters")
-            if name in seen:
-                raise InvalidSignature(f"{where}: {side} name {name!r} appears twice")
-            seen.add(name)
-            if not isinstance(spec.get("datatype"), str):
-                raise InvalidSignature(f"{where} ({name}): datatype must be a string such as FP32, INT64 or BYTES")
-            shape = spec.get("shape", [])
-            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-                raise InvalidSignature(f"{where} ({name}): shape must be a list of integers (-1 = any size)")
-            try:
-                TensorSpec.from_dict(spec)
-            except ValueError as exc:
-                raise InvalidSignature(f"{where} ({name}): {exc}") from None
-    if not data.get("inputs") and not data.get("outputs"):
-        raise InvalidSignature("signature declares no inputs and no outputs")
-    return Signature.from_dict(data).to_dict()
-
-
-def run_inspect(
-    path: Path, fmt: str, timeout: float, sandbox: SandboxPrefix | None = None
-) -> subprocess.CompletedProcess[str] | None:
-    """Run ``python -m dlcloud.serving.inspect`` on an artifact; None when it did not finish in ``timeout`` s.
-
-    Loading an artifact may run its author's code (a pickle, a predictor), so this is the one place where the
-    registry starts a process, and its argv, environment and working directory are all built here, where a
-    sandbox can wrap them. The environment is built from ``INSPECT_ENV_PASSED`` and fixed values, never copied
-    from the server's (no database URL, no ``PIP_*``, no credentials); the working directory is a new empty
-    directory, also HOME and TMPDIR, removed afterwards. The process runs in its own session and its whole
-    group is killed at the timeout. Output is read from files, at most ``INSPECT_OUTPUT_LIMIT`` bytes of each.
-    With ``sandbox`` (the platform's ``sandbox_prefix``) it runs in a sandbox that can write only its work
-    directory and read only the artifact (docs/isolation.md).
-    """
-    with tempfile.TemporaryDirectory(prefix="dlcloud-inspect-") as tmp:
-        work = Path(tmp) / "work"
-        work.mkdir(mode=0o700)
-        argv = [sys.executable, "-P", "-m", INSPECT_MODULE, "--format", fmt, str(path)]
-        env = {key: os.environ[key] for key in INSPECT_ENV_PASSED if key in os.environ}
-        env.setdefault("PATH", os.defpath)
-        env.update(
-            HOME=str(work),
-            TMPDIR=str(work),
-            PYTHONNOUSERSITE="1",
-            PYTHONDONTWRITEBYTECODE="1",
-            CUDA_VISIBLE_DEVICES="",  # inspecting needs no GPU and must not take one from a job
-            TF_CPP_MIN_LOG_LEVEL="2",
-        )
-        cwd = work
-        if sandbox is not None:
-            prefix = sandbox([work], [path])
-            argv = [*(prefix or []), *argv]
-        stdout_path, stderr_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-            try:
-                proc = subprocess.Popen(
-                    argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-                )
-            except OSError as exc:
-                log.warning("signature inference for %s could not start: %s", path, exc)
-                return subprocess.CompletedProcess(argv, -1, "", str(exc))
-            try:
-                returncode = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("signature inference for %s timed out after %.0f s", path, timeout)
-                return None
-            finally:
-                _kill_group(proc)  # also what it left running after it exited (pid numbers wrap, never this soon)
-        return subprocess.CompletedProcess(argv, returncode, _tail(stdout_path), _tail(stderr_path))
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the inspect process and everything still in its process group, then reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _tail(path: Path) -> str:
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - INSPECT_OUTPUT_LIMIT))
-        return f.read().decode("utf-8", errors="replace")
-
-
-def infer_signature(
-    path: Path, fmt: str, timeout: float, sandbox: SandboxPrefix | None = None
-) -> dict[str, Any] | None:
-    """Ask ``python -m dlcloud.serving.inspect`` for the artifact's signature; None when it cannot tell.
-
-    The contract: it prints ``{"signature": {...} | null}`` on stdout and exits 0. Anything else (the
-    module missing, a library missing, a crash, the timeout) means "no signature", never a failed register.
-    """
-    proc = run_inspect(path, fmt, timeout, sandbox)
-    if proc is None:
-        return None
-    if proc.returncode != 0:
-        log.info("signature inference for %s exited %d: %s", path, proc.returncode, proc.stderr[-2000:])
-        return None
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    data: Any = None
-    for candidate in (proc.stdout, lines[-1] if lines else ""):  # libraries may print to stdout before it
-        try:
-            data = json.loads(candidate)
-            break
-        except json.JSONDecodeError:
-            continue
-    signature = data.get("signature") if isinstance(data, dict) else None
-    if signature is None:
-        return None
-    try:
-        return check_signature(signature)
-    except InvalidSignature as exc:
-        log.warning("signature inferred for %s is unusable: %s", path, exc)
-        return None
 
 
 def _check_output_path(path: str) -> PurePosixPath:
@@ -315,76 +139,7 @@ def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
     uploads.delete_upload(platform, caller, upload_id, UPLOAD_ID_RE)
 
 
-# -- resolving names ---------------------------------------------------------------------------------------
-
-
-def _readable(s: Session, caller: Caller, name: str, owner: str | None, *, lock: bool = False) -> tuple[ModelRow, str]:
-    """The model ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller.
-
-    ``lock`` takes the model row's lock, which every deletion takes too (leases are written under it).
-    """
-    if owner is None or owner == caller.tenant:
-        row = store.get_model(s, caller.tenant_id, name, for_update=lock)
-        if row is None:
-            raise ModelNotFound(f"model {name!r} not found")
-        return row, caller.tenant
-    tenant = tenant_store.get_tenant_by_name(s, owner)
-    row = store.get_model(s, tenant.id, name, for_update=lock) if tenant is not None else None
-    if row is None or not store.is_shared(s, row.id, caller.tenant_id):
-        raise ModelNotFound(f"model '{owner}/{name}' not found")
-    return row, owner
-
-
-def _writable(s: Session, caller: Caller, name: str, owner: str | None, what: str) -> ModelRow:
-    """The caller's own model ``name``, locked: a shared model of another tenant is read-only (403)."""
-    if owner is not None and owner != caller.tenant:
-        _readable(s, caller, name, owner)  # 404 unless shared with the caller
-        raise PermissionDenied(
-            f"model '{owner}/{name}' is shared with tenant {caller.tenant!r} read-only; {what} is for tenant {owner!r}"
-        )
-    row = store.get_model(s, caller.tenant_id, name, for_update=True)
-    if row is None:
-        raise ModelNotFound(f"model {name!r} not found")
-    return row
-
-
-def _find_version(s: Session, model: ModelRow, ref: str, shown: str) -> ModelVersionRow:
-    """A version by number, by label, or ``latest``."""
-    row = None
-    if DIGITS_RE.match(ref):
-        row = store.get_version(s, model.tenant_id, model.id, int(ref))
-        missing = f"model {shown!r} has no version {ref}"
-    elif ref == "latest":
-        row = store.get_latest_version(s, model.tenant_id, model.id)
-        missing = f"model {shown!r} has no versions"
-    elif LABEL_RE.match(ref):
-        row = store.get_labelled_version(s, model.tenant_id, model.id, ref)
-        missing = f"model {shown!r} has no label {ref!r}"
-    else:
-        missing = f"{ref!r} is not a version of model {shown!r}: give a version number, a label or 'latest'"
-    if row is None:
-        raise ModelVersionNotFound(missing)
-    return row
-
-
-def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
-    if author_id != caller.user_id and not caller.is_tenant_admin:
-        raise PermissionDenied(f"only the author or a tenant admin can {what}")
-
-
 # -- read models -----------------------------------------------------------------------------------------
-
-
-def _deployment_model(row: ModelDeploymentRow, tenant: str, holder: str | None) -> ModelDeployment:
-    return ModelDeployment(
-        name=row.name,
-        endpoint=row.endpoint,
-        tenant=tenant,
-        holder=holder,
-        created_at=row.created_at,
-        last_seen=row.last_seen,
-        expires_at=row.expires_at,
-    )
 
 
 def _version_models(
@@ -394,7 +149,7 @@ def _version_models(
     labels_by_version: dict[int, list[str]] = {}
     for label, version in store.labels_of(s, [model.id])[model.id].items():
         labels_by_version.setdefault(version, []).append(label)
-    deployments = store.live_deployments(s, [r.id for r in rows], utcnow())
+    deployments = live_leases(s, [r.id for r in rows])
     own = viewer.tenant_id == model.tenant_id
     shown_leases = {
         version_id: [(d, t) for d, t in leases if own or d.tenant_id == viewer.tenant_id]
@@ -427,7 +182,7 @@ def _version_models(
             created_at=r.created_at,
             description=r.description,
             labels=sorted(labels_by_version.get(r.version, [])),
-            deployments=[_deployment_model(d, t, holder(d)) for d, t in shown_leases[r.id]],
+            deployments=[deployment_model(d, t, holder(d)) for d, t in shown_leases[r.id]],
             deployed=bool(deployments[r.id]),
         )
         for r in rows
@@ -614,7 +369,7 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
     signature = check_signature(req.signature) if req.signature is not None else None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
-            _writable(s, caller, req.name, owner, "registering versions")
+            writable(s, caller, req.name, owner, "registering versions")
     artifacts = artifact_store(platform)
     with contextlib.ExitStack() as stack:
         upload = None
@@ -663,7 +418,7 @@ def list_models(platform: Platform, caller: Caller) -> list[Model]:
 
 def describe_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> ModelDetail:
     with platform.db.read() as s:
-        model, owner_name = _readable(s, caller, name, owner)
+        model, owner_name = readable(s, caller, name, owner)
         shared = owner_name != caller.tenant
         [base] = _models(s, [(model, owner_name, shared)])
         versions = store.list_versions(s, model.tenant_id, model.id)
@@ -673,9 +428,9 @@ def describe_model(platform: Platform, caller: Caller, name: str, owner: str | N
 
 def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[ModelVersion]:
     with platform.db.read() as s:
-        model, owner_name = _readable(s, caller, name, owner)
+        model, owner_name = readable(s, caller, name, owner)
         versions = store.list_versions(s, model.tenant_id, model.id)
-        return _version_models(s, model, _shown(name, owner_name, caller), owner_name, versions, caller)
+        return _version_models(s, model, shown_name(name, owner_name, caller), owner_name, versions, caller)
 
 
 def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> ModelVersion:
@@ -687,9 +442,9 @@ def _get_version(
     platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
 ) -> tuple[ModelVersion, str]:
     with platform.db.read() as s:
-        model, owner_name = _readable(s, caller, name, owner)
-        shown = _shown(name, owner_name, caller)
-        row = _find_version(s, model, ref, shown)
+        model, owner_name = readable(s, caller, name, owner)
+        shown = shown_name(name, owner_name, caller)
+        row = find_version(s, model, ref, shown)
         [version] = _version_models(s, model, shown, owner_name, [row], caller)
         return version, row.artifact_key
 
@@ -723,7 +478,7 @@ def set_label(
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "setting labels")
+        model = writable(s, caller, name, owner, "setting labels")
         row = store.get_version(s, caller.tenant_id, model.id, version)
         if row is None:
             raise ModelVersionNotFound(f"model {name!r} has no version {version}")
@@ -738,7 +493,7 @@ def set_label(
 
 def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "removing labels")
+        model = writable(s, caller, name, owner, "removing labels")
         existing = store.get_label(s, model.id, label)
         if existing is None:
             raise NotFound(f"model {name!r} has no label {label!r}")
@@ -748,8 +503,8 @@ def remove_label(platform: Platform, caller: Caller, name: str, label: str, owne
 def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
     """Let ``tenant`` read the model (idempotent)."""
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "sharing")
-        _require_author_or_admin(caller, model.created_by, f"share model {name!r}")
+        model = writable(s, caller, name, owner, "sharing")
+        require_author_or_admin(caller, model.created_by, f"share model {name!r}")
         if tenant == caller.tenant:
             raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
         target = tenant_store.get_tenant_by_name(s, tenant)
@@ -765,8 +520,8 @@ def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owne
 
 def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "unsharing")
-        _require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
+        model = writable(s, caller, name, owner, "unsharing")
+        require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
         target = tenant_store.get_tenant_by_name(s, tenant)
         row = store.get_share(s, model.id, target.id) if target is not None else None
         if row is None:
@@ -779,28 +534,12 @@ def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, ow
 # -- deletion --------------------------------------------------------------------------------------------
 
 
-def _refuse_if_deployed(s: Session, rows: list[ModelVersionRow], what: str) -> None:
-    live = store.live_deployments(s, [r.id for r in rows], utcnow())
-    held = [(r.version, d, t) for r in rows for d, t in live[r.id]]
-    if held:
-        names = ", ".join(f"v{v} by {d.name} ({t})" for v, d, t in held[:5])
-        raise ModelDeployed(
-            f"{what} is deployed ({names}); undeploy it first or let its lease expire",
-            details={
-                "deployments": [
-                    {"version": v, "name": d.name, "tenant": t, "expires_at": d.expires_at.isoformat()}
-                    for v, d, t in held
-                ]
-            },
-        )
-
-
 def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
     """Delete the model with all its versions, labels, shares and artifacts."""
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "deleting")
-        _require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
-        _refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
+        model = writable(s, caller, name, owner, "deleting")
+        require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
+        refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
         keys = [v.artifact_key for v in store.list_versions(s, caller.tenant_id, model.id)]
         s.delete(model)  # versions, labels, shares and leases go with it (ON DELETE CASCADE)
     _remove_stored(platform, keys)
@@ -809,12 +548,12 @@ def delete_model(platform: Platform, caller: Caller, name: str, owner: str | Non
 def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
     """Delete one version and its artifact; labels on it are removed, the number is not reused."""
     with platform.db.write() as s:
-        model = _writable(s, caller, name, owner, "deleting versions")
+        model = writable(s, caller, name, owner, "deleting versions")
         row = store.get_version(s, caller.tenant_id, model.id, version)
         if row is None:
             raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        _require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
-        _refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
+        require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
+        refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
         key = row.artifact_key
         s.delete(row)
     _remove_stored(platform, [key])
@@ -826,80 +565,3 @@ def _remove_stored(platform: Platform, keys: list[str]) -> None:
             platform.objects.delete_tree(key)
         except Exception:  # the rows are gone; a leftover tree is only storage space
             log.exception("could not remove the model artifact %s from %s", key, platform.objects.url)
-
-
-# -- deployment leases -----------------------------------------------------------------------------------
-
-
-def _lease_version(
-    s: Session, caller: Caller, name: str, version: int, owner: str | None
-) -> tuple[ModelVersionRow, str]:
-    """The version a lease is about, with the model's shown name: any model the caller may read, locked."""
-    model, owner_name = _readable(s, caller, name, owner, lock=True)
-    shown = _shown(name, owner_name, caller)
-    row = store.get_version(s, model.tenant_id, model.id, version)
-    if row is None:
-        raise ModelVersionNotFound(f"model {shown!r} has no version {version}")
-    return row, shown
-
-
-def _check_holder(dep: ModelDeploymentRow, caller: Caller, users: dict[str, str], what: str) -> None:
-    if dep.holder_id and dep.holder_id != caller.user_id:
-        holder = users.get(dep.holder_id, dep.holder_id)
-        raise PermissionDenied(
-            f"deployment lease {dep.name!r} is held by user {holder!r}; only its holder can {what} it "
-            "(use another deployment name, or let the lease expire)"
-        )
-
-
-def record_deployment(
-    platform: Platform, caller: Caller, name: str, version: int, lease: DeploymentLease, owner: str | None = None
-) -> ModelDeployment:
-    """Create or renew the lease ``lease.name`` on a version (the model server's heartbeat).
-
-    Any tenant that can read the model may hold leases on it (the owner, and the tenants it is shared with):
-    a version served anywhere cannot be deleted. Lease names are per holding tenant, and a lease belongs to
-    the user who created it: another user's renewal is refused (403).
-    """
-    with platform.db.write() as s:
-        row, _ = _lease_version(s, caller, name, version, owner)
-        now = utcnow()
-        expires = now + timedelta(seconds=lease.ttl_seconds)
-        store.delete_expired_deployments(s, row.id, now)
-        dep = store.get_deployment(s, row.id, caller.tenant_id, lease.name)
-        if dep is None:
-            dep = ModelDeploymentRow(
-                model_version_id=row.id,
-                tenant_id=caller.tenant_id,
-                holder_id=caller.user_id,
-                holder_key=caller.access_key,
-                name=lease.name,
-                endpoint=lease.endpoint,
-                created_at=now,
-                last_seen=now,
-                expires_at=expires,
-            )
-            s.add(dep)
-        else:
-            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "renew")
-            dep.holder_id, dep.holder_key = caller.user_id, caller.access_key  # adopts a lease without a holder
-            dep.endpoint, dep.last_seen, dep.expires_at = lease.endpoint, now, expires
-        s.flush()
-        return _deployment_model(dep, caller.tenant, caller.user)
-
-
-def release_deployment(
-    platform: Platform, caller: Caller, name: str, version: int, deployment: str, owner: str | None = None
-) -> None:
-    """End the caller's tenant's lease ``deployment`` (idempotent: an unknown or expired lease is no error).
-
-    Only its holder ends a lease: another user of the tenant gets 403; another tenant's call never finds it.
-    """
-    with platform.db.write() as s:
-        row, _ = _lease_version(s, caller, name, version, owner)
-        dep = store.get_deployment(s, row.id, caller.tenant_id, deployment)
-        if dep is None:
-            return
-        if dep.expires_at > utcnow():
-            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "release")
-        s.delete(dep)
