@@ -17,8 +17,9 @@ from sqlalchemy import event, func, insert, select, update
 from dlcloud.client import Client
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.scheduler.inventory import Gpu, Inventory
-from dlcloud.services.scheduling import QUEUE_ORDER, QueueCache, _EnvironmentHolds
+from dlcloud.services.queue_cache import EnvironmentHolds, QueueCache
 from dlcloud.store import waits
+from dlcloud.store.queue import QUEUE_ORDER
 from dlcloud.store.rows import (
     AttemptRow,
     EnvironmentBuildRow,
@@ -262,7 +263,7 @@ def test_a_whole_read_hands_the_queue_to_the_planner_in_queue_order(sim_env: Env
     def read() -> tuple[list[str], list[str]]:
         with db.read() as s:
             conn = s.connection()
-            got = [job.id for job in cache.read(conn, [], _EnvironmentHolds(conn), whole=True)]
+            got = [job.id for job in cache.read(conn, [], EnvironmentHolds(conn), whole=True)]
             want = conn.execute(select(JobRow.id).where(JobRow.state == "QUEUED").order_by(*QUEUE_ORDER)).scalars()
             return got, list(want)
 
@@ -356,16 +357,16 @@ def test_attempts_that_end_together_are_recorded_in_one_transaction_each_in_its_
 def test_a_whole_read_reads_the_queues_index_alone(env: Env) -> None:
     """What a pass reads of every queued job, every pass, is in the queue's index: not the jobs' ~1 KB rows (it halved
     the read of 10,000 queued jobs, bench/scheduler.py). A column added to what changes must go into the index."""
-    from dlcloud.services.scheduling import _CHANGING, _QUEUE_CHANGING
+    from dlcloud.store.queue import CHANGING, QUEUE_CHANGING
 
     [index] = [i for i in JobRow.__table__.indexes if i.name == "ix_jobs_queue"]
-    assert {c.key for c in (JobRow.id, JobRow.state, *_CHANGING)} <= {c.key for c in index.columns}
+    assert {c.key for c in (JobRow.id, JobRow.state, *CHANGING)} <= {c.key for c in index.columns}
     db = env.platform.db
     if not db.is_sqlite:
         return  # PostgreSQL picks an index-only scan by its statistics and the table's visibility map
     with db.read() as s:
         conn = s.connection()
-        sql = str(_QUEUE_CHANGING.compile(conn, compile_kwargs={"literal_binds": True}))
+        sql = str(QUEUE_CHANGING.compile(conn, compile_kwargs={"literal_binds": True}))
         plan = [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
     assert any("USING COVERING INDEX ix_jobs_queue" in step for step in plan), plan
 
@@ -725,7 +726,7 @@ def test_recent_usage_counts_the_window_and_a_turn_through_its_end_and_the_peak(
     with jobs that fail or are cancelled at once). What the pass keeps idle for its return: the most GPUs its
     attempts held at once over the lending window (a turn's end does not count: the attempt no longer holds), of
     those that ran shorter than the window or still run."""
-    from dlcloud.services.scheduling import recent_usage
+    from dlcloud.services.planner_inputs import recent_usage
 
     env.admin.jobs.submit(spec("j"))
     now = utcnow()
@@ -766,12 +767,12 @@ def test_recent_gpu_seconds_read_the_attempts_by_their_indexes_not_the_whole_his
     never deleted, so each term of the read must have an index (a scan of a 300,000-attempt history: ~30 ms a pass,
     with the indexes ~6, both databases). PostgreSQL is asked with sequential scans off: it scans anyway only when
     some term has no index."""
-    from dlcloud.services.scheduling import _recent_attempts
+    from dlcloud.store.scheduling import recent_attempts
 
     db = env.platform.db
     with db.read() as s:
         conn = s.connection()
-        sql = str(_recent_attempts(utcnow()).compile(conn, compile_kwargs={"literal_binds": True}))
+        sql = str(recent_attempts(utcnow()).compile(conn, compile_kwargs={"literal_binds": True}))
         if db.is_sqlite:
             plan = [str(row[-1]) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
             assert not any(step.startswith("SCAN") for step in plan), plan

@@ -133,7 +133,7 @@ class JobRow(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "name"),
         # the queue in its order (fifo reads it so), and what changes while a job waits: a scheduling pass that reads
-        # the whole queue reads this index alone (services/scheduling.py, _CHANGING)
+        # the whole queue reads this index alone (store/queue.py, CHANGING)
         Index(
             "ix_jobs_queue",
             "state",
@@ -180,7 +180,7 @@ class JobRow(Base):
     # ``max_run_time`` and ``timeout``), a preemption the scheduler asked for and not yet carried out (the
     # supervision stops the attempt like a cancel, then the job is queued again), the preemptions so far,
     # GPU-seconds of its ended attempts (why it waits and when it may start: ``WaitReasonRow``).
-    # Fixed at submit, never written after (the scheduling pass reads them once per queued job, services/scheduling.py
+    # Fixed at submit, never written after (the scheduling pass reads them once per queued job, store/queue.py
     # ``FIXED_AT_SUBMIT``): tenant_id, gpus, cpus, memory, gpu_type, created_at, environment, environment_hash,
     # replica_groups, preemptible, max_run_time_seconds.
     priority_class: Mapped[str | None] = mapped_column(String(63))
@@ -234,7 +234,7 @@ class AttemptRow(Base):
         UniqueConstraint("job_id", "number"),
         Index("ix_attempts_tenant_time", "tenant_id", "started_at"),
         Index("ix_attempts_live", "finished_at"),
-        # the attempts placed for a turn, for a pass's recent GPU-seconds (services/scheduling.py); few of them
+        # the attempts placed for a turn, for a pass's recent GPU-seconds (store/scheduling.py); few of them
         Index(
             "ix_attempts_turns",
             "turn_until",
