@@ -78,6 +78,26 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     prometheus_metrics.registry.register(SchedulingCollector(platform, per_tenant=scrape_token is not None))
     app.state.metrics = prometheus_metrics
 
+    _install_error_handlers(app)
+    _install_probes(app, platform, ready_check, prometheus_metrics)
+    # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
+    routers = [
+        module.router for module in (jobs, metrics, tenants, accounting, code, models, datasets, environments, studies)
+    ]
+    for router in routers:
+        app.include_router(router, prefix=API_PREFIX)
+    settings = platform.settings
+    uploads = upload_routes(API_PREFIX, routers, streaming_caller)
+    limits = BodyLimits(settings.max_request_bytes, settings.max_upload_bytes, uploads)
+    app.add_middleware(RequestGuard, limits=limits)  # inside RequestMiddleware: refusals get ids and metrics
+    app.add_middleware(RequestMiddleware, metrics=prometheus_metrics, platform=platform)
+    openapi.install(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error answers ``{"error": {"code", "message", "details"}}`` with the status of its code."""
+
     @app.exception_handler(DlcloudError)
     async def _dlcloud_error(request: Request, exc: DlcloudError) -> JSONResponse:
         if isinstance(exc, AuthError) and exc.access_key:
@@ -119,6 +139,11 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
         log.exception("internal error on %s %s", request.method, request.url.path)
         return _error(request, 500, "internal", "internal server error; the server log has the details")
 
+
+def _install_probes(app: FastAPI, platform: Platform, ready_check: Any, prometheus_metrics: Metrics) -> None:
+    """``/healthz``, ``/readyz`` and ``/metrics`` (per-tenant series only for the holder of the scrape token)."""
+    scrape_token = platform.settings.metrics_scrape_token
+
     @app.get("/healthz", include_in_schema=False, name="healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -144,17 +169,3 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
                 message = "/metrics takes the scrape token: Authorization: Bearer <metrics_scrape_token>"
                 return _error(request, 401, "unauthenticated", message, headers={"WWW-Authenticate": "Bearer"})
         return PlainTextResponse(generate_latest(prometheus_metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    # jobs first: routes are matched in order, and job calls (describe, logs) are the bulk of the traffic
-    routers = [
-        module.router for module in (jobs, metrics, tenants, accounting, code, models, datasets, environments, studies)
-    ]
-    for router in routers:
-        app.include_router(router, prefix=API_PREFIX)
-    settings = platform.settings
-    uploads = upload_routes(API_PREFIX, routers, streaming_caller)
-    limits = BodyLimits(settings.max_request_bytes, settings.max_upload_bytes, uploads)
-    app.add_middleware(RequestGuard, limits=limits)  # inside RequestMiddleware: refusals get ids and metrics
-    app.add_middleware(RequestMiddleware, metrics=prometheus_metrics, platform=platform)
-    openapi.install(app)
-    return app

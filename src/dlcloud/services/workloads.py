@@ -35,12 +35,50 @@ def build(
 ) -> Workload:
     """The Workload of attempt ``job.attempt`` (already counted) on ``gpus`` with ``ports``. Reads the job's
     code and tenant rows through ``s`` (``s.get``: the placing pass loads them beforehand, so no query runs)."""
-    code = None
-    if job.code_id:
-        row = s.get(CodeRow, job.code_id)
-        if row is not None:
-            code = StoredCode(row.storage_key, row.sha256, "archive" if row.kind == "archive" else "package")
-    env = job_env(platform, job)  # env and the decrypted secret_env
+    env = _attempt_env(platform, job)
+    launch = _launch(executor, job, gpus, handle, ports)
+    if launch is not None:
+        env.update(launch.env)
+    grace = job.spec.get("grace_period")
+    return Workload(
+        job_id=job.id,
+        tenant_id=job.tenant_id,
+        attempt=job.attempt,
+        command=job.command,
+        pre_command=job.spec.get("pre_command"),
+        post_command=job.spec.get("post_command"),
+        post_timeout_seconds=float(job.spec.get("post_timeout") or DEFAULT_POST_TIMEOUT_SECONDS),
+        env=env,
+        code=_stored_code(s, job),
+        environment=job.environment_hash,
+        datasets=tuple(
+            DatasetMount(str(d["name"]), str(d["storage_key"]), str(d["sha256"]))
+            for d in job.spec.get(RESOLVED_DATASETS) or []
+        ),
+        gpus=gpus,
+        cpus=job.cpus,
+        memory_bytes=job.memory,
+        timeout_seconds=_time_left(job),
+        grace_seconds=float(grace) if grace is not None else platform.settings.stop_grace_seconds,
+        log_max_bytes=platform.settings.job_log_max_bytes,
+        replicas=launch.replicas if launch else (),
+        checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
+        api_url=platform.settings.resolved_job_api_url,
+        publish=tuple(int(p) for p in job.spec.get("publish") or ()),
+        **_tenant_terms(platform, s.get(TenantRow, job.tenant_id), len(launch.replicas) if launch else 1),
+    )
+
+
+def _stored_code(s: Session, job: JobRow) -> StoredCode | None:
+    row = s.get(CodeRow, job.code_id) if job.code_id else None
+    if row is None:
+        return None
+    return StoredCode(row.storage_key, row.sha256, "archive" if row.kind == "archive" else "package")
+
+
+def _attempt_env(platform: Platform, job: JobRow) -> dict[str, str]:
+    """The job's env and decrypted secret env, with the platform's variables of this attempt."""
+    env = job_env(platform, job)
     env.update(
         {
             "DLCLOUD_JOB": job.name,
@@ -55,59 +93,41 @@ def build(
     hparams = hparams_env(job.spec)
     if hparams is not None:
         env["DLCLOUD_HPARAMS"] = hparams
+    return env
+
+
+def _launch(
+    executor: Executor, job: JobRow, gpus: tuple[int, ...], handle: str, ports: list[int]
+) -> recipes.Launch | None:
+    """The distributed launch of a job with replica groups or a framework (None: one plain process)."""
+    if not job.replica_groups and (job.spec.get("framework") or "none") == "none":
+        return None
     per_slot: list[tuple[int, ...]] = [gpus]
     if job.replica_groups:
         per_slot, rest = [], list(gpus)
         for slot in recipes.slots(job.replica_groups):
             per_slot.append(tuple(rest[: slot.gpus]))
             rest = rest[slot.gpus :]
-    launch = None
-    if job.replica_groups or (job.spec.get("framework") or "none") != "none":
-        launch = recipes.build(
-            job.spec,
-            job.replica_groups,
-            command=job.command,
-            job_id=job.id,
-            attempt=job.attempt,
-            max_restarts=job.max_restarts,
-            host=executor.replica_host(handle),
-            ports=ports,
-            gpus=per_slot,
-            as_root=executor.jobs_run_as_root,
-        )
-        env.update(launch.env)
-    grace = job.spec.get("grace_period")
-    timeout = None
-    if job.timeout_seconds is not None:
-        elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
-        timeout = max(job.timeout_seconds - elapsed, 0.5)
-    return Workload(
-        job_id=job.id,
-        tenant_id=job.tenant_id,
-        attempt=job.attempt,
+    return recipes.build(
+        job.spec,
+        job.replica_groups,
         command=job.command,
-        pre_command=job.spec.get("pre_command"),
-        post_command=job.spec.get("post_command"),
-        post_timeout_seconds=float(job.spec.get("post_timeout") or DEFAULT_POST_TIMEOUT_SECONDS),
-        env=env,
-        code=code,
-        environment=job.environment_hash,
-        datasets=tuple(
-            DatasetMount(str(d["name"]), str(d["storage_key"]), str(d["sha256"]))
-            for d in job.spec.get(RESOLVED_DATASETS) or []
-        ),
-        gpus=gpus,
-        cpus=job.cpus,
-        memory_bytes=job.memory,
-        timeout_seconds=timeout,
-        grace_seconds=float(grace) if grace is not None else platform.settings.stop_grace_seconds,
-        log_max_bytes=platform.settings.job_log_max_bytes,
-        replicas=launch.replicas if launch else (),
-        checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
-        api_url=platform.settings.resolved_job_api_url,
-        publish=tuple(int(p) for p in job.spec.get("publish") or ()),
-        **_tenant_terms(platform, s.get(TenantRow, job.tenant_id), len(launch.replicas) if launch else 1),
+        job_id=job.id,
+        attempt=job.attempt,
+        max_restarts=job.max_restarts,
+        host=executor.replica_host(handle),
+        ports=ports,
+        gpus=per_slot,
+        as_root=executor.jobs_run_as_root,
     )
+
+
+def _time_left(job: JobRow) -> float | None:
+    """What is left of the job's timeout (counted from its first start), at least half a second."""
+    if job.timeout_seconds is None:
+        return None
+    elapsed = (utcnow() - job.started_at).total_seconds() if job.started_at else 0.0
+    return max(job.timeout_seconds - elapsed, 0.5)
 
 
 def _tenant_terms(platform: Platform, tenant: TenantRow | None, replicas: int) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +274,156 @@ def signature(inputs: int, classes: list[str]) -> dict[str, Any]:
     return spec
 
 
+@dataclass
+class _Progress:
+    """Where training stands: the last epoch trained (in this run or before it) and why it ended, the best epoch."""
+
+    done: int = 0
+    stopped_early: bool = False
+    stale: int = 0  # epochs since the watched loss last improved
+    best_loss: float = math.inf
+    best_state: dict[str, Any] | None = None
+    best_metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last epoch's
+
+
+class _Training:
+    """The network, its optimizer and random streams, and the standardised data of one training run."""
+
+    def __init__(self, template: str, hparams: dict[str, Any], data: Prepared, task: str, seed: int) -> None:
+        import torch  # torch is heavy: loaded only when training
+
+        from dlcloud.templates import networks  # networks imports torch: loaded only when training
+
+        torch.manual_seed(seed)
+        self.torch: Any = torch
+        self.task = task
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        x_train = torch.from_numpy(data.x_train)
+        self.mean = x_train.mean(dim=0)
+        std = x_train.std(dim=0, unbiased=False)
+        self.std = torch.where(std > 0, std, torch.ones_like(std))
+        inputs = data.x_train.shape[1]
+        outputs = len(data.classes) if task == "classification" else 1
+        self.net = networks.build(template, inputs, outputs, hparams)
+        y_train = torch.from_numpy(data.y_train)
+        self.y_mean = float(y_train.float().mean()) if task == "regression" else 0.0
+        y_std = float(y_train.float().std(unbiased=False)) if task == "regression" and len(y_train) > 1 else 1.0
+        self.y_std = y_std or 1.0
+        self.xt, self.yt = self._scaled(data.x_train), self._target(data.y_train)
+        self.xv, self.yv = self._scaled(data.x_val), self._target(data.y_val)
+        self.net.to(self.device)
+        optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+        self.optimizer = optimizers[hparams["optimizer"]](
+            self.net.parameters(), lr=hparams["lr"], weight_decay=hparams["weight_decay"]
+        )
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batch = hparams["batch_size"]
+        self.patience = hparams["patience"]
+
+    def _scaled(self, x: np.ndarray) -> Any:
+        return ((self.torch.from_numpy(x) - self.mean) / self.std).to(self.device)
+
+    def _target(self, y: np.ndarray) -> Any:
+        t = self.torch.from_numpy(y)
+        return (t if self.task == "classification" else (t - self.y_mean) / self.y_std).to(self.device)
+
+    def _loss(self, out: Any, y: Any) -> Any:
+        if self.task == "classification":
+            return self.torch.nn.functional.cross_entropy(out, y)
+        return self.torch.nn.functional.mse_loss(out[:, 0], y)
+
+    def _evaluate(self, x: Any, y: Any) -> tuple[float, float | None]:
+        self.net.eval()
+        with self.torch.no_grad():
+            out = self.net(x)
+            loss = float(self._loss(out, y))
+            acc = float((out.argmax(dim=1) == y).float().mean()) if self.task == "classification" else None
+        return loss, acc
+
+    def resume(self, saved: dict[str, Any], checkpoint: Checkpoint) -> _Progress:
+        """Load a checkpoint's states (``Checkpoint.read``); where it left training."""
+        torch = self.torch
+        try:
+            self.net.load_state_dict(saved["net"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.generator.set_state(saved["generator"])
+            torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global stream
+            if self.device.type == "cuda" and len(saved["cuda_rng"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be resumed: {_clip(str(exc))}") from None
+        return _Progress(
+            done=saved["epoch"],
+            stopped_early=saved["stopped_early"],
+            stale=saved["stale"],
+            best_loss=saved["best_loss"],
+            best_state=saved["best_state"],
+            best_metrics=saved["best_metrics"],
+            metrics=saved["metrics"],
+        )
+
+    def epoch(self, epoch: int, p: _Progress, log: Any) -> None:
+        """Train one epoch, report its metrics, keep the best epoch's state, count towards early stopping."""
+        self.net.train()
+        order = self.torch.randperm(len(self.xt), generator=self.generator).to(self.device)
+        for start in range(0, len(self.xt), self.batch):
+            idx = order[start : start + self.batch]
+            self.optimizer.zero_grad()
+            self._loss(self.net(self.xt[idx]), self.yt[idx]).backward()
+            self.optimizer.step()
+        loss, acc = self._evaluate(self.xt, self.yt)
+        metrics = {"loss": loss}
+        if acc is not None:
+            metrics["accuracy"] = acc
+        watched = loss
+        if len(self.xv):
+            val_loss, val_acc = self._evaluate(self.xv, self.yv)
+            metrics["val_loss"] = watched = val_loss
+            if val_acc is not None:
+                metrics["val_accuracy"] = val_acc
+        dlcloud.report(step=epoch, **metrics)
+        dlcloud.flush(timeout=0)  # send the epoch's point now, not with the next batch: a pruner decides on it
+        log(f"epoch {epoch}: " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        if watched < p.best_loss - 1e-6:
+            p.best_loss, p.stale = watched, 0
+            p.best_state = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+            metrics["epoch"] = epoch
+            p.best_metrics = dict(metrics)
+        else:
+            p.stale += 1
+            p.stopped_early = bool(self.patience) and p.stale >= self.patience
+        p.done, p.metrics = epoch, metrics
+
+    def state(self, p: _Progress, over: bool) -> dict[str, Any]:
+        """What a checkpoint holds after epoch ``p.done`` (``over``: training is finished)."""
+        torch = self.torch
+        return {
+            "epoch": p.done,
+            "finished": over,
+            "stopped_early": p.stopped_early,
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+            "best_loss": float(p.best_loss),
+            "best_state": p.best_state,
+            "stale": p.stale,
+            "best_metrics": p.best_metrics,
+            "metrics": p.metrics,
+        }
+
+
+def _resume_message(p: _Progress, over: bool, last: int, epochs: int, checkpoints: Path, stop_at: int | None) -> str:
+    if over:
+        why = "early stopping" if p.stopped_early else f"{epochs} epochs"
+        return f"training finished at epoch {p.done} ({why}; checkpoint in {checkpoints}): exporting, not training"
+    if last <= p.done:
+        return f"nothing to train: the checkpoint in {checkpoints} is at epoch {p.done}, {STOP_AT_STEP_ENV}={stop_at}"
+    return f"resuming from epoch {p.done} (checkpoint in {checkpoints}): epochs {p.done + 1}..{last} of {epochs}"
+
+
 def train(
     template: str,
     hparams: dict[str, Any],
@@ -295,149 +445,36 @@ def train(
         CheckpointError: the checkpoint is unreadable or was written for another template, hparams, seed or data.
         ValueError: the data's shape does not fit the template.
     """
-    import torch  # torch is heavy: loaded only when training
-
-    from dlcloud.templates import networks  # networks imports torch: loaded only when training
-
-    torch.manual_seed(seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    x_train = torch.from_numpy(data.x_train)
-    mean = x_train.mean(dim=0)
-    std = x_train.std(dim=0, unbiased=False)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    inputs = data.x_train.shape[1]
-    outputs = len(data.classes) if task == "classification" else 1
-    net = networks.build(template, inputs, outputs, hparams)
-    y_train = torch.from_numpy(data.y_train)
-    y_mean = float(y_train.float().mean()) if task == "regression" else 0.0
-    y_std = float(y_train.float().std(unbiased=False)) if task == "regression" and len(y_train) > 1 else 1.0
-    y_std = y_std or 1.0
-
-    def scaled(x: np.ndarray) -> torch.Tensor:
-        return ((torch.from_numpy(x) - mean) / std).to(device)
-
-    def target(y: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(y)
-        return (t if task == "classification" else (t - y_mean) / y_std).to(device)
-
-    xt, yt = scaled(data.x_train), target(data.y_train)
-    xv, yv = scaled(data.x_val), target(data.y_val)
-    net.to(device)
-    optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-    optimizer = optimizers[hparams["optimizer"]](
-        net.parameters(), lr=hparams["lr"], weight_decay=hparams["weight_decay"]
-    )
-
-    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if task == "classification":
-            return torch.nn.functional.cross_entropy(out, y)
-        return torch.nn.functional.mse_loss(out[:, 0], y)
-
-    def evaluate(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float | None]:
-        net.eval()
-        with torch.no_grad():
-            out = net(x)
-            loss = float(loss_fn(out, y))
-            acc = float((out.argmax(dim=1) == y).float().mean()) if task == "classification" else None
-        return loss, acc
-
-    generator = torch.Generator().manual_seed(seed)
-    batch = hparams["batch_size"]
-    patience = hparams["patience"]
+    run = _Training(template, hparams, data, task, seed)
     epochs = hparams["epochs"]
-    best_loss, best_state, stale = math.inf, None, 0
-    metrics: dict[str, float] = {}
-    best_metrics: dict[str, float] = {}
-    done, stopped_early = 0, False  # the last epoch trained (in this run or before it), and why training ended
     checkpoint = Checkpoint(checkpoints, identity(template, task, hparams, data, seed)) if checkpoints else None
     saved = checkpoint.read() if checkpoint else None
-    if checkpoint and saved:
-        try:
-            net.load_state_dict(saved["net"])
-            optimizer.load_state_dict(saved["optimizer"])
-            generator.set_state(saved["generator"])
-            torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global stream
-            if device.type == "cuda" and len(saved["cuda_rng"]) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(saved["cuda_rng"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be resumed: {_clip(str(exc))}") from None
-        done, stopped_early, stale = saved["epoch"], saved["stopped_early"], saved["stale"]
-        best_loss, best_state = saved["best_loss"], saved["best_state"]
-        best_metrics, metrics = saved["best_metrics"], saved["metrics"]
-    over = stopped_early or done >= epochs
-    last = done if over else epochs if stop_at is None else min(stop_at, epochs)
-    if checkpoint and saved:
-        if over:
-            why = "early stopping" if stopped_early else f"{epochs} epochs"
-            log(f"training finished at epoch {done} ({why}; checkpoint in {checkpoints}): exporting, not training")
-        elif last <= done:
-            log(f"nothing to train: the checkpoint in {checkpoints} is at epoch {done}, {STOP_AT_STEP_ENV}={stop_at}")
-        else:
-            log(f"resuming from epoch {done} (checkpoint in {checkpoints}): epochs {done + 1}..{last} of {epochs}")
-    for epoch in range(done + 1, last + 1):
-        net.train()
-        order = torch.randperm(len(xt), generator=generator).to(device)
-        for start in range(0, len(xt), batch):
-            idx = order[start : start + batch]
-            optimizer.zero_grad()
-            loss_fn(net(xt[idx]), yt[idx]).backward()
-            optimizer.step()
-        loss, acc = evaluate(xt, yt)
-        metrics = {"loss": loss}
-        if acc is not None:
-            metrics["accuracy"] = acc
-        watched = loss
-        if len(xv):
-            val_loss, val_acc = evaluate(xv, yv)
-            metrics["val_loss"] = watched = val_loss
-            if val_acc is not None:
-                metrics["val_accuracy"] = val_acc
-        dlcloud.report(step=epoch, **metrics)
-        dlcloud.flush(timeout=0)  # send the epoch's point now, not with the next batch: a pruner decides on it
-        log(f"epoch {epoch}: " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-        if watched < best_loss - 1e-6:
-            best_loss, stale = watched, 0
-            best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-            metrics["epoch"] = epoch
-            best_metrics = dict(metrics)
-        else:
-            stale += 1
-            stopped_early = bool(patience) and stale >= patience
-        done = epoch
-        over = stopped_early or done >= epochs
-        if stopped_early:
-            log(f"early stopping: val_loss has not improved for {patience} epoch(s)")
+    p = run.resume(saved, checkpoint) if checkpoint and saved else _Progress()
+    over = p.stopped_early or p.done >= epochs
+    last = p.done if over else epochs if stop_at is None else min(stop_at, epochs)
+    if checkpoints and saved:
+        log(_resume_message(p, over, last, epochs, checkpoints, stop_at))
+    for epoch in range(p.done + 1, last + 1):
+        run.epoch(epoch, p, log)
+        over = p.stopped_early or p.done >= epochs
+        if p.stopped_early:
+            log(f"early stopping: val_loss has not improved for {run.patience} epoch(s)")
         if checkpoint:
-            checkpoint.write(
-                {
-                    "epoch": done,
-                    "finished": over,
-                    "stopped_early": stopped_early,
-                    "net": net.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "generator": generator.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
-                    "best_loss": float(best_loss),
-                    "best_state": best_state,
-                    "stale": stale,
-                    "best_metrics": best_metrics,
-                    "metrics": metrics,
-                }
-            )
-        if stopped_early:
+            checkpoint.write(run.state(p, over))
+        if p.stopped_early:
             break
-    if best_state is not None:  # the exported model is the best epoch's: say so under best_* names
-        net.load_state_dict(best_state)
-        metrics = best_metrics
+    metrics = p.metrics
+    if p.best_state is not None:  # the exported model is the best epoch's: say so under best_* names
+        run.net.load_state_dict(p.best_state)
+        metrics = p.best_metrics
         if over:  # a budget stop is not the end: the best may still change
-            dlcloud.report(step=done, **{f"best_{k}": v for k, v in best_metrics.items()})
+            dlcloud.report(step=p.done, **{f"best_{k}": v for k, v in p.best_metrics.items()})
     if not over:
         log(
-            f"step budget reached: stopped after epoch {done} of {epochs} ({STOP_AT_STEP_ENV}={stop_at}); "
+            f"step budget reached: stopped after epoch {p.done} of {epochs} ({STOP_AT_STEP_ENV}={stop_at}); "
             + (f"the checkpoint in {checkpoints} continues it" if checkpoint else "no checkpoint directory to resume")
         )
-    export(net.cpu().eval(), mean, std, data, task, y_mean, y_std, output)
+    export(run.net.cpu().eval(), run.mean, run.std, data, task, run.y_mean, run.y_std, output)
     return metrics
 
 
