@@ -41,9 +41,11 @@ HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "invalid_state": 409,
     "model_deployed": 409,
+    "inputs_unavailable": 409,
     "dataset_in_use": 409,
     "dataset_version_not_ready": 409,
     "payload_too_large": 413,
+    "outputs_too_large": 413,
     "quota_exceeded": 429,
     "rate_limited": 429,
     "unavailable": 503,
@@ -207,6 +209,20 @@ class DatasetVersionNotReady(InvalidState):
     code = "dataset_version_not_ready"
 
 
+class InputsUnavailable(DlcloudError):
+    """A workload's code, dataset or checkpoints are missing from the server's storage or do not hold what it
+    names: the attempt can never start as it is (it ends with ``LAUNCH_FAILED`` and this message, which names no
+    storage key). 409: trying again does not help; the inputs must be pushed again (or the job submitted anew)."""
+
+    code = "inputs_unavailable"
+
+
+class OutputsTooLarge(DlcloudError):
+    """A job's outputs over the limits of what is saved (files, bytes): nothing of them is saved."""
+
+    code = "outputs_too_large"
+
+
 class SourceNotAllowed(PermissionDenied):
     """A dataset source (``s3://bucket/prefix``) outside the admin's allow-list, or the platform's own store."""
 
@@ -243,6 +259,8 @@ _BY_CODE: dict[str, type[DlcloudError]] = {
         UnknownFormat,
         DuplicateHeader,
         InvalidPath,
+        InputsUnavailable,
+        OutputsTooLarge,
     )
 }
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from dlcloud.errors import DlcloudError
+from dlcloud.errors import DlcloudError, InputsUnavailable
 from dlcloud.executors import event_files
 from dlcloud.executors.environments import EnvironmentBackend
 from dlcloud.executors.event_files import EventCursor, EventRead
@@ -207,13 +207,6 @@ def log_segments(log: Path) -> list[Path]:
 
 
 LAUNCH_FAILED = 125  # the exit code of an attempt whose workload could not be prepared or launched
-
-
-class InputsUnavailable(DlcloudError):
-    """A workload's code or dataset is missing from the store or does not hold what the workload names: the
-    attempt can never start (it ends with ``LAUNCH_FAILED`` and this message, which names no storage key)."""
-
-    code = "inputs_unavailable"
 
 
 class CheckpointsUnavailable(InputsUnavailable):

@@ -20,19 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dlcloud.checksums import file_sha256
-from dlcloud.errors import DlcloudError, InvalidArchive
+from dlcloud.errors import InvalidArchive, OutputsTooLarge
 from dlcloud.storage.archives import check_tree_name
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, TreeEntry, check_rel_path
 
 LEFT_OUT_SUFFIX = ".left-out"
 LINK, SPECIAL, BAD_NAME = "link", "special", "name"
 MAX_DEPTH = 32  # as archives.MAX_PATH_DEPTH: deeper directories are left out, never walked
-
-
-class OutputsTooLarge(DlcloudError):
-    """The outputs are over the limits of what is saved (files, bytes): nothing of them is saved."""
-
-    code = "outputs_too_large"
 
 
 def scan_outputs(
