@@ -46,7 +46,6 @@ from dlcloud.errors import (
     InvalidArchive,
     InvalidArgument,
     NotFound,
-    PermissionDenied,
     Unavailable,
 )
 from dlcloud.schemas.common import NAME_RE
@@ -70,6 +69,7 @@ from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
+from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
@@ -189,36 +189,13 @@ def _unpack(archive: Path, dest: Path, limits: ArchiveLimits) -> Manifest:
 # -- resolving names ---------------------------------------------------------------------------------------
 
 
-def _shown(name: str, owner: str, caller: Caller) -> str:
-    return name if owner == caller.tenant else f"{owner}/{name}"
+def _is_shared(s: Session, dataset: DatasetRow, tenant_id: str) -> bool:
+    return store.is_shared(s, dataset.id, tenant_id)
 
 
-def _readable(s: Session, caller: Caller, name: str, owner: str | None) -> tuple[DatasetRow, str]:
-    """The dataset ``owner/name`` for reading, with its owner's tenant name: own, or shared with the caller."""
-    if owner is None or owner == caller.tenant:
-        row = store.get_dataset(s, caller.tenant_id, name)
-        if row is None:
-            raise DatasetNotFound(f"dataset {name!r} not found")
-        return row, caller.tenant
-    tenant = tenant_store.get_tenant_by_name(s, owner)
-    row = store.get_dataset(s, tenant.id, name) if tenant is not None else None
-    if row is None or not store.is_shared(s, row.id, caller.tenant_id):
-        raise DatasetNotFound(f"dataset '{owner}/{name}' not found")
-    return row, owner
-
-
-def _writable(s: Session, caller: Caller, name: str, owner: str | None, what: str) -> DatasetRow:
-    """The caller's own dataset ``name``, locked: a shared dataset of another tenant is read-only (403)."""
-    if owner is not None and owner != caller.tenant:
-        _readable(s, caller, name, owner)  # 404 unless shared with the caller
-        raise PermissionDenied(
-            f"dataset '{owner}/{name}' is shared with tenant {caller.tenant!r} read-only; {what} is for tenant "
-            f"{owner!r}"
-        )
-    row = store.get_dataset(s, caller.tenant_id, name, for_update=True)
-    if row is None:
-        raise DatasetNotFound(f"dataset {name!r} not found")
-    return row
+DATASETS = Registry("dataset", store.get_dataset, _is_shared, DatasetNotFound)
+_readable = DATASETS.readable
+_writable = DATASETS.writable
 
 
 def _find_version(s: Session, dataset: DatasetRow, ref: str, shown: str) -> DatasetVersionRow:
@@ -240,11 +217,6 @@ def _find_version(s: Session, dataset: DatasetRow, ref: str, shown: str) -> Data
     if row is None:
         raise DatasetVersionNotFound(missing)
     return row
-
-
-def _require_author_or_admin(caller: Caller, author_id: str, what: str) -> None:
-    if author_id != caller.user_id and not caller.is_tenant_admin:
-        raise PermissionDenied(f"only the author or a tenant admin can {what}")
 
 
 def _readers_shown(readers: list[tuple[str, str]], tenant_id: str) -> list[str]:
@@ -296,7 +268,7 @@ def _datasets(s: Session, caller: Caller, rows: list[tuple[DatasetRow, str]]) ->
         own = owner == caller.tenant
         out.append(
             Dataset(
-                name=_shown(d.name, owner, caller),
+                name=shown_name(d.name, owner, caller),
                 owner=owner,
                 shared=not own,
                 description=d.description,
@@ -466,7 +438,7 @@ def list_versions(platform: Platform, caller: Caller, name: str, owner: str | No
     with platform.db.read() as s:
         dataset, owner_name = _readable(s, caller, name, owner)
         versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        return _version_models(s, dataset, _shown(name, owner_name, caller), owner_name, versions, caller.tenant_id)
+        return _version_models(s, dataset, shown_name(name, owner_name, caller), owner_name, versions, caller.tenant_id)
 
 
 def _get_version(
@@ -474,7 +446,7 @@ def _get_version(
 ) -> tuple[DatasetVersion, str]:
     with platform.db.read() as s:
         dataset, owner_name = _readable(s, caller, name, owner)
-        shown = _shown(name, owner_name, caller)
+        shown = shown_name(name, owner_name, caller)
         row = _find_version(s, dataset, ref, shown)
         [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
         return version, row.storage_key
@@ -592,7 +564,7 @@ def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, ow
     """Let ``tenant`` read the dataset (idempotent)."""
     with platform.db.write() as s:
         dataset = _writable(s, caller, name, owner, "sharing")
-        _require_author_or_admin(caller, dataset.created_by, f"share dataset {name!r}")
+        require_author_or_admin(caller, dataset.created_by, f"share dataset {name!r}")
         if tenant == caller.tenant:
             raise InvalidArgument(
                 f"dataset {name!r} already belongs to tenant {tenant!r}; share it with another tenant"
@@ -613,7 +585,7 @@ def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, ow
 def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
     with platform.db.write() as s:
         dataset = _writable(s, caller, name, owner, "unsharing")
-        _require_author_or_admin(caller, dataset.created_by, f"unshare dataset {name!r}")
+        require_author_or_admin(caller, dataset.created_by, f"unshare dataset {name!r}")
         target = tenant_store.get_tenant_by_name(s, tenant)
         row = s.get(DatasetShareRow, (dataset.id, target.id)) if target is not None else None
         if row is None:
@@ -656,7 +628,7 @@ def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | N
     """Delete the dataset with all its versions, labels, shares and files."""
     with platform.db.write() as s:
         dataset = _writable(s, caller, name, owner, "deleting")
-        _require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
+        require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
         versions = store.list_versions(s, caller.tenant_id, dataset.id)
         _refuse_if_in_use(s, caller, versions, f"dataset {name!r}")
         keys = [v.storage_key for v in versions]
@@ -677,7 +649,7 @@ def delete_version(platform: Platform, caller: Caller, name: str, version: int, 
         row = store.get_version(s, caller.tenant_id, dataset.id, version)
         if row is None:
             raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
-        _require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
+        require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
         _refuse_if_in_use(s, caller, [row], f"version {version} of dataset {name!r}")
         key = row.storage_key
         _forget_ended_readers(s, [row.id])
@@ -748,7 +720,7 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
             )
         seen[variable] = ref
         dataset, owner_name = _readable(s, caller, name, owner)
-        shown = _shown(name, owner_name, caller)
+        shown = shown_name(name, owner_name, caller)
         row = _find_version(s, dataset, version_ref, shown)
         if row.state != DatasetVersionState.READY.value:
             [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)

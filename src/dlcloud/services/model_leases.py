@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from dlcloud.errors import ModelDeployed, ModelVersionNotFound, PermissionDenied
 from dlcloud.schemas.models import DeploymentLease, ModelDeployment
 from dlcloud.services.auth import Caller
-from dlcloud.services.model_access import readable, shown_name
+from dlcloud.services.model_access import MODELS, shown_name
 from dlcloud.services.platform import Platform
 from dlcloud.store import models as store
 from dlcloud.store.rows import ModelDeploymentRow, ModelVersionRow, utcnow
@@ -54,7 +54,7 @@ def _lease_version(
     s: Session, caller: Caller, name: str, version: int, owner: str | None
 ) -> tuple[ModelVersionRow, str]:
     """The version a lease is about, with the model's shown name: any model the caller may read, locked."""
-    model, owner_name = readable(s, caller, name, owner, lock=True)
+    model, owner_name = MODELS.readable(s, caller, name, owner, lock=True)
     shown = shown_name(name, owner_name, caller)
     row = store.get_version(s, model.tenant_id, model.id, version)
     if row is None:

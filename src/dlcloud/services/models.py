@@ -55,7 +55,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.model_access import find_version, readable, require_author_or_admin, shown_name, writable
+from dlcloud.services.model_access import MODELS, find_version, require_author_or_admin, shown_name
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
@@ -369,7 +369,7 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
     signature = check_signature(req.signature) if req.signature is not None else None
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
-            writable(s, caller, req.name, owner, "registering versions")
+            MODELS.writable(s, caller, req.name, owner, "registering versions")
     artifacts = artifact_store(platform)
     with contextlib.ExitStack() as stack:
         upload = None
@@ -418,7 +418,7 @@ def list_models(platform: Platform, caller: Caller) -> list[Model]:
 
 def describe_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> ModelDetail:
     with platform.db.read() as s:
-        model, owner_name = readable(s, caller, name, owner)
+        model, owner_name = MODELS.readable(s, caller, name, owner)
         shared = owner_name != caller.tenant
         [base] = _models(s, [(model, owner_name, shared)])
         versions = store.list_versions(s, model.tenant_id, model.id)
@@ -428,7 +428,7 @@ def describe_model(platform: Platform, caller: Caller, name: str, owner: str | N
 
 def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[ModelVersion]:
     with platform.db.read() as s:
-        model, owner_name = readable(s, caller, name, owner)
+        model, owner_name = MODELS.readable(s, caller, name, owner)
         versions = store.list_versions(s, model.tenant_id, model.id)
         return _version_models(s, model, shown_name(name, owner_name, caller), owner_name, versions, caller)
 
@@ -442,7 +442,7 @@ def _get_version(
     platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
 ) -> tuple[ModelVersion, str]:
     with platform.db.read() as s:
-        model, owner_name = readable(s, caller, name, owner)
+        model, owner_name = MODELS.readable(s, caller, name, owner)
         shown = shown_name(name, owner_name, caller)
         row = find_version(s, model, ref, shown)
         [version] = _version_models(s, model, shown, owner_name, [row], caller)
@@ -478,7 +478,7 @@ def set_label(
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "setting labels")
+        model = MODELS.writable(s, caller, name, owner, "setting labels")
         row = store.get_version(s, caller.tenant_id, model.id, version)
         if row is None:
             raise ModelVersionNotFound(f"model {name!r} has no version {version}")
@@ -493,7 +493,7 @@ def set_label(
 
 def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "removing labels")
+        model = MODELS.writable(s, caller, name, owner, "removing labels")
         existing = store.get_label(s, model.id, label)
         if existing is None:
             raise NotFound(f"model {name!r} has no label {label!r}")
@@ -503,7 +503,7 @@ def remove_label(platform: Platform, caller: Caller, name: str, label: str, owne
 def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
     """Let ``tenant`` read the model (idempotent)."""
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "sharing")
+        model = MODELS.writable(s, caller, name, owner, "sharing")
         require_author_or_admin(caller, model.created_by, f"share model {name!r}")
         if tenant == caller.tenant:
             raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
@@ -520,7 +520,7 @@ def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owne
 
 def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "unsharing")
+        model = MODELS.writable(s, caller, name, owner, "unsharing")
         require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
         target = tenant_store.get_tenant_by_name(s, tenant)
         row = store.get_share(s, model.id, target.id) if target is not None else None
@@ -537,7 +537,7 @@ def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, ow
 def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
     """Delete the model with all its versions, labels, shares and artifacts."""
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "deleting")
+        model = MODELS.writable(s, caller, name, owner, "deleting")
         require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
         refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
         keys = [v.artifact_key for v in store.list_versions(s, caller.tenant_id, model.id)]
@@ -548,7 +548,7 @@ def delete_model(platform: Platform, caller: Caller, name: str, owner: str | Non
 def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
     """Delete one version and its artifact; labels on it are removed, the number is not reused."""
     with platform.db.write() as s:
-        model = writable(s, caller, name, owner, "deleting versions")
+        model = MODELS.writable(s, caller, name, owner, "deleting versions")
         row = store.get_version(s, caller.tenant_id, model.id, version)
         if row is None:
             raise ModelVersionNotFound(f"model {name!r} has no version {version}")

@@ -1,9 +1,9 @@
 """The managed port range of distributed jobs (settings ``job_port_range_start`` .. ``job_port_range_end``).
 
-Invariants: a port is held by at most one live attempt (``job_ports.port`` is the primary key); ports are
-allocated in the scheduling transaction that places the attempt (so two concurrent passes cannot hand out
-the same port: passes are serialised) and released in the transaction that ends it. A port some other
-process on the host is bound to at placement time is skipped.
+Invariants: a port is held by at most one live attempt (``job_ports.port`` is the primary key; its queries are
+store/ports.py's); ports are allocated in the scheduling transaction that places the attempt (so two concurrent
+passes cannot hand out the same port: passes are serialised) and released in the transaction that ends it. A
+port some other process on the host is bound to at placement time is skipped.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import socket
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import PortRow
+from dlcloud.store.ports import attempt_ports, held_ports, hold_ports, release_ports
+
+__all__ = ["PortAllocator", "attempt_ports", "port_is_free", "release_ports"]
 
 
 def port_is_free(port: int) -> bool:
@@ -43,7 +44,7 @@ class PortAllocator:
         if count <= 0:
             return []
         if self._held is None:
-            self._held = set(self.s.scalars(select(PortRow.port)))
+            self._held = held_ports(self.s)
         found: list[int] = []
         for port in range(self.low, self.high + 1):
             if port in self._held:
@@ -55,16 +56,5 @@ class PortAllocator:
         if len(found) < count:
             return None
         self._held.update(found)
-        self.s.execute(
-            insert(PortRow), [{"port": p, "job_id": job_id, "attempt": attempt, "allocated_at": now} for p in found]
-        )
+        hold_ports(self.s, job_id, attempt, found, now)
         return found
-
-
-def release_ports(s: Session, job_id: str, attempt: int) -> None:
-    """Give back the ports of an attempt that ended."""
-    s.execute(delete(PortRow).where(PortRow.job_id == job_id, PortRow.attempt == attempt))
-
-
-def attempt_ports(s: Session, job_id: str, attempt: int) -> list[int]:
-    return sorted(s.scalars(select(PortRow.port).where(PortRow.job_id == job_id, PortRow.attempt == attempt)))
