@@ -32,11 +32,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
-from dlcloud.executors.base import Executor, Replica, Workload
+from dlcloud.executors.base import Executor, Workload
 from dlcloud.scheduler.contract import HOLD_MARGIN_S
 from dlcloud.scheduler.planner import PREEMPTION_WHY, Limits, Plan, Policy, plan
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import job_states, recipes, workloads
+from dlcloud.services import job_states, recipes, replica_states, workloads
 from dlcloud.services.jobs import QUEUE_STATES
 from dlcloud.services.planner_inputs import plan_config, read_held, read_limits, recent_usage
 from dlcloud.services.platform import Platform
@@ -287,7 +287,20 @@ class SchedulingPass:
         handle = self.executor.handle(job.tenant_id, job.id, job.attempt)
         workload = workloads.build(self.p, self.executor, s, job, gpus, handle, ports)
         host = self.p.inventory.host
-        rows.replicas.extend(_replica_row(job, r, host) for r in workload.replicas)
+        rows.replicas.extend(
+            replica_states.placed(
+                job,
+                host,
+                r.name,
+                r.role,
+                r.index,
+                gpus=list(r.gpus),
+                cpus=r.cpus,
+                memory=r.memory_bytes,
+                ports=list(r.ports),
+            )
+            for r in workload.replicas
+        )
         rows.attempts.append(
             {
                 "job_id": job.id,
@@ -332,24 +345,6 @@ class SchedulingPass:
                 }
             )
         return handle, workload
-
-
-def _replica_row(job: JobRow, r: Replica, host: str) -> dict[str, Any]:
-    return {
-        "job_id": job.id,
-        "tenant_id": job.tenant_id,
-        "attempt": job.attempt,
-        "name": r.name,
-        "role": r.role,
-        "index": r.index,
-        "host": host,
-        "gpus": list(r.gpus),
-        "cpus": r.cpus,
-        "memory": r.memory_bytes,
-        "ports": list(r.ports),
-        "state": "running",
-        "exit_code": None,
-    }
 
 
 def _placement_terms(borrowing: bool, turn_until: datetime | None) -> str | None:
