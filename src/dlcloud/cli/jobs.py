@@ -499,6 +499,7 @@ def _print_attempts(attempts: list[dict[str, Any]]) -> None:
             ("FINISHED", lambda a: short_time(a["finished_at"])),
             ("EXIT", "exit_code"),
             ("OUTCOME", "outcome"),
+            ("CHECKPOINT", lambda a: short_time(a.get("checkpoint_at"))),
         ],
         title="Attempts",
     )

@@ -380,6 +380,9 @@ class JobAttempt(Response):
     outcome: str | None
     ports: list[int] = []
     replicas: list[JobReplica] = []
+    # the last change it made to the job's checkpoint directory, as the platform saw it (a preemption loses the
+    # work since; docs/scheduling.md#preemption-step-by-step); None: none seen
+    checkpoint_at: datetime | None = None
 
 
 class Job(Response):

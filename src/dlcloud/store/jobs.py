@@ -126,6 +126,7 @@ _DESCRIBE_ATTEMPTS = (
         _attempts.c.exit_code,
         _attempts.c.outcome,
         _attempts.c.ports,
+        _attempts.c.checkpoint_at,
     )
     .where(_attempts.c.job_id == bindparam("job_id"))
     .order_by(_attempts.c.number)
