@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from dlcloud.executors.local import executor as local_executor
-from dlcloud.store.rows import AttemptRow
+from dlcloud.services.planner_inputs import read_held
+from dlcloud.store.rows import AttemptRow, utcnow
 from tests.conftest import WAIT_FOR_GO, Env, release, wait_for
 from tests.job_files import touch_for_job
 
@@ -43,6 +44,9 @@ def test_a_checkpoint_written_by_a_running_job_is_recorded_on_its_attempt(runnin
     release(env.settings.data_dir, job["id"])
     seen = wait_for(lambda: (a := _attempt(env, job["id"])) is not None and a[1], what="the checkpoint")
     assert seen > started
+    with env.platform.db.read_connection() as conn:  # what the scheduling pass weighs: the work since it
+        (held,) = [h for h in read_held(conn, utcnow()) if h.job_id == job["id"]]
+    assert (held.started_at, held.progress_at) == (started, seen)
     (outputs,) = env.settings.runs_dir.glob(f"*/{job['id']}/outputs")
 
     touch_for_job(outputs / "go2")

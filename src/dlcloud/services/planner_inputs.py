@@ -35,7 +35,8 @@ def plan_config(settings: Settings) -> PlanConfig:
 
 def read_held(conn: Connection, now: datetime) -> list[Held]:
     """What every live attempt holds, with what the policies weigh (a gang is one ``Held``: preempted whole).
-    ``progress_at`` is the attempt's start: the platform does not see a job's checkpoints."""
+    ``progress_at`` is the attempt's last checkpoint as the executor saw it (``job_attempts.checkpoint_at``), else
+    its start: a preemption loses the work since."""
     held = []
     for r in store.live_attempts(conn):
         gpus = tuple(r.gpus)
@@ -56,7 +57,7 @@ def read_held(conn: Connection, now: datetime) -> list[Held]:
                 priority=r.priority or 0,
                 submitted_at=r.created_at,
                 started_at=r.started_at,
-                progress_at=r.started_at,
+                progress_at=r.checkpoint_at or r.started_at,
                 max_run_time_s=r.max_run_time_seconds,
                 # a job deleted under a live attempt (no row) cannot be a victim
                 preemptible=bool(r.preemptible) if r.preemptible is not None else False,

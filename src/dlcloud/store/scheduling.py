@@ -26,6 +26,7 @@ _LIVE_ATTEMPTS = select(
     AttemptRow.memory,
     AttemptRow.job_id,
     AttemptRow.started_at,
+    AttemptRow.checkpoint_at,
     JobRow.priority,
     JobRow.created_at,
     JobRow.preemptible,
