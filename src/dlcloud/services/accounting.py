@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import anyio
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.audit import AuditEvent
@@ -23,9 +22,10 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.storage_quota import storage_used
 from dlcloud.services.tenants import resolve_tenant, scheduling_model
+from dlcloud.store import accounting as accounting_store
 from dlcloud.store import jobs as job_store
 from dlcloud.store.db import Database
-from dlcloud.store.rows import AccessKeyRow, AttemptRow, AuditRow, TenantRow, UserRow, utcnow
+from dlcloud.store.rows import AccessKeyRow, AuditRow, TenantRow, utcnow
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -79,31 +79,17 @@ def usage_report(
 ) -> UsageReport:
     until = until or utcnow()
     with platform.db.read() as s:
-        q = (
-            select(
-                TenantRow.name,
-                UserRow.name,
-                AttemptRow.job_id,
-                AttemptRow.gpus,
-                AttemptRow.cpus,
-                AttemptRow.started_at,
-                AttemptRow.finished_at,
-                AttemptRow.user_id,
-            )
-            .join(TenantRow, TenantRow.id == AttemptRow.tenant_id)
-            .outerjoin(UserRow, UserRow.id == AttemptRow.user_id)
-            .where(AttemptRow.started_at < until, or_(AttemptRow.finished_at.is_(None), AttemptRow.finished_at > since))
-        )
+        tenant_id = only_user = None
         if all_tenants:
             caller.require_platform_admin("usage of all tenants")
         else:
-            t = resolve_tenant(s, caller, tenant)
+            tenant_id = resolve_tenant(s, caller, tenant).id
             if not caller.is_tenant_admin:
-                q = q.where(AttemptRow.user_id == caller.user_id)
-            q = q.where(AttemptRow.tenant_id == t.id)
+                only_user = caller.user_id
         now = utcnow()
         acc: dict[tuple[str, str], dict] = {}
-        for tname, uname, job_id, gpus, cpus, start, end, user_id in s.execute(q):
+        attempts = accounting_store.usage_attempts(s, since, until, tenant_id, only_user)
+        for tname, uname, job_id, gpus, cpus, start, end, user_id in attempts:
             lo = max(start, since)
             hi = min(end or now, until)
             secs = max((hi - lo).total_seconds(), 0.0)
@@ -280,18 +266,9 @@ def list_audit(
 ) -> list[AuditEvent]:
     caller.require_tenant_admin("reading the audit log")
     with platform.db.read() as s:
-        q = select(AuditRow)
         if all_tenants:
             caller.require_platform_admin("the audit log of all tenants")
-        else:
-            q = q.where(AuditRow.tenant_id == caller.tenant_id)
-        if since is not None:
-            q = q.where(AuditRow.time >= since)
-        if action:
-            q = q.where(AuditRow.action == action)
-        if user:
-            q = q.where(AuditRow.user_name == user)
-        rows = s.scalars(q.order_by(AuditRow.id.desc()).limit(limit))
+        rows = accounting_store.audit_events(s, None if all_tenants else caller.tenant_id, since, action, user, limit)
         return [
             AuditEvent(
                 id=r.id,

@@ -20,27 +20,21 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Connection, bindparam, delete, insert, select
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from dlcloud import signing
 from dlcloud.errors import DlcloudError, PermissionDenied
 from dlcloud.schemas.users import Role
 from dlcloud.services.secrets import SecretBox
+from dlcloud.store import nonces as nonce_store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.db import Database
-from dlcloud.store.rows import NonceRow, utcnow
+from dlcloud.store.rows import utcnow
 
 NONCE_RE = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 KEY_ID_RE = re.compile(r"^AK[A-Z0-9]{18}$")
-# built once (a constant statement is compiled once): the nonces of a batch already stored, and the insert
-_nonces = NonceRow.__table__
-_USED_NONCES = select(_nonces.c.access_key, _nonces.c.nonce).where(
-    _nonces.c.access_key.in_(bindparam("keys", expanding=True)),
-    _nonces.c.nonce.in_(bindparam("nonces", expanding=True)),
-)
-_INSERT_NONCE = insert(NonceRow)
 log = logging.getLogger(__name__)
 
 
@@ -202,12 +196,7 @@ def _verify_in_transaction(conn: Connection, box: SecretBox, reqs: list[CheckedR
     signed = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, Caller)]
     if not signed:
         return outcomes
-    seen = {
-        (k, n)
-        for k, n in conn.execute(
-            _USED_NONCES, {"keys": list({reqs[i].key_id for i in signed}), "nonces": [reqs[i].nonce for i in signed]}
-        )
-    }
+    seen = nonce_store.used(conn, list({reqs[i].key_id for i in signed}), [reqs[i].nonce for i in signed])
     now = utcnow()
     rows = []
     for i in signed:
@@ -218,7 +207,7 @@ def _verify_in_transaction(conn: Connection, box: SecretBox, reqs: list[CheckedR
             seen.add(pair)
             rows.append({"access_key": pair[0], "nonce": pair[1], "seen_at": now})
     if rows:
-        conn.execute(_INSERT_NONCE, rows)  # executemany: a multi-row VALUES statement is compiled every time
+        nonce_store.add(conn, rows)
     return outcomes
 
 
@@ -343,5 +332,4 @@ def purge_nonces(db: Database, skew_seconds: int) -> int:
     """Forget nonces older than twice the skew window (timestamps that old are rejected anyway)."""
     cutoff = utcnow() - timedelta(seconds=2 * skew_seconds)
     with db.write() as s:
-        result = s.execute(delete(NonceRow).where(NonceRow.seen_at < cutoff))
-        return int(getattr(result, "rowcount", 0) or 0)
+        return nonce_store.purge(s, cutoff)

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -42,8 +41,9 @@ from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.storage.cache import ObjectCache
 from dlcloud.store import environments as store
+from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
-from dlcloud.store.rows import CodeRow, EnvironmentBuildRow, EnvironmentRow, UserRow, utcnow
+from dlcloud.store.rows import CodeRow, EnvironmentBuildRow, EnvironmentRow, utcnow
 
 LOG_TAIL_LINES = 20
 POLL_SECONDS = 0.25
@@ -202,7 +202,7 @@ def _user_names(s: Session, ids: Iterable[str]) -> dict[str, str]:
     wanted = list(set(ids))
     if not wanted:
         return {}
-    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(wanted)))}
+    return tenant_store.user_names(s, wanted)
 
 
 # -- create --------------------------------------------------------------------------------------------------

@@ -25,13 +25,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidState
 from dlcloud.scheduler import attempts
 from dlcloud.scheduler.attempts import AttemptEnd
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
+from dlcloud.store import jobs as job_store
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, utcnow
 
 S = JobState
@@ -119,7 +119,7 @@ def note(s: Session, job: JobRow, reason: str, at: datetime | None = None) -> No
 def add_events(s: Session, events: list[dict[str, Any]]) -> None:
     """Insert the events that ``transition(..., events=...)`` collected."""
     if events:
-        s.execute(insert(JobEventRow), events)
+        job_store.add_events(s, events)
 
 
 def fail_or_restart(s: Session, job: JobRow, why: str, now: datetime, code: int | None = None) -> None:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -309,7 +308,7 @@ class Bootstrap:
 def bootstrap(db: Database, box: SecretBox, tenant_name: str, admin_name: str) -> Bootstrap:
     """Create the first tenant, the platform admin and its key when the database has no users."""
     with db.write() as s:
-        if (s.scalar(select(func.count()).select_from(UserRow)) or 0) > 0:
+        if store.any_user(s):
             return Bootstrap(False, None, None)
         tenant = store.get_tenant_by_name(s, tenant_name)
         if tenant is None:

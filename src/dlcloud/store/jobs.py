@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
@@ -82,6 +82,11 @@ def attempt_replicas(s: Session, job_id: str, attempt: int) -> list[ReplicaRow]:
     """The replica records of one attempt of a job, in the order they were placed."""
     q = select(ReplicaRow).where(ReplicaRow.job_id == job_id, ReplicaRow.attempt == attempt).order_by(ReplicaRow.id)
     return list(s.scalars(q))
+
+
+def add_events(s: Session, events: list[dict[str, Any]]) -> None:
+    """Insert job events (``JobEventRow`` columns) in one executemany."""
+    s.execute(insert(JobEventRow), events)
 
 
 def record_checkpoint(s: Session, attempt_id: int, at: datetime) -> None:

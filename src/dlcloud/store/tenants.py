@@ -96,6 +96,16 @@ def list_keys(s: Session, tenant_id: str | None, user_id: str | None) -> list[tu
     return [(k, u, t) for k, u, t in s.execute(q.order_by(AccessKeyRow.created_at))]
 
 
+def user_names(s: Session, user_ids: list[str]) -> dict[str, str]:
+    """The names of the users with these ids (a user deleted since is left out)."""
+    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(user_ids)))}
+
+
+def any_user(s: Session) -> bool:
+    """Whether the platform has a user at all (before its first start it has none)."""
+    return s.scalar(select(UserRow.id).limit(1)) is not None
+
+
 def next_sandbox_slot(s: Session) -> int:
     """One more than any tenant's sandbox slot. Tenants are never deleted, so a slot is never reused (a
     tenant deletion must keep its slot taken, or files left by the old tenant's uid pass to the new one)."""
