@@ -32,14 +32,14 @@ from collections.abc import Iterator
 
 from sqlalchemy.orm import Session
 
+from dlcloud.control.env_builder import EnvironmentBuilder
+from dlcloud.control.leader import Leadership, LeadershipLost
+from dlcloud.control.scheduling import SchedulingPass
+from dlcloud.control.study_driver import StudyDriver
+from dlcloud.control.supervision import Supervisor
+from dlcloud.control.tensorboard import TensorBoardIngester
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.services.env_builds import EnvironmentBuilder
-from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
-from dlcloud.services.scheduling import SchedulingPass
-from dlcloud.services.study_driver import StudyDriver
-from dlcloud.services.supervision import Supervisor
-from dlcloud.services.tensorboard import TensorBoardIngester
 
 log = logging.getLogger(__name__)
 
