@@ -8,15 +8,12 @@ whose process was deposed records nothing, and the next leader builds the row ag
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy.orm import Session
-
 from dlcloud.control.leader import Leadership, LeadershipLost
+from dlcloud.control.loop_service import fenced_write
 from dlcloud.executors.environments import BuildCancelled, BuildError, BuildSpec, Cancellation
 from dlcloud.services.env_builds import BUILDING, FAILED, READY
 from dlcloud.services.platform import Platform
@@ -83,18 +80,9 @@ class EnvironmentBuilder:
                 self._inflight.discard(spec_hash)
             self.p.wake()  # jobs waiting for this environment may start now
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[Session]:
-        if self.leadership is None:
-            with self.p.db.write() as s:
-                yield s
-        else:
-            with self.leadership.write() as s:
-                yield s
-
     def build(self, spec_hash: str) -> None:
         """Build one BUILDING build in this thread and record READY or FAILED."""
-        with self._write() as s:
+        with fenced_write(self.p.db, self.leadership) as s:
             row = store.get_build(s, spec_hash, for_update=True)
             if row is None or row.state != BUILDING:
                 return
@@ -114,7 +102,7 @@ class EnvironmentBuilder:
     def _finish(
         self, spec_hash: str, state: str, *, error: str | None = None, size: int | None = None, built: bool
     ) -> None:
-        with self._write() as s:
+        with fenced_write(self.p.db, self.leadership) as s:
             row = store.get_build(s, spec_hash, for_update=True)
             if row is None or row.state != BUILDING:
                 return
