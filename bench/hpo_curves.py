@@ -11,7 +11,7 @@ curves, ``--orders`` times:
 * grid / random: the configurations in a uniformly random order (Optuna's GridSampler takes unvisited points at
   random; random sampling with duplicates skipped is the same), each run to ``--epochs`` until one reaches the
   target, counted to its hit epoch; the exact expectation is printed beside the mean of the replays.
-* pausing ASHA (``services/asha.py``'s own ``promotion``, one trial at a time as in the benchmark): a free slot
+* pausing ASHA (``control/asha.py``'s own ``promotion``, one trial at a time as in the benchmark): a free slot
   resumes the paused configuration that earned the next rung, else starts the next one of the order; a resumed
   trial continues its curve (the trainer resumes exactly: tests/unit/templates); stops at the first epoch that
   reaches the target.
@@ -42,8 +42,8 @@ from typing import Any
 from _common import load_average, machine  # bench/ is on sys.path as a script
 from hpo import SEARCH_SPACE, make_csv
 
+from dlcloud.control import asha
 from dlcloud.schemas.studies import Direction
-from dlcloud.services import asha
 
 Curve = list[float]  # val_accuracy after epoch 1, 2, ...
 

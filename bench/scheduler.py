@@ -47,12 +47,12 @@ from _common import load_average, machine, percentile  # bench/ is on sys.path w
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.pool import NullPool
 
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.base import Workload
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.scheduler.planner import Held, Limits, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.schemas.jobs import JobSpec, JobState
-from dlcloud.services.control import ControlLoop
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings

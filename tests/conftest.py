@@ -27,12 +27,12 @@ from starlette.testclient import TestClient
 from dlcloud import signing
 from dlcloud.api.app import create_app
 from dlcloud.client import Client, Credentials
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.base import Executor
 from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.local.sandbox import Sandbox
 from dlcloud.scheduler.inventory import Inventory, build_inventory
-from dlcloud.services.control import ControlLoop
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap

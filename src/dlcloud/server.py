@@ -22,6 +22,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
+from dlcloud.control.leader import Leadership
+from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import InvalidArgument
 from dlcloud.executors.base import Executor
 from dlcloud.executors.registry import get_executor_class
@@ -29,10 +31,8 @@ from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
 from dlcloud.services.auth import purge_nonces
 from dlcloud.services.code import sweep_upload_scratch
-from dlcloud.services.control import ControlLoop
 from dlcloud.services.dataset_sources import SourceWorker
 from dlcloud.services.datasets import sweep_abandoned_pushes
-from dlcloud.services.leader import Leadership
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap

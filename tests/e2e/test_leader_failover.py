@@ -14,7 +14,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from dlcloud.client import Client, Credentials
-from dlcloud.services.leader import ADVISORY_LOCK_ID
+from dlcloud.control.leader import ADVISORY_LOCK_ID
 from tests.conftest import wait_for
 from tests.e2e.conftest import Server, free_port
 from tests.job_files import touch_for_job

@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
+from dlcloud.control.planner_inputs import read_held
 from dlcloud.executors.local import executor as local_executor
-from dlcloud.services.planner_inputs import read_held
 from dlcloud.store.rows import AttemptRow, utcnow
 from tests.conftest import WAIT_FOR_GO, Env, release, wait_for
 from tests.job_files import touch_for_job

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.client import Client
+from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import DlcloudError
 from dlcloud.executors import host_venvs
 from dlcloud.executors.simulated import SimulatedExecutor
-from dlcloud.services.control import ControlLoop
 from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow
 from tests.conftest import WAIT_FOR_GO, Env, assert_api_error, release, wait_for
 from tests.wheels import make_wheel

@@ -12,10 +12,10 @@ import threading
 import pytest
 from sqlalchemy import text
 
+from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import InvalidSpec, InvalidState
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.schemas.jobs import SECRET_MASK
-from dlcloud.services.control import ControlLoop
 from tests.conftest import WAIT_FOR_GO, assert_api_error, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from datetime import UTC, datetime
 
-from dlcloud.services.ports import PortAllocator, attempt_ports, port_is_free, release_ports
+from dlcloud.control.ports import PortAllocator, attempt_ports, port_is_free, release_ports
 from dlcloud.store.db import Database
 
 NOW = datetime(2024, 1, 1, tzinfo=UTC)

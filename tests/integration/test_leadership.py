@@ -1,4 +1,4 @@
-"""One scheduler leader, fenced (``services/leader.py``): losing the lock session ends leadership within one
+"""One scheduler leader, fenced (``control/leader.py``): losing the lock session ends leadership within one
 pass, a new leader takes the next epoch, and whatever the deposed leader still tries to write is refused.
 
 Two leaders run in this process with their own ``Database`` (as two ``dlcloud up`` processes would). What
@@ -17,11 +17,11 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from dlcloud.control.leader import ADVISORY_LOCK_ID, Leadership, LeadershipLost
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.base import Executor
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.simulated import SimulatedExecutor
-from dlcloud.services.control import ControlLoop
-from dlcloud.services.leader import ADVISORY_LOCK_ID, Leadership, LeadershipLost
 from dlcloud.store.db import Database
 from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, LeadershipRow
 from tests.conftest import Env, wait_for

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.services.control import ControlLoop
 from tests.conftest import WAIT_FOR_GO, assert_api_error, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import event, func, insert, select, update
 
 from dlcloud.client import Client
+from dlcloud.control.queue_cache import EnvironmentHolds, QueueCache
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.scheduler.inventory import Gpu, Inventory
-from dlcloud.services.queue_cache import EnvironmentHolds, QueueCache
 from dlcloud.store import waits
 from dlcloud.store.queue import QUEUE_ORDER
 from dlcloud.store.rows import (
@@ -376,7 +376,7 @@ def test_a_pass_pauses_the_garbage_collector_and_gives_it_back_even_when_it_fail
 ) -> None:
     import gc
 
-    import dlcloud.services.scheduling as scheduling
+    import dlcloud.control.scheduling as scheduling
 
     assert sim_env.control is not None
     sim_env.admin.jobs.submit(spec("one", gpus=1))
@@ -726,7 +726,7 @@ def test_recent_usage_counts_the_window_and_a_turn_through_its_end_and_the_peak(
     with jobs that fail or are cancelled at once). What the pass keeps idle for its return: the most GPUs its
     attempts held at once over the lending window (a turn's end does not count: the attempt no longer holds), of
     those that ran shorter than the window or still run."""
-    from dlcloud.services.planner_inputs import recent_usage
+    from dlcloud.control.planner_inputs import recent_usage
 
     env.admin.jobs.submit(spec("j"))
     now = utcnow()

@@ -15,9 +15,9 @@ from datetime import datetime
 import pytest
 import yaml
 
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services import study_states
-from dlcloud.services.control import ControlLoop
 from tests.conftest import ShiftedClock, assert_api_error, build_env, make_settings, wait_for
 
 API = "/api/v1"

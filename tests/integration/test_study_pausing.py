@@ -1,4 +1,4 @@
-"""Pausing ASHA (docs/tuning.md, services/asha.py) on the real control loop and local executor, SQLite and
+"""Pausing ASHA (docs/tuning.md, control/asha.py) on the real control loop and local executor, SQLite and
 PostgreSQL: trials train to their rung (DLCLOUD_STOP_AT_STEP), pause, and the ones that earn the next rung are
 resumed as new jobs from their checkpoints (``checkpoint_from``): no step is run twice, the best of each rung go
 on, the others end PRUNED, ``parallel_trials`` holds over every job; a trial whose code ignores its budget is

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from dlcloud.control.loop import ControlLoop
 from dlcloud.executors import event_files
 from dlcloud.executors.event_files import EventScalar
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.services import metrics
-from dlcloud.services.control import ControlLoop
 from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, utcnow
 from tests import tensorboard_files
 from tests.conftest import Env, build_env, make_settings, release, wait_for
@@ -239,7 +239,7 @@ def test_tf_summary_runs_in_subdirectories_become_metric_prefixes(platform):
 
 def test_hostile_event_files_are_bounded_and_block_neither_the_ingester_nor_another_job(platform, caplog):
     env = platform.env
-    caplog.set_level(logging.WARNING, logger="dlcloud.services.tensorboard")
+    caplog.set_level(logging.WARNING, logger="dlcloud.control.tensorboard")
     hostile = env.admin.jobs.submit({"name": "tb-hostile", "command": _python(HOSTILE_JOB)})
     wait_for(
         lambda: ("a-torn/torn", 1, "") in _series(env, "tb-hostile"), timeout=120, what="the hostile job's files read"

@@ -2,7 +2,7 @@
 
 A Workload is one attempt of one job: one process, or a gang of replicas (``Workload.replicas``) that the
 executor starts together and reports on one by one (``AttemptReport.replicas``). Which replica's exit
-decides what stays above the executor (``services/gangs.py``); the executor only materialises and reports.
+decides what stays above the executor (``control/gangs.py``); the executor only materialises and reports.
 The executor starts it, and afterwards ``poll`` reports its
 state from what the executor recorded (for the local executor: files on disk written by a detached
 launcher), so the control plane can crash and restart without losing or re-running anything.

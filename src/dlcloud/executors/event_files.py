@@ -17,7 +17,7 @@ Invariants:
   ``MAX_POINTS_PER_PASS`` points and ``MAX_FILES_PER_PASS`` files, nor for longer than ``READ_SECONDS`` once its
   reader started, of at most ``MAX_FILES`` event files found in at most ``MAX_WALK_ENTRIES`` entries
   ``MAX_DEPTH`` directories deep; ``EventRead.more`` says data is left. A pass is one turn of the ingester's fair
-  pool (``services/fair_pool.py``): these bounds are the turn's budget.
+  pool (``control/fair_pool.py``): these bounds are the turn's budget.
 - The reader runs under the executor's ``charge`` (the local executor: a cgroup with the job's CPU quota), so
   the CPU a job's event files cost is the job's, not everyone's.
 - A record still being written stops the file at the last complete record: it is read once the file grows. A

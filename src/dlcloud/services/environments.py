@@ -9,7 +9,7 @@ Rules (this module is the only writer of the ``environments`` table; builds belo
 - Creating returns at once; the control plane builds it (``env_builds``). A spec built before, by any
   tenant, is READY at once.
 - A job's environment must exist (own tenant or built-in) and must not have FAILED; the job records its
-  name and build hash, and waits in the queue while it is BUILDING (``control.py``).
+  name and build hash, and waits in the queue while it is BUILDING (``control/loop.py``).
 - Deleting is for the environment's author or a tenant admin; it is refused while an unfinished job uses
   the environment or while it is building. The build goes when no environment of any tenant shares it.
 - Python versions: only interpreters present on the server. An inheriting environment must use the

@@ -1,6 +1,6 @@
 """Jobs as users see them: submit, list, describe, cancel, delete.
 
-State changes go through ``job_states.transition``; running attempts are driven by ``control.py``.
+State changes go through ``job_states.transition``; running attempts are driven by ``control/loop.py``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Invariants:
 - Storing the same (job, attempt, replica, metric, step) again overwrites it: a retried push adds nothing.
 - A push is all or nothing: one bad point refuses the whole request, and nothing of it is stored.
 - Metrics live until their job is deleted (the foreign key cascades) and count against no quota.
-- Scalars read from a job's TensorBoard event files (``services/tensorboard.py``) are stored by the same upsert
+- Scalars read from a job's TensorBoard event files (``control/tensorboard.py``) are stored by the same upsert
   as a push, after the same checks: a name the push API would refuse is mapped (``metric_name``) or dropped.
 """
 

@@ -1,6 +1,6 @@
 """Studies as users see them: submit, list, describe, trials, best, stop, resume (docs/tuning.md).
 
-The study driver (``study_driver.py``, in the leader) runs the trials; this module only records what users
+The study driver (``control/study_driver.py``, in the leader) runs the trials; this module only records what users
 ask. State changes go through ``study_states``. A trial's job spec is built here (``trial_job_spec``), for the
 check at submit and for the driver alike.
 

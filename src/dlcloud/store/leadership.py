@@ -1,6 +1,6 @@
 """The leadership row: the epoch (fencing token) of the scheduler leader.
 
-One row, id 1, created by the first leader. Only ``services/leader.py`` calls these, inside its own
+One row, id 1, created by the first leader. Only ``control/leader.py`` calls these, inside its own
 transactions.
 """
 

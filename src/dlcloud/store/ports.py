@@ -1,5 +1,5 @@
 """Ports held by live attempts (``job_ports``): read, taken in the scheduling transaction, given back when the
-attempt ends (services/ports.py hands them out)."""
+attempt ends (control/ports.py hands them out)."""
 
 from __future__ import annotations
 

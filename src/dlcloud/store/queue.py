@@ -1,4 +1,4 @@
-"""The queue snapshot: what the scheduling pass reads of the queued jobs (services/queue_cache.py keeps it).
+"""The queue snapshot: what the scheduling pass reads of the queued jobs (control/queue_cache.py keeps it).
 
 The queue's columns are read by position (a Row's attributes cost a lookup each), in two groups: those fixed at
 submit (nothing writes them after, store/rows.py JobRow) and those that change while a job waits. A whole read

@@ -258,7 +258,7 @@ class AttemptRow(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # the last change the attempt made to its job's checkpoint directory, as the executor saw it: preempting it
-    # loses the work since (else since its start; services/supervision.py records it)
+    # loses the work since (else since its start; control/supervision.py records it)
     checkpoint_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # placed for its tenant's turn: owed (not reclaimable) until then, and its tenant's usage counts it until then
     turn_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -441,7 +441,7 @@ class EnvironmentBuildRow(Base):
 
 class LeadershipRow(Base):
     """The scheduler leader's fencing token: one row (id 1). Each new leader takes the next epoch, and every
-    write of the control loop checks that the epoch is still its own (``services/leader.py``)."""
+    write of the control loop checks that the epoch is still its own (``control/leader.py``)."""
 
     __tablename__ = "leadership"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)

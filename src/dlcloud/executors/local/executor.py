@@ -184,7 +184,7 @@ class LocalExecutor(Executor):
 
     def handle(self, tenant_id: str, job_id: str, attempt: int) -> str:
         """The attempt's directory, absolute: every control plane on this host that shares the database (a
-        successor with its own data dir, see leader.py) finds the attempt where it runs, and adopts it."""
+        successor with its own data dir, see control/leader.py) finds the attempt where it runs, and adopts it."""
         return str(self._job_dir(tenant_id, job_id) / f"attempt-{attempt}")
 
     def attempt_dir(self, handle: str) -> Path:

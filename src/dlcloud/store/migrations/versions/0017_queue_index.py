@@ -1,5 +1,5 @@
 """the queue's index covers what a scheduling pass reads of every queued job: the columns that change while a job
-waits follow the queue order's, so a pass reads the index alone, not the jobs' rows (services/scheduling.py)
+waits follow the queue order's, so a pass reads the index alone, not the jobs' rows (control/scheduling.py)
 
 Revision ID: 0017
 Revises: 0016

@@ -1,6 +1,6 @@
 """the attempts placed for a turn get their own (partial) index: a pass's recent GPU-seconds per tenant reads the
 live attempts, those that ended within the turn window and those whose turn ends within it, each term by an index,
-so the read does not grow with the attempts history (services/scheduling.py, ``recent_usage``)
+so the read does not grow with the attempts history (control/scheduling.py, ``recent_usage``)
 
 Revision ID: 0019
 Revises: 0018

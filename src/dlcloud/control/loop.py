@@ -20,80 +20,65 @@ launched; the supervisor sees it as lost-before-launch and starts it then, so no
 nothing runs twice. Attempts hold their resources until ``finished_at`` is set.
 
 Fencing: with a ``Leadership`` every pass starts with ``verify`` and every write transaction with ``fence``
-(``_write``); ``LeadershipLost`` from either ends ``run``, so a deposed leader writes nothing more.
+(``write``, of the loop-service base ``loop_service.py``); ``LeadershipLost`` from either ends ``run``, so a
+deposed leader writes nothing more.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Iterator
 
-from sqlalchemy.orm import Session
-
+from dlcloud.control.env_builder import EnvironmentBuilder
+from dlcloud.control.leader import Leadership
+from dlcloud.control.loop_service import LoopService
+from dlcloud.control.scheduling import SchedulingPass
+from dlcloud.control.study_driver import StudyDriver
+from dlcloud.control.supervision import Supervisor
+from dlcloud.control.tensorboard import TensorBoardIngester
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.services.env_builds import EnvironmentBuilder
-from dlcloud.services.leader import Leadership, LeadershipLost
 from dlcloud.services.platform import Platform
-from dlcloud.services.scheduling import SchedulingPass
-from dlcloud.services.study_driver import StudyDriver
-from dlcloud.services.supervision import Supervisor
-from dlcloud.services.tensorboard import TensorBoardIngester
 
 log = logging.getLogger(__name__)
 
 
-class ControlLoop:
+class ControlLoop(LoopService):
+    name = "control loop"
+
     def __init__(self, platform: Platform, executor: Executor, leadership: Leadership | None = None):
-        self.p = platform
+        super().__init__(platform, leadership)
         self.executor = executor
         if executor is not platform.executor:  # another instance (a restarted control plane in tests)
             executor.bind(platform.settings, platform.objects, platform.environments)
-        self.leadership = leadership  # None: unfenced (tests that drive the loop without an election)
-        self._wake = threading.Event()
         # builds environments while this loop runs
         self.builds = EnvironmentBuilder(platform, leadership)
-        self.scheduling = SchedulingPass(platform, executor, self._write)
-        self.ingester = TensorBoardIngester(platform, executor, self._write)
+        self.scheduling = SchedulingPass(platform, executor, self.write)
+        self.ingester = TensorBoardIngester(platform, executor, self.write)
         self.supervisor = Supervisor(
             platform,
             executor,
-            self._write,
+            self.write,
             self._start,
             self.wake,
             ended=self.ingester.ended,
             settled=self.ingester.settled,
         )
-        self.studies = StudyDriver(platform, self._write, settled=self.ingester.settled)
+        self.studies = StudyDriver(platform, self.write, settled=self.ingester.settled)
 
-    # -- driving -----------------------------------------------------------------------------------
-    def wake(self) -> None:
-        self._wake.set()
+    # -- driving (``run``, ``wake``: the loop-service base) ----------------------------------------
+    def interval(self) -> float:
+        return self.p.settings.supervisor_interval_seconds
 
-    def run(self, stop: threading.Event) -> None:
-        """Run passes until ``stop`` is set or this process stops leading."""
-        interval = self.p.settings.supervisor_interval_seconds
+    def starting(self) -> None:
         if self.builds.closed:  # shut down at the end of a former term of leadership
             self.builds = EnvironmentBuilder(self.p, self.leadership)
         self.studies.reset()
         self.ingester.start()
         self.supervisor.savers.start()
-        try:
-            while not stop.is_set():
-                try:
-                    self.tick()
-                except LeadershipLost as exc:
-                    log.warning("stopped leading the scheduler: %s", exc)
-                    return
-                except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
-                    log.exception("control loop tick failed")
-                self._wake.wait(interval)
-                self._wake.clear()
-        finally:
-            self.supervisor.savers.shutdown()  # saves not begun are the next leader's (the attempts end with them)
-            self.ingester.shutdown()  # the next leader reads the event files again, from their start
-            self.builds.shutdown()  # running builds stop; the next leader builds them again
+
+    def stopping(self) -> None:
+        self.supervisor.savers.shutdown()  # saves not begun are the next leader's (the attempts end with them)
+        self.ingester.shutdown()  # the next leader reads the event files again, from their start
+        self.builds.shutdown()  # running builds stop; the next leader builds them again
 
     def tick(self) -> None:
         if self.leadership is not None:
@@ -103,17 +88,6 @@ class ControlLoop:
         self.schedule()
         self.studies.run()
         self.builds.dispatch()
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[Session]:
-        """A write transaction of the loop: fenced, so it is refused (``LeadershipLost``) once another
-        process leads."""
-        if self.leadership is None:
-            with self.p.db.write() as s:
-                yield s
-        else:
-            with self.leadership.write() as s:
-                yield s
 
     def supervise(self) -> None:
         """Poll every attempt that has not ended and apply what happened (``supervision``)."""

@@ -32,17 +32,18 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
+from dlcloud.control import workloads
+from dlcloud.control.planner_inputs import plan_config, read_held, read_limits, recent_usage
+from dlcloud.control.ports import PortAllocator
+from dlcloud.control.queue_cache import EnvironmentHolds, QueueCache, Queued
+from dlcloud.control.tenant_view import OTHER_JOB, TenantView
 from dlcloud.executors.base import Executor, Workload
 from dlcloud.scheduler.contract import HOLD_MARGIN_S
 from dlcloud.scheduler.planner import PREEMPTION_WHY, Limits, Plan, Policy, plan
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import job_states, recipes, replica_states, workloads
+from dlcloud.services import job_states, recipes, replica_states
 from dlcloud.services.jobs import QUEUE_STATES
-from dlcloud.services.planner_inputs import plan_config, read_held, read_limits, recent_usage
 from dlcloud.services.platform import Platform
-from dlcloud.services.ports import PortAllocator
-from dlcloud.services.queue_cache import EnvironmentHolds, QueueCache, Queued
-from dlcloud.services.tenant_view import OTHER_JOB, TenantView
 from dlcloud.store import queue, waits
 from dlcloud.store import scheduling as store
 from dlcloud.store.rows import JobRow, utcnow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from dlcloud.control import gangs
 from dlcloud.executors.base import AttemptReport, ReplicaReport
-from dlcloud.services import gangs
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from dlcloud.control import asha
+from dlcloud.control.leader import LeadershipLost
 from dlcloud.errors import DlcloudError, NotFound, QuotaExceeded
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState
 from dlcloud.schemas.studies import (
@@ -57,9 +59,8 @@ from dlcloud.schemas.studies import (
     TrialState,
 )
 from dlcloud.schemas.users import Role
-from dlcloud.services import asha, jobs, studies, study_states
+from dlcloud.services import jobs, studies, study_states
 from dlcloud.services.auth import Caller
-from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.store import metrics as metric_store
 from dlcloud.store import studies as store

@@ -1,4 +1,4 @@
-"""Asynchronous successive halving that pauses (services/asha.py): the rung ladder, the value a trial is ranked
+"""Asynchronous successive halving that pauses (control/asha.py): the rung ladder, the value a trial is ranked
 by at a rung, and which paused trial earns the next rung, by hand-built trials; the study file's checks."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from dlcloud.control.asha import Candidate, Rungs, promotion, rung_value, standing
 from dlcloud.schemas.studies import Direction, StudySpec
-from dlcloud.services.asha import Candidate, Rungs, promotion, rung_value, standing
 
 MAX, MIN = Direction.MAXIMIZE, Direction.MINIMIZE
 LADDER = Rungs(min_resource=3, reduction_factor=3)  # 3, 9, 27, ...
@@ -136,7 +136,7 @@ def test_a_pausing_study_file_is_checked(extra: dict, fragment: str):
 
 
 def test_finishing_takes_the_best_paused_trial_of_the_highest_rung():
-    from dlcloud.services.asha import finishing
+    from dlcloud.control.asha import finishing
 
     trials = [
         paused(0, {3: 0.9}, 3),  # better, but lower

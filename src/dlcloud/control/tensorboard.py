@@ -38,11 +38,11 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from dlcloud.control.fair_pool import FairPool, pool_size
+from dlcloud.control.leader import LeadershipLost
 from dlcloud.executors.base import Executor
 from dlcloud.executors.event_files import EventCursor
 from dlcloud.services import metrics
-from dlcloud.services.fair_pool import FairPool, pool_size
-from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
 from dlcloud.store import metrics as store
 from dlcloud.store.rows import utcnow

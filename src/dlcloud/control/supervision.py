@@ -32,16 +32,17 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dlcloud.control import gangs, workloads
+from dlcloud.control.fair_pool import FairPool, pool_size
+from dlcloud.control.leader import LeadershipLost
+from dlcloud.control.ports import attempt_ports, release_ports
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.base import AttemptReport, Executor, Workload
 from dlcloud.executors.outputs import LEFT_OUT_SUFFIX
 from dlcloud.schemas.jobs import JobState
-from dlcloud.services import gangs, job_models, job_states, replica_states, storage_quota, workloads
-from dlcloud.services.fair_pool import FairPool, pool_size
+from dlcloud.services import job_models, job_states, replica_states, storage_quota
 from dlcloud.services.job_keys import logs_key, outputs_key
-from dlcloud.services.leader import LeadershipLost
 from dlcloud.services.platform import Platform
-from dlcloud.services.ports import attempt_ports, release_ports
 from dlcloud.storage.objects import StorageError
 from dlcloud.store import jobs as job_store
 from dlcloud.store.rows import AttemptRow, JobRow, utcnow

@@ -1,4 +1,4 @@
-"""The fair pool that reads event files (``services/fair_pool.py``): tenants take turns, a tenant runs one task at a
+"""The fair pool that reads event files (``control/fair_pool.py``): tenants take turns, a tenant runs one task at a
 time, so a tenant that floods it holds one worker and waits, after each of its turns, for the others'. Real threads,
 ordered by events: nothing here depends on how fast the machine is."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dlcloud.services.fair_pool import FairPool
+from dlcloud.control.fair_pool import FairPool
 
 WAIT = 30.0  # bounds every wait, so a broken pool fails the test instead of hanging it
 
