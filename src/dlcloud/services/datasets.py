@@ -45,7 +45,6 @@ from dlcloud.errors import (
     DlcloudError,
     InvalidArchive,
     InvalidArgument,
-    NotFound,
     Unavailable,
 )
 from dlcloud.schemas.common import NAME_RE
@@ -64,17 +63,17 @@ from dlcloud.schemas.datasets import (
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState
-from dlcloud.schemas.models import LABEL_RE, check_label
+from dlcloud.schemas.models import LABEL_RE
 from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
+from dlcloud.services.registry import Versioned
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
-from dlcloud.store import tenants as tenant_store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
@@ -534,64 +533,25 @@ def open_version(
 def set_label(
     platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
 ) -> DatasetLabel:
-    try:
-        check_label(label)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "moving labels")
-        row = store.get_version(s, caller.tenant_id, dataset.id, version)
-        if row is None:
-            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
-        existing = s.get(DatasetLabelRow, (dataset.id, label))
-        if existing is None:
-            s.add(DatasetLabelRow(dataset_id=dataset.id, label=label, version_id=row.id, updated_at=utcnow()))
-        else:
-            existing.version_id, existing.updated_at = row.id, utcnow()
-        return DatasetLabel(label=label, version=version)
+    REGISTRY.set_label(platform, caller, name, label, version, owner)
+    return DatasetLabel(label=label, version=version)
 
 
 def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "moving labels")
-        row = s.get(DatasetLabelRow, (dataset.id, label))
-        if row is None:
-            raise NotFound(f"dataset {name!r} has no label {label!r}")
-        s.delete(row)
+    REGISTRY.remove_label(platform, caller, name, label, owner)
 
 
 def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> DatasetShare:
     """Let ``tenant`` read the dataset (idempotent)."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "sharing")
-        require_author_or_admin(caller, dataset.created_by, f"share dataset {name!r}")
-        if tenant == caller.tenant:
-            raise InvalidArgument(
-                f"dataset {name!r} already belongs to tenant {tenant!r}; share it with another tenant"
-            )
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        if target is None:
-            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
-            return DatasetShare(tenant=tenant, created_at=utcnow())
-        row = s.get(DatasetShareRow, (dataset.id, target.id))
-        if row is None:
-            row = DatasetShareRow(
-                dataset_id=dataset.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow()
-            )
-            s.add(row)
-        return DatasetShare(tenant=tenant, created_at=row.created_at)
+    return DatasetShare(tenant=tenant, created_at=REGISTRY.share(platform, caller, name, tenant, owner))
 
 
 def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "unsharing")
-        require_author_or_admin(caller, dataset.created_by, f"unshare dataset {name!r}")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        row = s.get(DatasetShareRow, (dataset.id, target.id)) if target is not None else None
-        if row is None:
-            raise NotFound(f"dataset {name!r} is not shared with tenant {tenant!r}")
-        s.delete(row)
-        _end_readers(s, dataset, row.tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+    REGISTRY.unshare(platform, caller, name, tenant, owner)
+
+
+def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenant_id: str) -> None:
+    _end_readers(s, dataset, tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
 
 
 def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> None:
@@ -605,6 +565,18 @@ def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> N
             job.cancel_requested = True
             job.reason = f"cancellation requested: {why}"
         s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job.id))
+
+
+REGISTRY = Versioned(
+    DATASETS,
+    DatasetLabelRow,
+    DatasetShareRow,
+    "dataset_id",
+    store.get_version,
+    DatasetVersionNotFound,
+    ("moving labels", "moving labels"),
+    _end_share,
+)
 
 
 # -- deletion --------------------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ from dlcloud.schemas.models import (
     ModelShare,
     ModelUpload,
     ModelVersion,
-    check_label,
     executes_code,
 )
 from dlcloud.services import storage_quota, uploads
@@ -59,12 +58,12 @@ from dlcloud.services.model_access import MODELS, find_version, require_author_o
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
+from dlcloud.services.registry import Versioned
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store
 from dlcloud.store import models as store
-from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import (
     JobRow,
@@ -469,66 +468,42 @@ def open_artifact(
 # -- labels and shares -----------------------------------------------------------------------------------
 
 
+def _end_share(s: Session, caller: Caller, model: ModelRow, name: str, tenant_id: str) -> None:
+    # the tenant can no longer read the model, nor renew or release its leases on it: they end now
+    store.delete_tenant_deployments(s, model.id, tenant_id)
+
+
+REGISTRY = Versioned(
+    MODELS,
+    ModelLabelRow,
+    ModelShareRow,
+    "model_id",
+    store.get_version,
+    ModelVersionNotFound,
+    ("setting labels", "removing labels"),
+    _end_share,
+)
+
+
 def set_label(
     platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
 ) -> ModelLabel:
     """Point ``label`` at ``version``; it leaves the version it pointed at before."""
-    try:
-        check_label(label)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "setting labels")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        existing = store.get_label(s, model.id, label)
-        if existing is None:
-            s.add(ModelLabelRow(model_id=model.id, label=label, version_id=row.id, updated_at=utcnow()))
-        else:
-            existing.version_id = row.id
-            existing.updated_at = utcnow()
+    REGISTRY.set_label(platform, caller, name, label, version, owner)
     return ModelLabel(label=label, version=version)
 
 
 def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "removing labels")
-        existing = store.get_label(s, model.id, label)
-        if existing is None:
-            raise NotFound(f"model {name!r} has no label {label!r}")
-        s.delete(existing)
+    REGISTRY.remove_label(platform, caller, name, label, owner)
 
 
 def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
     """Let ``tenant`` read the model (idempotent)."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "sharing")
-        require_author_or_admin(caller, model.created_by, f"share model {name!r}")
-        if tenant == caller.tenant:
-            raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        if target is None:
-            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
-            return ModelShare(tenant=tenant, created_at=utcnow())
-        row = store.get_share(s, model.id, target.id)
-        if row is None:
-            row = ModelShareRow(model_id=model.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow())
-            s.add(row)
-        return ModelShare(tenant=tenant, created_at=row.created_at)
+    return ModelShare(tenant=tenant, created_at=REGISTRY.share(platform, caller, name, tenant, owner))
 
 
 def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "unsharing")
-        require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        row = store.get_share(s, model.id, target.id) if target is not None else None
-        if row is None:
-            raise NotFound(f"model {name!r} is not shared with tenant {tenant!r}")
-        s.delete(row)
-        # the tenant can no longer read the model, nor renew or release its leases on it: they end now
-        store.delete_tenant_deployments(s, model.id, row.tenant_id)
+    REGISTRY.unshare(platform, caller, name, tenant, owner)
 
 
 # -- deletion --------------------------------------------------------------------------------------------

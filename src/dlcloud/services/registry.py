@@ -1,0 +1,127 @@
+"""What every versioned registry (models, datasets) does alike with its entries' labels and shares.
+
+- A label points at one version of its entry; setting it moves it, and a label is named like a DNS-1123 label
+  starting with a letter (400 otherwise). Setting and removing labels need the entry to be the caller's own.
+- Sharing lets another tenant read the entry (idempotent); it is for the entry's author or a tenant admin. A
+  share with a tenant that does not exist answers as a stored one: whether a tenant exists must not leak
+  (docs/tenancy.md). Unsharing ends what the tenant held on the entry (``end_share``: a model's deployment
+  leases, a dataset's reading jobs).
+
+Each registry's service module keeps its own read models and what differs (signatures and formats for
+models, manifests, sources and the cache for datasets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from sqlalchemy.orm import Session
+
+from dlcloud.errors import InvalidArgument, NotFound
+from dlcloud.schemas.models import check_label
+from dlcloud.services.auth import Caller
+from dlcloud.services.platform import Platform
+from dlcloud.services.registry_access import Registry, require_author_or_admin
+from dlcloud.store import tenants as tenant_store
+from dlcloud.store.rows import utcnow
+
+
+class Entry(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def created_by(self) -> str: ...
+
+
+E = TypeVar("E", bound=Entry)
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[E]):
+    """One registry's tables and rules for labels and shares.
+
+    ``label_row`` and ``share_row`` are keyed by (entry id, label) and (entry id, tenant id), the entry id in
+    the column ``entry_key``; ``get_version(s, tenant id, entry id, number)``; ``label_change``: what setting
+    and removing a label are called when a shared entry refuses them (403)."""
+
+    access: Registry[E]
+    label_row: type[Any]
+    share_row: type[Any]
+    entry_key: str
+    get_version: Callable[[Session, str, str, int], Any]
+    version_not_found: type[NotFound]
+    label_change: tuple[str, str]
+    end_share: Callable[[Session, Caller, E, str, str], None]  # (s, caller, entry, name, tenant id)
+
+    def set_label(
+        self, platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None
+    ) -> None:
+        """Point ``label`` at ``version``; it leaves the version it pointed at before."""
+        noun = self.access.noun
+        try:
+            check_label(label)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        with platform.db.write() as s:
+            entry = self.access.writable(s, caller, name, owner, self.label_change[0])
+            row = self.get_version(s, caller.tenant_id, entry.id, version)
+            if row is None:
+                raise self.version_not_found(f"{noun} {name!r} has no version {version}")
+            existing = s.get(self.label_row, (entry.id, label))
+            if existing is None:
+                s.add(self.label_row(**{self.entry_key: entry.id}, label=label, version_id=row.id, updated_at=utcnow()))
+            else:
+                existing.version_id, existing.updated_at = row.id, utcnow()
+
+    def remove_label(self, platform: Platform, caller: Caller, name: str, label: str, owner: str | None) -> None:
+        with platform.db.write() as s:
+            entry = self.access.writable(s, caller, name, owner, self.label_change[1])
+            existing = s.get(self.label_row, (entry.id, label))
+            if existing is None:
+                raise NotFound(f"{self.access.noun} {name!r} has no label {label!r}")
+            s.delete(existing)
+
+    def share(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None) -> datetime:
+        """Let ``tenant`` read the entry (idempotent): when it was shared."""
+        noun = self.access.noun
+        with platform.db.write() as s:
+            entry = self.access.writable(s, caller, name, owner, "sharing")
+            require_author_or_admin(caller, entry.created_by, f"share {noun} {name!r}")
+            if tenant == caller.tenant:
+                raise InvalidArgument(
+                    f"{noun} {name!r} already belongs to tenant {tenant!r}; share it with another tenant"
+                )
+            target = tenant_store.get_tenant_by_name(s, tenant)
+            if target is None:
+                # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
+                return utcnow()
+            row = s.get(self.share_row, (entry.id, target.id))
+            if row is None:
+                row = self.share_row(
+                    **{self.entry_key: entry.id},
+                    tenant_id=target.id,
+                    created_by=caller.user_id,
+                    created_at=utcnow(),
+                )
+                s.add(row)
+            created_at: datetime = row.created_at
+            return created_at
+
+    def unshare(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None) -> None:
+        noun = self.access.noun
+        with platform.db.write() as s:
+            entry = self.access.writable(s, caller, name, owner, "unsharing")
+            require_author_or_admin(caller, entry.created_by, f"unshare {noun} {name!r}")
+            target = tenant_store.get_tenant_by_name(s, tenant)
+            row = s.get(self.share_row, (entry.id, target.id)) if target is not None else None
+            if row is None:
+                raise NotFound(f"{noun} {name!r} is not shared with tenant {tenant!r}")
+            s.delete(row)
+            self.end_share(s, caller, entry, name, row.tenant_id)
