@@ -32,13 +32,7 @@ from dlcloud.services.datasets import FILES_PAGE, FILES_PAGE_MAX
 router = APIRouter()
 
 registry.upload_routes(
-    router,
-    "datasets",
-    "/dataset-uploads",
-    DatasetUpload,
-    DatasetUploadId,
-    upload=svc.upload_data,
-    delete_upload=svc.delete_upload,
+    router, "datasets", "/dataset-uploads", DatasetUpload, DatasetUploadId, svc.upload_data, svc.delete_upload
 )
 
 
@@ -59,22 +53,9 @@ def push_version(
 
 
 registry.entry_routes(
-    router,
-    "datasets",
-    Dataset,
-    DatasetDetail,
-    list_entries=svc.list_datasets,
-    describe=svc.describe_dataset,
-    delete=svc.delete_dataset,
+    router, "datasets", Dataset, DatasetDetail, svc.list_datasets, svc.describe_dataset, svc.delete_dataset
 )
-registry.version_routes(
-    router,
-    "datasets",
-    DatasetVersion,
-    list_versions=svc.list_versions,
-    get_version=svc.get_version,
-    delete_version=svc.delete_version,
-)
+registry.version_routes(router, "datasets", DatasetVersion, svc.list_versions, svc.get_version, svc.delete_version)
 
 
 @router.get("/datasets/{name}/versions/{version}/files", response_model=list[DatasetFile], name="datasets.files")
@@ -105,14 +86,5 @@ def download_version(
     return StreamingResponse(stream, media_type="application/gzip", headers=headers)
 
 
-registry.label_share_routes(
-    router,
-    "datasets",
-    label_model=DatasetLabel,
-    label_set=DatasetLabelSet,
-    share_model=DatasetShare,
-    set_label=svc.set_label,
-    remove_label=svc.remove_label,
-    share=svc.share_dataset,
-    unshare=svc.unshare_dataset,
-)
+registry.label_routes(router, "datasets", DatasetLabel, DatasetLabelSet, svc.set_label, svc.remove_label)
+registry.share_routes(router, "datasets", DatasetShare, svc.share_dataset, svc.unshare_dataset)

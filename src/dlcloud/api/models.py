@@ -35,13 +35,7 @@ from dlcloud.services import models as svc
 router = APIRouter()
 
 registry.upload_routes(
-    router,
-    "models",
-    "/model-uploads",
-    ModelUpload,
-    UploadId,
-    upload=svc.upload_artifact,
-    delete_upload=svc.delete_upload,
+    router, "models", "/model-uploads", ModelUpload, UploadId, svc.upload_artifact, svc.delete_upload
 )
 
 
@@ -56,23 +50,8 @@ def register_model(
     return version
 
 
-registry.entry_routes(
-    router,
-    "models",
-    Model,
-    ModelDetail,
-    list_entries=svc.list_models,
-    describe=svc.describe_model,
-    delete=svc.delete_model,
-)
-registry.version_routes(
-    router,
-    "models",
-    ModelVersion,
-    list_versions=svc.list_versions,
-    get_version=svc.get_version,
-    delete_version=svc.delete_version,
-)
+registry.entry_routes(router, "models", Model, ModelDetail, svc.list_models, svc.describe_model, svc.delete_model)
+registry.version_routes(router, "models", ModelVersion, svc.list_versions, svc.get_version, svc.delete_version)
 
 
 @router.get("/models/{name}/versions/{version}/artifact", name="models.download", response_class=StreamingResponse)
@@ -89,17 +68,8 @@ def download_artifact(
     return StreamingResponse(stream, media_type="application/gzip", headers=headers)
 
 
-registry.label_share_routes(
-    router,
-    "models",
-    label_model=ModelLabel,
-    label_set=LabelSet,
-    share_model=ModelShare,
-    set_label=svc.set_label,
-    remove_label=svc.remove_label,
-    share=svc.share_model,
-    unshare=svc.unshare_model,
-)
+registry.label_routes(router, "models", ModelLabel, LabelSet, svc.set_label, svc.remove_label)
+registry.share_routes(router, "models", ModelShare, svc.share_model, svc.unshare_model)
 
 
 @router.post(

@@ -30,7 +30,6 @@ def upload_routes(
     path: str,
     upload_model: type[BaseModel],
     upload_id: Any,
-    *,
     upload: Callable[..., Awaitable[Any]],
     delete_upload: Read,
 ) -> None:
@@ -64,7 +63,6 @@ def entry_routes(
     plural: str,
     entry_model: type[BaseModel],
     detail_model: type[BaseModel],
-    *,
     list_entries: Read,
     describe: Read,
     delete: Read,
@@ -88,7 +86,6 @@ def version_routes(
     router: APIRouter,
     plural: str,
     version_model: type[BaseModel],
-    *,
     list_versions: Read,
     get_version: Read,
     delete_version: Read,
@@ -117,21 +114,18 @@ def version_routes(
         delete_version(p, c, name, version, owner)
 
 
-def label_share_routes(
+def label_routes(
     router: APIRouter,
     plural: str,
-    *,
     label_model: type[BaseModel],
     label_set: type[BaseModel],
-    share_model: type[BaseModel],
     set_label: Read,
     remove_label: Read,
-    share: Read,
-    unshare: Read,
 ) -> None:
-    """``PUT``/``DELETE /{plural}/{name}/labels/{label}`` and ``POST``/``DELETE /{plural}/{name}/shares/{tenant}``."""
+    """``PUT`` and ``DELETE /{plural}/{name}/labels/{label}``; ``label_set`` is the PUT's body."""
+    path = f"/{plural}/{{name}}/labels/{{label}}"
 
-    @router.put(f"/{plural}/{{name}}/labels/{{label}}", response_model=label_model, name=f"{plural}.set_label")
+    @router.put(path, response_model=label_model, name=f"{plural}.set_label")
     def put_label(
         c: CallerDep,
         p: PlatformDep,
@@ -144,25 +138,26 @@ def label_share_routes(
         set_audit_resource(request, f"{name}@{label}")
         return set_label(p, c, name, label, body.version, owner)  # type: ignore[attr-defined]
 
-    @router.delete(
-        f"/{plural}/{{name}}/labels/{{label}}", status_code=status.HTTP_204_NO_CONTENT, name=f"{plural}.remove_label"
-    )
+    @router.delete(path, status_code=status.HTTP_204_NO_CONTENT, name=f"{plural}.remove_label")
     def delete_label(
         c: CallerDep, p: PlatformDep, request: Request, name: Name, label: Label, owner: Owner = None
     ) -> None:
         set_audit_resource(request, f"{name}@{label}")
         remove_label(p, c, name, label, owner)
 
-    @router.post(f"/{plural}/{{name}}/shares/{{tenant}}", response_model=share_model, name=f"{plural}.share")
+
+def share_routes(router: APIRouter, plural: str, share_model: type[BaseModel], share: Read, unshare: Read) -> None:
+    """``POST`` and ``DELETE /{plural}/{name}/shares/{tenant}``."""
+    path = f"/{plural}/{{name}}/shares/{{tenant}}"
+
+    @router.post(path, response_model=share_model, name=f"{plural}.share")
     def post_share(
         c: CallerDep, p: PlatformDep, request: Request, name: Name, tenant: TenantName, owner: Owner = None
     ) -> Any:
         set_audit_resource(request, f"{name}->{tenant}")
         return share(p, c, name, tenant, owner)
 
-    @router.delete(
-        f"/{plural}/{{name}}/shares/{{tenant}}", status_code=status.HTTP_204_NO_CONTENT, name=f"{plural}.unshare"
-    )
+    @router.delete(path, status_code=status.HTTP_204_NO_CONTENT, name=f"{plural}.unshare")
     def delete_share(
         c: CallerDep, p: PlatformDep, request: Request, name: Name, tenant: TenantName, owner: Owner = None
     ) -> None:
