@@ -12,7 +12,6 @@ c.models.download("mnist", "production", dest=Path("models/"))
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import shutil
@@ -25,7 +24,9 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.transport import API, Transport
+from dlcloud.client import registry
+from dlcloud.client.registry import RegistryAPI
+from dlcloud.client.transport import API
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, DIRECTORY_MARKERS, FORMATS, format_from_name
 
@@ -110,17 +111,12 @@ def pack_artifact(path: Path) -> Path:
 
 def split_name(name: str) -> tuple[str, dict[str, Any]]:
     """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {})."""
-    owner, sep, model = name.partition("/")
-    if not sep:
-        return name, {}
-    if not owner or not model or "/" in model:
-        raise InvalidArgument(f"model name {name!r} must be NAME or OWNER_TENANT/NAME")
-    return model, {"owner": owner}
+    return registry.split_name(name, "model")
 
 
-class ModelsAPI:
-    def __init__(self, t: Transport):
-        self._t = t
+class ModelsAPI(RegistryAPI):
+    noun = "model"
+    plural = "models"
 
     # -- register --------------------------------------------------------------------------------------
     def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -208,20 +204,7 @@ class ModelsAPI:
                 self.delete_upload(upload_id)
             raise
 
-    # -- reads -----------------------------------------------------------------------------------------
-    def list(self) -> list[dict[str, Any]]:
-        """Your tenant's models, then those shared with it (``shared`` true, named ``OWNER/NAME``)."""
-        return self._t.request("GET", f"{API}/models")
-
-    def get(self, name: str) -> dict[str, Any]:
-        """The model with its versions, labels and shares."""
-        model, params = split_name(name)
-        return self._t.request("GET", f"{API}/models/{model}", params=params)
-
-    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
-        model, params = split_name(name)
-        return self._t.request("GET", f"{API}/models/{model}/versions", params=params)
-
+    # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
     def version(self, name: str, version: int | str = "latest") -> dict[str, Any]:
         """One version by number, label or ``latest``."""
         model, params = split_name(name)
@@ -277,37 +260,6 @@ class ModelsAPI:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return target
-
-    # -- labels, shares, deletion ------------------------------------------------------------------------
-    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
-        """Point ``label`` at ``version`` (moving it off the version it was on)."""
-        model, params = split_name(name)
-        return self._t.request(
-            "PUT", f"{API}/models/{model}/labels/{label}", params=params, json_body={"version": version}
-        )
-
-    def remove_label(self, name: str, label: str) -> None:
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/labels/{label}", params=params)
-
-    def share(self, name: str, tenant: str) -> dict[str, Any]:
-        """Let ``tenant`` list, describe and download the model (never change it)."""
-        model, params = split_name(name)
-        return self._t.request("POST", f"{API}/models/{model}/shares/{tenant}", params=params)
-
-    def unshare(self, name: str, tenant: str) -> None:
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/shares/{tenant}", params=params)
-
-    def delete(self, name: str) -> None:
-        """Delete the model with every version (refused with ModelDeployed while a version is deployed)."""
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}", params=params)
-
-    def delete_version(self, name: str, version: int) -> None:
-        """Delete one version (refused with ModelDeployed while it is deployed)."""
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/versions/{version}", params=params)
 
     # -- deployment leases (used by the model server) ----------------------------------------------------
     def heartbeat_deployment(
