@@ -63,12 +63,11 @@ from dlcloud.schemas.datasets import (
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState
-from dlcloud.schemas.models import LABEL_RE
 from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Versioned
+from dlcloud.services.registry import Tables, Versioned
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
@@ -88,7 +87,6 @@ from dlcloud.store.rows import (
 )
 
 log = logging.getLogger(__name__)
-DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
 # the claim of a dataset upload (uploads.upload_key): tenant id, upload id
 UPLOAD_KEY_RE = re.compile(r"^uploads/([A-Za-z0-9_-]{1,64})/(du-[a-z0-9]{16})\.tar\.gz$")
@@ -197,25 +195,31 @@ _readable = DATASETS.readable
 _writable = DATASETS.writable
 
 
-def _find_version(s: Session, dataset: DatasetRow, ref: str, shown: str) -> DatasetVersionRow:
-    """A version by number, by label, or ``latest``."""
-    row = None
-    if DIGITS_RE.match(ref):
-        row = store.get_version(s, dataset.tenant_id, dataset.id, int(ref))
-        missing = f"dataset {shown!r} has no version {ref}"
-    elif ref == "latest":
-        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        row = versions[-1] if versions else None
-        missing = f"dataset {shown!r} has no versions"
-    elif LABEL_RE.match(ref):
-        label = s.get(DatasetLabelRow, (dataset.id, ref))
-        row = s.get(DatasetVersionRow, label.version_id) if label is not None else None
-        missing = f"dataset {shown!r} has no label {ref!r}"
-    else:
-        raise InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
-    if row is None:
-        raise DatasetVersionNotFound(missing)
-    return row
+def _latest(s: Session, tenant_id: str, dataset_id: str) -> DatasetVersionRow | None:
+    versions = store.list_versions(s, tenant_id, dataset_id)
+    return versions[-1] if versions else None
+
+
+def _bad_ref(ref: str, shown: str) -> InvalidArgument:
+    return InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
+
+
+def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenant_id: str) -> None:
+    _end_readers(s, dataset, tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+
+
+REGISTRY = Versioned(
+    DATASETS,
+    Tables(DatasetLabelRow, DatasetShareRow, DatasetVersionRow, "dataset_id"),
+    store.get_version,
+    _latest,
+    DatasetVersionNotFound,
+    _bad_ref,
+    ("moving labels", "moving labels"),
+    _end_share,
+    (DatasetLabel, DatasetShare),
+)
+_find_version = REGISTRY.find_version
 
 
 def _readers_shown(readers: list[tuple[str, str]], tenant_id: str) -> list[str]:
@@ -530,28 +534,10 @@ def open_version(
 # -- labels and shares -----------------------------------------------------------------------------------
 
 
-def set_label(
-    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
-) -> DatasetLabel:
-    REGISTRY.set_label(platform, caller, name, label, version, owner)
-    return DatasetLabel(label=label, version=version)
-
-
-def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    REGISTRY.remove_label(platform, caller, name, label, owner)
-
-
-def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> DatasetShare:
-    """Let ``tenant`` read the dataset (idempotent)."""
-    return DatasetShare(tenant=tenant, created_at=REGISTRY.share(platform, caller, name, tenant, owner))
-
-
-def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    REGISTRY.unshare(platform, caller, name, tenant, owner)
-
-
-def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenant_id: str) -> None:
-    _end_readers(s, dataset, tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+set_label = REGISTRY.set_label
+remove_label = REGISTRY.remove_label
+share_dataset = REGISTRY.share
+unshare_dataset = REGISTRY.unshare
 
 
 def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> None:
@@ -565,18 +551,6 @@ def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> N
             job.cancel_requested = True
             job.reason = f"cancellation requested: {why}"
         s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job.id))
-
-
-REGISTRY = Versioned(
-    DATASETS,
-    DatasetLabelRow,
-    DatasetShareRow,
-    "dataset_id",
-    store.get_version,
-    DatasetVersionNotFound,
-    ("moving labels", "moving labels"),
-    _end_share,
-)
 
 
 # -- deletion --------------------------------------------------------------------------------------------

@@ -42,9 +42,7 @@ from dlcloud.schemas.models import (
     FromJob,
     Model,
     ModelDetail,
-    ModelLabel,
     ModelRegister,
-    ModelShare,
     ModelUpload,
     ModelVersion,
     executes_code,
@@ -54,11 +52,10 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.model_access import MODELS, find_version, require_author_or_admin, shown_name
+from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, require_author_or_admin, shown_name
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Versioned
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
@@ -68,9 +65,7 @@ from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import (
     JobRow,
     ModelDeploymentRow,
-    ModelLabelRow,
     ModelRow,
-    ModelShareRow,
     ModelVersionRow,
     utcnow,
 )
@@ -468,42 +463,10 @@ def open_artifact(
 # -- labels and shares -----------------------------------------------------------------------------------
 
 
-def _end_share(s: Session, caller: Caller, model: ModelRow, name: str, tenant_id: str) -> None:
-    # the tenant can no longer read the model, nor renew or release its leases on it: they end now
-    store.delete_tenant_deployments(s, model.id, tenant_id)
-
-
-REGISTRY = Versioned(
-    MODELS,
-    ModelLabelRow,
-    ModelShareRow,
-    "model_id",
-    store.get_version,
-    ModelVersionNotFound,
-    ("setting labels", "removing labels"),
-    _end_share,
-)
-
-
-def set_label(
-    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
-) -> ModelLabel:
-    """Point ``label`` at ``version``; it leaves the version it pointed at before."""
-    REGISTRY.set_label(platform, caller, name, label, version, owner)
-    return ModelLabel(label=label, version=version)
-
-
-def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    REGISTRY.remove_label(platform, caller, name, label, owner)
-
-
-def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
-    """Let ``tenant`` read the model (idempotent)."""
-    return ModelShare(tenant=tenant, created_at=REGISTRY.share(platform, caller, name, tenant, owner))
-
-
-def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    REGISTRY.unshare(platform, caller, name, tenant, owner)
+set_label = MODEL_REGISTRY.set_label
+remove_label = MODEL_REGISTRY.remove_label
+share_model = MODEL_REGISTRY.share
+unshare_model = MODEL_REGISTRY.unshare
 
 
 # -- deletion --------------------------------------------------------------------------------------------

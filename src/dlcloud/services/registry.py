@@ -1,4 +1,7 @@
-"""What every versioned registry (models, datasets) does alike with its entries' labels and shares.
+"""What every versioned registry (models, datasets) does alike: version references, labels and shares.
+
+- A version is named by its number, a label or ``latest``; a missing one is 404 with the registry's own code,
+  a reference that is none of these is the registry's own ``bad_ref`` (a model's 404, a dataset's 400).
 
 - A label points at one version of its entry; setting it moves it, and a label is named like a DNS-1123 label
   starting with a letter (400 otherwise). Setting and removing labels need the entry to be the caller's own.
@@ -13,15 +16,15 @@ models, manifests, sources and the cache for datasets).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import InvalidArgument, NotFound
-from dlcloud.schemas.models import check_label
+from dlcloud.errors import DlcloudError, InvalidArgument, NotFound
+from dlcloud.schemas.models import LABEL_RE, check_label
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.registry_access import Registry, require_author_or_admin
@@ -41,28 +44,60 @@ class Entry(Protocol):
 
 
 E = TypeVar("E", bound=Entry)
+DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A registry's ORM rows: ``label_row`` keyed by (entry id, label), ``share_row`` by (entry id, tenant id),
+    the entry id in the column ``entry_key`` of both; ``version_row`` keyed by its id."""
+
+    label_row: type[Any]
+    share_row: type[Any]
+    version_row: type[Any]
+    entry_key: str
 
 
 @dataclass(frozen=True)
 class Versioned(Generic[E]):
-    """One registry's tables and rules for labels and shares.
+    """One registry's tables and rules for version references, labels and shares.
 
-    ``label_row`` and ``share_row`` are keyed by (entry id, label) and (entry id, tenant id), the entry id in
-    the column ``entry_key``; ``get_version(s, tenant id, entry id, number)``; ``label_change``: what setting
-    and removing a label are called when a shared entry refuses them (403)."""
+    ``get_version(s, tenant id, entry id, number)``; ``label_change``: what setting and removing a label are
+    called when a shared entry refuses them (403)."""
 
     access: Registry[E]
-    label_row: type[Any]
-    share_row: type[Any]
-    entry_key: str
+    tables: Tables
     get_version: Callable[[Session, str, str, int], Any]
+    latest_version: Callable[[Session, str, str], Any]  # (s, tenant id, entry id): the newest version or None
     version_not_found: type[NotFound]
+    bad_ref: Callable[[str, str], DlcloudError]  # (ref, shown name): a ref that is no number, label or 'latest'
     label_change: tuple[str, str]
     end_share: Callable[[Session, Caller, E, str, str], None]  # (s, caller, entry, name, tenant id)
+    answers: tuple[type[Any], type[Any]]  # the read models of a label and of a share
+
+    def find_version(self, s: Session, entry: E, ref: str, shown: str) -> Any:
+        """A version by number, by label, or ``latest``; ``shown`` is the entry's name as the caller wrote it."""
+        noun = self.access.noun
+        row = None
+        if DIGITS_RE.match(ref):
+            row = self.get_version(s, entry.tenant_id, entry.id, int(ref))
+            missing = f"{noun} {shown!r} has no version {ref}"
+        elif ref == "latest":
+            row = self.latest_version(s, entry.tenant_id, entry.id)
+            missing = f"{noun} {shown!r} has no versions"
+        elif LABEL_RE.match(ref):
+            label = s.get(self.tables.label_row, (entry.id, ref))
+            row = s.get(self.tables.version_row, label.version_id) if label is not None else None
+            missing = f"{noun} {shown!r} has no label {ref!r}"
+        else:
+            raise self.bad_ref(ref, shown)
+        if row is None:
+            raise self.version_not_found(missing)
+        return row
 
     def set_label(
-        self, platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None
-    ) -> None:
+        self, platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
+    ) -> Any:
         """Point ``label`` at ``version``; it leaves the version it pointed at before."""
         noun = self.access.noun
         try:
@@ -74,22 +109,24 @@ class Versioned(Generic[E]):
             row = self.get_version(s, caller.tenant_id, entry.id, version)
             if row is None:
                 raise self.version_not_found(f"{noun} {name!r} has no version {version}")
-            existing = s.get(self.label_row, (entry.id, label))
+            existing = s.get(self.tables.label_row, (entry.id, label))
             if existing is None:
-                s.add(self.label_row(**{self.entry_key: entry.id}, label=label, version_id=row.id, updated_at=utcnow()))
+                key = {self.tables.entry_key: entry.id}
+                s.add(self.tables.label_row(**key, label=label, version_id=row.id, updated_at=utcnow()))
             else:
                 existing.version_id, existing.updated_at = row.id, utcnow()
+        return self.answers[0](label=label, version=version)
 
-    def remove_label(self, platform: Platform, caller: Caller, name: str, label: str, owner: str | None) -> None:
+    def remove_label(self, platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
         with platform.db.write() as s:
             entry = self.access.writable(s, caller, name, owner, self.label_change[1])
-            existing = s.get(self.label_row, (entry.id, label))
+            existing = s.get(self.tables.label_row, (entry.id, label))
             if existing is None:
                 raise NotFound(f"{self.access.noun} {name!r} has no label {label!r}")
             s.delete(existing)
 
-    def share(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None) -> datetime:
-        """Let ``tenant`` read the entry (idempotent): when it was shared."""
+    def share(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> Any:
+        """Let ``tenant`` read the entry (idempotent)."""
         noun = self.access.noun
         with platform.db.write() as s:
             entry = self.access.writable(s, caller, name, owner, "sharing")
@@ -101,26 +138,25 @@ class Versioned(Generic[E]):
             target = tenant_store.get_tenant_by_name(s, tenant)
             if target is None:
                 # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
-                return utcnow()
-            row = s.get(self.share_row, (entry.id, target.id))
+                return self.answers[1](tenant=tenant, created_at=utcnow())
+            row = s.get(self.tables.share_row, (entry.id, target.id))
             if row is None:
-                row = self.share_row(
-                    **{self.entry_key: entry.id},
+                row = self.tables.share_row(
+                    **{self.tables.entry_key: entry.id},
                     tenant_id=target.id,
                     created_by=caller.user_id,
                     created_at=utcnow(),
                 )
                 s.add(row)
-            created_at: datetime = row.created_at
-            return created_at
+            return self.answers[1](tenant=tenant, created_at=row.created_at)
 
-    def unshare(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None) -> None:
+    def unshare(self, platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
         noun = self.access.noun
         with platform.db.write() as s:
             entry = self.access.writable(s, caller, name, owner, "unsharing")
             require_author_or_admin(caller, entry.created_by, f"unshare {noun} {name!r}")
             target = tenant_store.get_tenant_by_name(s, tenant)
-            row = s.get(self.share_row, (entry.id, target.id)) if target is not None else None
+            row = s.get(self.tables.share_row, (entry.id, target.id)) if target is not None else None
             if row is None:
                 raise NotFound(f"{noun} {name!r} is not shared with tenant {tenant!r}")
             s.delete(row)

@@ -52,10 +52,6 @@ def is_shared(s: Session, model_id: str, tenant_id: str) -> bool:
     return s.scalar(q) is not None
 
 
-def get_share(s: Session, model_id: str, tenant_id: str) -> ModelShareRow | None:
-    return s.get(ModelShareRow, (model_id, tenant_id))
-
-
 def shares_of(s: Session, model_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
     """model id -> [(tenant name, shared at)] sorted by tenant name."""
     ids = list(model_ids)
@@ -132,23 +128,6 @@ def get_latest_version(s: Session, tenant_id: str, model_id: str) -> ModelVersio
         .limit(1)
     )
     return s.scalars(q).first()
-
-
-def get_labelled_version(s: Session, tenant_id: str, model_id: str, label: str) -> ModelVersionRow | None:
-    q = (
-        select(ModelVersionRow)
-        .join(ModelLabelRow, ModelLabelRow.version_id == ModelVersionRow.id)
-        .where(
-            ModelVersionRow.tenant_id == tenant_id,
-            ModelLabelRow.model_id == model_id,
-            ModelLabelRow.label == label,
-        )
-    )
-    return s.scalars(q).first()
-
-
-def get_label(s: Session, model_id: str, label: str) -> ModelLabelRow | None:
-    return s.get(ModelLabelRow, (model_id, label))
 
 
 def live_deployments(
