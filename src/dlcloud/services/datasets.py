@@ -67,7 +67,7 @@ from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Tables, Versioned
+from dlcloud.services.registry import Versioned
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
@@ -77,9 +77,7 @@ from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
 from dlcloud.store.rows import (
-    DatasetLabelRow,
     DatasetRow,
-    DatasetShareRow,
     DatasetVersionRow,
     JobDatasetRow,
     UploadClaimRow,
@@ -195,11 +193,6 @@ _readable = DATASETS.readable
 _writable = DATASETS.writable
 
 
-def _latest(s: Session, tenant_id: str, dataset_id: str) -> DatasetVersionRow | None:
-    versions = store.list_versions(s, tenant_id, dataset_id)
-    return versions[-1] if versions else None
-
-
 def _bad_ref(ref: str, shown: str) -> InvalidArgument:
     return InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
 
@@ -210,9 +203,7 @@ def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenan
 
 REGISTRY = Versioned(
     DATASETS,
-    Tables(DatasetLabelRow, DatasetShareRow, DatasetVersionRow, "dataset_id"),
-    store.get_version,
-    _latest,
+    store.TABLES,
     DatasetVersionNotFound,
     _bad_ref,
     ("moving labels", "moving labels"),

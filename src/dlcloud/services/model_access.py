@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session
 from dlcloud.errors import ModelNotFound, ModelVersionNotFound
 from dlcloud.schemas.models import ModelLabel, ModelShare
 from dlcloud.services.auth import Caller
-from dlcloud.services.registry import Tables, Versioned
+from dlcloud.services.registry import Versioned
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.store import models as store
-from dlcloud.store.rows import ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
+from dlcloud.store.rows import ModelRow
 
 __all__ = ["MODELS", "MODEL_REGISTRY", "find_version", "require_author_or_admin", "shown_name"]
 
@@ -44,9 +44,7 @@ def _end_share(s: Session, caller: Caller, model: ModelRow, name: str, tenant_id
 
 MODEL_REGISTRY = Versioned(
     MODELS,
-    Tables(ModelLabelRow, ModelShareRow, ModelVersionRow, "model_id"),
-    store.get_version,
-    store.get_latest_version,
+    store.TABLES,
     ModelVersionNotFound,
     _bad_ref,
     ("setting labels", "removing labels"),

@@ -29,6 +29,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.registry_access import Registry, require_author_or_admin
 from dlcloud.store import tenants as tenant_store
+from dlcloud.store.registry import Tables
 from dlcloud.store.rows import utcnow
 
 
@@ -48,27 +49,14 @@ DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 
 
 @dataclass(frozen=True)
-class Tables:
-    """A registry's ORM rows: ``label_row`` keyed by (entry id, label), ``share_row`` by (entry id, tenant id),
-    the entry id in the column ``entry_key`` of both; ``version_row`` keyed by its id."""
-
-    label_row: type[Any]
-    share_row: type[Any]
-    version_row: type[Any]
-    entry_key: str
-
-
-@dataclass(frozen=True)
 class Versioned(Generic[E]):
     """One registry's tables and rules for version references, labels and shares.
 
-    ``get_version(s, tenant id, entry id, number)``; ``label_change``: what setting and removing a label are
+    ``tables``: its rows and their queries (store/registry.py); ``label_change``: what setting and removing a label are
     called when a shared entry refuses them (403)."""
 
     access: Registry[E]
-    tables: Tables
-    get_version: Callable[[Session, str, str, int], Any]
-    latest_version: Callable[[Session, str, str], Any]  # (s, tenant id, entry id): the newest version or None
+    tables: Tables[E, Any]
     version_not_found: type[NotFound]
     bad_ref: Callable[[str, str], DlcloudError]  # (ref, shown name): a ref that is no number, label or 'latest'
     label_change: tuple[str, str]
@@ -80,10 +68,10 @@ class Versioned(Generic[E]):
         noun = self.access.noun
         row = None
         if DIGITS_RE.match(ref):
-            row = self.get_version(s, entry.tenant_id, entry.id, int(ref))
+            row = self.tables.get_version(s, entry.tenant_id, entry.id, int(ref))
             missing = f"{noun} {shown!r} has no version {ref}"
         elif ref == "latest":
-            row = self.latest_version(s, entry.tenant_id, entry.id)
+            row = self.tables.get_latest_version(s, entry.tenant_id, entry.id)
             missing = f"{noun} {shown!r} has no versions"
         elif LABEL_RE.match(ref):
             label = s.get(self.tables.label_row, (entry.id, ref))
@@ -106,7 +94,7 @@ class Versioned(Generic[E]):
             raise InvalidArgument(str(exc)) from None
         with platform.db.write() as s:
             entry = self.access.writable(s, caller, name, owner, self.label_change[0])
-            row = self.get_version(s, caller.tenant_id, entry.id, version)
+            row = self.tables.get_version(s, caller.tenant_id, entry.id, version)
             if row is None:
                 raise self.version_not_found(f"{noun} {name!r} has no version {version}")
             existing = s.get(self.tables.label_row, (entry.id, label))
