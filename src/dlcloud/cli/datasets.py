@@ -12,7 +12,6 @@ from dlcloud.cli.common import client
 from dlcloud.cli.output import (
     Output,
     OutputOption,
-    console,
     err_console,
     render,
     render_fields,
@@ -166,20 +165,8 @@ def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud datasets list -o json
     """
-    render(
-        client(ctx).datasets.list(),
-        output,
-        [
-            ("NAME", "name"),
-            ("LATEST", "latest_version"),
-            ("VERSIONS", "version_count"),
-            ("SIZE", lambda d: size_text(d["size_bytes"])),
-            ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
-            ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
-            ("BY", "created_by"),
-            ("CREATED", lambda d: short_time(d["created_at"])),
-        ],
-    )
+    size = ("SIZE", lambda d: size_text(d["size_bytes"]))
+    render(client(ctx).datasets.list(), output, registry.list_columns([size]))
 
 
 def _describe_version(v: dict[str, Any], output: Output) -> None:
@@ -228,24 +215,8 @@ def describe(
         _describe_version(c.datasets.version(name, ref), output)
         return
     d = c.datasets.get(name)
-    if output == Output.json:
-        render(d, output, [])
-        return
-    fields: list[tuple[str, Any]] = [
-        ("Name", d["name"]),
-        ("Owner", d["owner"] + (" (shared with you, read-only)" if d["shared"] else "")),
-        ("Description", d["description"] or "-"),
-        ("Created by", d["created_by"]),
-        ("Created", short_time(d["created_at"])),
-        ("Latest version", d["latest_version"]),
-        ("Size", f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"),
-        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
-    ]
-    if not d["shared"]:
-        fields.append(("Shared with", ", ".join(d["shared_with"]) or "-"))
-    render_fields(d, output, fields)
-    console.print()
-    render(d["versions"], Output.table, VERSION_COLUMNS, title="Versions")
+    size = f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"
+    registry.show_entry(d, output, [("Size", size)], VERSION_COLUMNS)
 
 
 registry.versions_command(app, WORDS, VERSION_COLUMNS)

@@ -181,20 +181,7 @@ def list_models(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud models list -o json
     """
-    models = client(ctx).models.list()
-    render(
-        models,
-        output,
-        [
-            ("NAME", "name"),
-            ("LATEST", "latest_version"),
-            ("VERSIONS", "version_count"),
-            ("LABELS", lambda m: ",".join(f"{k}={v}" for k, v in m["labels"].items()) or "-"),
-            ("SHARED", lambda m: "from " + m["owner"] if m["shared"] else (",".join(m["shared_with"]) or "-")),
-            ("BY", "created_by"),
-            ("CREATED", lambda m: short_time(m["created_at"])),
-        ],
-    )
+    render(client(ctx).models.list(), output, registry.list_columns([]))
 
 
 def _describe_version(v: dict[str, Any], output: Output) -> None:
@@ -245,23 +232,9 @@ def describe(
         _describe_version(c.models.version(name, version), output)
         return
     m = c.models.get(name)
+    registry.show_entry(m, output, [], VERSION_COLUMNS)
     if output == Output.json:
-        render(m, output, [])
         return
-    fields: list[tuple[str, Any]] = [
-        ("Name", m["name"]),
-        ("Owner", m["owner"] + (" (shared with you, read-only)" if m["shared"] else "")),
-        ("Description", m["description"] or "-"),
-        ("Created by", m["created_by"]),
-        ("Created", short_time(m["created_at"])),
-        ("Latest version", m["latest_version"]),
-        ("Labels", ", ".join(f"{k} -> {v}" for k, v in m["labels"].items()) or "-"),
-    ]
-    if not m["shared"]:
-        fields.append(("Shared with", ", ".join(m["shared_with"]) or "-"))
-    render_fields(m, output, fields)
-    console.print()
-    render(m["versions"], Output.table, VERSION_COLUMNS, title="Versions")
     unsigned = [str(v["version"]) for v in m["versions"] if v["signature"] is None]
     if unsigned:
         console.print(f"signature: not declared for version(s) {', '.join(unsigned)}")

@@ -1,5 +1,6 @@
 """The commands every versioned registry (``dlcloud models``, ``dlcloud datasets``) has alike: versions, label,
-unlabel, share, unshare and delete, written once and added to each group with its own words and examples."""
+unlabel, share, unshare and delete, written once and added to each group with its own words and examples; the
+columns of ``list`` and the entry that ``describe`` shows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, err_console, render
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+
+Columns = list[tuple[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,43 @@ class Words:
         head = "Example:" if len(lines) == 1 else "Examples:"
         shown = "\n\n".join(f"  dlcloud {self.plural} {line}" for line in lines)
         return f"{summary}\n\n{head}\n\n{shown}"
+
+
+def list_columns(extra: Columns) -> Columns:
+    """The columns of ``list``: name, latest version, versions, the registry's ``extra``, labels, shares, author."""
+    return [
+        ("NAME", "name"),
+        ("LATEST", "latest_version"),
+        ("VERSIONS", "version_count"),
+        *extra,
+        ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
+        ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
+        ("BY", "created_by"),
+        ("CREATED", lambda d: short_time(d["created_at"])),
+    ]
+
+
+def show_entry(d: dict[str, Any], output: Output, extra: Columns, version_columns: Columns) -> None:
+    """``describe NAME``: the entry's fields (the registry's ``extra`` after its latest version), then its
+    versions in ``version_columns``; with ``-o json`` the entry as the API gives it."""
+    if output == Output.json:
+        render(d, output, [])
+        return
+    fields: Columns = [
+        ("Name", d["name"]),
+        ("Owner", d["owner"] + (" (shared with you, read-only)" if d["shared"] else "")),
+        ("Description", d["description"] or "-"),
+        ("Created by", d["created_by"]),
+        ("Created", short_time(d["created_at"])),
+        ("Latest version", d["latest_version"]),
+        *extra,
+        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
+    ]
+    if not d["shared"]:
+        fields.append(("Shared with", ", ".join(d["shared_with"]) or "-"))
+    render_fields(d, output, fields)
+    console.print()
+    render(d["versions"], Output.table, version_columns, title="Versions")
 
 
 def versions_command(app: typer.Typer, w: Words, columns: list[Any]) -> None:
