@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud import tarsafe
@@ -67,7 +66,7 @@ from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Versioned
+from dlcloud.services.registry import Versioned, retry_on_conflict, take_number
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
@@ -378,34 +377,17 @@ def add_version(
 ) -> DatasetVersion:
     """In one write transaction: the storage quota checked for ``size`` more bytes, the dataset created if it
     does not exist, the next number taken, and the row ``make_row(dataset, number)`` added."""
-    for attempt in (1, 2):
-        try:
-            with platform.db.write() as s:
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
-                dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
-                if dataset is None:
-                    dataset = DatasetRow(
-                        id=new_id("ds-"),
-                        tenant_id=caller.tenant_id,
-                        name=name,
-                        description=req.description,
-                        last_version=0,
-                        created_by=caller.user_id,
-                        created_at=utcnow(),
-                    )
-                    s.add(dataset)
-                    s.flush()
-                dataset.last_version += 1
-                row = make_row(dataset, dataset.last_version)
-                s.add(row)
-                s.flush()
-                [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
-            return result
-        except IntegrityError:
-            # another request created the same dataset first (PostgreSQL): its row exists now, try once more
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def add() -> DatasetVersion:
+        with platform.db.write() as s:
+            dataset, number, _ = take_number(s, caller, store.TABLES, name, req.description, size, "ds-")
+            row = make_row(dataset, number)
+            s.add(row)
+            s.flush()
+            [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
+        return result
+
+    return retry_on_conflict(add)
 
 
 # -- reads -----------------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import InvalidArgument, ModelNotFound, ModelVersionNotFound, NotFound, Unavailable
@@ -56,6 +55,7 @@ from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, 
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
+from dlcloud.services.registry import retry_on_conflict, take_number
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
@@ -328,31 +328,13 @@ def _insert_version(
 
 def _take_number(platform: Platform, caller: Caller, req: ModelRegister, size: int) -> tuple[str, int, bool]:
     """(model id, the version number taken, whether the model was created now)."""
-    for attempt in (1, 2):
-        try:
-            with platform.db.write() as s:
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
-                model = store.get_model(s, caller.tenant_id, req.name, for_update=True)
-                created = model is None
-                if model is None:
-                    model = ModelRow(
-                        id=new_id("m-"),
-                        tenant_id=caller.tenant_id,
-                        name=req.name,
-                        description=req.description,
-                        last_version=0,
-                        created_by=caller.user_id,
-                        created_at=utcnow(),
-                    )
-                    s.add(model)
-                    s.flush()
-                model.last_version += 1
-                return model.id, model.last_version, created
-        except IntegrityError:
-            # another request created the same model first (PostgreSQL): its row exists now, try once more
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def take() -> tuple[str, int, bool]:
+        with platform.db.write() as s:
+            model, number, created = take_number(s, caller, store.TABLES, req.name, req.description, size, "m-")
+            return model.id, number, created
+
+    return retry_on_conflict(take)
 
 
 def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner: str | None = None) -> ModelVersion:

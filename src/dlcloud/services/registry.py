@@ -21,14 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import DlcloudError, InvalidArgument, NotFound
 from dlcloud.schemas.models import LABEL_RE, check_label
+from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
 from dlcloud.services.registry_access import Registry, require_author_or_admin
 from dlcloud.store import tenants as tenant_store
+from dlcloud.store.ids import new_id
 from dlcloud.store.registry import Tables
 from dlcloud.store.rows import utcnow
 
@@ -45,6 +48,7 @@ class Entry(Protocol):
 
 
 E = TypeVar("E", bound=Entry)
+T = TypeVar("T")
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 
 
@@ -149,3 +153,40 @@ class Versioned(Generic[E]):
                 raise NotFound(f"{noun} {name!r} is not shared with tenant {tenant!r}")
             s.delete(row)
             self.end_share(s, caller, entry, name, row.tenant_id)
+
+
+def take_number(
+    s: Session, caller: Caller, tables: Tables[E, Any], name: str, description: str, size: int, id_prefix: str
+) -> tuple[E, int, bool]:
+    """In the write transaction ``s``: the storage quota checked for ``size`` more bytes, the caller's entry
+    ``name`` locked (created with ``description`` and an id starting ``id_prefix`` when it does not exist) and
+    its next version number taken. (entry, number, whether the entry was created now); numbers are never
+    given again, even when the version is not added in the end."""
+    storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
+    entry: Any = tables.get(s, caller.tenant_id, name, for_update=True)
+    created = entry is None
+    if entry is None:
+        new_entry: Any = tables.entry_row
+        entry = new_entry(
+            id=new_id(id_prefix),
+            tenant_id=caller.tenant_id,
+            name=name,
+            description=description,
+            last_version=0,
+            created_by=caller.user_id,
+            created_at=utcnow(),
+        )
+        s.add(entry)
+        s.flush()
+    entry.last_version += 1
+    number: int = entry.last_version
+    return entry, number, created
+
+
+def retry_on_conflict(write: Callable[[], T]) -> T:
+    """``write()``, once more when another request created the same entry first (PostgreSQL: an
+    IntegrityError on its name; its row exists now)."""
+    try:
+        return write()
+    except IntegrityError:
+        return write()
