@@ -66,8 +66,8 @@ from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Versioned, retry_on_conflict, take_number
-from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
+from dlcloud.services.registry import Deletion, Versioned, retry_on_conflict, take_number
+from dlcloud.services.registry_access import Registry, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
@@ -543,39 +543,6 @@ def _refuse_if_in_use(s: Session, caller: Caller, rows: list[DatasetVersionRow],
         )
 
 
-def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
-    """Delete the dataset with all its versions, labels, shares and files."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "deleting")
-        require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
-        versions = store.list_versions(s, caller.tenant_id, dataset.id)
-        _refuse_if_in_use(s, caller, versions, f"dataset {name!r}")
-        keys = [v.storage_key for v in versions]
-        _forget_ended_readers(s, [v.id for v in versions])
-        s.delete(dataset)
-        prefix = f"datasets/{caller.tenant_id}/{dataset.id}"
-    _remove_stored(platform, keys)
-    try:  # whatever a crashed push left under the dataset's prefix
-        platform.objects.delete_prefix(prefix)
-    except Exception:
-        log.exception("could not remove %s from %s", prefix, platform.objects.url)
-
-
-def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
-    """Delete one version and its files; labels on it are removed, the number is not reused."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "deleting versions")
-        row = store.get_version(s, caller.tenant_id, dataset.id, version)
-        if row is None:
-            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
-        require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
-        _refuse_if_in_use(s, caller, [row], f"version {version} of dataset {name!r}")
-        key = row.storage_key
-        _forget_ended_readers(s, [row.id])
-        s.delete(row)
-    _remove_stored(platform, [key])
-
-
 def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
     """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
     if version_ids:
@@ -583,12 +550,24 @@ def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
         s.flush()
 
 
-def _remove_stored(platform: Platform, keys: list[str]) -> None:
-    for key in keys:
-        try:
-            platform.objects.delete_tree(key)
-        except Exception:  # the rows are gone; a leftover tree is only storage space
-            log.exception("could not remove the dataset version %s from %s", key, platform.objects.url)
+def _release(s: Session, caller: Caller, rows: list[DatasetVersionRow], what: str) -> None:
+    _refuse_if_in_use(s, caller, rows, what)
+    _forget_ended_readers(s, [r.id for r in rows])
+
+
+DELETION = Deletion(REGISTRY, _release, "storage_key", "dataset version")
+delete_version = DELETION.delete_version
+_remove_stored = DELETION.remove_stored
+
+
+def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
+    """Delete the dataset with all its versions, labels, shares and files."""
+    dataset_id = DELETION.delete(platform, caller, name, owner)
+    prefix = f"datasets/{caller.tenant_id}/{dataset_id}"
+    try:  # whatever a crashed push left under the dataset's prefix
+        platform.objects.delete_prefix(prefix)
+    except Exception:
+        log.exception("could not remove %s from %s", prefix, platform.objects.url)
 
 
 # -- jobs ------------------------------------------------------------------------------------------------

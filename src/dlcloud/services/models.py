@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import InvalidArgument, ModelNotFound, ModelVersionNotFound, NotFound, Unavailable
+from dlcloud.errors import InvalidArgument, ModelNotFound, NotFound, Unavailable
 from dlcloud.executors.outputs import BAD_NAME, LINK, load_left_out
 from dlcloud.schemas.models import (
     UPLOAD_ID_RE,
@@ -51,11 +51,11 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, require_author_or_admin, shown_name
+from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, shown_name
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import retry_on_conflict, take_number
+from dlcloud.services.registry import Deletion, retry_on_conflict, take_number
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
@@ -454,34 +454,15 @@ unshare_model = MODEL_REGISTRY.unshare
 # -- deletion --------------------------------------------------------------------------------------------
 
 
+def _release(s: Session, caller: Caller, rows: list[ModelVersionRow], what: str) -> None:
+    refuse_if_deployed(s, rows, what)  # the leases go with the rows (ON DELETE CASCADE)
+
+
+DELETION = Deletion(MODEL_REGISTRY, _release, "artifact_key", "model artifact")
+delete_version = DELETION.delete_version
+_remove_stored = DELETION.remove_stored
+
+
 def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
-    """Delete the model with all its versions, labels, shares and artifacts."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "deleting")
-        require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
-        refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
-        keys = [v.artifact_key for v in store.list_versions(s, caller.tenant_id, model.id)]
-        s.delete(model)  # versions, labels, shares and leases go with it (ON DELETE CASCADE)
-    _remove_stored(platform, keys)
-
-
-def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
-    """Delete one version and its artifact; labels on it are removed, the number is not reused."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "deleting versions")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
-        refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
-        key = row.artifact_key
-        s.delete(row)
-    _remove_stored(platform, [key])
-
-
-def _remove_stored(platform: Platform, keys: list[str]) -> None:
-    for key in keys:
-        try:
-            platform.objects.delete_tree(key)
-        except Exception:  # the rows are gone; a leftover tree is only storage space
-            log.exception("could not remove the model artifact %s from %s", key, platform.objects.url)
+    """Delete the model with all its versions, labels, shares, leases and artifacts."""
+    DELETION.delete(platform, caller, name, owner)

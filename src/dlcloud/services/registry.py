@@ -16,6 +16,7 @@ models, manifests, sources and the cache for datasets).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class Entry(Protocol):
     def created_by(self) -> str: ...
 
 
+log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Entry)
 T = TypeVar("T")
 DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
@@ -190,3 +192,55 @@ def retry_on_conflict(write: Callable[[], T]) -> T:
         return write()
     except IntegrityError:
         return write()
+
+
+@dataclass(frozen=True)
+class Deletion(Generic[E]):
+    """How a registry deletes an entry or a version: for its author or a tenant admin, refused while held.
+
+    ``release(s, caller, version rows, what)`` refuses while ``what`` is held (a model deployed, a dataset read
+    by a job that has not ended) and lets go of what only records an ended hold; ``key_column`` is the version
+    row's storage key, ``stored_what`` how the log names what is under it ("model artifact")."""
+
+    registry: Versioned[E]
+    release: Callable[[Session, Caller, list[Any], str], None]
+    key_column: str
+    stored_what: str
+
+    def delete(self, platform: Platform, caller: Caller, name: str, owner: str | None = None) -> str:
+        """Delete the entry with all its versions, labels and shares (ON DELETE CASCADE) and stored trees; the
+        deleted entry's id."""
+        noun = self.registry.access.noun
+        with platform.db.write() as s:
+            entry = self.registry.access.writable(s, caller, name, owner, "deleting")
+            require_author_or_admin(caller, entry.created_by, f"delete {noun} {name!r}")
+            versions = self.registry.tables.list_versions(s, caller.tenant_id, entry.id)
+            self.release(s, caller, versions, f"{noun} {name!r}")
+            keys = [getattr(v, self.key_column) for v in versions]
+            entry_id = entry.id
+            s.delete(entry)
+        self.remove_stored(platform, keys)
+        return entry_id
+
+    def delete_version(
+        self, platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None
+    ) -> None:
+        """Delete one version and what is stored of it; labels on it are removed, the number is not reused."""
+        noun = self.registry.access.noun
+        with platform.db.write() as s:
+            entry = self.registry.access.writable(s, caller, name, owner, "deleting versions")
+            row = self.registry.tables.get_version(s, caller.tenant_id, entry.id, version)
+            if row is None:
+                raise self.registry.version_not_found(f"{noun} {name!r} has no version {version}")
+            require_author_or_admin(caller, row.created_by, f"delete version {version} of {noun} {name!r}")
+            self.release(s, caller, [row], f"version {version} of {noun} {name!r}")
+            key = getattr(row, self.key_column)
+            s.delete(row)
+        self.remove_stored(platform, [key])
+
+    def remove_stored(self, platform: Platform, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                platform.objects.delete_tree(key)
+            except Exception:  # the rows are gone; a leftover tree is only storage space
+                log.exception("could not remove the %s %s from %s", self.stored_what, key, platform.objects.url)
