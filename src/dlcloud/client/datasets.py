@@ -106,16 +106,10 @@ def pack_data(source: Path | str) -> PackedData:
         if any(part.startswith(RESERVED_PREFIX) for part in rel.split("/")):
             raise InvalidArgument(f"{rel}: names starting with {RESERVED_PREFIX!r} are reserved; rename it")
         try:
-            info = tf.gettarinfo(str(full), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            info = registry.add_entry(tf, full, rel)
             if info.isfile():
-                with full.open("rb") as f:
-                    tf.addfile(info, f)
                 files += 1
                 size += info.size
-            else:
-                tf.addfile(info)
         except OSError as exc:
             raise InvalidArgument(f"cannot read {rel}: {exc.strerror or exc}") from None
 
@@ -124,20 +118,8 @@ def pack_data(source: Path | str) -> PackedData:
             if stat.S_ISREG(top_mode):
                 add(tf, top, top.name)
             else:
-                for dirpath, dirnames, filenames in os.walk(top):
-                    dirnames.sort()
-                    rel_dir = Path(dirpath).relative_to(top)
-                    for entry in [*dirnames, *sorted(filenames)]:
-                        full = Path(dirpath) / entry
-                        rel = (rel_dir / entry).as_posix()
-                        mode = os.lstat(full).st_mode
-                        if stat.S_ISLNK(mode):
-                            raise InvalidArgument(
-                                f"{rel} is a link; datasets hold regular files only (copy the file in its place)"
-                            )
-                        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                            raise InvalidArgument(f"{rel} is a device, FIFO or socket; datasets hold regular files")
-                        add(tf, full, rel)
+                for full, rel in registry.tree_entries(top, "", "datasets"):
+                    add(tf, full, rel)
         if files == 0:
             raise InvalidArgument(f"{source} holds no file; a dataset version needs at least one")
     except BaseException:

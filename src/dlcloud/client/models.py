@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -71,38 +70,16 @@ def pack_artifact(path: Path) -> Path:
     os.close(fd)
     archive = Path(name)
 
-    def add(tf: tarfile.TarFile, full: Path, arcname: str) -> None:
-        info = tf.gettarinfo(str(full), arcname=arcname)
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        if info.isfile():
-            with full.open("rb") as f:
-                tf.addfile(info, f)
-        else:
-            tf.addfile(info)
-
     try:
         with tarfile.open(archive, "w:gz", compresslevel=6) as tf:
             if top.is_file():
-                add(tf, top.resolve(), top.name)
+                registry.add_entry(tf, top.resolve(), top.name)
                 return archive
             if not top.is_dir():
                 raise InvalidArgument(f"{path} is not a regular file or a directory")
-            add(tf, top.resolve(), top.name)
-            for dirpath, dirnames, filenames in os.walk(top.resolve()):
-                dirnames.sort()
-                rel_dir = Path(dirpath).relative_to(top.resolve())
-                for entry in [*dirnames, *sorted(filenames)]:
-                    full = Path(dirpath) / entry
-                    rel = (Path(top.name) / rel_dir / entry).as_posix()
-                    mode = os.lstat(full).st_mode
-                    if stat.S_ISLNK(mode):
-                        raise InvalidArgument(
-                            f"{rel} is a link; model artifacts hold regular files only (copy the file in its place)"
-                        )
-                    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                        raise InvalidArgument(f"{rel} is a device, FIFO or socket; model artifacts hold regular files")
-                    add(tf, full, rel)
+            registry.add_entry(tf, top.resolve(), top.name)
+            for full, rel in registry.tree_entries(top.resolve(), top.name, "model artifacts"):
+                registry.add_entry(tf, full, rel)
     except BaseException:
         archive.unlink(missing_ok=True)
         raise

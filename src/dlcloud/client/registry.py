@@ -5,6 +5,11 @@ for models; push, files and the cache for datasets)."""
 from __future__ import annotations
 
 import builtins
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from dlcloud.client.transport import API, Transport
@@ -24,6 +29,41 @@ def split_name(name: str, noun: str) -> tuple[str, dict[str, Any]]:
     if not owner or not entry or "/" in entry:
         raise InvalidArgument(f"{noun} name {name!r} must be NAME or OWNER_TENANT/NAME")
     return entry, {"owner": owner}
+
+
+def add_entry(tf: tarfile.TarFile, full: Path, arcname: str) -> tarfile.TarInfo:
+    """Add the file or directory ``full`` to ``tf`` as ``arcname``, owned by no one (uid and gid 0, no names)."""
+    info = tf.gettarinfo(str(full), arcname=arcname)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if info.isfile():
+        with full.open("rb") as f:
+            tf.addfile(info, f)
+    else:
+        tf.addfile(info)
+    return info
+
+
+def tree_entries(top: Path, arc_top: str, what: str) -> Iterator[tuple[Path, str]]:
+    """Every directory and file under the directory ``top``, each directory's entries sorted, with its path in
+    the archive (under ``arc_top`` when it is not empty). A link, device, FIFO or socket is refused: ``what``
+    ("datasets") hold regular files only.
+
+    Raises:
+        InvalidArgument: a link, device, FIFO or socket under ``top``.
+    """
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(top)
+        for entry in [*dirnames, *sorted(filenames)]:
+            full = Path(dirpath) / entry
+            rel = (Path(arc_top) / rel_dir / entry).as_posix()
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                raise InvalidArgument(f"{rel} is a link; {what} hold regular files only (copy the file in its place)")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise InvalidArgument(f"{rel} is a device, FIFO or socket; {what} hold regular files")
+            yield full, rel
 
 
 class RegistryAPI:
