@@ -1,14 +1,18 @@
-"""What every versioned registry (models, datasets) does alike: version references, labels and shares.
+"""What every versioned registry (models, datasets) does alike: version references, labels, shares, version
+numbers and deletion.
 
 - A version is named by its number, a label or ``latest``; a missing one is 404 with the registry's own code,
   a reference that is none of these is the registry's own ``bad_ref`` (a model's 404, a dataset's 400).
-
+- A new version takes the entry's next number (``take_number``: the storage quota checked, the entry created
+  with its first version); numbers are never given again.
 - A label points at one version of its entry; setting it moves it, and a label is named like a DNS-1123 label
   starting with a letter (400 otherwise). Setting and removing labels need the entry to be the caller's own.
 - Sharing lets another tenant read the entry (idempotent); it is for the entry's author or a tenant admin. A
   share with a tenant that does not exist answers as a stored one: whether a tenant exists must not leak
   (docs/tenancy.md). Unsharing ends what the tenant held on the entry (``end_share``: a model's deployment
   leases, a dataset's reading jobs).
+- Deleting an entry or a version is for its author or a tenant admin, refused while it is held (``Deletion``:
+  a model deployed, a dataset read by a job that has not ended).
 
 Each registry's service module keeps its own read models and what differs (signatures and formats for
 models, manifests, sources and the cache for datasets).
@@ -38,6 +42,8 @@ from dlcloud.store.rows import utcnow
 
 
 class Entry(Protocol):
+    """An entry row: what the shared rules read of it."""
+
     @property
     def id(self) -> str: ...
 
@@ -58,8 +64,8 @@ DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 class Versioned(Generic[E]):
     """One registry's tables and rules for version references, labels and shares.
 
-    ``tables``: its rows and their queries (store/registry.py); ``label_change``: what setting and removing a label are
-    called when a shared entry refuses them (403)."""
+    ``tables``: its rows and their queries (store/registry.py); ``label_change``: what setting and removing a
+    label are called when a shared entry refuses them (403)."""
 
     access: Registry[E]
     tables: Tables[E, Any]
