@@ -145,6 +145,13 @@ def test_labels_move_and_resolve(world: World) -> None:
     assert_api_error(
         _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/staging"), 404, "dataset_version_not_found"
     )
+    # a reference that is no number, label or 'latest' is bad input for a dataset (a model answers 404)
+    assert_api_error(
+        _raw(env, world.alice, "GET", f"{API}/datasets/clicks/versions/Bad_Ref"),
+        400,
+        "invalid_argument",
+        "give a number, a label or 'latest'",
+    )
 
 
 def test_sharing_is_read_only_and_others_get_404(world: World) -> None:
@@ -169,6 +176,12 @@ def test_sharing_is_read_only_and_others_get_404(world: World) -> None:
         ("POST", f"{API}/datasets/clicks/shares/gamma", None),
     ):
         assert_api_error(_raw(env, world.bob, method, path, body, query="owner=acme"), 403, "permission_denied")
+    assert_api_error(
+        _raw(env, world.bob, "DELETE", f"{API}/datasets/clicks/labels/x", query="owner=acme"),
+        403,
+        "permission_denied",
+        "moving labels is for tenant 'acme'",
+    )
     assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks/shares/beta").status_code == 204
     assert_api_error(
         _raw(env, world.bob, "GET", f"{API}/datasets/clicks", query="owner=acme"), 404, "dataset_not_found"

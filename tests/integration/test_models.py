@@ -401,6 +401,10 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
             assert "shared with tenant 'beta' read-only" in err.message
     resp = _raw(env, world.bob, "DELETE", f"{API}/models/mnist", query="owner=acme")
     assert_api_error(resp, 403, "permission_denied", "read-only")
+    resp = _raw(env, world.bob, "PUT", f"{API}/models/mnist/labels/staging", {"version": 1}, query="owner=acme")
+    assert_api_error(resp, 403, "permission_denied", "setting labels is for tenant 'acme'")
+    resp = _raw(env, world.bob, "DELETE", f"{API}/models/mnist/labels/production", query="owner=acme")
+    assert_api_error(resp, 403, "permission_denied", "removing labels is for tenant 'acme'")
     assert world.alice.models.get("mnist")["labels"] == {"production": 1}
     assert [v["version"] for v in world.alice.models.versions("mnist")] == [1]
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import typer
 
+from dlcloud.cli import registry
 from dlcloud.cli.common import client
 from dlcloud.cli.output import (
     Output,
     OutputOption,
-    console,
     err_console,
     render,
     render_fields,
@@ -27,6 +27,7 @@ app = typer.Typer(
     "(NAME, or OWNER/NAME for a shared dataset).",
     no_args_is_help=True,
 )
+WORDS = registry.Words("dataset", "datasets", "clicks", "acme/clicks")
 
 
 def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
@@ -164,20 +165,8 @@ def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud datasets list -o json
     """
-    render(
-        client(ctx).datasets.list(),
-        output,
-        [
-            ("NAME", "name"),
-            ("LATEST", "latest_version"),
-            ("VERSIONS", "version_count"),
-            ("SIZE", lambda d: size_text(d["size_bytes"])),
-            ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
-            ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
-            ("BY", "created_by"),
-            ("CREATED", lambda d: short_time(d["created_at"])),
-        ],
-    )
+    size = ("SIZE", lambda d: size_text(d["size_bytes"]))
+    render(client(ctx).datasets.list(), output, registry.list_columns([size]))
 
 
 def _describe_version(v: dict[str, Any], output: Output) -> None:
@@ -226,41 +215,11 @@ def describe(
         _describe_version(c.datasets.version(name, ref), output)
         return
     d = c.datasets.get(name)
-    if output == Output.json:
-        render(d, output, [])
-        return
-    fields: list[tuple[str, Any]] = [
-        ("Name", d["name"]),
-        ("Owner", d["owner"] + (" (shared with you, read-only)" if d["shared"] else "")),
-        ("Description", d["description"] or "-"),
-        ("Created by", d["created_by"]),
-        ("Created", short_time(d["created_at"])),
-        ("Latest version", d["latest_version"]),
-        ("Size", f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"),
-        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
-    ]
-    if not d["shared"]:
-        fields.append(("Shared with", ", ".join(d["shared_with"]) or "-"))
-    render_fields(d, output, fields)
-    console.print()
-    render(d["versions"], Output.table, VERSION_COLUMNS, title="Versions")
+    size = f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"
+    registry.show_entry(d, output, [("Size", size)], VERSION_COLUMNS)
 
 
-@app.command("versions")
-def versions(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name, or OWNER/NAME for a shared dataset."),
-    output: Output = OutputOption,
-) -> None:
-    """List a dataset's versions, oldest first.
-
-    Examples:
-
-      dlcloud datasets versions clicks
-
-      dlcloud datasets versions acme/clicks -o json
-    """
-    render(client(ctx).datasets.versions(name), output, VERSION_COLUMNS)
+registry.versions_command(app, WORDS, VERSION_COLUMNS)
 
 
 @app.command("files")
@@ -322,96 +281,6 @@ def download(
     typer.echo(str(target))
 
 
-@app.command("label")
-def label(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name."),
-    label_name: str = typer.Argument(..., metavar="LABEL", help="Label, e.g. production or clean."),
-    version: int = typer.Argument(..., help="Version number the label moves to."),
-    output: Output = OutputOption,
-) -> None:
-    """Point a label at a version; the label leaves the version it was on.
-
-    Example:
-
-      dlcloud datasets label clicks production 3
-    """
-    result = client(ctx).datasets.set_label(name, label_name, version)
-    if output == Output.json:
-        render(result, output, [])
-    else:
-        err_console.print(f"dataset {name}: {result['label']} -> version {result['version']}")
-
-
-@app.command("unlabel")
-def unlabel(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name."),
-    label_name: str = typer.Argument(..., metavar="LABEL", help="Label to remove."),
-) -> None:
-    """Remove a label from a dataset.
-
-    Example:
-
-      dlcloud datasets unlabel clicks staging
-    """
-    client(ctx).datasets.remove_label(name, label_name)
-    err_console.print(f"dataset {name}: label {label_name} removed")
-
-
-@app.command("share")
-def share(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name."),
-    tenant: str = typer.Option(..., "--tenant", help="Tenant that may read the dataset."),
-) -> None:
-    """Share a dataset read-only with another tenant: it reads it as OWNER/NAME, in jobs too.
-
-    Example:
-
-      dlcloud datasets share clicks --tenant research
-    """
-    client(ctx).datasets.share(name, tenant)
-    err_console.print(f"dataset {name} shared read-only with tenant {tenant}")
-
-
-@app.command("unshare")
-def unshare(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name."),
-    tenant: str = typer.Option(..., "--tenant", help="Tenant to take access from."),
-) -> None:
-    """Stop sharing a dataset with a tenant.
-
-    Example:
-
-      dlcloud datasets unshare clicks --tenant research
-    """
-    client(ctx).datasets.unshare(name, tenant)
-    err_console.print(f"dataset {name} no longer shared with tenant {tenant}")
-
-
-@app.command("delete")
-def delete(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name."),
-    version: int | None = typer.Option(None, "--version", help="Delete only this version."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-) -> None:
-    """Delete a dataset with all its versions, or one version (refused while a job that has not ended reads it).
-
-    Examples:
-
-      dlcloud datasets delete clicks --version 2
-
-      dlcloud datasets delete clicks --yes
-    """
-    what = f"version {version} of dataset {name}" if version is not None else f"dataset {name} and all its versions"
-    if not yes:
-        typer.confirm(f"Delete {what}? Its files are removed for good", abort=True, err=True)
-    c = client(ctx)
-    if version is not None:
-        c.datasets.delete_version(name, version)
-    else:
-        c.datasets.delete(name)
-    err_console.print(f"deleted {what}")
+registry.label_commands(app, WORDS, "production or clean", "production", "staging")
+registry.share_commands(app, WORDS, "it reads it as OWNER/NAME, in jobs too")
+registry.delete_command(app, WORDS, "a job that has not ended reads it", "Its files are")

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 import yaml
 
+from dlcloud.cli import registry
 from dlcloud.cli.common import client
 from dlcloud.cli.output import (
     Output,
@@ -29,6 +30,7 @@ app = typer.Typer(
     help="Register, version, label, share and download models (NAME, or OWNER/NAME for a shared model).",
     no_args_is_help=True,
 )
+WORDS = registry.Words("model", "models", "mnist", "vision/mnist")
 FORMATS_HELP = "torchscript, onnx, sklearn, xgboost, savedmodel or python"
 
 
@@ -179,20 +181,7 @@ def list_models(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud models list -o json
     """
-    models = client(ctx).models.list()
-    render(
-        models,
-        output,
-        [
-            ("NAME", "name"),
-            ("LATEST", "latest_version"),
-            ("VERSIONS", "version_count"),
-            ("LABELS", lambda m: ",".join(f"{k}={v}" for k, v in m["labels"].items()) or "-"),
-            ("SHARED", lambda m: "from " + m["owner"] if m["shared"] else (",".join(m["shared_with"]) or "-")),
-            ("BY", "created_by"),
-            ("CREATED", lambda m: short_time(m["created_at"])),
-        ],
-    )
+    render(client(ctx).models.list(), output, registry.list_columns([]))
 
 
 def _describe_version(v: dict[str, Any], output: Output) -> None:
@@ -243,138 +232,18 @@ def describe(
         _describe_version(c.models.version(name, version), output)
         return
     m = c.models.get(name)
+    registry.show_entry(m, output, [], VERSION_COLUMNS)
     if output == Output.json:
-        render(m, output, [])
         return
-    fields: list[tuple[str, Any]] = [
-        ("Name", m["name"]),
-        ("Owner", m["owner"] + (" (shared with you, read-only)" if m["shared"] else "")),
-        ("Description", m["description"] or "-"),
-        ("Created by", m["created_by"]),
-        ("Created", short_time(m["created_at"])),
-        ("Latest version", m["latest_version"]),
-        ("Labels", ", ".join(f"{k} -> {v}" for k, v in m["labels"].items()) or "-"),
-    ]
-    if not m["shared"]:
-        fields.append(("Shared with", ", ".join(m["shared_with"]) or "-"))
-    render_fields(m, output, fields)
-    console.print()
-    render(m["versions"], Output.table, VERSION_COLUMNS, title="Versions")
     unsigned = [str(v["version"]) for v in m["versions"] if v["signature"] is None]
     if unsigned:
         console.print(f"signature: not declared for version(s) {', '.join(unsigned)}")
 
 
-@app.command("versions")
-def versions(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name, or OWNER/NAME for a shared model."),
-    output: Output = OutputOption,
-) -> None:
-    """List a model's versions, oldest first.
-
-    Examples:
-
-      dlcloud models versions mnist
-
-      dlcloud models versions vision/mnist -o json
-    """
-    render(client(ctx).models.versions(name), output, VERSION_COLUMNS)
-
-
-@app.command("label")
-def label(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name."),
-    label_name: str = typer.Argument(..., metavar="LABEL", help="Label, e.g. staging or production."),
-    version: int = typer.Argument(..., help="Version number the label moves to."),
-    output: Output = OutputOption,
-) -> None:
-    """Point a label at a version; the label leaves the version it was on.
-
-    Example:
-
-      dlcloud models label mnist production 3
-    """
-    result = client(ctx).models.set_label(name, label_name, version)
-    if output == Output.json:
-        render(result, output, [])
-    else:
-        err_console.print(f"model {name}: {result['label']} -> version {result['version']}")
-
-
-@app.command("unlabel")
-def unlabel(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name."),
-    label_name: str = typer.Argument(..., metavar="LABEL", help="Label to remove."),
-) -> None:
-    """Remove a label from a model.
-
-    Example:
-
-      dlcloud models unlabel mnist staging
-    """
-    client(ctx).models.remove_label(name, label_name)
-    err_console.print(f"model {name}: label {label_name} removed")
-
-
-@app.command("share")
-def share(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name."),
-    tenant: str = typer.Option(..., "--tenant", help="Tenant that may read the model."),
-) -> None:
-    """Share a model read-only with another tenant: it can list, describe and download it as OWNER/NAME.
-
-    Example:
-
-      dlcloud models share mnist --tenant research
-    """
-    client(ctx).models.share(name, tenant)
-    err_console.print(f"model {name} shared read-only with tenant {tenant}")
-
-
-@app.command("unshare")
-def unshare(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name."),
-    tenant: str = typer.Option(..., "--tenant", help="Tenant to take access from."),
-) -> None:
-    """Stop sharing a model with a tenant.
-
-    Example:
-
-      dlcloud models unshare mnist --tenant research
-    """
-    client(ctx).models.unshare(name, tenant)
-    err_console.print(f"model {name} no longer shared with tenant {tenant}")
-
-
-@app.command("delete")
-def delete(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name."),
-    version: int | None = typer.Option(None, "--version", help="Delete only this version."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-) -> None:
-    """Delete a model with all its versions, or one version (refused while it is deployed).
-
-    Examples:
-
-      dlcloud models delete mnist --version 2
-
-      dlcloud models delete mnist --yes
-    """
-    what = f"version {version} of model {name}" if version is not None else f"model {name} and all its versions"
-    if not yes:
-        typer.confirm(f"Delete {what}? Artifacts are removed for good", abort=True, err=True)
-    c = client(ctx)
-    if version is not None:
-        c.models.delete_version(name, version)
-    else:
-        c.models.delete(name)
-    err_console.print(f"deleted {what}")
+registry.versions_command(app, WORDS, VERSION_COLUMNS)
+registry.label_commands(app, WORDS, "staging or production", "production", "staging")
+registry.share_commands(app, WORDS, "it can list, describe and download it as OWNER/NAME")
+registry.delete_command(app, WORDS, "it is deployed", "Artifacts are")
 
 
 @app.command("download")

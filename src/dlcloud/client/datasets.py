@@ -31,7 +31,9 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.transport import API, Transport
+from dlcloud.client import registry
+from dlcloud.client.registry import RegistryAPI
+from dlcloud.client.transport import API
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
 
@@ -104,16 +106,10 @@ def pack_data(source: Path | str) -> PackedData:
         if any(part.startswith(RESERVED_PREFIX) for part in rel.split("/")):
             raise InvalidArgument(f"{rel}: names starting with {RESERVED_PREFIX!r} are reserved; rename it")
         try:
-            info = tf.gettarinfo(str(full), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            info = registry.add_entry(tf, full, rel)
             if info.isfile():
-                with full.open("rb") as f:
-                    tf.addfile(info, f)
                 files += 1
                 size += info.size
-            else:
-                tf.addfile(info)
         except OSError as exc:
             raise InvalidArgument(f"cannot read {rel}: {exc.strerror or exc}") from None
 
@@ -122,20 +118,8 @@ def pack_data(source: Path | str) -> PackedData:
             if stat.S_ISREG(top_mode):
                 add(tf, top, top.name)
             else:
-                for dirpath, dirnames, filenames in os.walk(top):
-                    dirnames.sort()
-                    rel_dir = Path(dirpath).relative_to(top)
-                    for entry in [*dirnames, *sorted(filenames)]:
-                        full = Path(dirpath) / entry
-                        rel = (rel_dir / entry).as_posix()
-                        mode = os.lstat(full).st_mode
-                        if stat.S_ISLNK(mode):
-                            raise InvalidArgument(
-                                f"{rel} is a link; datasets hold regular files only (copy the file in its place)"
-                            )
-                        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                            raise InvalidArgument(f"{rel} is a device, FIFO or socket; datasets hold regular files")
-                        add(tf, full, rel)
+                for full, rel in registry.tree_entries(top, "", "datasets"):
+                    add(tf, full, rel)
         if files == 0:
             raise InvalidArgument(f"{source} holds no file; a dataset version needs at least one")
     except BaseException:
@@ -155,17 +139,8 @@ def tree_checksum(root: Path) -> str:
 
 
 def split_name(name: str) -> tuple[str, dict[str, Any]]:
-    """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {}).
-
-    Raises:
-        InvalidArgument: more than one ``/`` or an empty part.
-    """
-    owner, sep, dataset = name.partition("/")
-    if not sep:
-        return name, {}
-    if not owner or not dataset or "/" in dataset:
-        raise InvalidArgument(f"dataset name {name!r} must be NAME or OWNER_TENANT/NAME")
-    return dataset, {"owner": owner}
+    """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {})."""
+    return registry.split_name(name, "dataset")
 
 
 def _refuse_used_dest(dest: Path) -> None:
@@ -184,9 +159,9 @@ def _refuse_written_dest(dest: Path, work: Path) -> None:
         raise AlreadyExists(f"{dest} is not empty any more (something wrote {others[0].name}); nothing was moved")
 
 
-class DatasetsAPI:
-    def __init__(self, t: Transport):
-        self._t = t
+class DatasetsAPI(RegistryAPI):
+    noun = "dataset"
+    plural = "datasets"
 
     # -- push ------------------------------------------------------------------------------------------
     def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -305,47 +280,7 @@ class DatasetsAPI:
                 )
             time.sleep(interval)
 
-    # -- reads -----------------------------------------------------------------------------------------
-    def list(self) -> builtins.list[dict[str, Any]]:
-        """Your tenant's datasets, then those shared with it.
-
-        Returns:
-            One dict per dataset (``name``, ``owner``, ``shared``, ``latest_version``, ``version_count``,
-            ``size_bytes``, ``labels``, ``shared_with``, ...); a shared one is named ``OWNER/NAME``.
-        """
-        return self._t.request("GET", f"{API}/datasets")
-
-    def get(self, name: str) -> dict[str, Any]:
-        """The dataset with its versions, labels and (for the owner) the tenants it is shared with.
-
-        Args:
-            name: ``NAME`` or ``OWNER/NAME``.
-
-        Returns:
-            The dataset's fields as ``list`` gives them, with ``versions``.
-
-        Raises:
-            DlcloudError (code dataset_not_found): no such dataset, or one not shared with your tenant.
-        """
-        dataset, params = split_name(name)
-        return self._t.request("GET", f"{API}/datasets/{dataset}", params=params)
-
-    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
-        """The dataset's versions, oldest first.
-
-        Args:
-            name: ``NAME`` or ``OWNER/NAME``.
-
-        Returns:
-            One dict per version (``version``, ``sha256``, ``file_count``, ``size_bytes``, ``labels``,
-            ``in_use_by``, ...).
-
-        Raises:
-            DlcloudError (code dataset_not_found): no such dataset, or one not shared with your tenant.
-        """
-        dataset, params = split_name(name)
-        return self._t.request("GET", f"{API}/datasets/{dataset}/versions", params=params)
-
+    # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
     def version(self, name: str, ref: int | str = "latest") -> dict[str, Any]:
         """One version by number, label or ``latest``.
 
@@ -461,73 +396,3 @@ class DatasetsAPI:
             raise
         shutil.rmtree(work, ignore_errors=True)
         return dest
-
-    # -- labels, shares, deletion ------------------------------------------------------------------------
-    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
-        """Point ``label`` at ``version`` (moving it off the version it was on).
-
-        Returns:
-            ``{"label", "version"}``.
-
-        Raises:
-            DlcloudError (code dataset_version_not_found): no such version.
-            InvalidArgument: a bad label name (``latest`` is reserved).
-            PermissionDenied: the dataset is another tenant's.
-        """
-        dataset, params = split_name(name)
-        return self._t.request(
-            "PUT", f"{API}/datasets/{dataset}/labels/{label}", params=params, json_body={"version": version}
-        )
-
-    def remove_label(self, name: str, label: str) -> None:
-        """Remove ``label`` from the dataset.
-
-        Raises:
-            NotFound: the dataset has no such label.
-            PermissionDenied: the dataset is another tenant's.
-        """
-        dataset, params = split_name(name)
-        self._t.request("DELETE", f"{API}/datasets/{dataset}/labels/{label}", params=params)
-
-    def share(self, name: str, tenant: str) -> dict[str, Any]:
-        """Let ``tenant`` list, describe, download and read the dataset in jobs (never change it).
-
-        Returns:
-            ``{"tenant", "created_at"}``.
-
-        Raises:
-            PermissionDenied: neither the dataset's author nor a tenant admin.
-            InvalidArgument: ``tenant`` is your own.
-        """
-        dataset, params = split_name(name)
-        return self._t.request("POST", f"{API}/datasets/{dataset}/shares/{tenant}", params=params)
-
-    def unshare(self, name: str, tenant: str) -> None:
-        """Stop sharing the dataset with ``tenant``; its users cannot read it any more (``dataset_not_found``).
-
-        Raises:
-            NotFound: the dataset is not shared with ``tenant``.
-            PermissionDenied: neither the dataset's author nor a tenant admin.
-        """
-        dataset, params = split_name(name)
-        self._t.request("DELETE", f"{API}/datasets/{dataset}/shares/{tenant}", params=params)
-
-    def delete(self, name: str) -> None:
-        """Delete the dataset with every version, label, share and file.
-
-        Raises:
-            DlcloudError (code dataset_in_use): a job that has not ended reads one of its versions.
-            PermissionDenied: neither its author nor a tenant admin, or another tenant's dataset.
-        """
-        dataset, params = split_name(name)
-        self._t.request("DELETE", f"{API}/datasets/{dataset}", params=params)
-
-    def delete_version(self, name: str, version: int) -> None:
-        """Delete one version and its files (its labels go with it; its number is never given again).
-
-        Raises:
-            DlcloudError (code dataset_in_use): a job that has not ended reads it.
-            DlcloudError (code dataset_version_not_found): no such version.
-        """
-        dataset, params = split_name(name)
-        self._t.request("DELETE", f"{API}/datasets/{dataset}/versions/{version}", params=params)

@@ -12,11 +12,9 @@ c.models.download("mnist", "production", dest=Path("models/"))
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import shutil
-import stat
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -25,7 +23,9 @@ from typing import Any
 
 from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
-from dlcloud.client.transport import API, Transport
+from dlcloud.client import registry
+from dlcloud.client.registry import RegistryAPI
+from dlcloud.client.transport import API
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, DIRECTORY_MARKERS, FORMATS, format_from_name
 
@@ -70,38 +70,16 @@ def pack_artifact(path: Path) -> Path:
     os.close(fd)
     archive = Path(name)
 
-    def add(tf: tarfile.TarFile, full: Path, arcname: str) -> None:
-        info = tf.gettarinfo(str(full), arcname=arcname)
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        if info.isfile():
-            with full.open("rb") as f:
-                tf.addfile(info, f)
-        else:
-            tf.addfile(info)
-
     try:
         with tarfile.open(archive, "w:gz", compresslevel=6) as tf:
             if top.is_file():
-                add(tf, top.resolve(), top.name)
+                registry.add_entry(tf, top.resolve(), top.name)
                 return archive
             if not top.is_dir():
                 raise InvalidArgument(f"{path} is not a regular file or a directory")
-            add(tf, top.resolve(), top.name)
-            for dirpath, dirnames, filenames in os.walk(top.resolve()):
-                dirnames.sort()
-                rel_dir = Path(dirpath).relative_to(top.resolve())
-                for entry in [*dirnames, *sorted(filenames)]:
-                    full = Path(dirpath) / entry
-                    rel = (Path(top.name) / rel_dir / entry).as_posix()
-                    mode = os.lstat(full).st_mode
-                    if stat.S_ISLNK(mode):
-                        raise InvalidArgument(
-                            f"{rel} is a link; model artifacts hold regular files only (copy the file in its place)"
-                        )
-                    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                        raise InvalidArgument(f"{rel} is a device, FIFO or socket; model artifacts hold regular files")
-                    add(tf, full, rel)
+            registry.add_entry(tf, top.resolve(), top.name)
+            for full, rel in registry.tree_entries(top.resolve(), top.name, "model artifacts"):
+                registry.add_entry(tf, full, rel)
     except BaseException:
         archive.unlink(missing_ok=True)
         raise
@@ -110,17 +88,12 @@ def pack_artifact(path: Path) -> Path:
 
 def split_name(name: str) -> tuple[str, dict[str, Any]]:
     """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {})."""
-    owner, sep, model = name.partition("/")
-    if not sep:
-        return name, {}
-    if not owner or not model or "/" in model:
-        raise InvalidArgument(f"model name {name!r} must be NAME or OWNER_TENANT/NAME")
-    return model, {"owner": owner}
+    return registry.split_name(name, "model")
 
 
-class ModelsAPI:
-    def __init__(self, t: Transport):
-        self._t = t
+class ModelsAPI(RegistryAPI):
+    noun = "model"
+    plural = "models"
 
     # -- register --------------------------------------------------------------------------------------
     def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -208,20 +181,7 @@ class ModelsAPI:
                 self.delete_upload(upload_id)
             raise
 
-    # -- reads -----------------------------------------------------------------------------------------
-    def list(self) -> list[dict[str, Any]]:
-        """Your tenant's models, then those shared with it (``shared`` true, named ``OWNER/NAME``)."""
-        return self._t.request("GET", f"{API}/models")
-
-    def get(self, name: str) -> dict[str, Any]:
-        """The model with its versions, labels and shares."""
-        model, params = split_name(name)
-        return self._t.request("GET", f"{API}/models/{model}", params=params)
-
-    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
-        model, params = split_name(name)
-        return self._t.request("GET", f"{API}/models/{model}/versions", params=params)
-
+    # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
     def version(self, name: str, version: int | str = "latest") -> dict[str, Any]:
         """One version by number, label or ``latest``."""
         model, params = split_name(name)
@@ -277,37 +237,6 @@ class ModelsAPI:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return target
-
-    # -- labels, shares, deletion ------------------------------------------------------------------------
-    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
-        """Point ``label`` at ``version`` (moving it off the version it was on)."""
-        model, params = split_name(name)
-        return self._t.request(
-            "PUT", f"{API}/models/{model}/labels/{label}", params=params, json_body={"version": version}
-        )
-
-    def remove_label(self, name: str, label: str) -> None:
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/labels/{label}", params=params)
-
-    def share(self, name: str, tenant: str) -> dict[str, Any]:
-        """Let ``tenant`` list, describe and download the model (never change it)."""
-        model, params = split_name(name)
-        return self._t.request("POST", f"{API}/models/{model}/shares/{tenant}", params=params)
-
-    def unshare(self, name: str, tenant: str) -> None:
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/shares/{tenant}", params=params)
-
-    def delete(self, name: str) -> None:
-        """Delete the model with every version (refused with ModelDeployed while a version is deployed)."""
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}", params=params)
-
-    def delete_version(self, name: str, version: int) -> None:
-        """Delete one version (refused with ModelDeployed while it is deployed)."""
-        model, params = split_name(name)
-        self._t.request("DELETE", f"{API}/models/{model}/versions/{version}", params=params)
 
     # -- deployment leases (used by the model server) ----------------------------------------------------
     def heartbeat_deployment(

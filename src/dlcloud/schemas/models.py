@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from dlcloud.schemas.common import Name, Request, Response, exactly_one_of
+from dlcloud.schemas.registry import LabelAnswer, LabelMove, ShareAnswer
 
 LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 RESERVED_LABELS = frozenset({"latest"})
@@ -126,8 +127,8 @@ class ModelRegister(Request):
         return self
 
 
-class LabelSet(Request):
-    version: Annotated[int, Field(ge=1)]
+class LabelSet(LabelMove):  # a subclass without a docstring: the same component, named for models
+    pass
 
 
 class DeploymentLease(Request):
@@ -195,11 +196,9 @@ class ModelDetail(Model):
     versions: list[ModelVersion]
 
 
-class ModelLabel(Response):
-    label: str
-    version: int
+class ModelLabel(LabelAnswer):
+    pass
 
 
-class ModelShare(Response):
-    tenant: str
-    created_at: datetime
+class ModelShare(ShareAnswer):
+    pass

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlcloud import tarsafe
@@ -45,7 +44,6 @@ from dlcloud.errors import (
     DlcloudError,
     InvalidArchive,
     InvalidArgument,
-    NotFound,
     Unavailable,
 )
 from dlcloud.schemas.common import NAME_RE
@@ -64,24 +62,21 @@ from dlcloud.schemas.datasets import (
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState
-from dlcloud.schemas.models import LABEL_RE, check_label
 from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
+from dlcloud.services.registry import Deletion, Versioned, retry_on_conflict, take_number
+from dlcloud.services.registry_access import Registry, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
-from dlcloud.store import tenants as tenant_store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
 from dlcloud.store.rows import (
-    DatasetLabelRow,
     DatasetRow,
-    DatasetShareRow,
     DatasetVersionRow,
     JobDatasetRow,
     UploadClaimRow,
@@ -89,7 +84,6 @@ from dlcloud.store.rows import (
 )
 
 log = logging.getLogger(__name__)
-DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
 FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
 # the claim of a dataset upload (uploads.upload_key): tenant id, upload id
 UPLOAD_KEY_RE = re.compile(r"^uploads/([A-Za-z0-9_-]{1,64})/(du-[a-z0-9]{16})\.tar\.gz$")
@@ -198,25 +192,24 @@ _readable = DATASETS.readable
 _writable = DATASETS.writable
 
 
-def _find_version(s: Session, dataset: DatasetRow, ref: str, shown: str) -> DatasetVersionRow:
-    """A version by number, by label, or ``latest``."""
-    row = None
-    if DIGITS_RE.match(ref):
-        row = store.get_version(s, dataset.tenant_id, dataset.id, int(ref))
-        missing = f"dataset {shown!r} has no version {ref}"
-    elif ref == "latest":
-        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        row = versions[-1] if versions else None
-        missing = f"dataset {shown!r} has no versions"
-    elif LABEL_RE.match(ref):
-        label = s.get(DatasetLabelRow, (dataset.id, ref))
-        row = s.get(DatasetVersionRow, label.version_id) if label is not None else None
-        missing = f"dataset {shown!r} has no label {ref!r}"
-    else:
-        raise InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
-    if row is None:
-        raise DatasetVersionNotFound(missing)
-    return row
+def _bad_ref(ref: str, shown: str) -> InvalidArgument:
+    return InvalidArgument(f"{ref!r} is not a version: give a number, a label or 'latest'")
+
+
+def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenant_id: str) -> None:
+    _end_readers(s, dataset, tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+
+
+REGISTRY = Versioned(
+    DATASETS,
+    store.TABLES,
+    DatasetVersionNotFound,
+    _bad_ref,
+    ("moving labels", "moving labels"),
+    _end_share,
+    (DatasetLabel, DatasetShare),
+)
+_find_version = REGISTRY.find_version
 
 
 def _readers_shown(readers: list[tuple[str, str]], tenant_id: str) -> list[str]:
@@ -384,34 +377,17 @@ def add_version(
 ) -> DatasetVersion:
     """In one write transaction: the storage quota checked for ``size`` more bytes, the dataset created if it
     does not exist, the next number taken, and the row ``make_row(dataset, number)`` added."""
-    for attempt in (1, 2):
-        try:
-            with platform.db.write() as s:
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
-                dataset = store.get_dataset(s, caller.tenant_id, name, for_update=True)
-                if dataset is None:
-                    dataset = DatasetRow(
-                        id=new_id("ds-"),
-                        tenant_id=caller.tenant_id,
-                        name=name,
-                        description=req.description,
-                        last_version=0,
-                        created_by=caller.user_id,
-                        created_at=utcnow(),
-                    )
-                    s.add(dataset)
-                    s.flush()
-                dataset.last_version += 1
-                row = make_row(dataset, dataset.last_version)
-                s.add(row)
-                s.flush()
-                [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
-            return result
-        except IntegrityError:
-            # another request created the same dataset first (PostgreSQL): its row exists now, try once more
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def add() -> DatasetVersion:
+        with platform.db.write() as s:
+            dataset, number, _ = take_number(s, caller, store.TABLES, name, req.description, size, "ds-")
+            row = make_row(dataset, number)
+            s.add(row)
+            s.flush()
+            [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
+        return result
+
+    return retry_on_conflict(add)
 
 
 # -- reads -----------------------------------------------------------------------------------------------
@@ -531,67 +507,10 @@ def open_version(
 # -- labels and shares -----------------------------------------------------------------------------------
 
 
-def set_label(
-    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
-) -> DatasetLabel:
-    try:
-        check_label(label)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "moving labels")
-        row = store.get_version(s, caller.tenant_id, dataset.id, version)
-        if row is None:
-            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
-        existing = s.get(DatasetLabelRow, (dataset.id, label))
-        if existing is None:
-            s.add(DatasetLabelRow(dataset_id=dataset.id, label=label, version_id=row.id, updated_at=utcnow()))
-        else:
-            existing.version_id, existing.updated_at = row.id, utcnow()
-        return DatasetLabel(label=label, version=version)
-
-
-def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "moving labels")
-        row = s.get(DatasetLabelRow, (dataset.id, label))
-        if row is None:
-            raise NotFound(f"dataset {name!r} has no label {label!r}")
-        s.delete(row)
-
-
-def share_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> DatasetShare:
-    """Let ``tenant`` read the dataset (idempotent)."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "sharing")
-        require_author_or_admin(caller, dataset.created_by, f"share dataset {name!r}")
-        if tenant == caller.tenant:
-            raise InvalidArgument(
-                f"dataset {name!r} already belongs to tenant {tenant!r}; share it with another tenant"
-            )
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        if target is None:
-            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
-            return DatasetShare(tenant=tenant, created_at=utcnow())
-        row = s.get(DatasetShareRow, (dataset.id, target.id))
-        if row is None:
-            row = DatasetShareRow(
-                dataset_id=dataset.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow()
-            )
-            s.add(row)
-        return DatasetShare(tenant=tenant, created_at=row.created_at)
-
-
-def unshare_dataset(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "unsharing")
-        require_author_or_admin(caller, dataset.created_by, f"unshare dataset {name!r}")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        row = s.get(DatasetShareRow, (dataset.id, target.id)) if target is not None else None
-        if row is None:
-            raise NotFound(f"dataset {name!r} is not shared with tenant {tenant!r}")
-        s.delete(row)
-        _end_readers(s, dataset, row.tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
+set_label = REGISTRY.set_label
+remove_label = REGISTRY.remove_label
+share_dataset = REGISTRY.share
+unshare_dataset = REGISTRY.unshare
 
 
 def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> None:
@@ -624,39 +543,6 @@ def _refuse_if_in_use(s: Session, caller: Caller, rows: list[DatasetVersionRow],
         )
 
 
-def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
-    """Delete the dataset with all its versions, labels, shares and files."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "deleting")
-        require_author_or_admin(caller, dataset.created_by, f"delete dataset {name!r}")
-        versions = store.list_versions(s, caller.tenant_id, dataset.id)
-        _refuse_if_in_use(s, caller, versions, f"dataset {name!r}")
-        keys = [v.storage_key for v in versions]
-        _forget_ended_readers(s, [v.id for v in versions])
-        s.delete(dataset)
-        prefix = f"datasets/{caller.tenant_id}/{dataset.id}"
-    _remove_stored(platform, keys)
-    try:  # whatever a crashed push left under the dataset's prefix
-        platform.objects.delete_prefix(prefix)
-    except Exception:
-        log.exception("could not remove %s from %s", prefix, platform.objects.url)
-
-
-def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
-    """Delete one version and its files; labels on it are removed, the number is not reused."""
-    with platform.db.write() as s:
-        dataset = _writable(s, caller, name, owner, "deleting versions")
-        row = store.get_version(s, caller.tenant_id, dataset.id, version)
-        if row is None:
-            raise DatasetVersionNotFound(f"dataset {name!r} has no version {version}")
-        require_author_or_admin(caller, row.created_by, f"delete version {version} of dataset {name!r}")
-        _refuse_if_in_use(s, caller, [row], f"version {version} of dataset {name!r}")
-        key = row.storage_key
-        _forget_ended_readers(s, [row.id])
-        s.delete(row)
-    _remove_stored(platform, [key])
-
-
 def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
     """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
     if version_ids:
@@ -664,12 +550,24 @@ def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
         s.flush()
 
 
-def _remove_stored(platform: Platform, keys: list[str]) -> None:
-    for key in keys:
-        try:
-            platform.objects.delete_tree(key)
-        except Exception:  # the rows are gone; a leftover tree is only storage space
-            log.exception("could not remove the dataset version %s from %s", key, platform.objects.url)
+def _release(s: Session, caller: Caller, rows: list[DatasetVersionRow], what: str) -> None:
+    _refuse_if_in_use(s, caller, rows, what)
+    _forget_ended_readers(s, [r.id for r in rows])
+
+
+DELETION = Deletion(REGISTRY, _release, "storage_key", "dataset version")
+delete_version = DELETION.delete_version
+_remove_stored = DELETION.remove_stored
+
+
+def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
+    """Delete the dataset with all its versions, labels, shares and files."""
+    dataset_id = DELETION.delete(platform, caller, name, owner)
+    prefix = f"datasets/{caller.tenant_id}/{dataset_id}"
+    try:  # whatever a crashed push left under the dataset's prefix
+        platform.objects.delete_prefix(prefix)
+    except Exception:
+        log.exception("could not remove %s from %s", prefix, platform.objects.url)
 
 
 # -- jobs ------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Who may see and change a model (``MODELS``: the registries' shared rules, services/registry_access.py) and
-which version a reference names (``find_version``).
+"""Who may see and change a model (``MODELS``: the registries' shared rules, services/registry_access.py),
+which version a reference names (``find_version``), its labels and shares (``MODEL_REGISTRY``:
+services/registry.py).
 
 - Models are tenant-scoped. Another tenant's model is visible only when it is shared with the caller's tenant,
   and then only for reading (``MODELS.readable``: describe, versions, download, deployment leases); any change to it is
@@ -10,19 +11,17 @@ which version a reference names (``find_version``).
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import ModelNotFound, ModelVersionNotFound
-from dlcloud.schemas.models import LABEL_RE
+from dlcloud.schemas.models import ModelLabel, ModelShare
+from dlcloud.services.auth import Caller
+from dlcloud.services.registry import Versioned
 from dlcloud.services.registry_access import Registry, require_author_or_admin, shown_name
 from dlcloud.store import models as store
-from dlcloud.store.rows import ModelRow, ModelVersionRow
+from dlcloud.store.rows import ModelRow
 
-__all__ = ["MODELS", "find_version", "require_author_or_admin", "shown_name"]
-
-DIGITS_RE = re.compile(r"^[0-9]{1,9}$")
+__all__ = ["MODELS", "MODEL_REGISTRY", "find_version", "require_author_or_admin", "shown_name"]
 
 
 def _is_shared(s: Session, model: ModelRow, tenant_id: str) -> bool:
@@ -32,20 +31,24 @@ def _is_shared(s: Session, model: ModelRow, tenant_id: str) -> bool:
 MODELS = Registry("model", store.get_model, _is_shared, ModelNotFound)
 
 
-def find_version(s: Session, model: ModelRow, ref: str, shown: str) -> ModelVersionRow:
-    """A version by number, by label, or ``latest``."""
-    row = None
-    if DIGITS_RE.match(ref):
-        row = store.get_version(s, model.tenant_id, model.id, int(ref))
-        missing = f"model {shown!r} has no version {ref}"
-    elif ref == "latest":
-        row = store.get_latest_version(s, model.tenant_id, model.id)
-        missing = f"model {shown!r} has no versions"
-    elif LABEL_RE.match(ref):
-        row = store.get_labelled_version(s, model.tenant_id, model.id, ref)
-        missing = f"model {shown!r} has no label {ref!r}"
-    else:
-        missing = f"{ref!r} is not a version of model {shown!r}: give a version number, a label or 'latest'"
-    if row is None:
-        raise ModelVersionNotFound(missing)
-    return row
+def _bad_ref(ref: str, shown: str) -> ModelVersionNotFound:
+    return ModelVersionNotFound(
+        f"{ref!r} is not a version of model {shown!r}: give a version number, a label or 'latest'"
+    )
+
+
+def _end_share(s: Session, caller: Caller, model: ModelRow, name: str, tenant_id: str) -> None:
+    # the tenant can no longer read the model, nor renew or release its leases on it: they end now
+    store.delete_tenant_deployments(s, model.id, tenant_id)
+
+
+MODEL_REGISTRY = Versioned(
+    MODELS,
+    store.TABLES,
+    ModelVersionNotFound,
+    _bad_ref,
+    ("setting labels", "removing labels"),
+    _end_share,
+    (ModelLabel, ModelShare),
+)
+find_version = MODEL_REGISTRY.find_version

@@ -32,22 +32,18 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import InvalidArgument, ModelNotFound, ModelVersionNotFound, NotFound, Unavailable
+from dlcloud.errors import InvalidArgument, ModelNotFound, NotFound, Unavailable
 from dlcloud.executors.outputs import BAD_NAME, LINK, load_left_out
 from dlcloud.schemas.models import (
     UPLOAD_ID_RE,
     FromJob,
     Model,
     ModelDetail,
-    ModelLabel,
     ModelRegister,
-    ModelShare,
     ModelUpload,
     ModelVersion,
-    check_label,
     executes_code,
 )
 from dlcloud.services import storage_quota, uploads
@@ -55,23 +51,21 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.model_access import MODELS, find_version, require_author_or_admin, shown_name
+from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, shown_name
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
+from dlcloud.services.registry import Deletion, retry_on_conflict, take_number
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store
 from dlcloud.store import models as store
-from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.rows import (
     JobRow,
     ModelDeploymentRow,
-    ModelLabelRow,
     ModelRow,
-    ModelShareRow,
     ModelVersionRow,
     utcnow,
 )
@@ -334,31 +328,13 @@ def _insert_version(
 
 def _take_number(platform: Platform, caller: Caller, req: ModelRegister, size: int) -> tuple[str, int, bool]:
     """(model id, the version number taken, whether the model was created now)."""
-    for attempt in (1, 2):
-        try:
-            with platform.db.write() as s:
-                storage_quota.check_fits(s, caller.tenant_id, caller.tenant, size)
-                model = store.get_model(s, caller.tenant_id, req.name, for_update=True)
-                created = model is None
-                if model is None:
-                    model = ModelRow(
-                        id=new_id("m-"),
-                        tenant_id=caller.tenant_id,
-                        name=req.name,
-                        description=req.description,
-                        last_version=0,
-                        created_by=caller.user_id,
-                        created_at=utcnow(),
-                    )
-                    s.add(model)
-                    s.flush()
-                model.last_version += 1
-                return model.id, model.last_version, created
-        except IntegrityError:
-            # another request created the same model first (PostgreSQL): its row exists now, try once more
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def take() -> tuple[str, int, bool]:
+        with platform.db.write() as s:
+            model, number, created = take_number(s, caller, store.TABLES, req.name, req.description, size, "m-")
+            return model.id, number, created
+
+    return retry_on_conflict(take)
 
 
 def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner: str | None = None) -> ModelVersion:
@@ -469,99 +445,24 @@ def open_artifact(
 # -- labels and shares -----------------------------------------------------------------------------------
 
 
-def set_label(
-    platform: Platform, caller: Caller, name: str, label: str, version: int, owner: str | None = None
-) -> ModelLabel:
-    """Point ``label`` at ``version``; it leaves the version it pointed at before."""
-    try:
-        check_label(label)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "setting labels")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        existing = store.get_label(s, model.id, label)
-        if existing is None:
-            s.add(ModelLabelRow(model_id=model.id, label=label, version_id=row.id, updated_at=utcnow()))
-        else:
-            existing.version_id = row.id
-            existing.updated_at = utcnow()
-    return ModelLabel(label=label, version=version)
-
-
-def remove_label(platform: Platform, caller: Caller, name: str, label: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "removing labels")
-        existing = store.get_label(s, model.id, label)
-        if existing is None:
-            raise NotFound(f"model {name!r} has no label {label!r}")
-        s.delete(existing)
-
-
-def share_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> ModelShare:
-    """Let ``tenant`` read the model (idempotent)."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "sharing")
-        require_author_or_admin(caller, model.created_by, f"share model {name!r}")
-        if tenant == caller.tenant:
-            raise InvalidArgument(f"model {name!r} already belongs to tenant {tenant!r}; share it with another tenant")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        if target is None:
-            # the answer of a share that was stored: whether a tenant exists must not leak (docs/tenancy.md)
-            return ModelShare(tenant=tenant, created_at=utcnow())
-        row = store.get_share(s, model.id, target.id)
-        if row is None:
-            row = ModelShareRow(model_id=model.id, tenant_id=target.id, created_by=caller.user_id, created_at=utcnow())
-            s.add(row)
-        return ModelShare(tenant=tenant, created_at=row.created_at)
-
-
-def unshare_model(platform: Platform, caller: Caller, name: str, tenant: str, owner: str | None = None) -> None:
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "unsharing")
-        require_author_or_admin(caller, model.created_by, f"unshare model {name!r}")
-        target = tenant_store.get_tenant_by_name(s, tenant)
-        row = store.get_share(s, model.id, target.id) if target is not None else None
-        if row is None:
-            raise NotFound(f"model {name!r} is not shared with tenant {tenant!r}")
-        s.delete(row)
-        # the tenant can no longer read the model, nor renew or release its leases on it: they end now
-        store.delete_tenant_deployments(s, model.id, row.tenant_id)
+set_label = MODEL_REGISTRY.set_label
+remove_label = MODEL_REGISTRY.remove_label
+share_model = MODEL_REGISTRY.share
+unshare_model = MODEL_REGISTRY.unshare
 
 
 # -- deletion --------------------------------------------------------------------------------------------
 
 
+def _release(s: Session, caller: Caller, rows: list[ModelVersionRow], what: str) -> None:
+    refuse_if_deployed(s, rows, what)  # the leases go with the rows (ON DELETE CASCADE)
+
+
+DELETION = Deletion(MODEL_REGISTRY, _release, "artifact_key", "model artifact")
+delete_version = DELETION.delete_version
+_remove_stored = DELETION.remove_stored
+
+
 def delete_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> None:
-    """Delete the model with all its versions, labels, shares and artifacts."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "deleting")
-        require_author_or_admin(caller, model.created_by, f"delete model {name!r}")
-        refuse_if_deployed(s, store.list_versions(s, caller.tenant_id, model.id), f"model {name!r}")
-        keys = [v.artifact_key for v in store.list_versions(s, caller.tenant_id, model.id)]
-        s.delete(model)  # versions, labels, shares and leases go with it (ON DELETE CASCADE)
-    _remove_stored(platform, keys)
-
-
-def delete_version(platform: Platform, caller: Caller, name: str, version: int, owner: str | None = None) -> None:
-    """Delete one version and its artifact; labels on it are removed, the number is not reused."""
-    with platform.db.write() as s:
-        model = MODELS.writable(s, caller, name, owner, "deleting versions")
-        row = store.get_version(s, caller.tenant_id, model.id, version)
-        if row is None:
-            raise ModelVersionNotFound(f"model {name!r} has no version {version}")
-        require_author_or_admin(caller, row.created_by, f"delete version {version} of model {name!r}")
-        refuse_if_deployed(s, [row], f"version {version} of model {name!r}")
-        key = row.artifact_key
-        s.delete(row)
-    _remove_stored(platform, [key])
-
-
-def _remove_stored(platform: Platform, keys: list[str]) -> None:
-    for key in keys:
-        try:
-            platform.objects.delete_tree(key)
-        except Exception:  # the rows are gone; a leftover tree is only storage space
-            log.exception("could not remove the model artifact %s from %s", key, platform.objects.url)
+    """Delete the model with all its versions, labels, shares, leases and artifacts."""
+    DELETION.delete(platform, caller, name, owner)

@@ -7,12 +7,12 @@ found that way. Another tenant's dataset is visible only through ``shared_datase
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.datasets import DatasetVersionState
+from dlcloud.store.registry import Tables
 from dlcloud.store.rows import (
     DatasetLabelRow,
     DatasetRow,
@@ -20,72 +20,15 @@ from dlcloud.store.rows import (
     DatasetVersionRow,
     JobDatasetRow,
     JobRow,
-    TenantRow,
 )
 
 ENDED_JOB_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 QUEUED_JOB_STATES = ("QUEUED", "RESTARTING")
 
-
-def get_dataset(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> DatasetRow | None:
-    q = select(DatasetRow).where(DatasetRow.tenant_id == tenant_id, DatasetRow.name == name)
-    if for_update:
-        q = q.with_for_update()
-    return s.scalars(q).first()
-
-
-def list_datasets(s: Session, tenant_id: str) -> list[DatasetRow]:
-    return list(s.scalars(select(DatasetRow).where(DatasetRow.tenant_id == tenant_id).order_by(DatasetRow.name)))
-
-
-def shared_datasets(s: Session, tenant_id: str) -> list[tuple[DatasetRow, str]]:
-    """Other tenants' datasets shared with ``tenant_id``, with the owner's tenant name."""
-    q = (
-        select(DatasetRow, TenantRow.name)
-        .join(DatasetShareRow, DatasetShareRow.dataset_id == DatasetRow.id)
-        .join(TenantRow, TenantRow.id == DatasetRow.tenant_id)
-        .where(DatasetShareRow.tenant_id == tenant_id)
-        .order_by(TenantRow.name, DatasetRow.name)
-    )
-    return [(d, t) for d, t in s.execute(q)]
-
-
-def is_shared(s: Session, dataset_id: str, tenant_id: str) -> bool:
-    return s.get(DatasetShareRow, (dataset_id, tenant_id)) is not None
-
-
-def shares_of(s: Session, dataset_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
-    """dataset id -> [(tenant name, shared at)] sorted by tenant name."""
-    ids = list(dataset_ids)
-    out: dict[str, list[tuple[str, datetime]]] = {i: [] for i in ids}
-    if ids:
-        q = (
-            select(DatasetShareRow.dataset_id, TenantRow.name, DatasetShareRow.created_at)
-            .join(TenantRow, TenantRow.id == DatasetShareRow.tenant_id)
-            .where(DatasetShareRow.dataset_id.in_(ids))
-            .order_by(TenantRow.name)
-        )
-        for dataset_id, tenant, at in s.execute(q):
-            out[dataset_id].append((tenant, at))
-    return out
-
-
-def list_versions(s: Session, tenant_id: str, dataset_id: str) -> list[DatasetVersionRow]:
-    q = (
-        select(DatasetVersionRow)
-        .where(DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.dataset_id == dataset_id)
-        .order_by(DatasetVersionRow.version)
-    )
-    return list(s.scalars(q))
-
-
-def get_version(s: Session, tenant_id: str, dataset_id: str, version: int) -> DatasetVersionRow | None:
-    q = select(DatasetVersionRow).where(
-        DatasetVersionRow.tenant_id == tenant_id,
-        DatasetVersionRow.dataset_id == dataset_id,
-        DatasetVersionRow.version == version,
-    )
-    return s.scalars(q).first()
+TABLES = Tables(DatasetRow, DatasetVersionRow, DatasetLabelRow, DatasetShareRow, "dataset_id")
+get_dataset, list_datasets, shared_datasets = TABLES.get, TABLES.list_entries, TABLES.shared
+is_shared, shares_of = TABLES.is_shared, TABLES.shares_of
+list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.get_version, TABLES.get_latest_version
 
 
 def pending_versions(s: Session) -> list[DatasetVersionRow]:

@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from dlcloud.store.registry import Tables
 from dlcloud.store.rows import (
     ModelDeploymentRow,
     ModelLabelRow,
@@ -23,54 +24,10 @@ from dlcloud.store.rows import (
     UserRow,
 )
 
-
-def get_model(s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> ModelRow | None:
-    q = select(ModelRow).where(ModelRow.tenant_id == tenant_id, ModelRow.name == name)
-    if for_update:
-        q = q.with_for_update()
-    return s.scalars(q).first()
-
-
-def list_models(s: Session, tenant_id: str) -> list[ModelRow]:
-    return list(s.scalars(select(ModelRow).where(ModelRow.tenant_id == tenant_id).order_by(ModelRow.name)))
-
-
-def shared_models(s: Session, tenant_id: str) -> list[tuple[ModelRow, str]]:
-    """Other tenants' models shared with ``tenant_id``, with the owner's tenant name."""
-    q = (
-        select(ModelRow, TenantRow.name)
-        .join(ModelShareRow, ModelShareRow.model_id == ModelRow.id)
-        .join(TenantRow, TenantRow.id == ModelRow.tenant_id)
-        .where(ModelShareRow.tenant_id == tenant_id)
-        .order_by(TenantRow.name, ModelRow.name)
-    )
-    return [(m, t) for m, t in s.execute(q)]
-
-
-def is_shared(s: Session, model_id: str, tenant_id: str) -> bool:
-    q = select(ModelShareRow.model_id).where(ModelShareRow.model_id == model_id, ModelShareRow.tenant_id == tenant_id)
-    return s.scalar(q) is not None
-
-
-def get_share(s: Session, model_id: str, tenant_id: str) -> ModelShareRow | None:
-    return s.get(ModelShareRow, (model_id, tenant_id))
-
-
-def shares_of(s: Session, model_ids: Iterable[str]) -> dict[str, list[tuple[str, datetime]]]:
-    """model id -> [(tenant name, shared at)] sorted by tenant name."""
-    ids = list(model_ids)
-    out: dict[str, list[tuple[str, datetime]]] = {i: [] for i in ids}
-    if not ids:
-        return out
-    q = (
-        select(ModelShareRow.model_id, TenantRow.name, ModelShareRow.created_at)
-        .join(TenantRow, TenantRow.id == ModelShareRow.tenant_id)
-        .where(ModelShareRow.model_id.in_(ids))
-        .order_by(TenantRow.name)
-    )
-    for model_id, tenant, at in s.execute(q):
-        out[model_id].append((tenant, at))
-    return out
+TABLES = Tables(ModelRow, ModelVersionRow, ModelLabelRow, ModelShareRow, "model_id")
+get_model, list_models, shared_models = TABLES.get, TABLES.list_entries, TABLES.shared
+is_shared, shares_of = TABLES.is_shared, TABLES.shares_of
+list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.get_version, TABLES.get_latest_version
 
 
 def version_stats(s: Session, model_ids: Iterable[str]) -> dict[str, tuple[int, int | None]]:
@@ -104,51 +61,6 @@ def labels_of(s: Session, model_ids: Iterable[str]) -> dict[str, dict[str, int]]
     for model_id, label, version in s.execute(q):
         out[model_id][label] = int(version)
     return out
-
-
-def list_versions(s: Session, tenant_id: str, model_id: str) -> list[ModelVersionRow]:
-    q = (
-        select(ModelVersionRow)
-        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
-        .order_by(ModelVersionRow.version)
-    )
-    return list(s.scalars(q))
-
-
-def get_version(s: Session, tenant_id: str, model_id: str, version: int) -> ModelVersionRow | None:
-    q = select(ModelVersionRow).where(
-        ModelVersionRow.tenant_id == tenant_id,
-        ModelVersionRow.model_id == model_id,
-        ModelVersionRow.version == version,
-    )
-    return s.scalars(q).first()
-
-
-def get_latest_version(s: Session, tenant_id: str, model_id: str) -> ModelVersionRow | None:
-    q = (
-        select(ModelVersionRow)
-        .where(ModelVersionRow.tenant_id == tenant_id, ModelVersionRow.model_id == model_id)
-        .order_by(ModelVersionRow.version.desc())
-        .limit(1)
-    )
-    return s.scalars(q).first()
-
-
-def get_labelled_version(s: Session, tenant_id: str, model_id: str, label: str) -> ModelVersionRow | None:
-    q = (
-        select(ModelVersionRow)
-        .join(ModelLabelRow, ModelLabelRow.version_id == ModelVersionRow.id)
-        .where(
-            ModelVersionRow.tenant_id == tenant_id,
-            ModelLabelRow.model_id == model_id,
-            ModelLabelRow.label == label,
-        )
-    )
-    return s.scalars(q).first()
-
-
-def get_label(s: Session, model_id: str, label: str) -> ModelLabelRow | None:
-    return s.get(ModelLabelRow, (model_id, label))
 
 
 def live_deployments(

@@ -1,0 +1,168 @@
+"""What the SDK's versioned registries (``client.models``, ``client.datasets``) do alike: names, reads of entries
+and versions, labels, shares and deletion; each registry's own API adds what differs (register and signatures
+for models; push, files and the cache for datasets)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dlcloud.client.transport import API, Transport
+from dlcloud.errors import InvalidArgument
+
+
+def split_name(name: str, noun: str) -> tuple[str, dict[str, Any]]:
+    """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {}); ``noun`` ("model") names the entry
+    in the error.
+
+    Raises:
+        InvalidArgument: more than one ``/`` or an empty part.
+    """
+    owner, sep, entry = name.partition("/")
+    if not sep:
+        return name, {}
+    if not owner or not entry or "/" in entry:
+        raise InvalidArgument(f"{noun} name {name!r} must be NAME or OWNER_TENANT/NAME")
+    return entry, {"owner": owner}
+
+
+def add_entry(tf: tarfile.TarFile, full: Path, arcname: str) -> tarfile.TarInfo:
+    """Add the file or directory ``full`` to ``tf`` as ``arcname``, owned by no one (uid and gid 0, no names)."""
+    info = tf.gettarinfo(str(full), arcname=arcname)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if info.isfile():
+        with full.open("rb") as f:
+            tf.addfile(info, f)
+    else:
+        tf.addfile(info)
+    return info
+
+
+def tree_entries(top: Path, arc_top: str, what: str) -> Iterator[tuple[Path, str]]:
+    """Every directory and file under the directory ``top``, each directory's entries sorted, with its path in
+    the archive (under ``arc_top`` when it is not empty). A link, device, FIFO or socket is refused: ``what``
+    ("datasets") hold regular files only.
+
+    Raises:
+        InvalidArgument: a link, device, FIFO or socket under ``top``.
+    """
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(top)
+        for entry in [*dirnames, *sorted(filenames)]:
+            full = Path(dirpath) / entry
+            rel = (Path(arc_top) / rel_dir / entry).as_posix()
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                raise InvalidArgument(f"{rel} is a link; {what} hold regular files only (copy the file in its place)")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise InvalidArgument(f"{rel} is a device, FIFO or socket; {what} hold regular files")
+            yield full, rel
+
+
+class RegistryAPI:
+    """The calls every registry has; ``noun`` ("model") and ``plural`` ("models", the path under the API)."""
+
+    noun = ""
+    plural = ""
+
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def _path(self, name: str, rest: str = "") -> tuple[str, dict[str, Any]]:
+        """The path of the entry ``name`` (``NAME`` or ``OWNER/NAME``) with ``rest`` after it, and its params."""
+        entry, params = split_name(name, self.noun)
+        return f"{API}/{self.plural}/{entry}{rest}", params
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """Your tenant's entries, then those shared with it (``shared`` true, named ``OWNER/NAME``)."""
+        return self._t.request("GET", f"{API}/{self.plural}")
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The entry (``NAME`` or ``OWNER/NAME``) with its versions, labels and (for the owner) shares.
+
+        Raises:
+            DlcloudError (code model_not_found, dataset_not_found): none, or one not shared with your tenant.
+        """
+        path, params = self._path(name)
+        return self._t.request("GET", path, params=params)
+
+    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
+        """The entry's versions, oldest first (``NAME`` or ``OWNER/NAME``)."""
+        path, params = self._path(name, "/versions")
+        return self._t.request("GET", path, params=params)
+
+    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
+        """Point ``label`` at ``version`` (moving it off the version it was on).
+
+        Returns:
+            ``{"label", "version"}``.
+
+        Raises:
+            DlcloudError (code model_version_not_found, dataset_version_not_found): no such version.
+            InvalidArgument: a bad label name (``latest`` is reserved).
+            PermissionDenied: the entry is another tenant's.
+        """
+        path, params = self._path(name, f"/labels/{label}")
+        return self._t.request("PUT", path, params=params, json_body={"version": version})
+
+    def remove_label(self, name: str, label: str) -> None:
+        """Remove ``label`` from the entry.
+
+        Raises:
+            NotFound: the entry has no such label.
+            PermissionDenied: the entry is another tenant's.
+        """
+        path, params = self._path(name, f"/labels/{label}")
+        self._t.request("DELETE", path, params=params)
+
+    def share(self, name: str, tenant: str) -> dict[str, Any]:
+        """Let ``tenant`` read the entry (list, describe, download; a dataset in jobs too), never change it.
+
+        Returns:
+            ``{"tenant", "created_at"}``.
+
+        Raises:
+            PermissionDenied: neither the entry's author nor a tenant admin.
+            InvalidArgument: ``tenant`` is your own.
+        """
+        path, params = self._path(name, f"/shares/{tenant}")
+        return self._t.request("POST", path, params=params)
+
+    def unshare(self, name: str, tenant: str) -> None:
+        """Stop sharing the entry with ``tenant``; its users cannot read it any more.
+
+        Raises:
+            NotFound: the entry is not shared with ``tenant``.
+            PermissionDenied: neither the entry's author nor a tenant admin.
+        """
+        path, params = self._path(name, f"/shares/{tenant}")
+        self._t.request("DELETE", path, params=params)
+
+    def delete(self, name: str) -> None:
+        """Delete the entry with every version, label, share and stored file.
+
+        Raises:
+            DlcloudError (code model_deployed, dataset_in_use): a version is deployed, or read by a job that
+                has not ended.
+            PermissionDenied: neither its author nor a tenant admin, or another tenant's entry.
+        """
+        path, params = self._path(name)
+        self._t.request("DELETE", path, params=params)
+
+    def delete_version(self, name: str, version: int) -> None:
+        """Delete one version and its files (its labels go with it; its number is never given again).
+
+        Raises:
+            DlcloudError (code model_deployed, dataset_in_use): it is deployed, or read by a job that has not
+                ended.
+            DlcloudError (code model_version_not_found, dataset_version_not_found): no such version.
+        """
+        path, params = self._path(name, f"/versions/{version}")
+        self._t.request("DELETE", path, params=params)
