@@ -18,10 +18,19 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
+# what a make that runs this suite (``make test TORCH=cpu TORCH_INDEX=`` in CI) hands down to the makes it starts:
+# its command-line variables travel in MAKEFLAGS and would win over the ones a test gives
+_MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TORCH") and k not in _MAKE_VARIABLES}
+
+
 def _torch_installs(tmp_path: Path, *args: str, gpu: bool | None = None, target: str = "install") -> list[str]:
     """The ``pip install ... torch==`` lines ``make -n`` would run for ``target`` into a venv that does not exist
     yet; ``gpu``: a fake ``nvidia-smi -L`` that succeeds (True) or none on PATH (False)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH")}
+    env = _clean_env()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if gpu:
@@ -70,7 +79,9 @@ def test_torch_chooses_the_build_and_torch_index_its_index(tmp_path: Path) -> No
 
 
 def test_a_torch_that_is_neither_cpu_nor_cuda_is_refused(tmp_path: Path) -> None:
-    res = subprocess.run(["make", "-n", "install", "TORCH=gpu"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["make", "-n", "install", "TORCH=gpu"], cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=60
+    )
     assert res.returncode != 0 and "TORCH must be cpu or cuda, got 'gpu'" in res.stderr
 
 
