@@ -54,6 +54,7 @@ from dlcloud.scheduler.inventory import Gpu, Inventory
 from dlcloud.scheduler.planner import Held, Limits, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.schemas.jobs import JobSpec, JobState
 from dlcloud.services.platform import Platform
+from dlcloud.services.recipes import shell_command
 from dlcloud.services.secrets import SecretBox
 from dlcloud.settings import Settings
 from dlcloud.store.db import Database, migrate
@@ -146,7 +147,7 @@ def populate(db: Database, n_jobs: int, n_tenants: int, rng: random.Random) -> N
             "user_id": users[t]["id"],
             "name": spec.name,
             "spec": spec.model_dump(mode="json"),
-            "command": spec.shell_command(),
+            "command": shell_command(spec),
             "code_id": None,
             "state": JobState.QUEUED.value,
             "reason": "submitted",
