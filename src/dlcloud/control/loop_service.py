@@ -12,6 +12,7 @@ a loop without an election) it is a plain ``db.write()``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import threading
@@ -35,7 +36,7 @@ def fenced_write(db: Database, leadership: Leadership | None) -> Iterator[Sessio
             yield s
 
 
-class LoopService:
+class LoopService(abc.ABC):
     """A background loop of the leader control-plane process; subclasses give ``tick`` and ``interval``."""
 
     name = "loop"  # in the log line of a failing tick
@@ -46,17 +47,18 @@ class LoopService:
         self._wake = threading.Event()
         self._log = logging.getLogger(type(self).__module__)
 
+    @abc.abstractmethod
     def interval(self) -> float:
         """Seconds between two ticks when nothing wakes the loop (read once, when ``run`` starts)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def tick(self) -> None:
-        raise NotImplementedError
+        """One round of the loop's work; its writes go through ``write``."""
 
-    def starting(self) -> None:
+    def starting(self) -> None:  # noqa: B027 (an optional hook: doing nothing is its default)
         """At the start of ``run``, before the first tick."""
 
-    def stopping(self) -> None:
+    def stopping(self) -> None:  # noqa: B027 (an optional hook: doing nothing is its default)
         """At the end of ``run``, however it ends."""
 
     def wake(self) -> None:
