@@ -54,3 +54,15 @@ def test_a_checkpoint_written_by_a_running_job_is_recorded_on_its_attempt(runnin
     assert ended["attempts"][0]["exit_code"] == 0
     assert datetime.fromisoformat(ended["attempts"][0]["checkpoint_at"]) == seen  # what describe shows
     assert _attempt(env, job["id"]) == (started, seen)  # kept on the usage record
+
+
+def test_a_checkpoint_time_in_the_future_counts_as_now(running_env: Env) -> None:
+    env = running_env
+    job = env.admin.jobs.submit(
+        {"name": "future", "command": f'touch -d @4102444800 "$DLCLOUD_CHECKPOINT_DIR/x"; {WAIT_FOR_GO}'}
+    )
+    started, _ = wait_for(lambda: _attempt(env, job["id"]), what="its start")
+    seen = wait_for(lambda: (a := _attempt(env, job["id"])) is not None and a[1], what="the checkpoint")
+    assert started < seen <= utcnow()  # not 2100: the job's own clock is not the platform's
+    release(env.settings.data_dir, job["id"])
+    wait_for(lambda: env.admin.jobs.get("future")["state"] == "SUCCEEDED", what="its end")

@@ -518,6 +518,8 @@ class LocalExecutor(Executor):
         at = datetime.fromtimestamp(changed, UTC) if changed is not None else None
         if at is not None and (started_at is None or at <= started_at):
             at = None
+        elif at is not None:  # the job sets its files' times: one in the future only makes it a cheaper victim
+            at = min(at, datetime.now(UTC))
         with self._lock:
             self._checkpoints[handle] = (now, at)
         return at
