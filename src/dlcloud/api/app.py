@@ -19,6 +19,7 @@ from dlcloud.api.guard import BodyLimits, RequestGuard, upload_routes
 from dlcloud.api.middleware import Metrics, RequestMiddleware
 from dlcloud.api.scheduling_metrics import SchedulingCollector
 from dlcloud.errors import DlcloudError, RateLimited
+from dlcloud.schemas.errors import validation_problems
 from dlcloud.services.admission import RateLimits
 from dlcloud.services.auth import AuthError, BatchVerifier
 from dlcloud.services.platform import Platform
@@ -45,19 +46,6 @@ def _error(
     request.state.error_code = code
     body = {"error": {"code": code, "message": message, "details": details or {}}}
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _validation_details(exc: RequestValidationError) -> tuple[str, dict[str, Any]]:
-    problems = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        msg = str(err.get("msg", "invalid"))
-        if err.get("type") == "extra_forbidden":
-            msg = "unknown field (not allowed)"
-        msg = msg.removeprefix("Value error, ")
-        problems.append({"field": loc or "(body)", "problem": msg})
-    summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
-    return f"invalid request: {summary}", {"errors": problems}
 
 
 def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
@@ -111,7 +99,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, details = _validation_details(exc)
+        message, details = validation_problems(exc.errors())
         return _error(request, 422, "validation_error", message, details)
 
     @app.exception_handler(StarletteHTTPException)

@@ -21,6 +21,7 @@ from dlcloud.cli.output import (
 )
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.common import format_memory, parse_duration
+from dlcloud.schemas.tenants import QuotaReport, RateLimit, SchedulingSpec, SchedulingTerms, Tenant
 
 tenants_app = typer.Typer(help="Manage tenants and their quotas (platform admin).", no_args_is_help=True)
 users_app = typer.Typer(help="Manage users.", no_args_is_help=True)
@@ -46,17 +47,17 @@ def _quota(
     return {k: v for k, v in q.items() if v is not None}
 
 
-def _tenant_row(t: dict) -> dict:
-    q = t["quota"]
+def _tenant_row(t: Tenant) -> dict[str, Any]:
+    q = t.quota
     return {
-        "name": t["name"],
-        "gpus": q["gpus"],
-        "cpus": q["cpus"],
-        "memory": format_memory(q["memory"]) if q["memory"] is not None else None,
-        "running": q["max_running_jobs"],
-        "queued": q["max_queued_jobs"],
-        "storage": format_memory(q["storage"]) if q.get("storage") is not None else None,
-        "created": short_time(t["created_at"]),
+        "name": t.name,
+        "gpus": q.gpus,
+        "cpus": q.cpus,
+        "memory": format_memory(q.memory) if q.memory is not None else None,
+        "running": q.max_running_jobs,
+        "queued": q.max_queued_jobs,
+        "storage": format_memory(q.storage) if q.storage is not None else None,
+        "created": short_time(t.created_at),
     }
 
 
@@ -96,7 +97,7 @@ def tenants_create(
     if output == Output.json:
         print_json(t)
     else:
-        err_console.print(f"tenant {t['name']} created")
+        err_console.print(f"tenant {t.name} created")
 
 
 @tenants_app.command("list")
@@ -169,14 +170,14 @@ def tenants_set_network(
     if output == Output.json:
         print_json(t)
         return
-    net = t["network"]
+    net = t.network
     render_fields(
         t,
         output,
         [
-            ("Tenant", t["name"]),
-            ("Egress", net["egress"] or "platform default"),
-            ("Allow", ", ".join(net["allow"]) or "-"),
+            ("Tenant", t.name),
+            ("Egress", net.egress or "platform default"),
+            ("Allow", ", ".join(net.allow) or "-"),
         ],
     )
 
@@ -206,8 +207,8 @@ def tenants_set_sandbox(
     if output == Output.json:
         print_json(t)
         return
-    allowed = t["sandbox"]["user_namespaces"]
-    render_fields(t, output, [("Tenant", t["name"]), ("User namespaces", "allowed" if allowed else "denied")])
+    allowed = t.sandbox.user_namespaces
+    render_fields(t, output, [("Tenant", t.name), ("User namespaces", "allowed" if allowed else "denied")])
 
 
 @tenants_app.command("update")
@@ -241,12 +242,12 @@ def tenants_update(
       dlcloud tenants update nlp --borrow-gpus unlimited
     """
     c = client(ctx)
-    sched = dict(c.tenants.get(name).get("scheduling") or {})
-    guarantee = dict(sched.get("guarantee") or {})
+    sched = c.tenants.get(name).scheduling.model_dump(mode="json")  # the terms sent back, changed where given
+    guarantee = dict(sched["guarantee"])
     for key, value in (("gpus", guarantee_gpus), ("cpus", guarantee_cpus), ("memory", guarantee_memory)):
         if value is not None:
             guarantee[key] = value
-    borrow = dict(sched.get("borrow_limit") or {})
+    borrow = dict(sched["borrow_limit"])
     for key, raw, kind in (("gpus", borrow_gpus, int), ("cpus", borrow_cpus, float), ("memory", borrow_memory, None)):
         if raw is not None:
             borrow[key] = _borrow(raw, kind)
@@ -260,25 +261,25 @@ def tenants_update(
     if output == Output.json:
         print_json(t)
         return
-    render_fields(t, output, [("Tenant", t["name"]), *_scheduling_fields(t["scheduling"])])
+    render_fields(t, output, [("Tenant", t.name), *_scheduling_fields(t.scheduling)])
 
 
 def _limit(value: object, fmt: Callable[[Any], str] = str) -> str:
     return "unlimited" if value is None else fmt(value)
 
 
-def _scheduling_fields(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _scheduling_fields(s: SchedulingSpec | SchedulingTerms) -> list[tuple[str, str]]:
     """A tenant's fair-share terms as lines: guarantee, borrowing limit, weight, priority range."""
-    g, b = s["guarantee"], s["borrow_limit"]
+    g, b = s.guarantee, s.borrow_limit
     return [
-        ("Guarantee", f"{g['gpus']} GPU, {g['cpus']:g} CPU, {format_memory(g['memory'])}"),
+        ("Guarantee", f"{g.gpus} GPU, {g.cpus:g} CPU, {format_memory(g.memory)}"),
         (
             "Borrow limit",
-            f"{_limit(b['gpus'])} GPU, {_limit(b['cpus'], lambda v: f'{v:g}')} CPU, "
-            f"{_limit(b['memory'], format_memory)} memory",
+            f"{_limit(b.gpus)} GPU, {_limit(b.cpus, lambda v: f'{v:g}')} CPU, "
+            f"{_limit(b.memory, format_memory)} memory",
         ),
-        ("Weight", f"{s['weight']:g}"),
-        ("Priority range", f"{s['priority_min']}..{s['priority_max']}"),
+        ("Weight", f"{s.weight:g}"),
+        ("Priority range", f"{s.priority_min}..{s.priority_max}"),
     ]
 
 
@@ -325,7 +326,7 @@ def users_create(
     if output == Output.json:
         print_json(u)
     else:
-        err_console.print(f"user {u['name']} created in tenant {u['tenant']} as {u['role']}")
+        err_console.print(f"user {u.name} created in tenant {u.tenant} as {u.role}")
 
 
 @users_app.command("list")
@@ -344,7 +345,7 @@ def users_list(
     render(
         us,
         output,
-        [("NAME", "name"), ("TENANT", "tenant"), ("ROLE", "role"), ("CREATED", lambda u: short_time(u["created_at"]))],
+        [("NAME", "name"), ("TENANT", "tenant"), ("ROLE", "role"), ("CREATED", lambda u: short_time(u.created_at))],
     )
 
 
@@ -366,13 +367,13 @@ def keys_create(
     k = client(ctx).keys.create(user=user, tenant=tenant)
     if output == Output.json:
         print_json(
-            {"access_key": k["access_key"], "secret_key": k["secret_key"], "user": k["user"], "tenant": k["tenant"]}
+            {"access_key": k.access_key, "secret_key": k.secret_key, "user": k.user, "tenant": k.tenant}
         )
         return
     render_fields(
         k,
         output,
-        [("Access key", k["access_key"]), ("Secret key", k["secret_key"]), ("User", f"{k['user']} ({k['tenant']})")],
+        [("Access key", k.access_key), ("Secret key", k.secret_key), ("User", f"{k.user} ({k.tenant})")],
     )
     err_console.print("[yellow]Store the secret key now: it cannot be shown again.[/yellow]")
 
@@ -399,7 +400,7 @@ def keys_list(
             ("USER", "user"),
             ("TENANT", "tenant"),
             ("ENABLED", "enabled"),
-            ("CREATED", lambda k: short_time(k["created_at"])),
+            ("CREATED", lambda k: short_time(k.created_at)),
         ],
     )
 
@@ -473,53 +474,53 @@ def quota(
         _quota_rows(r),
         output,
         [("RESOURCE", "resource"), ("USED", "used"), ("LIMIT", "limit")],
-        title=f"tenant {r['tenant']}",
+        title=f"tenant {r.tenant}",
     )
-    s = r["scheduling"]
+    s = r.scheduling
     console.print()
-    console.print(f"[bold]Scheduling[/bold] (policy {s['policy']})")
-    classes = ", ".join(f"{k} ({v})" for k, v in s["priority_classes"].items()) or "none"
+    console.print(f"[bold]Scheduling[/bold] (policy {s.policy})")
+    classes = ", ".join(f"{k} ({v})" for k, v in s.priority_classes.items()) or "none"
     render_fields(
         s,
         output,
-        [*_scheduling_fields(s), ("Priority classes", f"{classes}; default {s['default_priority_class']}")],
+        [*_scheduling_fields(s), ("Priority classes", f"{classes}; default {s.default_priority_class}")],
     )
 
 
-def _quota_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+def _quota_rows(r: QuotaReport) -> list[dict[str, Any]]:
     """The rows of ``dlcloud quota``'s table: each limit with its use, then what the platform admits."""
-    lim, use = r["limits"], r["usage"]
-    admission = r.get("admission") or {}
+    lim, use = r.limits, r.usage
+    admission = r.admission
 
-    def rate_str(v: dict | None) -> str:
-        return "unlimited" if v is None else f"{v['requests_per_second']:g}/s, bursts of {v['burst']}"
+    def rate_str(v: RateLimit | None) -> str:
+        return "unlimited" if v is None else f"{v.requests_per_second:g}/s, bursts of {v.burst}"
 
-    queued_limit = _limit(admission.get("max_queued_jobs", lim["max_queued_jobs"]))
-    if admission.get("max_queued_jobs_source") == "platform default":
+    queued_limit = _limit(admission.max_queued_jobs)
+    if admission.max_queued_jobs_source == "platform default":
         queued_limit += " (platform default)"
     rows: list[dict[str, Any]] = [
-        {"resource": "gpus", "used": use["gpus"], "limit": _limit(lim["gpus"])},
-        {"resource": "cpus", "used": f"{use['cpus']:g}", "limit": _limit(lim["cpus"], lambda v: f"{v:g}")},
+        {"resource": "gpus", "used": use.gpus, "limit": _limit(lim.gpus)},
+        {"resource": "cpus", "used": f"{use.cpus:g}", "limit": _limit(lim.cpus, lambda v: f"{v:g}")},
         {
             "resource": "memory",
-            "used": format_memory(use["memory"]) if use["memory"] else "0",
-            "limit": _limit(lim["memory"], format_memory),
+            "used": format_memory(use.memory) if use.memory else "0",
+            "limit": _limit(lim.memory, format_memory),
         },
-        {"resource": "running jobs", "used": use["running_jobs"], "limit": _limit(lim["max_running_jobs"])},
-        {"resource": "queued jobs", "used": use["queued_jobs"], "limit": queued_limit},
+        {"resource": "running jobs", "used": use.running_jobs, "limit": _limit(lim.max_running_jobs)},
+        {"resource": "queued jobs", "used": use.queued_jobs, "limit": queued_limit},
         {
             "resource": "storage",
-            "used": format_memory(use["storage"]) if use["storage"] else "0",
-            "limit": _limit(lim["storage"], format_memory),
+            "used": format_memory(use.storage) if use.storage else "0",
+            "limit": _limit(lim.storage, format_memory),
         },
     ]
     if admission:
         rows += [
-            {"resource": "requests (your key)", "used": "", "limit": rate_str(admission.get("rate_limit_per_key"))},
-            {"resource": "requests (tenant)", "used": "", "limit": rate_str(admission.get("rate_limit_per_tenant"))},
-            {"resource": "processes (per job)", "used": "", "limit": _limit(admission.get("processes_per_job"))},
-            {"resource": "processes (tenant)", "used": "", "limit": _limit(admission.get("processes_per_tenant"))},
-            {"resource": "disk (per job)", "used": "", "limit": _limit(admission.get("disk_per_job"), format_memory)},
+            {"resource": "requests (your key)", "used": "", "limit": rate_str(admission.rate_limit_per_key)},
+            {"resource": "requests (tenant)", "used": "", "limit": rate_str(admission.rate_limit_per_tenant)},
+            {"resource": "processes (per job)", "used": "", "limit": _limit(admission.processes_per_job)},
+            {"resource": "processes (tenant)", "used": "", "limit": _limit(admission.processes_per_tenant)},
+            {"resource": "disk (per job)", "used": "", "limit": _limit(admission.disk_per_job, format_memory)},
         ]
     return rows
 
@@ -560,17 +561,17 @@ def usage(
         print_json(r)
         return
     render(
-        r["rows"],
+        r.rows,
         output,
         [
             ("TENANT", "tenant"),
             ("USER", "user"),
             ("JOBS", "jobs"),
             ("ATTEMPTS", "attempts"),
-            ("GPU-SECONDS", lambda x: f"{x['gpu_seconds']:.1f}"),
-            ("CPU-SECONDS", lambda x: f"{x['cpu_seconds']:.1f}"),
+            ("GPU-SECONDS", lambda x: f"{x.gpu_seconds:.1f}"),
+            ("CPU-SECONDS", lambda x: f"{x.cpu_seconds:.1f}"),
         ],
-        title=f"usage since {short_time(r['since'])}",
+        title=f"usage since {short_time(r.since)}",
     )
 
 
@@ -598,13 +599,13 @@ def audit(
         events,
         output,
         [
-            ("TIME", lambda e: short_time(e["time"])),
+            ("TIME", lambda e: short_time(e.time)),
             ("TENANT", "tenant"),
             ("USER", "user"),
             ("KEY", "access_key"),
             ("ACTION", "action"),
             ("RESOURCE", "resource"),
-            ("OUTCOME", lambda e: e["outcome"] if not e["error_code"] else f"{e['outcome']} ({e['error_code']})"),
+            ("OUTCOME", lambda e: e.outcome if not e.error_code else f"{e.outcome} ({e.error_code})"),
             ("CLIENT", "client_address"),
             ("REQUEST", "request_id"),
         ],

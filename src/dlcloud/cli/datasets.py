@@ -21,6 +21,7 @@ from dlcloud.cli.output import (
 )
 from dlcloud.client.datasets import is_bucket_source, pack_data, split_name
 from dlcloud.errors import DlcloudError, InvalidArgument
+from dlcloud.schemas.datasets import DatasetVersion
 
 app = typer.Typer(
     help="Push, version, label, share and download datasets: trees of files in numbered immutable versions "
@@ -42,21 +43,21 @@ def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
     return base, ref
 
 
-def _state(v: dict[str, Any]) -> str:
-    return str(v.get("state") or "ready")
+def _state(v: DatasetVersion) -> str:
+    return str(v.state)
 
 
 VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("VERSION", "version"),
     ("STATE", _state),
     ("FILES", "file_count"),
-    ("SIZE", lambda v: size_text(v["size_bytes"])),
-    ("SHA256", lambda v: v["sha256"][:12] or "-"),
-    ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
-    ("IN USE BY", lambda v: ",".join(v["in_use_by"]) or "-"),
+    ("SIZE", lambda v: size_text(v.size_bytes)),
+    ("SHA256", lambda v: v.sha256[:12] or "-"),
+    ("LABELS", lambda v: ",".join(v.labels) or "-"),
+    ("IN USE BY", lambda v: ",".join(v.in_use_by) or "-"),
     ("BY", "created_by"),
-    ("CREATED", lambda v: short_time(v["created_at"])),
-    ("DESCRIPTION", lambda v: v["description"] or "-"),
+    ("CREATED", lambda v: short_time(v.created_at)),
+    ("DESCRIPTION", lambda v: v.description or "-"),
 ]
 
 
@@ -109,13 +110,13 @@ def create(
             up = c.datasets.upload(packed.archive, progress=lambda n: progress.advance(task, n))
     finally:
         packed.archive.unlink(missing_ok=True)
-    version = c.datasets.push(name, upload=up["id"], description=description)
+    version = c.datasets.push(name, upload=up.id, description=description)
     if output == Output.json:
         render(version, output, [])
         return
     err_console.print(
-        f"dataset [bold]{version['dataset']}[/bold] version {version['version']} created "
-        f"({version['file_count']} files, {version['size_bytes']} bytes)"
+        f"dataset [bold]{version.dataset}[/bold] version {version.version} created "
+        f"({version.file_count} files, {version.size_bytes} bytes)"
     )
 
 
@@ -130,27 +131,27 @@ app.command(
 def _register(ctx: typer.Context, name: str, source: str, description: str, wait: bool, output: Output) -> None:
     c = client(ctx)
     version = c.datasets.push(name, source=source, description=description)
-    shown = f"{version['dataset']}@{version['version']}"
+    shown = f"{version.dataset}@{version.version}"
     if wait:
         with err_console.status(f"reading the objects under {source} for the manifest of {shown}"):
-            version = c.datasets.wait_ready(name, version["version"])
+            version = c.datasets.wait_ready(name, version.version)
     if output == Output.json:
         render(version, output, [])
-    elif version["state"] == "ready":
+    elif version.state == "ready":
         err_console.print(
-            f"dataset [bold]{version['dataset']}[/bold] version {version['version']} registered in place from "
-            f"{source} ({version['file_count']} files, {version['size_bytes']} bytes)"
+            f"dataset [bold]{version.dataset}[/bold] version {version.version} registered in place from "
+            f"{source} ({version.file_count} files, {version.size_bytes} bytes)"
         )
-    elif version["state"] == "pending":
+    elif version.state == "pending":
         err_console.print(
-            f"dataset [bold]{version['dataset']}[/bold] version {version['version']} registered from {source}: "
+            f"dataset [bold]{version.dataset}[/bold] version {version.version} registered from {source}: "
             f"pending while the server reads every object for its manifest; 'dlcloud datasets describe {shown}' "
             "shows when it is ready"
         )
-    if version["state"] == "failed":
+    if version.state == "failed":
         raise DlcloudError(
-            f"dataset {version['dataset']} version {version['version']} could not be registered from {source}: "
-            f"{version['state_reason']}",
+            f"dataset {version.dataset} version {version.version} could not be registered from {source}: "
+            f"{version.state_reason}",
             code="dataset_version_not_ready",
         )
 
@@ -165,27 +166,27 @@ def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
 
       dlcloud datasets list -o json
     """
-    size = ("SIZE", lambda d: size_text(d["size_bytes"]))
+    size = ("SIZE", lambda d: size_text(d.size_bytes))
     render(client(ctx).datasets.list(), output, registry.list_columns([size]))
 
 
-def _describe_version(v: dict[str, Any], output: Output) -> None:
+def _describe_version(v: DatasetVersion, output: Output) -> None:
     render_fields(
         v,
         output,
         [
-            ("Dataset", v["dataset"]),
-            ("Version", v["version"]),
-            ("State", _state(v) + (f" ({v['state_reason']})" if v.get("state_reason") else "")),
-            ("Source", v.get("source") or "-"),
-            ("Files", v["file_count"]),
-            ("Size", f"{size_text(v['size_bytes'])} ({v['size_bytes']} bytes)"),
-            ("SHA256", v["sha256"] or "-"),
-            ("Labels", ", ".join(v["labels"]) or "-"),
-            ("Description", v["description"] or "-"),
-            ("Created by", v["created_by"]),
-            ("Created", short_time(v["created_at"])),
-            ("In use by", ", ".join(v["in_use_by"]) or "-"),
+            ("Dataset", v.dataset),
+            ("Version", v.version),
+            ("State", _state(v) + (f" ({v.state_reason})" if v.state_reason else "")),
+            ("Source", v.source or "-"),
+            ("Files", v.file_count),
+            ("Size", f"{size_text(v.size_bytes)} ({v.size_bytes} bytes)"),
+            ("SHA256", v.sha256 or "-"),
+            ("Labels", ", ".join(v.labels) or "-"),
+            ("Description", v.description or "-"),
+            ("Created by", v.created_by),
+            ("Created", short_time(v.created_at)),
+            ("In use by", ", ".join(v.in_use_by) or "-"),
         ],
     )
 
@@ -215,7 +216,7 @@ def describe(
         _describe_version(c.datasets.version(name, ref), output)
         return
     d = c.datasets.get(name)
-    size = f"{size_text(d['size_bytes'])} in {d['version_count']} version(s)"
+    size = f"{size_text(d.size_bytes)} in {d.version_count} version(s)"
     registry.show_entry(d, output, [("Size", size)], VERSION_COLUMNS)
 
 
@@ -273,10 +274,10 @@ def download(
     c = client(ctx)
     meta = c.datasets.version(name, ref or "latest")
     with transfer_progress() as progress:
-        task = progress.add_task(f"downloading {name} version {meta['version']}", total=None)
-        c.datasets.download(name, meta["version"], target, progress=lambda n: progress.advance(task, n))
+        task = progress.add_task(f"downloading {name} version {meta.version}", total=None)
+        c.datasets.download(name, meta.version, target, progress=lambda n: progress.advance(task, n))
     err_console.print(
-        f"downloaded {name} version {meta['version']} to {target} ({meta['file_count']} files, checksum verified)"
+        f"downloaded {name} version {meta.version} to {target} ({meta.file_count} files, checksum verified)"
     )
     typer.echo(str(target))
 

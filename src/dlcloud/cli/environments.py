@@ -13,6 +13,7 @@ from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time, size_text
 from dlcloud.client import Client
 from dlcloud.client.environments import RequirementsFile, read_requirements
+from dlcloud.schemas.environments import Environment, EnvironmentDetail
 
 app = typer.Typer(
     help="Runtime environments for jobs: a Python version plus pip requirements, built once as a cached venv.",
@@ -21,8 +22,8 @@ app = typer.Typer(
 STATE_COLORS = {"READY": "green", "FAILED": "red", "UNAVAILABLE": "red", "BUILDING": "yellow"}
 
 
-def _requirements(env: dict[str, Any]) -> str:
-    reqs = env["requirements"]
+def _requirements(env: Environment) -> str:
+    reqs = env.requirements
     if not reqs:
         return "-"
     shown = ", ".join(reqs[:3])
@@ -38,21 +39,21 @@ def _print_build_line(line: Any, to_stderr: bool) -> None:
         out.flush()
 
 
-def _wait(c: Client, name: str) -> dict[str, Any]:
+def _wait(c: Client, name: str) -> EnvironmentDetail:
     """Stream the build log until the build ends; the environment as it is then."""
     while True:
         for line in c.environments.logs(name, follow=True):
             _print_build_line(line, to_stderr=True)
         env = c.environments.get(name)
-        if env["state"] != "BUILDING":
+        if env.state != "BUILDING":
             return env
 
 
-def _report(env: dict[str, Any]) -> None:
-    color = STATE_COLORS.get(env["state"], "white")
-    err_console.print(f"environment {env['name']}: [{color}]{env['state']}[/{color}]")
-    if env.get("error"):
-        err_console.print(env["error"])
+def _report(env: Environment) -> None:
+    color = STATE_COLORS.get(env.state, "white")
+    err_console.print(f"environment {env.name}: [{color}]{env.state}[/{color}]")
+    if env.error:
+        err_console.print(env.error)
 
 
 @app.command("create")
@@ -108,15 +109,15 @@ def create(
         image=image,
     )
     if output != Output.json:
-        reused = " (an identical environment was built before: reused)" if env["state"] == "READY" else ""
-        err_console.print(f"environment [bold]{env['name']}[/bold] created, state {env['state']}{reused}")
-    if wait and env["state"] == "BUILDING":
+        reused = " (an identical environment was built before: reused)" if env.state == "READY" else ""
+        err_console.print(f"environment [bold]{env.name}[/bold] created, state {env.state}{reused}")
+    if wait and env.state == "BUILDING":
         env = _wait(c, name)
         if output != Output.json:
             _report(env)
     if output == Output.json:
         render(c.environments.get(name) if wait else env, output, [])
-    if env["state"] == "FAILED":
+    if env.state == "FAILED":
         raise typer.Exit(1)
 
 
@@ -136,14 +137,14 @@ def list_envs(ctx: typer.Context, output: Output = OutputOption) -> None:
         output,
         [
             ("NAME", "name"),
-            ("KIND", lambda e: "built-in" if e["builtin"] else "user"),
+            ("KIND", lambda e: "built-in" if e.builtin else "user"),
             ("STATE", "state"),
             ("PYTHON", "python"),
-            ("INHERIT", lambda e: "yes" if e["inherit"] else "no"),
+            ("INHERIT", lambda e: "yes" if e.inherit else "no"),
             ("REQUIREMENTS", _requirements),
-            ("SIZE", lambda e: size_text(e["size_bytes"])),
-            ("HASH", lambda e: (e["spec_hash"] or "-")[:12]),
-            ("CREATED", lambda e: short_time(e["created_at"])),
+            ("SIZE", lambda e: size_text(e.size_bytes)),
+            ("HASH", lambda e: (e.spec_hash or "-")[:12]),
+            ("CREATED", lambda e: short_time(e.created_at)),
         ],
     )
 
@@ -165,38 +166,38 @@ def describe(
         render(e, output, [])
         return
     fields: list[tuple[str, Any]] = [
-        ("Name", e["name"] + (" (built-in)" if e["builtin"] else "")),
-        ("State", e["state"]),
+        ("Name", e.name + (" (built-in)" if e.builtin else "")),
+        ("State", e.state),
     ]
-    if e["error"]:
-        fields.append(("Error", e["error"]))
+    if e.error:
+        fields.append(("Error", e.error))
     fields += [
-        ("Description", e["description"] or "-"),
-        ("Python", e["python"]),
-        ("Inherit", "yes: the server's packages are importable" if e["inherit"] else "no"),
-        ("Requirements", "\n".join(e["requirements"]) or "-"),
-        ("Wheels", ", ".join(e["wheels"]) or "-"),
-        ("Index", "none (--no-index)" if e["no_index"] else (e["index_url"] or "pip's default")),
+        ("Description", e.description or "-"),
+        ("Python", e.python),
+        ("Inherit", "yes: the server's packages are importable" if e.inherit else "no"),
+        ("Requirements", "\n".join(e.requirements) or "-"),
+        ("Wheels", ", ".join(e.wheels) or "-"),
+        ("Index", "none (--no-index)" if e.no_index else (e.index_url or "pip's default")),
     ]
-    if e["extra_index_urls"]:
-        fields.append(("Extra indexes", ", ".join(e["extra_index_urls"])))
-    if e["base_packages"]:
-        fields.append(("Inherited", ", ".join(f"{k} {v}" for k, v in e["base_packages"].items())))
+    if e.extra_index_urls:
+        fields.append(("Extra indexes", ", ".join(e.extra_index_urls)))
+    if e.base_packages:
+        fields.append(("Inherited", ", ".join(f"{k} {v}" for k, v in e.base_packages.items())))
     fields += [
-        ("Image", e["image"] or "-"),
-        ("Hash", e["spec_hash"] or "- (the server's own environment)"),
-        ("Size", size_text(e["size_bytes"])),
-        ("Builds", e["builds"]),
-        ("Ready since", short_time(e["ready_at"])),
-        ("Created by", e["created_by"] or "-"),
-        ("Created", short_time(e["created_at"])),
-        ("Used by", ", ".join(e["jobs"]) or "no unfinished job"),
+        ("Image", e.image or "-"),
+        ("Hash", e.spec_hash or "- (the server's own environment)"),
+        ("Size", size_text(e.size_bytes)),
+        ("Builds", e.builds),
+        ("Ready since", short_time(e.ready_at)),
+        ("Created by", e.created_by or "-"),
+        ("Created", short_time(e.created_at)),
+        ("Used by", ", ".join(e.jobs) or "no unfinished job"),
     ]
     render_fields(e, output, fields)
-    if e["log_tail"]:
+    if e.log_tail:
         console.print()
         console.print("[bold]Build log (tail)[/bold]")
-        for line in e["log_tail"]:
+        for line in e.log_tail:
             console.print(line, markup=False)
 
 

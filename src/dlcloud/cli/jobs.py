@@ -32,7 +32,7 @@ from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
 from dlcloud.schemas.common import format_memory
-from dlcloud.schemas.jobs import LogSection
+from dlcloud.schemas.jobs import JobAttempt, JobDetail, JobState, LogSection
 
 app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -113,7 +113,7 @@ def upload_code(c: Client, code: str, base: Path) -> str:
     finally:
         if cleanup:
             file.unlink(missing_ok=True)
-    return str(result["id"])
+    return result.id
 
 
 def _parse_hparams(items: list[str]) -> dict[str, Any]:
@@ -150,8 +150,8 @@ def upload_template_data(c: Client, template: dict[str, Any], dataset: str, base
                 description=f"data of job {dataset}",
                 progress=lambda n: progress.advance(task, n),
             )
-        err_console.print(f"data {local.name} pushed as dataset {dataset} version {version['version']}")
-        out["data"] = f"{dataset}@{version['version']}"
+        err_console.print(f"data {local.name} pushed as dataset {dataset} version {version.version}")
+        out["data"] = f"{dataset}@{version.version}"
         if local.is_file():
             out["path"] = local.name
         return out
@@ -184,11 +184,11 @@ def follow_job(c: Client, name: str, timestamps: bool = False) -> int:
         for line in c.jobs.logs(name, follow=True):
             _print_log_line(line, timestamps)
         job = c.jobs.get(name)
-        if job["state"] in TERMINAL:
+        if job.state in TERMINAL:
             break
-    color = "green" if job["state"] == "SUCCEEDED" else "red"
-    err_console.print(f"job {name}: [{color}]{job['state']}[/{color}] ({job['reason']})")
-    return 0 if job["state"] == "SUCCEEDED" else 1
+    color = "green" if job.state == JobState.SUCCEEDED else "red"
+    err_console.print(f"job {name}: [{color}]{job.state}[/{color}] ({job.reason})")
+    return 0 if job.state == JobState.SUCCEEDED else 1
 
 
 @app.command("submit")
@@ -318,9 +318,9 @@ def submit(
     if output == Output.json and not follow:
         render(job, output, [])
         return
-    err_console.print(f"job [bold]{job['name']}[/bold] submitted ({job['id']}), state {job['state']}")
+    err_console.print(f"job [bold]{job.name}[/bold] submitted ({job.id}), state {job.state}")
     if follow:
-        raise typer.Exit(follow_job(c, job["name"]))
+        raise typer.Exit(follow_job(c, job.name))
 
 
 def _read_spec(file: Path | None) -> tuple[dict[str, Any], Path]:
@@ -421,7 +421,7 @@ def list_jobs(
             ("CPUS", "cpus"),
             ("ATTEMPT", "attempt"),
             ("EXIT", "exit_code"),
-            ("CREATED", lambda j: short_time(j["created_at"])),
+            ("CREATED", lambda j: short_time(j.created_at)),
             ("REASON", "reason"),
         ],
     )
@@ -443,50 +443,50 @@ def describe(
         render(job, output, [])
         return
     render_fields(job, output, _job_fields(job))
-    if job["attempts"]:
+    if job.attempts:
         console.print()
-        _print_attempts(job["attempts"])
+        _print_attempts(job.attempts)
     console.print()
     render(
-        job["events"],
+        job.events,
         Output.table,
-        [("TIME", lambda e: short_time(e["time"])), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
+        [("TIME", lambda e: short_time(e.time)), ("FROM", "from_state"), ("TO", "to_state"), ("REASON", "reason")],
         title="Events",
     )
 
 
-def _job_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
+def _job_fields(job: JobDetail) -> list[tuple[str, Any]]:
     """The lines of ``jobs describe`` above its tables."""
     fields: list[tuple[str, Any]] = [
-        ("Name", job["name"]),
-        ("Id", job["id"]),
-        ("User", job["user"]),
-        ("State", job["state"]),
-        ("Reason", job["reason"]),
-        ("Command", job["command"]),
-        ("Code", job["code"]),
-        ("Environment", job["environment"] + (f" ({job['environment_hash'][:12]})" if job["environment_hash"] else "")),
-        ("Resources", f"{job['gpus']} GPU, {job['cpus']:g} CPU, {format_memory(job['memory'])}"),
-        ("Priority", f"{job['priority']}" + (f" ({job['priority_class']})" if job.get("priority_class") else "")),
-        ("Preemptible", "yes" if job.get("preemptible", True) else "no"),
-        ("Attempt", f"{job['attempt']} (restarts {job['restarts']}, preemptions {job.get('preemptions', 0)})"),
-        ("Exit code", job["exit_code"]),
-        ("Created", short_time(job["created_at"])),
-        ("Started", short_time(job["started_at"])),
-        ("Finished", short_time(job["finished_at"])),
+        ("Name", job.name),
+        ("Id", job.id),
+        ("User", job.user),
+        ("State", job.state),
+        ("Reason", job.reason),
+        ("Command", job.command),
+        ("Code", job.code),
+        ("Environment", job.environment + (f" ({job.environment_hash[:12]})" if job.environment_hash else "")),
+        ("Resources", f"{job.gpus} GPU, {job.cpus:g} CPU, {format_memory(job.memory)}"),
+        ("Priority", f"{job.priority}" + (f" ({job.priority_class})" if job.priority_class else "")),
+        ("Preemptible", "yes" if job.preemptible else "no"),
+        ("Attempt", f"{job.attempt} (restarts {job.restarts}, preemptions {job.preemptions})"),
+        ("Exit code", job.exit_code),
+        ("Created", short_time(job.created_at)),
+        ("Started", short_time(job.started_at)),
+        ("Finished", short_time(job.finished_at)),
     ]
-    if job.get("queue_position") is not None:
-        fields.append(("Queue position", job["queue_position"]))
-        fields.append(("Waiting for", job["wait_reason"]))
-        fields.append(("Estimated start", short_time(job.get("estimated_start"))))
-    if job.get("preempt_requested"):
-        fields.append(("Being preempted", job.get("preempt_reason")))
-    if job.get("endpoints"):
-        fields.append(("Endpoints", ", ".join(f"{port} -> {at}" for port, at in job["endpoints"].items())))
+    if job.queue_position is not None:
+        fields.append(("Queue position", job.queue_position))
+        fields.append(("Waiting for", job.wait_reason))
+        fields.append(("Estimated start", short_time(job.estimated_start)))
+    if job.preempt_requested:
+        fields.append(("Being preempted", job.preempt_reason))
+    if job.endpoints:
+        fields.append(("Endpoints", ", ".join(f"{port} -> {at}" for port, at in job.endpoints.items())))
     return fields
 
 
-def _print_attempts(attempts: list[dict[str, Any]]) -> None:
+def _print_attempts(attempts: list[JobAttempt]) -> None:
     """The attempts of a job, then the replicas of each (a distributed job's)."""
     render(
         attempts,
@@ -494,16 +494,17 @@ def _print_attempts(attempts: list[dict[str, Any]]) -> None:
         [
             ("ATTEMPT", "number"),
             ("HOST", "host"),
-            ("GPUS", lambda a: ",".join(map(str, a["gpus"])) or "-"),
-            ("STARTED", lambda a: short_time(a["started_at"])),
-            ("FINISHED", lambda a: short_time(a["finished_at"])),
+            ("GPUS", lambda a: ",".join(map(str, a.gpus)) or "-"),
+            ("STARTED", lambda a: short_time(a.started_at)),
+            ("FINISHED", lambda a: short_time(a.finished_at)),
             ("EXIT", "exit_code"),
             ("OUTCOME", "outcome"),
-            ("CHECKPOINT", lambda a: short_time(a.get("checkpoint_at"))),
+            ("CHECKPOINT", lambda a: short_time(a.checkpoint_at)),
         ],
         title="Attempts",
     )
-    replicas = [{**r, "attempt": a["number"]} for a in attempts for r in a.get("replicas") or []]
+    # a row per replica with its attempt's number: a view of the CLI's own, so a plain mapping
+    replicas = [{**r.model_dump(mode="json"), "attempt": a.number} for a in attempts for r in a.replicas]
     if not replicas:
         return
     console.print()
@@ -547,10 +548,10 @@ def queue(
             ("TENANT", "tenant"),
             ("NAME", "name"),
             ("USER", "user"),
-            ("PRIORITY", lambda r: f"{r['priority']}" + (f" ({r['priority_class']})" if r["priority_class"] else "")),
+            ("PRIORITY", lambda r: f"{r.priority}" + (f" ({r.priority_class})" if r.priority_class else "")),
             ("GPUS", "gpus"),
-            ("WAITING", lambda r: _waited(r["wait_seconds"])),
-            ("EST. START", lambda r: short_time(r["estimated_start"]) if r["estimated_start"] else "-"),
+            ("WAITING", lambda r: _waited(r.wait_seconds)),
+            ("EST. START", lambda r: short_time(r.estimated_start)),
             ("PREEMPTED", "preemptions"),
             ("WAIT REASON", "wait_reason"),
         ],
@@ -627,7 +628,7 @@ def cancel(
     if output == Output.json:
         render(job, output, [])
     else:
-        err_console.print(f"job {job['name']}: {job['reason'] or job['state']}")
+        err_console.print(f"job {job.name}: {job.reason or job.state}")
 
 
 @app.command("delete")
@@ -686,7 +687,7 @@ def metrics(
     c = client(ctx)
     while True:
         # the state first: metrics that arrive before the job ends are in the last drawing
-        state = c.jobs.get(name)["state"] if follow else None
+        state = c.jobs.get(name).state if follow else None
         answer = c.jobs.metrics(name, metrics=metric, attempt=attempt, replica=replica, max_points=max_points)
         if output == MetricsOutput.json:
             render(answer, Output.json, [])

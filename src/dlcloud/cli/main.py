@@ -197,7 +197,7 @@ def configure(
     if check:
         with Client(creds) as c:
             who = c.whoami()
-        err_console.print(f"signed in as {who['user']} (tenant {who['tenant']}, {who['role']})")
+        err_console.print(f"signed in as {who.user} (tenant {who.tenant}, {who.role})")
     path = write_profile(profile, creds)
     err_console.print(f"profile '{profile}' saved to {path}")
 
@@ -214,7 +214,7 @@ def whoami(ctx: typer.Context, output: Output = OutputOption) -> None:
     render_fields(
         who,
         output,
-        [("User", who["user"]), ("Tenant", who["tenant"]), ("Role", who["role"]), ("Key", who["access_key"])],
+        [("User", who.user), ("Tenant", who.tenant), ("Role", who.role), ("Key", who.access_key)],
     )
 
 

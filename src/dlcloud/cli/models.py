@@ -24,7 +24,7 @@ from dlcloud.cli.output import (
 )
 from dlcloud.client.models import infer_format, pack_artifact, split_name, unknown_format_error
 from dlcloud.errors import InvalidArgument, InvalidSignature, UnknownFormat
-from dlcloud.schemas.models import FORMATS
+from dlcloud.schemas.models import FORMATS, ModelVersion
 
 app = typer.Typer(
     help="Register, version, label, share and download models (NAME, or OWNER/NAME for a shared model).",
@@ -60,20 +60,20 @@ def _load_signature(path: Path) -> dict[str, Any]:
     return data
 
 
-def _source(v: dict[str, Any]) -> str:
-    if v.get("source_job"):
-        return f"job {v['source_job']}:{v['source_path']}"
+def _source(v: ModelVersion) -> str:
+    if v.source_job:
+        return f"job {v.source_job}:{v.source_path}"
     return "upload"
 
 
-def _deployments(v: dict[str, Any]) -> str:
+def _deployments(v: ModelVersion) -> str:
     leases = [
-        f"{d['name']} ({d['endpoint']}, {d['tenant']}{'/' + d['holder'] if d.get('holder') else ''})"
-        for d in v["deployments"]
+        f"{d.name} ({d.endpoint}, {d.tenant}{'/' + d.holder if d.holder else ''})"
+        for d in v.deployments
     ]
     if leases:
         return ", ".join(leases)
-    return "yes (by another tenant)" if v["deployed"] else "no"
+    return "yes (by another tenant)" if v.deployed else "no"
 
 
 def _tensors(specs: list[dict[str, Any]]) -> str:
@@ -83,15 +83,15 @@ def _tensors(specs: list[dict[str, Any]]) -> str:
 VERSION_COLUMNS: list[tuple[str, Any]] = [
     ("VERSION", "version"),
     ("FORMAT", "format"),
-    ("CODE", lambda v: "yes" if v["executes_code"] else "no"),
+    ("CODE", lambda v: "yes" if v.executes_code else "no"),
     ("ARTIFACT", "artifact"),
-    ("SIZE", lambda v: size_text(v["size_bytes"])),
-    ("SHA256", lambda v: v["sha256"][:12]),
-    ("LABELS", lambda v: ",".join(v["labels"]) or "-"),
-    ("DEPLOYED", lambda v: "yes" if v["deployed"] else "no"),
+    ("SIZE", lambda v: size_text(v.size_bytes)),
+    ("SHA256", lambda v: v.sha256[:12]),
+    ("LABELS", lambda v: ",".join(v.labels) or "-"),
+    ("DEPLOYED", lambda v: "yes" if v.deployed else "no"),
     ("SOURCE", _source),
     ("BY", "created_by"),
-    ("CREATED", lambda v: short_time(v["created_at"])),
+    ("CREATED", lambda v: short_time(v.created_at)),
 ]
 
 
@@ -152,22 +152,22 @@ def register(
                 up = c.models.upload(archive, progress=lambda n: progress.advance(task, n))
         finally:
             archive.unlink(missing_ok=True)
-        version = c.models.register(name, fmt, upload=up["id"], **kwargs)
+        version = c.models.register(name, fmt, upload=up.id, **kwargs)
     else:
         version = c.models.register(name, fmt, from_job=from_job, path=path, **kwargs)
     if output == Output.json:
         render(version, output, [])
         return
     err_console.print(
-        f"model [bold]{version['model']}[/bold] version {version['version']} registered "
-        f"({version['format']}, {size_text(version['size_bytes'])}, sha256 {version['sha256'][:12]})"
+        f"model [bold]{version.model}[/bold] version {version.version} registered "
+        f"({version.format}, {size_text(version.size_bytes)}, sha256 {version.sha256[:12]})"
     )
-    if version["signature"] is None:
+    if version.signature is None:
         err_console.print("signature: not declared (could not be inferred; give --signature FILE to declare it)")
-    if version["executes_code"]:
+    if version.executes_code:
         err_console.print(
-            f"format {version['format']} runs its author's code when loaded: a tenant you share it with serves it "
-            f"only with --trust-code {version['owner']}/{version['model'].rpartition('/')[2]}"
+            f"format {version.format} runs its author's code when loaded: a tenant you share it with serves it "
+            f"only with --trust-code {version.owner}/{version.model.rpartition('/')[2]}"
         )
 
 
@@ -184,27 +184,27 @@ def list_models(ctx: typer.Context, output: Output = OutputOption) -> None:
     render(client(ctx).models.list(), output, registry.list_columns([]))
 
 
-def _describe_version(v: dict[str, Any], output: Output) -> None:
-    sig = v["signature"]
+def _describe_version(v: ModelVersion, output: Output) -> None:
+    sig = v.signature
     fields: list[tuple[str, Any]] = [
-        ("Model", v["model"]),
-        ("Version", v["version"]),
-        ("Format", v["format"]),
-        ("Executes code", "yes: loading it runs its author's code" if v["executes_code"] else "no"),
-        ("Artifact", v["artifact"]),
-        ("Size", size_text(v["size_bytes"])),
-        ("SHA256", v["sha256"]),
-        ("Labels", ", ".join(v["labels"]) or "-"),
+        ("Model", v.model),
+        ("Version", v.version),
+        ("Format", v.format),
+        ("Executes code", "yes: loading it runs its author's code" if v.executes_code else "no"),
+        ("Artifact", v.artifact),
+        ("Size", size_text(v.size_bytes)),
+        ("SHA256", v.sha256),
+        ("Labels", ", ".join(v.labels) or "-"),
         ("Signature", "not declared" if sig is None else ""),
     ]
     if sig is not None:
         fields += [("  inputs", _tensors(sig["inputs"])), ("  outputs", _tensors(sig["outputs"]))]
     fields += [
-        ("Metrics", ", ".join(f"{k}={val:g}" for k, val in v["metrics"].items()) or "-"),
+        ("Metrics", ", ".join(f"{k}={val:g}" for k, val in v.metrics.items()) or "-"),
         ("Source", _source(v)),
-        ("Description", v["description"] or "-"),
-        ("Created by", v["created_by"]),
-        ("Created", short_time(v["created_at"])),
+        ("Description", v.description or "-"),
+        ("Created by", v.created_by),
+        ("Created", short_time(v.created_at)),
         ("Deployed", _deployments(v)),
     ]
     render_fields(v, output, fields)
@@ -235,7 +235,7 @@ def describe(
     registry.show_entry(m, output, [], VERSION_COLUMNS)
     if output == Output.json:
         return
-    unsigned = [str(v["version"]) for v in m["versions"] if v["signature"] is None]
+    unsigned = [str(v.version) for v in m.versions if v.signature is None]
     if unsigned:
         console.print(f"signature: not declared for version(s) {', '.join(unsigned)}")
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import typer
+from pydantic import BaseModel
 from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
@@ -48,7 +50,17 @@ OutputOption = typer.Option(Output.table, "-o", "--output", help="Output format:
 
 
 def print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
+    """``data`` as indented JSON; a read model (or a list of them) as the server sent it."""
+    typer.echo(json.dumps(jsonable(data), indent=2, default=str))
+
+
+def jsonable(data: Any) -> Any:
+    """Read models (also in a list) as their JSON form: every field the server sent, in its order."""
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json")
+    if isinstance(data, list):
+        return [jsonable(item) for item in data]
+    return data
 
 
 def size_text(n: int | None) -> str:
@@ -58,13 +70,15 @@ def size_text(n: int | None) -> str:
     return format_memory(n) if n >= 1024 else f"{n}B"
 
 
-def short_time(value: str | None) -> str:
+def short_time(value: datetime | str | None) -> str:
     if not value:
         return "-"
-    return value.replace("T", " ")[:19]
+    text = value.isoformat() if isinstance(value, datetime) else value
+    return text.replace("T", " ")[:19]
 
 
-Column = tuple[str, str | Callable[[dict[str, Any]], Any]]
+# a column: its header and the field whose JSON value it shows, or a function of the row (a read model)
+Column = tuple[str, str | Callable[[Any], Any]]
 GAP = 2  # spaces between two columns of a table
 
 
@@ -77,7 +91,7 @@ def render(data: Any, output: Output, columns: Sequence[Column], *, title: str |
         console.print("(none)")
         return
     headers = [header for header, _ in columns]
-    cells = [[_cell(row, getter) for _, getter in columns] for row in rows]
+    cells = [[_cell(row, jsonable(row), getter) for _, getter in columns] for row in rows]
     widths = [max(cell_len(text) for text in (header, *(r[i] for r in cells))) for i, header in enumerate(headers)]
     shown = columns_that_fit(widths, console.width)
     if len(shown) == len(columns):
@@ -91,8 +105,8 @@ def render(data: Any, output: Output, columns: Sequence[Column], *, title: str |
         _print_stacked(title, headers, cells, widths, shown)
 
 
-def _cell(row: dict[str, Any], getter: str | Callable[[dict[str, Any]], Any]) -> str:
-    value = getter(row) if callable(getter) else row.get(getter)
+def _cell(row: Any, shown: Any, getter: str | Callable[[Any], Any]) -> str:
+    value = getter(row) if callable(getter) else shown.get(getter)
     return "-" if value is None else str(value)
 
 
@@ -149,7 +163,7 @@ def pack(items: list[str], width: int, *, indent: int) -> list[str]:
     return [" " * indent + text for text in lines]
 
 
-def render_fields(data: dict[str, Any], output: Output, fields: Sequence[tuple[str, Any]]) -> None:
+def render_fields(data: Any, output: Output, fields: Sequence[tuple[str, Any]]) -> None:
     if output == Output.json:
         print_json(data)
         return

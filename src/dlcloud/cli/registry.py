@@ -11,6 +11,9 @@ import typer
 
 from dlcloud.cli.common import client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.client.registry import RegistryAPI
+from dlcloud.schemas.datasets import DatasetDetail
+from dlcloud.schemas.models import ModelDetail
 
 Columns = list[tuple[str, Any]]
 
@@ -25,8 +28,9 @@ class Words:
     example: str
     shared_example: str
 
-    def sdk(self, ctx: typer.Context) -> Any:
-        return getattr(client(ctx), self.plural)
+    def sdk(self, ctx: typer.Context) -> RegistryAPI[Any, Any, Any, Any, Any]:
+        api: RegistryAPI[Any, Any, Any, Any, Any] = getattr(client(ctx), self.plural)
+        return api
 
     def examples(self, summary: str, *lines: str) -> str:
         """A command's help: ``summary``, then each example line as ``dlcloud PLURAL LINE``."""
@@ -42,34 +46,34 @@ def list_columns(extra: Columns) -> Columns:
         ("LATEST", "latest_version"),
         ("VERSIONS", "version_count"),
         *extra,
-        ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d["labels"].items()) or "-"),
-        ("SHARED", lambda d: "from " + d["owner"] if d["shared"] else (",".join(d["shared_with"]) or "-")),
+        ("LABELS", lambda d: ",".join(f"{k}={v}" for k, v in d.labels.items()) or "-"),
+        ("SHARED", lambda d: "from " + d.owner if d.shared else (",".join(d.shared_with) or "-")),
         ("BY", "created_by"),
-        ("CREATED", lambda d: short_time(d["created_at"])),
+        ("CREATED", lambda d: short_time(d.created_at)),
     ]
 
 
-def show_entry(d: dict[str, Any], output: Output, extra: Columns, version_columns: Columns) -> None:
+def show_entry(d: ModelDetail | DatasetDetail, output: Output, extra: Columns, version_columns: Columns) -> None:
     """``describe NAME``: the entry's fields (the registry's ``extra`` after its latest version), then its
     versions in ``version_columns``; with ``-o json`` the entry as the API gives it."""
     if output == Output.json:
         render(d, output, [])
         return
     fields: Columns = [
-        ("Name", d["name"]),
-        ("Owner", d["owner"] + (" (shared with you, read-only)" if d["shared"] else "")),
-        ("Description", d["description"] or "-"),
-        ("Created by", d["created_by"]),
-        ("Created", short_time(d["created_at"])),
-        ("Latest version", d["latest_version"]),
+        ("Name", d.name),
+        ("Owner", d.owner + (" (shared with you, read-only)" if d.shared else "")),
+        ("Description", d.description or "-"),
+        ("Created by", d.created_by),
+        ("Created", short_time(d.created_at)),
+        ("Latest version", d.latest_version),
         *extra,
-        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d["labels"].items()) or "-"),
+        ("Labels", ", ".join(f"{k} -> {v}" for k, v in d.labels.items()) or "-"),
     ]
-    if not d["shared"]:
-        fields.append(("Shared with", ", ".join(d["shared_with"]) or "-"))
+    if not d.shared:
+        fields.append(("Shared with", ", ".join(d.shared_with) or "-"))
     render_fields(d, output, fields)
     console.print()
-    render(d["versions"], Output.table, version_columns, title="Versions")
+    render(d.versions, Output.table, version_columns, title="Versions")
 
 
 def versions_command(app: typer.Typer, w: Words, columns: list[Any]) -> None:
@@ -113,7 +117,7 @@ def label_commands(app: typer.Typer, w: Words, labels: str, moved: str, removed:
         if output == Output.json:
             render(result, output, [])
         else:
-            err_console.print(f"{w.noun} {name}: {result['label']} -> version {result['version']}")
+            err_console.print(f"{w.noun} {name}: {result.label} -> version {result.version}")
 
     @app.command("unlabel", help=w.examples(f"Remove a label from a {w.noun}.", f"unlabel {w.example} {removed}"))
     def unlabel(

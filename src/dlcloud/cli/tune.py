@@ -12,7 +12,7 @@ from dlcloud.cli.jobs import _load_spec, upload_code, upload_template_data
 from dlcloud.cli.output import Output, OutputOption, console, print_json, render, render_fields, short_time
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
-from dlcloud.schemas.studies import template_trial
+from dlcloud.schemas.studies import Study, template_trial
 
 app = typer.Typer(help="Tune hyperparameters: studies of trial jobs (grid, random, TPE, ASHA).", no_args_is_help=True)
 
@@ -28,20 +28,20 @@ def _params(p: dict[str, Any]) -> str:
     return " ".join(f"{k}={_value(v)}" for k, v in p.items())
 
 
-def _progress(s: dict[str, Any]) -> str:
-    t = s["trials"]
+def _progress(s: Study) -> str:
+    t = s.trials
     return (
-        f"{s['trials_started']}/{s['max_trials']} started: {t['running']} running, "
-        + (f"{t['paused']} paused, " if t.get("paused") else "")
-        + f"{t['completed']} completed, "
-        f"{t['pruned']} pruned, {t['failed']} failed, {t['stopped']} stopped"
-        + (f", {t['duplicate']} duplicate(s) skipped" if t["duplicate"] else "")
+        f"{s.trials_started}/{s.max_trials} started: {t.running} running, "
+        + (f"{t.paused} paused, " if t.paused else "")
+        + f"{t.completed} completed, "
+        f"{t.pruned} pruned, {t.failed} failed, {t.stopped} stopped"
+        + (f", {t.duplicate} duplicate(s) skipped" if t.duplicate else "")
     )
 
 
-def _best(s: dict[str, Any]) -> str:
-    b = s.get("best")
-    return "-" if not b else f"trial {b['number']}: {_value(b['value'])} ({_params(b['params'])})"
+def _best(s: Study) -> str:
+    b = s.best
+    return "-" if not b else f"trial {b.number}: {_value(b.value)} ({_params(b.params)})"
 
 
 def _upload_trial_files(c: Client, trial: dict[str, Any], study: Any, base: Path) -> dict[str, Any]:
@@ -111,8 +111,8 @@ def submit(
     if output == Output.json:
         print_json(study)
         return
-    console.print(f"study [bold]{study['name']}[/bold] submitted ({study['id']}): {study['state']}")
-    console.print(f"watch it with: dlcloud tune describe {study['name']}")
+    console.print(f"study [bold]{study.name}[/bold] submitted ({study.id}): {study.state}")
+    console.print(f"watch it with: dlcloud tune describe {study.name}")
 
 
 @app.command("list")
@@ -134,9 +134,9 @@ def list_studies(ctx: typer.Context, output: Output = OutputOption) -> None:
             ("NAME", "name"),
             ("STATE", "state"),
             ("ALGORITHM", "algorithm"),
-            ("TRIALS", lambda s: f"{s['trials_started']}/{s['max_trials']}"),
-            ("BEST", lambda s: _value(s["best"]["value"]) if s.get("best") else None),
-            ("CREATED", lambda s: short_time(s["created_at"])),
+            ("TRIALS", lambda s: f"{s.trials_started}/{s.max_trials}"),
+            ("BEST", lambda s: _value(s.best.value) if s.best else None),
+            ("CREATED", lambda s: short_time(s.created_at)),
         ],
     )
 
@@ -155,22 +155,22 @@ def describe(
     """
     with client(ctx) as c:
         s = c.studies.get(name)
-    o = s["objective"]
+    o = s.objective
     render_fields(
         s,
         output,
         [
-            ("Name", s["name"]),
-            ("State", f"{s['state']} ({s['reason']})" if s["reason"] else s["state"]),
-            ("Algorithm", f"{s['algorithm']} (seed {s['seed']})"),
+            ("Name", s.name),
+            ("State", f"{s.state} ({s.reason})" if s.reason else s.state),
+            ("Algorithm", f"{s.algorithm} (seed {s.seed})"),
             ("Objective", f"{o['direction']} {o['metric']} (step: {o['step']})"),
             ("Progress", _progress(s)),
-            ("Parallel", s["parallel_trials"]),
+            ("Parallel", s.parallel_trials),
             ("Best", _best(s)),
-            ("Elapsed", f"{s['elapsed_seconds']:.0f} s"),
-            ("GPU-hours", f"{s['gpu_hours']:.3f}"),
-            ("Created", short_time(s["created_at"])),
-            ("Finished", short_time(s["finished_at"])),
+            ("Elapsed", f"{s.elapsed_seconds:.0f} s"),
+            ("GPU-hours", f"{s.gpu_hours:.3f}"),
+            ("Created", short_time(s.created_at)),
+            ("Finished", short_time(s.finished_at)),
         ],
     )
 
@@ -198,12 +198,12 @@ def trials(
         [
             ("#", "number"),
             ("STATE", "state"),
-            ("VALUE", lambda t: _value(t["value"])),
+            ("VALUE", lambda t: _value(t.value)),
             ("STEP", "last_step"),
-            ("BUDGET", lambda t: _value(t.get("budget"))),
-            ("PARAMS", lambda t: _params(t["params"])),
+            ("BUDGET", lambda t: _value(t.budget)),
+            ("PARAMS", lambda t: _params(t.params)),
             ("JOB", "job"),
-            ("JOBS", lambda t: str(len(t.get("jobs") or []))),
+            ("JOBS", lambda t: str(len(t.jobs))),
             ("REASON", "reason"),
         ],
     )
@@ -224,10 +224,10 @@ def best(
     with client(ctx) as c:
         b = c.studies.best(name)
     if output == Output.json:
-        print_json(b["params"])
+        print_json(b.params)
         return
-    console.print(f"trial {b['number']} (job {b['job'] or '-'}): {_value(b['value'])}")
-    for k, v in b["params"].items():
+    console.print(f"trial {b.number} (job {b.job or '-'}): {_value(b.value)}")
+    for k, v in b.params.items():
         console.print(f"  {k} = {_value(v)}")
 
 
@@ -246,7 +246,7 @@ def stop(
     if output == Output.json:
         print_json(s)
         return
-    console.print(f"study {s['name']}: {s['state']} (its running trials are being cancelled)")
+    console.print(f"study {s.name}: {s.state} (its running trials are being cancelled)")
 
 
 @app.command("resume")
@@ -264,4 +264,4 @@ def resume(
     if output == Output.json:
         print_json(s)
         return
-    console.print(f"study {s['name']}: {s['state']}")
+    console.print(f"study {s.name}: {s.state}")

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from dlcloud.client.transport import API, Transport
+from dlcloud.schemas.audit import AuditEvent
+from dlcloud.schemas.tenants import QuotaReport, UsageReport
 
 
 class AccountingAPI:
     def __init__(self, t: Transport):
         self._t = t
 
-    def quota(self, tenant: str | None = None) -> dict[str, Any]:
-        return self._t.request("GET", f"{API}/quota", params={"tenant": tenant})
+    def quota(self, tenant: str | None = None) -> QuotaReport:
+        """The tenant's quota, usage, admission limits and scheduling terms (yours by default)."""
+        return self._t.read(QuotaReport, "GET", f"{API}/quota", params={"tenant": tenant})
 
     def usage(
         self, since: str | None = None, until: str | None = None, tenant: str | None = None, all_tenants: bool = False
-    ) -> dict[str, Any]:
+    ) -> UsageReport:
+        """Resource usage between ``since`` and ``until`` (ISO 8601 times), yours or every tenant's."""
         params = {"since": since, "until": until, "tenant": tenant, "all": all_tenants or None}
-        return self._t.request("GET", f"{API}/usage", params=params)
+        return self._t.read(UsageReport, "GET", f"{API}/usage", params=params)
 
     def audit(
         self,
@@ -27,6 +29,7 @@ class AccountingAPI:
         user: str | None = None,
         all_tenants: bool = False,
         limit: int = 100,
-    ) -> list[dict[str, Any]]:
+    ) -> list[AuditEvent]:
+        """The audit log, newest first."""
         params = {"since": since, "action": action, "user": user, "all": all_tenants or None, "limit": limit}
-        return self._t.request("GET", f"{API}/audit", params=params)
+        return self._t.read_list(AuditEvent, f"{API}/audit", params=params)

@@ -15,6 +15,7 @@ from dlcloud.client.models import ModelsAPI
 from dlcloud.client.studies import StudiesAPI
 from dlcloud.client.tenants import KeysAPI, TenantsAPI, UsersAPI
 from dlcloud.client.transport import API, Transport
+from dlcloud.schemas.users import Whoami
 
 
 class Client:
@@ -42,8 +43,9 @@ class Client:
         """Credentials from DLCLOUD_* variables, else the config file's (current) profile."""
         return cls(load_credentials(profile), **kwargs)
 
-    def whoami(self) -> dict[str, Any]:
-        return self.transport.request("GET", f"{API}/whoami")
+    def whoami(self) -> Whoami:
+        """Who the credentials are: user, tenant, role."""
+        return self.transport.read(Whoami, "GET", f"{API}/whoami")
 
     def close(self) -> None:
         self.transport.close()

@@ -18,6 +18,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dlcloud.errors import DlcloudError
 
@@ -41,7 +42,7 @@ def config_path() -> Path:
     return Path(base) / "dlcloud" / "config.toml"
 
 
-def read_config(path: Path | None = None) -> dict:
+def read_config(path: Path | None = None) -> dict[str, Any]:
     path = path or config_path()
     if not path.exists():
         return {}
@@ -82,8 +83,8 @@ def write_profile(name: str, creds: Credentials, *, make_current: bool = True, p
 def load_credentials(profile: str | None = None) -> Credentials:
     """DLCLOUD_ENDPOINT / DLCLOUD_ACCESS_KEY / DLCLOUD_SECRET_KEY, else the (current) profile."""
     env = os.environ
-    data: dict | None = None
-    prof: dict = {}
+    data: dict[str, Any] | None = None
+    prof: dict[str, Any] = {}
     if profile is None:
         profile = env.get("DLCLOUD_PROFILE")
     if profile is not None or not all(

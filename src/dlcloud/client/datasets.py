@@ -35,6 +35,16 @@ from dlcloud.client import registry
 from dlcloud.client.registry import RegistryAPI
 from dlcloud.client.transport import API
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
+from dlcloud.schemas.datasets import (
+    Dataset,
+    DatasetDetail,
+    DatasetFile,
+    DatasetLabel,
+    DatasetShare,
+    DatasetUpload,
+    DatasetVersion,
+    DatasetVersionState,
+)
 from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
 
 FILES_PAGE = 5000  # the files asked for per request of a version's listing (the server allows up to 10,000)
@@ -159,12 +169,17 @@ def _refuse_written_dest(dest: Path, work: Path) -> None:
         raise AlreadyExists(f"{dest} is not empty any more (something wrote {others[0].name}); nothing was moved")
 
 
-class DatasetsAPI(RegistryAPI):
+class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLabel, DatasetShare]):
     noun = "dataset"
     plural = "datasets"
+    entry_model = Dataset
+    detail_model = DatasetDetail
+    version_model = DatasetVersion
+    label_model = DatasetLabel
+    share_model = DatasetShare
 
     # -- push ------------------------------------------------------------------------------------------
-    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> DatasetUpload:
         """Upload a .tar.gz of a dataset's files (see ``pack_data``); it waits for one ``push``.
 
         Args:
@@ -178,7 +193,7 @@ class DatasetsAPI(RegistryAPI):
             InvalidArchive: not a tar(.gz), or it holds links, devices, ``..`` or absolute paths.
             PayloadTooLarge: over the server's upload or unpacked size limits.
         """
-        return self._t.upload(f"{API}/dataset-uploads", archive, progress=progress)
+        return self._t.upload(DatasetUpload, f"{API}/dataset-uploads", archive, progress=progress)
 
     def delete_upload(self, upload_id: str) -> None:
         """Drop an upload that will not be pushed.
@@ -200,7 +215,7 @@ class DatasetsAPI(RegistryAPI):
         source: str | None = None,
         description: str = "",
         progress: Callable[[int], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> DatasetVersion:
         """Add a version to ``name`` (the dataset is created with version 1). The upload is used once: when the
         push fails it is deleted.
 
@@ -230,29 +245,26 @@ class DatasetsAPI(RegistryAPI):
         if sum(x is not None for x in (path, upload, source)) != 1:
             raise InvalidArgument("give exactly one of path, upload or source")
         dataset, params = split_name(name)
+        url = f"{API}/datasets/{dataset}/versions"
         if source is not None:
-            return self._t.request(
-                "POST",
-                f"{API}/datasets/{dataset}/versions",
-                params=params,
-                json_body={"source": source, "description": description},
-            )
+            body = {"source": source, "description": description}
+            return self._t.read(DatasetVersion, "POST", url, params=params, json_body=body)
         if upload is None:
             assert path is not None
             packed = pack_data(path)
             try:
-                upload = self.upload(packed.archive, progress=progress)["id"]
+                upload = self.upload(packed.archive, progress=progress).id
             finally:
                 packed.archive.unlink(missing_ok=True)
-        body = {"upload": upload, "description": description}
         try:
-            return self._t.request("POST", f"{API}/datasets/{dataset}/versions", params=params, json_body=body)
+            body = {"upload": upload, "description": description}
+            return self._t.read(DatasetVersion, "POST", url, params=params, json_body=body)
         except DlcloudError:
             with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
                 self.delete_upload(upload)
             raise
 
-    def wait_ready(self, name: str, version: int, timeout: float = 3600.0, interval: float = 1.0) -> dict[str, Any]:
+    def wait_ready(self, name: str, version: int, timeout: float = 3600.0, interval: float = 1.0) -> DatasetVersion:
         """Wait until a version registered in place is no longer ``pending``.
 
         Args:
@@ -270,7 +282,7 @@ class DatasetsAPI(RegistryAPI):
         deadline = time.monotonic() + timeout
         while True:
             found = self.version(name, version)
-            if found.get("state", "ready") != "pending":
+            if found.state != DatasetVersionState.PENDING:
                 return found
             if time.monotonic() > deadline:
                 raise DlcloudError(
@@ -281,23 +293,7 @@ class DatasetsAPI(RegistryAPI):
             time.sleep(interval)
 
     # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
-    def version(self, name: str, ref: int | str = "latest") -> dict[str, Any]:
-        """One version by number, label or ``latest``.
-
-        Args:
-            name: ``NAME`` or ``OWNER/NAME``.
-            ref: a version number, a label or ``latest``.
-
-        Returns:
-            The version, as ``versions`` gives each.
-
-        Raises:
-            DlcloudError (code dataset_version_not_found): no such version or label.
-        """
-        dataset, params = split_name(name)
-        return self._t.request("GET", f"{API}/datasets/{dataset}/versions/{ref}", params=params)
-
-    def files(self, name: str, ref: int | str = "latest") -> builtins.list[dict[str, Any]]:
+    def files(self, name: str, ref: int | str = "latest") -> builtins.list[DatasetFile]:
         """A version's files.
 
         Args:
@@ -305,18 +301,18 @@ class DatasetsAPI(RegistryAPI):
             ref: a version number, a label or ``latest``.
 
         Returns:
-            ``{path, size, sha256}`` per file, ``path`` relative to the dataset's root, sorted by path.
+            One per file (``path``, ``size``, ``sha256``), ``path`` relative to the dataset's root, sorted by path.
 
         Raises:
             DlcloudError (code dataset_not_found / dataset_version_not_found): no such dataset or version.
         """
         dataset, params = split_name(name)
-        out: builtins.list[dict[str, Any]] = []
+        out: builtins.list[DatasetFile] = []
         while True:  # the server answers a page at a time
-            page = self._t.request(
-                "GET",
+            page = self._t.read_list(
+                DatasetFile,
                 f"{API}/datasets/{dataset}/versions/{ref}/files",
-                params={**params, "limit": FILES_PAGE, **({"after": out[-1]["path"]} if out else {})},
+                params={**params, "limit": FILES_PAGE, **({"after": out[-1].path} if out else {})},
             )
             out += page
             if len(page) < FILES_PAGE:
@@ -361,9 +357,9 @@ class DatasetsAPI(RegistryAPI):
         try:
             archive = work / "data.tar.gz"
             headers = self._t.download(
-                f"{API}/datasets/{dataset}/versions/{meta['version']}/data", archive, params=params, progress=progress
+                f"{API}/datasets/{dataset}/versions/{meta.version}/data", archive, params=params, progress=progress
             )
-            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta["sha256"]
+            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta.sha256
             tree = work / "tree"
             tree.mkdir()
             try:
@@ -373,13 +369,13 @@ class DatasetsAPI(RegistryAPI):
                 got = tree_checksum(tree)
             except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
                 raise InvalidArchive(
-                    f"the downloaded data of {name} version {meta['version']} is damaged ({exc}); try again",
+                    f"the downloaded data of {name} version {meta.version} is damaged ({exc}); try again",
                     code="checksum_mismatch",
                 ) from None
-            if got != expected or expected != meta["sha256"]:
+            if got != expected or expected != meta.sha256:
                 raise InvalidArchive(
-                    f"the downloaded data of {name} version {meta['version']} does not match its checksum "
-                    f"(recorded {meta['sha256']}, received {got}); the stored copy may be damaged",
+                    f"the downloaded data of {name} version {meta.version} does not match its checksum "
+                    f"(recorded {meta.sha256}, received {got}); the stored copy may be damaged",
                     code="checksum_mismatch",
                 )
             if dest.exists():

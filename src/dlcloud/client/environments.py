@@ -20,6 +20,7 @@ from typing import Any
 from dlcloud.client.jobs import CodeAPI, LogLine
 from dlcloud.client.transport import API, Transport
 from dlcloud.errors import InvalidArgument, Unavailable
+from dlcloud.schemas.environments import Environment, EnvironmentDetail
 
 CODE_ID_RE = re.compile(r"^c-[a-z0-9]{16}$")
 FINAL_STATES = ("READY", "FAILED", "UNAVAILABLE", "NOT_BUILT")
@@ -34,7 +35,7 @@ class EnvironmentsAPI:
         path = Path(path)
         if not path.name.endswith(".whl") or not path.is_file():
             raise InvalidArgument(f"{path} is not a wheel file (.whl)")
-        return str(CodeAPI(self._t).upload(path, kind="wheel", filename=path.name)["id"])
+        return CodeAPI(self._t).upload(path, kind="wheel", filename=path.name).id
 
     def create(
         self,
@@ -49,7 +50,7 @@ class EnvironmentsAPI:
         no_index: bool = False,
         description: str = "",
         image: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Environment:
         """Create an environment; it is built in the background (see ``wait``).
 
         Args:
@@ -83,15 +84,15 @@ class EnvironmentsAPI:
             "description": description,
             "image": image,
         }
-        return self._t.request("POST", f"{API}/environments", json_body=body)
+        return self._t.read(Environment, "POST", f"{API}/environments", json_body=body)
 
-    def list(self) -> builtins.list[dict[str, Any]]:
+    def list(self) -> builtins.list[Environment]:
         """The built-ins (``builtin`` true), then your tenant's environments."""
-        return self._t.request("GET", f"{API}/environments")
+        return self._t.read_list(Environment, f"{API}/environments")
 
-    def get(self, name: str) -> dict[str, Any]:
+    def get(self, name: str) -> EnvironmentDetail:
         """The environment with its wheels, index options, inherited packages, jobs using it and log tail."""
-        return self._t.request("GET", f"{API}/environments/{name}")
+        return self._t.read(EnvironmentDetail, "GET", f"{API}/environments/{name}")
 
     def delete(self, name: str) -> None:
         """Delete an environment (refused with InvalidState while a job uses it or while it builds)."""
@@ -105,7 +106,7 @@ class EnvironmentsAPI:
             if raw:
                 yield LogLine.parse(raw)
 
-    def wait(self, name: str, timeout: float | None = None, interval: float = 1.0) -> dict[str, Any]:
+    def wait(self, name: str, timeout: float | None = None, interval: float = 1.0) -> EnvironmentDetail:
         """Poll until the environment is no longer BUILDING; returns it (check ``state`` and ``error``).
 
         Raises:
@@ -114,7 +115,7 @@ class EnvironmentsAPI:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             env = self.get(name)
-            if env["state"] in FINAL_STATES:
+            if env.state in FINAL_STATES:
                 return env
             if deadline is not None and time.monotonic() > deadline:
                 raise Unavailable(f"environment {name!r} is still building after {timeout:g} s")

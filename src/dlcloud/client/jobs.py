@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import builtins
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlcloud.client.transport import API, Transport
+from dlcloud.client.transport import API, Transport, spec_body
+from dlcloud.schemas.jobs import CodeUpload, Job, JobDetail, JobSpec, QueueEntry
+from dlcloud.schemas.metrics import JobMetrics
 
 STREAMS = ("stdout", "stderr", "system")
 SECTIONS = ("pre", "main", "post")
@@ -46,18 +49,19 @@ class CodeAPI:
         kind: str = "archive",
         filename: str | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> dict[str, Any]:
-        """Upload a .tar.gz of a directory (kind=archive), a wheel or an sdist; returns its code id."""
+    ) -> CodeUpload:
+        """Upload a .tar.gz of a directory (kind=archive), a wheel or an sdist; its ``id`` is the code id."""
         params = {"kind": kind, "filename": filename or file.name}
-        return self._t.upload(f"{API}/code", file, params=params, progress=progress)
+        return self._t.upload(CodeUpload, f"{API}/code", file, params=params, progress=progress)
 
 
 class JobsAPI:
     def __init__(self, t: Transport):
         self._t = t
 
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Submit a job spec whose ``code`` (if any) is an uploaded code id.
+    def submit(self, spec: JobSpec | Mapping[str, Any]) -> Job:
+        """Submit a job spec whose ``code`` (if any) is an uploaded code id. A mapping is validated as a
+        ``JobSpec`` first; what it sets is sent as written.
 
         ``secret_env`` values reach the job like ``env`` but are stored encrypted; reads show ``"***"``.
 
@@ -68,22 +72,24 @@ class JobsAPI:
             NotFound: ``checkpoint_from`` names no job of your tenant.
             InvalidState: ``checkpoint_from`` names a job that has not ended.
         """
-        return self._t.request("POST", f"{API}/jobs", json_body=spec)
+        return self._t.read(Job, "POST", f"{API}/jobs", json_body=spec_body(JobSpec, spec))
 
-    def queue(self, limit: int = 1000) -> list[dict[str, Any]]:
+    def queue(self, limit: int = 1000) -> builtins.list[QueueEntry]:
         """The waiting jobs in the scheduler's order, with wait reason and estimated start: a platform admin's
         call shows every tenant's, anyone else's their own tenant's."""
-        return self._t.request("GET", f"{API}/queue", params={"limit": limit})
+        return self._t.read_list(QueueEntry, f"{API}/queue", params={"limit": limit})
 
-    def list(self, states: list[str] | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-        return self._t.request("GET", f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})
+    def list(self, states: builtins.list[str] | None = None, limit: int = 100, offset: int = 0) -> builtins.list[Job]:
+        """Your tenant's jobs (``states``: only those in these states), newest first."""
+        return self._t.read_list(Job, f"{API}/jobs", params={"state": states, "limit": limit, "offset": offset})
 
-    def get(self, name: str) -> dict[str, Any]:
+    def get(self, name: str) -> JobDetail:
         """The job with its events, attempts, queue position and wait reason."""
-        return self._t.request("GET", f"{API}/jobs/{name}")
+        return self._t.read(JobDetail, "GET", f"{API}/jobs/{name}")
 
-    def cancel(self, name: str) -> dict[str, Any]:
-        return self._t.request("POST", f"{API}/jobs/{name}/cancel")
+    def cancel(self, name: str) -> Job:
+        """Cancel the job (its attempt is stopped); returns it."""
+        return self._t.read(Job, "POST", f"{API}/jobs/{name}/cancel")
 
     def delete(self, name: str) -> None:
         self._t.request("DELETE", f"{API}/jobs/{name}")
@@ -128,9 +134,9 @@ class JobsAPI:
         attempt: int | None = None,
         replica: str | None = None,
         max_points: int = 1000,
-    ) -> dict[str, Any]:
-        """The job's metric series: ``{"job", "series": [{"metric", "attempt", "replica", "points": [{"step",
-        "value", "time"}], "downsampled"}]}``, one series per metric, attempt and replica.
+    ) -> JobMetrics:
+        """The job's metric series: ``job`` and ``series``, one series (``metric``, ``attempt``, ``replica``,
+        ``points`` of ``step``, ``value``, ``time``, ``downsampled``) per metric, attempt and replica.
 
         Args:
             metrics: only these metric names; default all.
@@ -147,4 +153,4 @@ class JobsAPI:
             "replica": replica,
             "max_points": max_points,
         }
-        return self._t.request("GET", f"{API}/jobs/{name}/metrics", params=params)
+        return self._t.read(JobMetrics, "GET", f"{API}/jobs/{name}/metrics", params=params)

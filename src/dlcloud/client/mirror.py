@@ -22,11 +22,9 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from dlcloud.client.base import Client
 from dlcloud.errors import DlcloudError, RateLimited, UntrustedCode
-from dlcloud.schemas.models import executes_code
+from dlcloud.schemas.models import ModelVersion, executes_code
 
 log = logging.getLogger("dlcloud.serving.registry")
 
@@ -51,7 +49,7 @@ class RegistryMirror:
     trusted: bool = False  # the user trusts the owner's code and changes (--trust-code OWNER/NAME)
     leases_refused: set[int] = field(default_factory=set)
     shared: bool | None = None  # another tenant's model (learnt from the registry on the first sync)
-    pinned: dict[int, dict[str, Any]] | None = None  # what an untrusted shared model serves: the first sync's
+    pinned: dict[int, ModelVersion] | None = None  # what an untrusted shared model serves: the first sync's
     _not_followed: set[int] = field(default_factory=set)
 
     @property
@@ -65,7 +63,7 @@ class RegistryMirror:
 
     def _is_shared(self) -> bool:
         if self.shared is None:
-            self.shared = bool(self.client.models.get(self.ref)["shared"])
+            self.shared = self.client.models.get(self.ref).shared
         return self.shared
 
     def on_disk(self) -> dict[int, Path]:
@@ -73,13 +71,13 @@ class RegistryMirror:
             return {}
         return {int(p.name): p for p in self.root.iterdir() if p.name.isdigit() and p.is_dir()}
 
-    def _registry_wanted(self) -> dict[int, dict[str, Any]]:
+    def _registry_wanted(self) -> dict[int, ModelVersion]:
         if self.label is not None:
             meta = self.client.models.version(self.ref, self.label)
-            return {int(meta["version"]): meta}
-        return {int(m["version"]): m for m in self.client.models.versions(self.ref)}
+            return {meta.version: meta}
+        return {m.version: m for m in self.client.models.versions(self.ref)}
 
-    def wanted(self) -> dict[int, dict[str, Any]]:
+    def wanted(self) -> dict[int, ModelVersion]:
         """The versions to serve: the registry's now, or for an untrusted shared model those of the first call."""
         current = self._registry_wanted()
         if self.follows:
@@ -101,14 +99,14 @@ class RegistryMirror:
             )
         return self.pinned
 
-    def _check_code(self, wanted: dict[int, dict[str, Any]]) -> None:
+    def _check_code(self, wanted: dict[int, ModelVersion]) -> None:
         """Refuse versions whose loading runs code, of a shared model the user did not trust."""
         if self.trusted or self._is_shared() is False:
             return
         for version, meta in sorted(wanted.items()):
-            fmt = str(meta.get("format"))
-            if meta.get("executes_code") or executes_code(fmt):
-                owner = meta.get("owner") or self.ref.partition("/")[0]
+            fmt = meta.format
+            if meta.executes_code or executes_code(fmt):
+                owner = meta.owner or self.ref.partition("/")[0]
                 raise UntrustedCode(
                     f"version {version} of {self.ref} is a {fmt!r} model: loading it runs code written by tenant "
                     f"{owner!r}, in this server. Serve it only if you trust that tenant's code: add "
@@ -118,7 +116,7 @@ class RegistryMirror:
 
     def first_format(self) -> str | None:
         wanted = self.wanted()
-        return wanted[max(wanted)]["format"] if wanted else None
+        return wanted[max(wanted)].format if wanted else None
 
     def sync(self) -> bool:
         """One pass; True when the directory changed.
@@ -146,7 +144,7 @@ class RegistryMirror:
             self._renew(version)
         return changed
 
-    def _fetch(self, version: int, meta: dict[str, Any]) -> None:
+    def _fetch(self, version: int, meta: ModelVersion) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".staging-{version}-", dir=self.root))
         try:
@@ -155,10 +153,10 @@ class RegistryMirror:
                 target_dir = artifact  # a SavedModel or predictor directory becomes the version directory
             else:
                 target_dir = staging
-            if meta.get("signature") and not (target_dir / "signature.json").exists():
-                (target_dir / "signature.json").write_text(json.dumps(meta["signature"]))
+            if meta.signature and not (target_dir / "signature.json").exists():
+                (target_dir / "signature.json").write_text(json.dumps(meta.signature))
             target_dir.rename(self.root / str(version))
-            log.info("registry model %s: version %d downloaded (sha256 %s)", self.ref, version, meta["sha256"][:12])
+            log.info("registry model %s: version %d downloaded (sha256 %s)", self.ref, version, meta.sha256[:12])
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

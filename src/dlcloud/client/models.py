@@ -27,7 +27,19 @@ from dlcloud.client import registry
 from dlcloud.client.registry import RegistryAPI
 from dlcloud.client.transport import API
 from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
-from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER, DIRECTORY_MARKERS, FORMATS, format_from_name
+from dlcloud.schemas.models import (
+    ARTIFACT_SHA256_HEADER,
+    DIRECTORY_MARKERS,
+    FORMATS,
+    Model,
+    ModelDeployment,
+    ModelDetail,
+    ModelLabel,
+    ModelShare,
+    ModelUpload,
+    ModelVersion,
+    format_from_name,
+)
 
 
 def infer_format(path: Path | str, *, local: bool = True) -> str | None:
@@ -91,19 +103,25 @@ def split_name(name: str) -> tuple[str, dict[str, Any]]:
     return registry.split_name(name, "model")
 
 
-class ModelsAPI(RegistryAPI):
+class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelShare]):
     noun = "model"
     plural = "models"
+    entry_model = Model
+    detail_model = ModelDetail
+    version_model = ModelVersion
+    label_model = ModelLabel
+    share_model = ModelShare
 
     # -- register --------------------------------------------------------------------------------------
-    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Upload a .tar.gz holding one file or directory (see ``pack_artifact``); returns its upload id.
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> ModelUpload:
+        """Upload a .tar.gz holding one file or directory (see ``pack_artifact``); ``id`` is its upload id.
 
         The upload waits for one ``register`` call (at most a day by default).
         """
-        return self._t.upload(f"{API}/model-uploads", archive, progress=progress)
+        return self._t.upload(ModelUpload, f"{API}/model-uploads", archive, progress=progress)
 
     def delete_upload(self, upload_id: str) -> None:
+        """Drop an upload that will not be registered."""
         self._t.request("DELETE", f"{API}/model-uploads/{upload_id}")
 
     def register(
@@ -118,7 +136,7 @@ class ModelsAPI(RegistryAPI):
         signature: dict[str, Any] | None = None,
         metrics: dict[str, float] | None = None,
         description: str = "",
-    ) -> dict[str, Any]:
+    ) -> ModelVersion:
         """Register a new version of ``name`` (the model is created with its first version).
 
         Args:
@@ -160,33 +178,29 @@ class ModelsAPI(RegistryAPI):
         body["name"] = model
         if from_job is not None:
             body["from_job"] = {"job": from_job, "path": path}
-            return self._t.request("POST", f"{API}/models", params=params, json_body=body)
+            return self._t.read(ModelVersion, "POST", f"{API}/models", params=params, json_body=body)
         if upload is None:
             assert artifact is not None
             if format not in FORMATS:  # before packing and uploading what the server would refuse
                 raise UnknownFormat(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
             archive = pack_artifact(artifact)
             try:
-                upload = self.upload(archive)["id"]
+                upload = self.upload(archive).id
             finally:
                 archive.unlink(missing_ok=True)
         return self._register_upload(upload, body, params)
 
-    def _register_upload(self, upload_id: str, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    def _register_upload(self, upload_id: str, body: dict[str, Any], params: dict[str, Any]) -> ModelVersion:
         """An upload is used once: by a successful register, or deleted here when the register fails."""
         try:
-            return self._t.request("POST", f"{API}/models", params=params, json_body={**body, "upload": upload_id})
+            body = {**body, "upload": upload_id}
+            return self._t.read(ModelVersion, "POST", f"{API}/models", params=params, json_body=body)
         except DlcloudError:
             with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
                 self.delete_upload(upload_id)
             raise
 
     # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
-    def version(self, name: str, version: int | str = "latest") -> dict[str, Any]:
-        """One version by number, label or ``latest``."""
-        model, params = split_name(name)
-        return self._t.request("GET", f"{API}/models/{model}/versions/{version}", params=params)
-
     def download(
         self,
         name: str,
@@ -207,7 +221,7 @@ class ModelsAPI(RegistryAPI):
         model, params = split_name(name)
         meta = self.version(name, version)
         dest = Path(dest)
-        target = dest / meta["artifact"]
+        target = dest / meta.artifact
         if os.path.lexists(target):
             raise AlreadyExists(f"{target} already exists; remove it or download into another directory")
         dest.mkdir(parents=True, exist_ok=True)
@@ -215,25 +229,25 @@ class ModelsAPI(RegistryAPI):
         try:
             archive = work / "artifact.tar.gz"
             headers = self._t.download(
-                f"{API}/models/{model}/versions/{meta['version']}/artifact", archive, params=params, progress=progress
+                f"{API}/models/{model}/versions/{meta.version}/artifact", archive, params=params, progress=progress
             )
-            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta["sha256"]
+            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta.sha256
             unpacked = work / "unpacked"
             try:
                 with tarfile.open(archive, "r:gz") as tf:
                     tarsafe.extractall(tf, unpacked)
-                got = artifact_digest(unpacked / meta["artifact"]).sha256
+                got = artifact_digest(unpacked / meta.artifact).sha256
             except (tarfile.TarError, OSError, ValueError) as exc:
                 raise InvalidArchive(
                     f"the downloaded artifact is damaged ({exc}); try again", code="checksum_mismatch"
                 ) from None
-            if got != expected or expected != meta["sha256"]:
+            if got != expected or expected != meta.sha256:
                 raise InvalidArchive(
-                    f"the downloaded artifact of {name} version {meta['version']} does not match its checksum "
-                    f"(registered {meta['sha256']}, received {got}); the stored copy may be damaged",
+                    f"the downloaded artifact of {name} version {meta.version} does not match its checksum "
+                    f"(registered {meta.sha256}, received {got}); the stored copy may be damaged",
                     code="checksum_mismatch",
                 )
-            os.rename(unpacked / meta["artifact"], target)
+            os.rename(unpacked / meta.artifact, target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return target
@@ -241,7 +255,7 @@ class ModelsAPI(RegistryAPI):
     # -- deployment leases (used by the model server) ----------------------------------------------------
     def heartbeat_deployment(
         self, name: str, version: int, deployment: str, endpoint: str, ttl_seconds: float = 60.0
-    ) -> dict[str, Any]:
+    ) -> ModelDeployment:
         """Create or renew the lease that marks ``version`` as deployed for ``ttl_seconds``.
 
         Works on your tenant's models and on models shared with it (``OWNER/NAME``). The lease belongs to
@@ -252,9 +266,8 @@ class ModelsAPI(RegistryAPI):
         """
         model, params = split_name(name)
         body = {"name": deployment, "endpoint": endpoint, "ttl_seconds": ttl_seconds}
-        return self._t.request(
-            "POST", f"{API}/models/{model}/versions/{version}/deployments", params=params, json_body=body
-        )
+        path = f"{API}/models/{model}/versions/{version}/deployments"
+        return self._t.read(ModelDeployment, "POST", path, params=params, json_body=body)
 
     def release_deployment(self, name: str, version: int, deployment: str) -> None:
         """End your lease (no error if it expired or never existed; PermissionDenied if another user holds it)."""

@@ -10,10 +10,18 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from dlcloud.client.transport import API, Transport
 from dlcloud.errors import InvalidArgument
+from dlcloud.schemas.registry import LabelAnswer, ShareAnswer
+from dlcloud.schemas.common import Response
+
+EntryT = TypeVar("EntryT", bound=Response)
+DetailT = TypeVar("DetailT", bound=Response)
+VersionT = TypeVar("VersionT", bound=Response)
+LabelT = TypeVar("LabelT", bound=LabelAnswer)
+ShareT = TypeVar("ShareT", bound=ShareAnswer)
 
 
 def split_name(name: str, noun: str) -> tuple[str, dict[str, Any]]:
@@ -66,11 +74,18 @@ def tree_entries(top: Path, arc_top: str, what: str) -> Iterator[tuple[Path, str
             yield full, rel
 
 
-class RegistryAPI:
-    """The calls every registry has; ``noun`` ("model") and ``plural`` ("models", the path under the API)."""
+class RegistryAPI(Generic[EntryT, DetailT, VersionT, LabelT, ShareT]):
+    """The calls every registry has; ``noun`` ("model") and ``plural`` ("models", the path under the API), and
+    the read models of its routes: ``entry_model`` (one of the list), ``detail_model`` (one described),
+    ``version_model``, ``label_model``, ``share_model``."""
 
-    noun = ""
-    plural = ""
+    noun: ClassVar[str] = ""
+    plural: ClassVar[str] = ""
+    entry_model: type[EntryT]
+    detail_model: type[DetailT]
+    version_model: type[VersionT]
+    label_model: type[LabelT]
+    share_model: type[ShareT]
 
     def __init__(self, t: Transport):
         self._t = t
@@ -80,29 +95,42 @@ class RegistryAPI:
         entry, params = split_name(name, self.noun)
         return f"{API}/{self.plural}/{entry}{rest}", params
 
-    def list(self) -> builtins.list[dict[str, Any]]:
+    def list(self) -> builtins.list[EntryT]:
         """Your tenant's entries, then those shared with it (``shared`` true, named ``OWNER/NAME``)."""
-        return self._t.request("GET", f"{API}/{self.plural}")
+        return self._t.read_list(self.entry_model, f"{API}/{self.plural}")
 
-    def get(self, name: str) -> dict[str, Any]:
+    def get(self, name: str) -> DetailT:
         """The entry (``NAME`` or ``OWNER/NAME``) with its versions, labels and (for the owner) shares.
 
         Raises:
             DlcloudError (code model_not_found, dataset_not_found): none, or one not shared with your tenant.
         """
         path, params = self._path(name)
-        return self._t.request("GET", path, params=params)
+        return self._t.read(self.detail_model, "GET", path, params=params)
 
-    def versions(self, name: str) -> builtins.list[dict[str, Any]]:
+    def versions(self, name: str) -> builtins.list[VersionT]:
         """The entry's versions, oldest first (``NAME`` or ``OWNER/NAME``)."""
         path, params = self._path(name, "/versions")
-        return self._t.request("GET", path, params=params)
+        return self._t.read_list(self.version_model, path, params=params)
 
-    def set_label(self, name: str, label: str, version: int) -> dict[str, Any]:
+    def version(self, name: str, ref: int | str = "latest") -> VersionT:
+        """One version by number, label or ``latest``.
+
+        Args:
+            name: ``NAME`` or ``OWNER/NAME``.
+            ref: a version number, a label or ``latest``.
+
+        Raises:
+            DlcloudError (code model_version_not_found, dataset_version_not_found): no such version or label.
+        """
+        path, params = self._path(name, f"/versions/{ref}")
+        return self._t.read(self.version_model, "GET", path, params=params)
+
+    def set_label(self, name: str, label: str, version: int) -> LabelT:
         """Point ``label`` at ``version`` (moving it off the version it was on).
 
         Returns:
-            ``{"label", "version"}``.
+            The label and the version it points at.
 
         Raises:
             DlcloudError (code model_version_not_found, dataset_version_not_found): no such version.
@@ -110,7 +138,7 @@ class RegistryAPI:
             PermissionDenied: the entry is another tenant's.
         """
         path, params = self._path(name, f"/labels/{label}")
-        return self._t.request("PUT", path, params=params, json_body={"version": version})
+        return self._t.read(self.label_model, "PUT", path, params=params, json_body={"version": version})
 
     def remove_label(self, name: str, label: str) -> None:
         """Remove ``label`` from the entry.
@@ -122,18 +150,18 @@ class RegistryAPI:
         path, params = self._path(name, f"/labels/{label}")
         self._t.request("DELETE", path, params=params)
 
-    def share(self, name: str, tenant: str) -> dict[str, Any]:
+    def share(self, name: str, tenant: str) -> ShareT:
         """Let ``tenant`` read the entry (list, describe, download; a dataset in jobs too), never change it.
 
         Returns:
-            ``{"tenant", "created_at"}``.
+            The share: the tenant and when it was shared.
 
         Raises:
             PermissionDenied: neither the entry's author nor a tenant admin.
             InvalidArgument: ``tenant`` is your own.
         """
         path, params = self._path(name, f"/shares/{tenant}")
-        return self._t.request("POST", path, params=params)
+        return self._t.read(self.share_model, "POST", path, params=params)
 
     def unshare(self, name: str, tenant: str) -> None:
         """Stop sharing the entry with ``tenant``; its users cannot read it any more.

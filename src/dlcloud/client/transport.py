@@ -1,23 +1,55 @@
-"""HTTP transport: signing every request, mapping error bodies back to DlcloudError classes. Every sub-API of
-the SDK (``jobs.py``, ``models.py``, ...) is built on one ``Transport``; ``base.Client`` composes them."""
+"""HTTP transport: signing every request, mapping error bodies back to DlcloudError classes, reading answers into
+the read models of ``dlcloud.schemas``. Every sub-API of the SDK (``jobs.py``, ``models.py``, ...) is built on one
+``Transport``; ``base.Client`` composes them.
+
+Invariant: a public SDK call returns the read model its route declares (``read``, ``read_list``), never a
+dict; a request model the caller gives as a mapping is validated here first (``spec_body``), and a refusal is
+the same ``validation_error`` the server would answer.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlencode, urlsplit
 
 import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from dlcloud import signing
 from dlcloud.client.config import Credentials
-from dlcloud.errors import Unavailable, error_from_body
+from dlcloud.errors import DlcloudError, Unavailable, error_from_body
+from dlcloud.schemas.errors import validation_problems
 
 API = "/api/v1"
 CHUNK = 1024 * 1024
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+
+def spec_body(model: type[R], spec: R | Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body of a request model given as the model or as a mapping: what was set, nothing added, so the
+    server reads what the caller wrote.
+
+    Raises:
+        DlcloudError (code validation_error, as the server's): the mapping is not a valid ``model``.
+    """
+    if not isinstance(spec, model):
+        try:
+            spec = model.model_validate(spec)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+    return spec.model_dump(mode="json", exclude_unset=True)
+
+
+def validation_error(exc: ValidationError) -> DlcloudError:
+    """The error the server answers for a body ``exc`` refuses (code ``validation_error``, status 422)."""
+    message, details = validation_problems(exc.errors())
+    return error_from_body(422, {"error": {"code": "validation_error", "message": message, "details": details}})
 
 
 def _query_string(params: dict[str, Any] | None) -> str:
@@ -81,15 +113,33 @@ class Transport:
             return None
         return resp.json()
 
+    def read(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
+    ) -> M:
+        """``request``'s answer as the read model ``model``."""
+        return model.model_validate(self.request(method, path, params=params, json_body=json_body))
+
+    def read_list(self, model: type[M], path: str, *, params: dict[str, Any] | None = None) -> list[M]:
+        """A GET answering a JSON list, as a list of ``model``."""
+        return TypeAdapter(list[model]).validate_python(self.request("GET", path, params=params))  # type: ignore[valid-type]
+
     def upload(
         self,
+        model: type[M],
         path: str,
         file: Path,
         *,
         params: dict[str, Any] | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> Any:
-        """Stream a file: hash it first (streaming), sign the declared hash, then send it in chunks."""
+    ) -> M:
+        """Stream a file: hash it first (streaming), sign the declared hash, then send it in chunks; the answer
+        as the read model ``model``."""
         digest = hashlib.sha256()
         with file.open("rb") as f:
             while chunk := f.read(CHUNK):
@@ -111,7 +161,7 @@ class Transport:
         except httpx.TransportError as exc:
             raise Unavailable(f"cannot reach {self.creds.endpoint}: {exc}") from None
         self._raise_for(resp)
-        return resp.json()
+        return model.model_validate(resp.json())
 
     def download(
         self,

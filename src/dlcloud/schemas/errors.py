@@ -6,6 +6,7 @@ document (``api/openapi.py``). The handlers in ``api/app.py`` build the same bod
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,3 +26,18 @@ class ErrorResponse(BaseModel):
     model_config = ConfigDict(extra="forbid", title="Error")
 
     error: ErrorInfo
+
+
+def validation_problems(errors: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The message and details of a ``validation_error`` from pydantic's ``errors()``: the API answers a body it
+    cannot validate with them, and the SDK raises the same for a spec it validates before sending it."""
+    problems = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (not allowed)"
+        msg = msg.removeprefix("Value error, ")
+        problems.append({"field": loc or "(body)", "problem": msg})
+    summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
+    return f"invalid request: {summary}", {"errors": problems}
