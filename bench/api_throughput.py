@@ -286,9 +286,9 @@ def main() -> None:
 
         with Client(Credentials(dl_server.endpoint, ak, sk)) as client:
             job = client.jobs.submit({"name": "bench-api", "command": "true", "resources": {"memory": "64Mi"}})
-            client.jobs.get(job["id"])  # the path works before the clock starts
+            client.jobs.get(job.id)  # the path works before the clock starts
         assert dl_server.proc is not None
-        dl = drive("dlcloud", dl_server.port, f"/api/v1/jobs/{job['id']}", (ak, sk), dl_server.proc.pid, args)
+        dl = drive("dlcloud", dl_server.port, f"/api/v1/jobs/{job.id}", (ak, sk), dl_server.proc.pid, args)
         peer_server.start()
         assert peer_server.proc is not None
         peer = drive("peer", peer_server.port, "/ping", None, peer_server.proc.pid, args)

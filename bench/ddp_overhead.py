@@ -196,18 +196,18 @@ def run_dlcloud(
     t0 = time.perf_counter()
     client.jobs.submit(spec)
     deadline = time.monotonic() + args.job_timeout
-    while (job := client.jobs.get(name))["state"] not in TERMINAL:
+    while (job := client.jobs.get(name)).state not in TERMINAL:
         for pid in launcher_pids(server.data_dir):
             launchers[pid] = cpu_seconds(pid) or launchers.get(pid, 0.0)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job {name} did not end in {args.job_timeout:g} s (state {job['state']})")
+            raise RuntimeError(f"job {name} did not end in {args.job_timeout:g} s (state {job.state})")
         time.sleep(args.poll)
     wall = time.perf_counter() - t0
     server_cpu = (cpu_seconds(server.proc.pid) or 0.0) - server_cpu0
     text = "\n".join(line.text for line in client.jobs.logs(name) if line.stream == "stdout")
-    if job["state"] != "SUCCEEDED":
-        raise RuntimeError(f"job {name} ended {job['state']}: {job['reason']}\n{text[-3000:]}")
-    check_network(server.data_dir, str(job["id"]), netns)
+    if job.state != "SUCCEEDED":
+        raise RuntimeError(f"job {name} ended {job.state}: {job.reason}\n{text[-3000:]}")
+    check_network(server.data_dir, job.id, netns)
     steps, rate = parse_done(text)
     return Run(rate, wall, steps, server_cpu + sum(launchers.values()))
 
@@ -218,7 +218,7 @@ def upload_script(client: Client, root: Path) -> str:
     shutil.copy(SCRIPT, code_dir / SCRIPT.name)
     packed = pack_directory(code_dir)
     try:
-        return str(client.code.upload(packed.archive, kind="archive", filename="code.tar.gz")["id"])
+        return client.code.upload(packed.archive, kind="archive", filename="code.tar.gz").id
     finally:
         packed.archive.unlink(missing_ok=True)
 

@@ -139,12 +139,12 @@ def _iso(value: str) -> float:
 
 def _val_points(client: Client, job: str) -> list[tuple[int, float, float]]:
     """(step, value, time) of the job's val_accuracy in its last attempt."""
-    series = client.jobs.metrics(job, metrics=["val_accuracy"], max_points=10_000)["series"]
+    series = client.jobs.metrics(job, metrics=["val_accuracy"], max_points=10_000).series
     if not series:
         return []
-    last = max(s["attempt"] for s in series)
-    points = [p for s in series if s["attempt"] == last for p in s["points"]]
-    return sorted((int(p["step"]), float(p["value"]), _iso(p["time"])) for p in points)
+    last = max(s.attempt for s in series)
+    points = [p for s in series if s.attempt == last for p in s.points]
+    return sorted((p.step, p.value, p.time.timestamp()) for p in points)
 
 
 def run_study(client: Client, spec: dict[str, Any], target: float, poll: float, timeout: float) -> float:
@@ -157,22 +157,25 @@ def run_study(client: Client, spec: dict[str, Any], target: float, poll: float, 
     hit_at: float | None = None
     while True:
         study = client.studies.get(name)
-        if study["state"] in TERMINAL_STUDY:
+        if study.state in TERMINAL_STUDY:
             break
         if time.monotonic() > deadline:
             client.studies.stop(name)
             raise RuntimeError(f"study {name} did not end in {timeout:g} s")
-        if hit_at is None and study["state"] == "RUNNING":
+        if hit_at is None and study.state == "RUNNING":
             for t in client.studies.trials(name):
                 # a pausing trial may reach the target in the job that took it to its rung: PAUSED by now
-                alive = t["job"] and t["state"] in (*ALIVE_TRIAL, "PAUSED")
-                if alive and any(v >= target for _, v, _ in _val_points(client, t["job"])):
+                if (
+                    t.job
+                    and t.state in (*ALIVE_TRIAL, "PAUSED")
+                    and any(v >= target for _, v, _ in _val_points(client, t.job))
+                ):
                     hit_at = time.monotonic()
                     client.studies.stop(name)
                     break
         time.sleep(poll)
-    if study["state"] == "FAILED":
-        raise RuntimeError(f"study {name} failed: {study['reason']}")
+    if study.state == "FAILED":
+        raise RuntimeError(f"study {name} failed: {study.reason}")
     return (hit_at or time.monotonic()) - t0
 
 
@@ -210,12 +213,12 @@ def collect(client: Client, name: str) -> list[TrialRun]:
     before's checkpoint; its epochs are every ``epoch N:`` line of all its jobs (an epoch run twice counts twice)."""
     out = []
     for t in client.studies.trials(name):
-        if not t["jobs"]:
+        if not t.jobs:
             continue  # a duplicate: no job
-        first = client.jobs.get(t["jobs"][0])
-        last = client.jobs.get(t["jobs"][-1]) if len(t["jobs"]) > 1 else first
+        first = client.jobs.get(t.jobs[0])
+        last = client.jobs.get(t.jobs[-1]) if len(t.jobs) > 1 else first
         epochs_run, points, command = 0, [], None
-        for job in t["jobs"]:
+        for job in t.jobs:
             lines = list(client.jobs.logs(job))
             epochs = [int(m.group(1)) for x in lines if x.stream == "stdout" and (m := EPOCH_LINE.match(x.text))]
             job_points = _val_points(client, job)
@@ -223,16 +226,16 @@ def collect(client: Client, name: str) -> list[TrialRun]:
             points += job_points
             if command is None:
                 command = next((_iso(x.time) for x in lines if x.text.startswith("starting: ")), None)
-        pruned = PRUNED_AT.search(t["reason"] or "") if t["state"] == "PRUNED" else None
-        placed = next((_iso(e["time"]) for e in first["events"] if e["to_state"] == "STARTING"), None)
+        pruned = PRUNED_AT.search(t.reason) if t.state == "PRUNED" else None
+        placed = next((e.time.timestamp() for e in first.events if e.to_state == "STARTING"), None)
         out.append(
             TrialRun(
-                number=t["number"],
-                job=t["jobs"][0],
-                state=t["state"],
-                params=t["params"],
-                created=_iso(first["created_at"]),
-                ended=_iso(last["finished_at"]) if last["finished_at"] else None,
+                number=t.number,
+                job=t.jobs[0],
+                state=t.state,
+                params=t.params,
+                created=first.created_at.timestamp(),
+                ended=last.finished_at.timestamp() if last.finished_at else None,
                 epochs_run=epochs_run,
                 pruned_at=int(pruned.group(1)) if pruned else None,
                 points=sorted(points),
@@ -458,7 +461,7 @@ def main() -> None:
                     trials = collect(client, name)
                     if trials and all(t.state == "FAILED" for t in trials):
                         first = client.studies.trials(name)[0]
-                        raise RuntimeError(f"every trial of {name} failed; trial 0: {first['reason']}")
+                        raise RuntimeError(f"every trial of {name} failed; trial 0: {first.reason}")
                     o = score(algo, seed, wall, trials, args.target)
                     outcomes.append(o)
                     print(

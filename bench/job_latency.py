@@ -148,18 +148,18 @@ def run_job(
     deadline = time.monotonic() + timeout
     while True:
         job = client.jobs.get(name)
-        if job["state"] in TERMINAL:
+        if job.state in TERMINAL:
             break
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job {name} did not end in {timeout:g} s (state {job['state']})")
+            raise RuntimeError(f"job {name} did not end in {timeout:g} s (state {job.state})")
         time.sleep(poll)
-    if job["state"] != "SUCCEEDED":
-        raise RuntimeError(f"job {name} ended {job['state']}: {job.get('reason')}")
+    if job.state != "SUCCEEDED":
+        raise RuntimeError(f"job {name} ended {job.state}: {job.reason}")
     lines = list(client.jobs.logs(name))
     printed = next(int(line.text) for line in lines if line.stream == "stdout" and line.text.strip().isdigit())
     launcher = next(_iso(line.time) for line in lines if line.text.startswith("launcher started"))
     command = next(_iso(line.time) for line in lines if line.text.startswith("starting: "))
-    placed = next(_iso(e["time"]) for e in job["events"] if e["to_state"] == "STARTING")
+    placed = next(e.time.timestamp() for e in job.events if e.to_state == "STARTING")
     t0_s = t0 / 1e9
     sample = {
         "total": (printed - t0) / 1e6,
@@ -170,7 +170,7 @@ def run_job(
         "to_user_code": (printed / 1e9 - command) * 1e3,
     }
     if data_dir is not None:
-        sample.update(attempt_stages(data_dir, str(job["id"]), netns))
+        sample.update(attempt_stages(data_dir, job.id, netns))
     return sample
 
 

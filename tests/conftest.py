@@ -193,12 +193,12 @@ class Env:
         return Client(creds, http_client=self.http)
 
     def new_tenant_user(self, tenant: str, user: str, role: str = "member", quota: dict | None = None) -> Client:
-        names = {t["name"] for t in self.admin.tenants.list()}
+        names = {t.name for t in self.admin.tenants.list()}
         if tenant not in names:
             self.admin.tenants.create(tenant, quota or {})
         self.admin.users.create(user, tenant=tenant, role=role)
         key = self.admin.keys.create(user=user, tenant=tenant)
-        return self.client(Credentials("http://testserver", key["access_key"], key["secret_key"]))
+        return self.client(Credentials("http://testserver", key.access_key, key.secret_key))
 
     def signed(self, creds: Credentials, method: str, path: str, body: object = None, query: str = ""):
         """A request signed with ``creds`` (``body`` sent as JSON) through the test client; the raw response."""

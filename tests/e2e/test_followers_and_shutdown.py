@@ -20,8 +20,8 @@ def test_many_followers_then_sigterm(server: Server):
     creds = Credentials(server.endpoint, boot["access_key"], boot["secret_key"])
     with Client(creds) as c:
         c.jobs.submit({"name": "chatty", "command": f"echo hello; {WAIT_FOR_GO}; echo bye"})
-        wait_for(lambda: c.jobs.get("chatty")["state"] == "RUNNING", what="RUNNING")
-        job_id = c.jobs.get("chatty")["id"]
+        wait_for(lambda: c.jobs.get("chatty").state == "RUNNING", what="RUNNING")
+        job_id = c.jobs.get("chatty").id
 
     results: list[list[str]] = []
     lock = threading.Lock()
@@ -45,8 +45,8 @@ def test_many_followers_then_sigterm(server: Server):
     # while every follower is attached, ordinary signed calls still succeed
     with Client(creds, timeout=30) as c:
         for _ in range(20):
-            assert c.jobs.get("chatty")["state"] == "RUNNING"
-            assert c.accounting.quota()["usage"]["running_jobs"] == 1
+            assert c.jobs.get("chatty").state == "RUNNING"
+            assert c.accounting.quota().usage.running_jobs == 1
     release(server.data_dir, job_id)
     for t in threads:
         t.join(timeout=60)

@@ -66,10 +66,10 @@ def test_a_deposed_leader_stops_and_the_other_server_takes_over(tmp_path: Path, 
         with Client(Credentials(b.endpoint, boot["access_key"], boot["secret_key"])) as c:
             # it runs until told: a file in its own outputs directory (the one host path a sandboxed job sees)
             waits = 'while [ ! -e "$DLCLOUD_OUTPUT_DIR/go" ]; do sleep 0.1; done'
-            long_id = c.jobs.submit({"name": "long", "command": waits})["id"]
+            long_id = c.jobs.submit({"name": "long", "command": waits}).id
             restart = {"max_restarts": RESTARTS, "backoff_seconds": 0.2}
             c.jobs.submit({"name": "flaky", "command": "sleep 0.5; exit 3", "restart": restart})
-            wait_for(lambda: c.jobs.get("long")["state"] == "RUNNING", what="the long job to run")
+            wait_for(lambda: c.jobs.get("long").state == "RUNNING", what="the long job to run")
 
             for _ in range(2):  # hand over from one server to the other, and back
                 old = servers[pid]
@@ -91,11 +91,11 @@ def test_a_deposed_leader_stops_and_the_other_server_takes_over(tmp_path: Path, 
                 )
                 assert _leader(engine) == (epoch, pid)  # it did not take the lock back
 
-            assert c.jobs.get("long")["state"] == "RUNNING"
+            assert c.jobs.get("long").state == "RUNNING"
             outputs = next(o for s in (a, b) for o in s.data_dir.glob(f"runs/*/{long_id}/outputs"))
             touch_for_job(outputs / "go")
             jobs = {
-                n: wait_for(lambda n=n: (j := c.jobs.get(n))["state"] in TERMINAL and j, timeout=120, what=n)
+                n: wait_for(lambda n=n: (j := c.jobs.get(n)).state in TERMINAL and j, timeout=120, what=n)
                 for n in ("long", "flaky")
             }
         long, flaky = jobs["long"], jobs["flaky"]

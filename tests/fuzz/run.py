@@ -67,7 +67,7 @@ def _callers(server: Server) -> dict[str, Credentials]:
         sdk.tenants.create(OTHER_TENANT, {})
         sdk.users.create(MEMBER, tenant=OTHER_TENANT, role="member")
         key = sdk.keys.create(user=MEMBER, tenant=OTHER_TENANT)
-    return {"admin": admin, "member": Credentials(server.endpoint, key["access_key"], key["secret_key"])}
+    return {"admin": admin, "member": Credentials(server.endpoint, key.access_key, key.secret_key)}
 
 
 def _schemathesis(

@@ -22,11 +22,11 @@ def test_job_sees_exactly_its_gpu_and_computes_on_it(gpu_env):
         "print('devices', torch.cuda.device_count(), float((x @ x).sum()) != 0)\""
     )
     c.jobs.submit({"name": "on-gpu", "command": script, "resources": {"gpus": 1}})
-    job = wait_for(lambda: (j := c.jobs.get("on-gpu"))["state"] in ("SUCCEEDED", "FAILED") and j, timeout=300)
+    job = wait_for(lambda: (j := c.jobs.get("on-gpu")).state in ("SUCCEEDED", "FAILED") and j, timeout=300)
     lines = [x.text for x in c.jobs.logs("on-gpu")]
-    assert job["state"] == "SUCCEEDED", lines
+    assert job.state == "SUCCEEDED", lines
     assert "devices 1 True" in lines
-    assert len(job["attempts"][0]["gpus"]) == 1
+    assert len(job.attempts[0].gpus) == 1
 
 
 def test_sandboxed_job_holds_only_its_gpu_device_nodes(gpu_env):
@@ -40,9 +40,9 @@ def test_sandboxed_job_holds_only_its_gpu_device_nodes(gpu_env):
     c.jobs.submit({"name": "with-gpu", "command": probe, "resources": {"gpus": 1}})
     c.jobs.submit({"name": "without-gpu", "command": probe})
     for name in ("with-gpu", "without-gpu"):
-        wait_for(lambda n=name: c.jobs.get(n)["state"] in ("SUCCEEDED", "FAILED"), timeout=300)
+        wait_for(lambda n=name: c.jobs.get(n).state in ("SUCCEEDED", "FAILED"), timeout=300)
     with_gpu = [x.text for x in c.jobs.logs("with-gpu")]
-    [assigned] = c.jobs.get("with-gpu")["attempts"][0]["gpus"]
+    [assigned] = c.jobs.get("with-gpu").attempts[0].gpus
     assert f"nodes ['/dev/nvidia{assigned}']" in with_gpu, with_gpu
     assert "cuda True 1" in with_gpu, with_gpu
     without = [x.text for x in c.jobs.logs("without-gpu")]

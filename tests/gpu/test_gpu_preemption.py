@@ -49,7 +49,7 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
     for i in range(len(gpus) - 1):
         c.jobs.submit({"name": f"filler-{i}", "command": "sleep 600", "resources": one_gpu})
     low = c.jobs.submit({"name": "low", "code": code, "command": train, "priority_class": "low", "resources": one_gpu})
-    out = _outputs(env, low["id"])
+    out = _outputs(env, low.id)
     wait_for(lambda: len(_steps(out)) >= 3, timeout=180, what="the low job to train a few steps on the GPU")
 
     probe = (
@@ -57,23 +57,23 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
         "print('memory', round(f / 2**30, 1), round(t / 2**30, 1), torch.cuda.get_device_name(0))\""
     )
     c.jobs.submit({"name": "urgent", "command": probe, "priority_class": "high", "resources": one_gpu})
-    preempting = wait_for(lambda: (j := c.jobs.get("low"))["preempt_requested"] and j, timeout=60, what="preemption")
-    assert preempting["preempt_reason"].startswith("preempted by urgent (priority)"), preempting
+    preempting = wait_for(lambda: (j := c.jobs.get("low")).preempt_requested and j, timeout=60, what="preemption")
+    assert preempting.preempt_reason.startswith("preempted by urgent (priority)"), preempting
 
     urgent = _wait_end(c, "urgent", timeout=300)
-    assert urgent["state"] == "SUCCEEDED", _explain(c, "urgent")
+    assert urgent.state == "SUCCEEDED", _explain(c, "urgent")
     [line] = [x.text for x in c.jobs.logs("urgent") if x.text.startswith("memory ")]
     free_gib, total_gib = (float(v) for v in line.split()[1:3])
     # the victim's 8 GiB (and its CUDA context) are gone before the preemptor starts on the same GPU
     assert free_gib > total_gib - HOLD_GIB / 2, line
 
     job = _wait_end(c, "low", timeout=300)
-    assert job["state"] == "SUCCEEDED", _explain(c, "low")
-    assert job["preemptions"] == 1 and job["restarts"] == 0, _explain(c, "low")
-    first, second = job["attempts"]
+    assert job.state == "SUCCEEDED", _explain(c, "low")
+    assert job.preemptions == 1 and job.restarts == 0, _explain(c, "low")
+    first, second = job.attempts
     assert (first["outcome"], second["outcome"]) == ("preempted", "succeeded")
-    assert first["gpus"] == second["gpus"] == urgent["attempts"][0]["gpus"]
-    assert first["finished_at"] <= urgent["attempts"][0]["started_at"] <= second["started_at"]
+    assert first["gpus"] == second["gpus"] == urgent.attempts[0].gpus
+    assert first["finished_at"] <= urgent.attempts[0].started_at <= second["started_at"]
     log = _steps(out)
     steps = [s for _, s in log]
     assert steps == list(range(STEPS)), log  # every step once, in order across the two attempts
@@ -84,8 +84,8 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
 
     # the same training never stopped: the resumed run restored weights and optimizer state exactly
     whole = c.jobs.submit({"name": "whole", "code": code, "command": train, "resources": one_gpu})
-    assert _wait_end(c, "whole", timeout=300)["state"] == "SUCCEEDED", _explain(c, "whole")
-    reference = json.loads((_outputs(env, whole["id"]) / "result.json").read_text())
+    assert _wait_end(c, "whole", timeout=300).state == "SUCCEEDED", _explain(c, "whole")
+    reference = json.loads((_outputs(env, whole.id) / "result.json").read_text())
     assert reference["attempt"] == 1 and reference["start_step"] == 0
     assert resumed["loss"] == pytest.approx(reference["loss"], rel=1e-5), (resumed, reference)
     for i in range(len(gpus) - 1):

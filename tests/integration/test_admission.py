@@ -199,8 +199,8 @@ def _push(env: Env, job_id: str, token: str, step: int):
 
 def test_metrics_pushes_have_their_own_bucket_per_job_attempt(env: Env, clock: SteppedClock) -> None:
     alice = env.new_tenant_user("vision", "alice")
-    first = alice.jobs.submit({"name": "first", "command": "true"})["id"]
-    second = alice.jobs.submit({"name": "second", "command": "true"})["id"]
+    first = alice.jobs.submit({"name": "first", "command": "true"}).id
+    second = alice.jobs.submit({"name": "second", "command": "true"}).id
     token_1, token_2 = _attempt_token(env, first), _attempt_token(env, second)
     limit(
         env,
@@ -268,8 +268,8 @@ def test_quota_report_shows_the_cap_in_force_and_the_rate_limits(env: Env) -> No
     crowd = env.new_tenant_user("crowd", "alice")
     own = env.new_tenant_user("own", "bob", quota={"max_queued_jobs": 5})
     report = crowd.accounting.quota()
-    assert report["limits"]["max_queued_jobs"] is None  # the tenant's quota as set
-    assert report["admission"] == {
+    assert report.limits.max_queued_jobs is None  # the tenant's quota as set
+    assert report.admission.model_dump(mode="json") == {
         "max_queued_jobs": 1000,
         "max_queued_jobs_source": "platform default",
         "rate_limit_per_key": {"requests_per_second": 50.0, "burst": 200},
@@ -280,14 +280,14 @@ def test_quota_report_shows_the_cap_in_force_and_the_rate_limits(env: Env) -> No
     }
     # a tenant with a running-jobs quota: job_pids_max for each of its jobs
     limited = env.new_tenant_user("limited", "lea", quota={"max_running_jobs": 2})
-    assert limited.accounting.quota()["admission"]["processes_per_tenant"] == 2 * 4096
-    assert own.accounting.quota()["admission"]["max_queued_jobs"] == 5
-    assert own.accounting.quota()["admission"]["max_queued_jobs_source"] == "tenant quota"
+    assert limited.accounting.quota().admission.processes_per_tenant == 2 * 4096
+    assert own.accounting.quota().admission.max_queued_jobs == 5
+    assert own.accounting.quota().admission.max_queued_jobs_source == "tenant quota"
     env.settings.default_max_queued_jobs = 0
     env.settings.api_rate_limit_per_tenant = 0
-    report = crowd.accounting.quota()["admission"]
-    assert (report["max_queued_jobs"], report["max_queued_jobs_source"]) == (None, "none")
-    assert report["rate_limit_per_tenant"] is None
+    report = crowd.accounting.quota().admission
+    assert (report.max_queued_jobs, report.max_queued_jobs_source) == (None, "none")
+    assert report.rate_limit_per_tenant is None
 
 
 # ---- the CLI ----

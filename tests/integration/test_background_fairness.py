@@ -115,7 +115,7 @@ def _python(script: str) -> str:
 
 
 def _state(client: Client, name: str) -> str:
-    return client.jobs.get(name)["state"]
+    return client.jobs.get(name).state
 
 
 def _attempt(env: Env, job_id: str) -> AttemptRow:
@@ -142,7 +142,7 @@ def test_a_tenant_flooding_the_event_file_reader_slows_neither_another_tenants_m
 
     # unloaded: the other tenant's job's points, as the platform reads them with nothing else to read
     steady = calm.jobs.submit({"name": "steady", "command": _python(STEADY_JOB)})
-    lags = Lags(env, steady["id"])
+    lags = Lags(env, steady.id)
     try:
         wait_for(lambda: lags.seen, timeout=120, what="the steady job's first point")
         t0 = time.time()
@@ -155,8 +155,8 @@ def test_a_tenant_flooding_the_event_file_reader_slows_neither_another_tenants_m
             flood.jobs.submit({"name": f"flood-{i}", "command": _python(FLOOD_JOB), "resources": {"cpu": FLOOD_CPU}})
             for i in range(FLOOD_JOBS)
         ]
-        wait_for(lambda: all(_state(flood, j["name"]) == "RUNNING" for j in floods), timeout=120, what="the flood")
-        flooding = [_attempt(env, j["id"]).id for j in floods]
+        wait_for(lambda: all(_state(flood, j.name) == "RUNNING" for j in floods), timeout=120, what="the flood")
+        flooding = [_attempt(env, j.id).id for j in floods]
         wait_for(lambda: _read(env, flooding) > 0, timeout=120, what="a pass over the flood's files")
         t2, before = time.time(), _read(env, flooding)
         # a window that holds a whole pass over the flood's files at least
@@ -174,27 +174,27 @@ def test_a_tenant_flooding_the_event_file_reader_slows_neither_another_tenants_m
     print(f"lag of another tenant's metrics: unloaded {mean_unloaded:.2f} s (n={len(unloaded)}), "
           f"under the flood {mean_loaded:.2f} s (n={len(loaded)}); flood read: {read_mib:.1f} MiB")  # fmt: skip
     assert mean_loaded <= 2 * mean_unloaded, (unloaded, loaded)
-    release(env.settings.data_dir, steady["id"])
+    release(env.settings.data_dir, steady.id)
 
     # the flood's jobs cancelled: once their processes are gone their last readings come, and another tenant's
     # job that exits meanwhile is recorded ended at once
     hi = calm.jobs.submit({"name": "echo-hi", "command": f"{WAIT_FOR_GO}; echo hi"})
     wait_for(lambda: _state(calm, "echo-hi") == "RUNNING", timeout=120, what="echo-hi to run")
     for j in floods:
-        flood.jobs.cancel(j["name"])
-    handles = [_attempt(env, j["id"]).handle for j in floods]
+        flood.jobs.cancel(j.name)
+    handles = [_attempt(env, j.id).handle for j in floods]
     wait_for(
         lambda: all(env.control.executor.poll(h).state == "exited" for h in handles),  # as the executor recorded
         timeout=120,
         what="the flood's processes to exit",
     )
-    release(env.settings.data_dir, hi["id"])
+    release(env.settings.data_dir, hi.id)
     wait_for(lambda: _state(calm, "echo-hi") in TERMINAL, timeout=300, interval=0.02, what="echo-hi to end")
     seen = datetime.now(UTC)
-    exited = _attempt(env, hi["id"]).finished_at  # the exit time the executor recorded
+    exited = _attempt(env, hi.id).finished_at  # the exit time the executor recorded
     assert exited is not None and _state(calm, "echo-hi") == "SUCCEEDED"
-    wait_for(lambda: all(_state(flood, j["name"]) == "CANCELLED" for j in floods), timeout=120, what="cancels")
-    reading = [j["name"] for j in floods if not ingester.settled(j["id"])]
+    wait_for(lambda: all(_state(flood, j.name) == "CANCELLED" for j in floods), timeout=120, what="cancels")
+    reading = [j.name for j in floods if not ingester.settled(j.id)]
     print(f"echo-hi recorded ended {(seen - exited).total_seconds():.2f} s after its exit; still read: {reading}")
     assert (seen - exited).total_seconds() <= 2.0
     assert reading  # the flood's last readings went on after echo-hi's end was recorded: it did not wait for them
@@ -202,7 +202,7 @@ def test_a_tenant_flooding_the_event_file_reader_slows_neither_another_tenants_m
 
     _wait_end(calm, "steady")
     for j in floods:  # their files go: what is left of their last readings with them
-        flood.jobs.delete(j["name"])
+        flood.jobs.delete(j.name)
     wait_for(lambda: ingester.load() == (0, 0), timeout=120, what="the reader to be idle")
 
 
@@ -244,9 +244,9 @@ def test_one_tenants_slow_output_save_holds_no_other_tenants_end(tmp_path: Path,
                 return _state(client, name) == state
 
             wait_for(lambda: ticked(large, "big-outputs", "RUNNING") and ticked(small, "tiny", "RUNNING"))
-            executor.slow.add(big["id"])
+            executor.slow.add(big.id)
             for job in (big, tiny):
-                executor.finish(_attempt(env, job["id"]).handle, 0)
+                executor.finish(_attempt(env, job.id).handle, 0)
             wait_for(lambda: ticked(small, "tiny", "SUCCEEDED"), what="the other tenant's end")
             assert executor.saving.is_set() and _state(large, "big-outputs") == "RUNNING"  # still saving
             executor.go.set()

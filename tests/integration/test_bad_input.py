@@ -164,7 +164,7 @@ def test_gpu_type_that_exists_is_accepted(env):
     # the counterpart of the refused gpu cases: the same shape with a valid type and count goes through
     resp = _post(env, f"{API}/jobs", json.dumps(_spec(resources={"gpus": 2, "gpu_type": "H100"})).encode())
     assert resp.status_code == 201, resp.text
-    assert [j["name"] for j in env.admin.jobs.list()] == ["train"]
+    assert [j.name for j in env.admin.jobs.list()] == ["train"]
 
 
 def test_duplicate_job_name_is_a_conflict(env):
@@ -172,7 +172,7 @@ def test_duplicate_job_name_is_a_conflict(env):
     resp = _post(env, f"{API}/jobs", json.dumps(_spec(command="echo second")).encode())
     assert_api_error(resp, 409, "already_exists", "job 'train' already exists")
     jobs = env.admin.jobs.list()
-    assert [(j["id"], j["command"]) for j in jobs] == [(first["id"], "echo first")]
+    assert [(j.id, j.command) for j in jobs] == [(first.id, "echo first")]
 
 
 def _tar_gz(path: Path) -> Path:
@@ -188,8 +188,8 @@ def _tar_gz(path: Path) -> Path:
 def test_code_of_another_tenant_is_refused(env, tmp_path):
     other = env.new_tenant_user("other", "olga")
     code = other.code.upload(_tar_gz(tmp_path / "code.tar.gz"))
-    resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code["id"])).encode())
-    assert_api_error(resp, 400, "invalid_spec", f"code {code['id']!r} not found")
+    resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code.id)).encode())
+    assert_api_error(resp, 400, "invalid_spec", f"code {code.id!r} not found")
     assert env.admin.jobs.list() == []
     assert other.jobs.list() == []
 
@@ -201,7 +201,7 @@ def test_wheel_code_with_command_is_refused(env, tmp_path):
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("pkg/__init__.py", "")
     code = env.admin.code.upload(wheel, kind="wheel")
-    resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code["id"])).encode())
+    resp = _post(env, f"{API}/jobs", json.dumps(_spec(code=code.id)).encode())
     assert_api_error(resp, 400, "invalid_spec", "run a package with 'module:'")
     assert env.admin.jobs.list() == []
 
@@ -226,7 +226,7 @@ def test_bad_tenant_is_refused(env, subtests):
     for case, (body, fragment) in BAD_TENANTS.items():
         with subtests.test(case=case):
             assert_api_error(_post(env, f"{API}/tenants", json.dumps(body).encode()), 422, "validation_error", fragment)
-            assert [t["name"] for t in env.admin.tenants.list()] == ["default"]
+            assert [t.name for t in env.admin.tenants.list()] == ["default"]
 
 
 def test_duplicate_tenant_is_a_conflict(env):
@@ -234,8 +234,8 @@ def test_duplicate_tenant_is_a_conflict(env):
     resp = _post(env, f"{API}/tenants", json.dumps({"name": "team", "quota": {"gpus": 2}}).encode())
     assert_api_error(resp, 409, "already_exists", "tenant 'team' already exists")
     tenant = env.admin.tenants.get("team")
-    assert tenant["id"] == created["id"]
-    assert tenant["quota"]["gpus"] == 1
+    assert tenant.id == created.id
+    assert tenant.quota.gpus == 1
 
 
 BAD_USERS = {
@@ -254,14 +254,14 @@ def test_bad_user_is_refused(env, subtests):
     for case, (body, status, code, fragment) in BAD_USERS.items():
         with subtests.test(case=case):
             assert_api_error(_post(env, f"{API}/users", json.dumps(body).encode()), status, code, fragment)
-            assert [u["name"] for u in env.admin.users.list()] == ["admin"]
+            assert [u.name for u in env.admin.users.list()] == ["admin"]
 
 
 def test_duplicate_user_is_a_conflict(env):
     env.admin.users.create("bob", role="member")
     resp = _post(env, f"{API}/users", json.dumps({"name": "bob", "role": "tenant-admin"}).encode())
     assert_api_error(resp, 409, "already_exists", "user 'bob' already exists in tenant 'default'")
-    assert [(u["name"], u["role"]) for u in env.admin.users.list() if u["name"] == "bob"] == [("bob", "member")]
+    assert [(u.name, u.role) for u in env.admin.users.list() if u.name == "bob"] == [("bob", "member")]
 
 
 def test_tenant_admin_cannot_create_a_platform_admin(env):
@@ -269,11 +269,11 @@ def test_tenant_admin_cannot_create_a_platform_admin(env):
     creds = team_admin.transport.creds
     resp = _post(env, f"{API}/users", json.dumps({"name": "eve", "role": "platform-admin"}).encode(), creds)
     assert_api_error(resp, 403, "permission_denied", "only a platform admin can create platform admins")
-    assert [u["name"] for u in team_admin.users.list()] == ["tara"]
+    assert [u.name for u in team_admin.users.list()] == ["tara"]
 
 
 def test_bad_key_request_is_refused(env, subtests):
-    before = [k["access_key"] for k in env.admin.keys.list()]
+    before = [k.access_key for k in env.admin.keys.list()]
     for case, body, status, code, fragment in [
         ("unknown-user", {"user": "nobody"}, 404, "not_found", "user 'nobody' not found"),
         ("bad-name", {"user": "Bad_User"}, 422, "validation_error", "is not a valid name"),
@@ -282,7 +282,7 @@ def test_bad_key_request_is_refused(env, subtests):
     ]:
         with subtests.test(case=case):
             assert_api_error(_post(env, f"{API}/keys", json.dumps(body).encode()), status, code, fragment)
-            assert [k["access_key"] for k in env.admin.keys.list()] == before
+            assert [k.access_key for k in env.admin.keys.list()] == before
 
 
 def test_bad_query_parameters_are_refused(env, subtests):

@@ -27,7 +27,7 @@ def _rows(env: Env) -> int:
 
 def _wait_end(client, name: str, timeout: float = 60.0) -> dict:
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
@@ -48,7 +48,7 @@ def test_another_tenants_job_is_not_found_like_one_that_does_not_exist(env: Env)
     other.jobs.submit({"name": "theirs", "command": "true"})
     theirs = other.jobs.cancel("theirs")  # ended: only the tenant keeps it from being named
     before = _rows(env)
-    for ref in ("theirs", theirs["id"], "nosuch"):
+    for ref in ("theirs", theirs.id, "nosuch"):
         spec = {"name": "mine", "command": "true", "checkpoint_from": ref}
         err = assert_api_error(env.signed(env.admin_creds, "POST", JOBS, spec), 404, "not_found", f"job {ref!r}")
         assert "other" not in err["message"] and "CANCELLED" not in err["message"]
@@ -71,7 +71,7 @@ def test_a_job_that_has_not_ended_or_the_job_itself_is_refused(env: Env) -> None
     # ended, never having run: accepted, the name kept as given, no checkpoints to copy (no id)
     c.jobs.cancel("first")
     c.jobs.submit({"name": "second", "command": "true", "checkpoint_from": "first"})
-    spec = c.jobs.get("second")["spec"]
+    spec = c.jobs.get("second").spec
     assert spec["checkpoint_from"] == "first" and spec[jobs.CHECKPOINT_FROM_ID] is None
 
 
@@ -106,12 +106,12 @@ def test_the_study_drivers_path_resolves_and_checks_it_the_same_way(env: Env) ->
 def test_a_running_job_is_refused(running_env: Env) -> None:
     c = running_env.admin
     busy = c.jobs.submit({"name": "busy", "command": WAIT_FOR_GO})
-    wait_for(lambda: c.jobs.get("busy")["state"] == "RUNNING", what="busy to run")
+    wait_for(lambda: c.jobs.get("busy").state == "RUNNING", what="busy to run")
     with pytest.raises(InvalidState, match="job 'busy' is RUNNING; checkpoint_from takes a job that has ended"):
         c.jobs.submit({"name": "next", "command": "true", "checkpoint_from": "busy"})
-    assert all(j["name"] != "next" for j in c.jobs.list())
-    release(running_env.settings.data_dir, busy["id"])
-    assert _wait_end(c, "busy")["state"] == "SUCCEEDED"
+    assert all(j.name != "next" for j in c.jobs.list())
+    release(running_env.settings.data_dir, busy.id)
+    assert _wait_end(c, "busy").state == "SUCCEEDED"
 
 
 def test_a_job_continues_from_another_jobs_checkpoints_and_leaves_them_as_they_were(running_env: Env) -> None:
@@ -124,18 +124,18 @@ def test_a_job_continues_from_another_jobs_checkpoints_and_leaves_them_as_they_w
         f"ln -s {key} key && ln -s {key.parent} data && mkfifo pipe"
     )
     a = c.jobs.submit({"name": "a", "command": write})
-    assert _wait_end(c, "a")["state"] == "SUCCEEDED"
+    assert _wait_end(c, "a").state == "SUCCEEDED"
     cont = (
         'cd "$DLCLOUD_CHECKPOINT_DIR" && echo "resumed from $(cat state)" && [ "$(cat sub/f)" = deep ] && '
         '[ ! -e key ] && [ ! -L key ] && [ ! -e data ] && [ ! -e pipe ] && echo "epoch 6" >> state'
     )
     b = c.jobs.submit({"name": "b", "command": cont, "checkpoint_from": "a"})
     job = _wait_end(c, "b")
-    assert job["state"] == "SUCCEEDED", (job["reason"], [x.text for x in c.jobs.logs("b")])
+    assert job.state == "SUCCEEDED", (job.reason, [x.text for x in c.jobs.logs("b")])
     assert "resumed from epoch 3" in [x.text for x in c.jobs.logs("b")]
-    assert job["spec"]["checkpoint_from"] == "a" and job["spec"][jobs.CHECKPOINT_FROM_ID] == a["id"]
-    assert (_checkpoint_dir(running_env, b["id"]) / "state").read_text() == "epoch 3\nepoch 6\n"
-    assert (_checkpoint_dir(running_env, a["id"]) / "state").read_text() == "epoch 3\n"
+    assert job.spec["checkpoint_from"] == "a" and job.spec[jobs.CHECKPOINT_FROM_ID] == a.id
+    assert (_checkpoint_dir(running_env, b.id) / "state").read_text() == "epoch 3\nepoch 6\n"
+    assert (_checkpoint_dir(running_env, a.id) / "state").read_text() == "epoch 3\n"
 
 
 def test_a_source_deleted_after_the_submit_fails_the_launch_and_one_never_run_starts_empty(
@@ -143,19 +143,19 @@ def test_a_source_deleted_after_the_submit_fails_the_launch_and_one_never_run_st
 ) -> None:
     c = running_env.admin
     c.jobs.submit({"name": "a", "command": 'echo x > "$DLCLOUD_CHECKPOINT_DIR/x"'})
-    assert _wait_end(c, "a")["state"] == "SUCCEEDED"
+    assert _wait_end(c, "a").state == "SUCCEEDED"
     # both GPUs held: jobs that need one wait in the queue
     blocker = c.jobs.submit({"name": "blocker", "command": WAIT_FOR_GO, "resources": {"gpus": 2}})
-    wait_for(lambda: c.jobs.get("blocker")["state"] == "RUNNING", what="blocker to run")
+    wait_for(lambda: c.jobs.get("blocker").state == "RUNNING", what="blocker to run")
     c.jobs.submit({"name": "never", "command": "true", "resources": {"gpus": 1}})
     c.jobs.cancel("never")
     c.jobs.submit({"name": "b", "command": "echo ran", "checkpoint_from": "a", "resources": {"gpus": 1}})
-    assert c.jobs.get("b")["state"] == "QUEUED"
+    assert c.jobs.get("b").state == "QUEUED"
     c.jobs.delete("a")
-    release(running_env.settings.data_dir, blocker["id"])
+    release(running_env.settings.data_dir, blocker.id)
     job = _wait_end(c, "b")
-    assert job["state"] == "FAILED" and job["exit_code"] == 125, job["reason"]
-    assert "was deleted after this job was submitted" in job["reason"], job["reason"]
+    assert job.state == "FAILED" and job.exit_code == 125, job.reason
+    assert "was deleted after this job was submitted" in job.reason, job.reason
     assert "ran" not in [x.text for x in c.jobs.logs("b")]
     c.jobs.submit({"name": "c", "command": '[ -z "$(ls -A "$DLCLOUD_CHECKPOINT_DIR")" ]', "checkpoint_from": "never"})
-    assert _wait_end(c, "c")["state"] == "SUCCEEDED"
+    assert _wait_end(c, "c").state == "SUCCEEDED"

@@ -39,21 +39,21 @@ def test_a_checkpoint_written_by_a_running_job_is_recorded_on_its_attempt(runnin
             f'while [ ! -e "$DLCLOUD_OUTPUT_DIR/go2" ]; do sleep 0.05; done',
         }
     )
-    started, checkpoint_at = wait_for(lambda: _attempt(env, job["id"]), what="its start")
+    started, checkpoint_at = wait_for(lambda: _attempt(env, job.id), what="its start")
     assert checkpoint_at is None  # nothing written yet: preempting it loses everything since its start
-    release(env.settings.data_dir, job["id"])
-    seen = wait_for(lambda: (a := _attempt(env, job["id"])) is not None and a[1], what="the checkpoint")
+    release(env.settings.data_dir, job.id)
+    seen = wait_for(lambda: (a := _attempt(env, job.id)) is not None and a[1], what="the checkpoint")
     assert seen > started
     with env.platform.db.read_connection() as conn:  # what the scheduling pass weighs: the work since it
-        (held,) = [h for h in read_held(conn, utcnow()) if h.job_id == job["id"]]
+        (held,) = [h for h in read_held(conn, utcnow()) if h.job_id == job.id]
     assert (held.started_at, held.progress_at) == (started, seen)
-    (outputs,) = env.settings.runs_dir.glob(f"*/{job['id']}/outputs")
+    (outputs,) = env.settings.runs_dir.glob(f"*/{job.id}/outputs")
 
     touch_for_job(outputs / "go2")
-    ended = wait_for(lambda: (j := env.admin.jobs.get("saves"))["state"] == "SUCCEEDED" and j, what="its end")
-    assert ended["attempts"][0]["exit_code"] == 0
-    assert datetime.fromisoformat(ended["attempts"][0]["checkpoint_at"]) == seen  # what describe shows
-    assert _attempt(env, job["id"]) == (started, seen)  # kept on the usage record
+    ended = wait_for(lambda: (j := env.admin.jobs.get("saves")).state == "SUCCEEDED" and j, what="its end")
+    assert ended.attempts[0].exit_code == 0
+    assert datetime.fromisoformat(ended.attempts[0].checkpoint_at) == seen  # what describe shows
+    assert _attempt(env, job.id) == (started, seen)  # kept on the usage record
 
 
 def test_a_checkpoint_time_in_the_future_counts_as_now(running_env: Env) -> None:
@@ -61,8 +61,8 @@ def test_a_checkpoint_time_in_the_future_counts_as_now(running_env: Env) -> None
     job = env.admin.jobs.submit(
         {"name": "future", "command": f'touch -d @4102444800 "$DLCLOUD_CHECKPOINT_DIR/x"; {WAIT_FOR_GO}'}
     )
-    started, _ = wait_for(lambda: _attempt(env, job["id"]), what="its start")
-    seen = wait_for(lambda: (a := _attempt(env, job["id"])) is not None and a[1], what="the checkpoint")
+    started, _ = wait_for(lambda: _attempt(env, job.id), what="its start")
+    seen = wait_for(lambda: (a := _attempt(env, job.id)) is not None and a[1], what="the checkpoint")
     assert started < seen <= utcnow()  # not 2100: the job's own clock is not the platform's
-    release(env.settings.data_dir, job["id"])
-    wait_for(lambda: env.admin.jobs.get("future")["state"] == "SUCCEEDED", what="its end")
+    release(env.settings.data_dir, job.id)
+    wait_for(lambda: env.admin.jobs.get("future").state == "SUCCEEDED", what="its end")

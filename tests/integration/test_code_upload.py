@@ -319,20 +319,20 @@ def test_valid_archive_uploads_through_the_sdk(small_env, tmp_path):
     path = tmp_path / "trainer.tar.gz"
     path.write_bytes(data)
     up = small_env.admin.code.upload(path)
-    assert up["sha256"] == hashlib.sha256(data).hexdigest()
-    assert up["size"] == len(data)
-    assert up["kind"] == "archive"
-    assert up["filename"] == "trainer.tar.gz"
-    tenant_id = small_env.admin.tenants.get("default")["id"]
+    assert up.sha256 == hashlib.sha256(data).hexdigest()
+    assert up.size == len(data)
+    assert up.kind == "archive"
+    assert up.filename == "trainer.tar.gz"
+    tenant_id = small_env.admin.tenants.get("default").id
     [stored] = _stored_files(small_env)
     assert stored.is_relative_to(small_env.settings.code_dir / tenant_id)
-    assert up["id"] in str(stored.relative_to(small_env.settings.code_dir))
+    assert up.id in str(stored.relative_to(small_env.settings.code_dir))
     assert stored.read_bytes() == data
     assert _code_rows(small_env) == 1
-    got = small_env.admin.transport.request("GET", f"{API}/code/{up['id']}")
-    assert got == up
-    job = small_env.admin.jobs.submit({"name": "uses-code", "code": up["id"], "command": "python src/train.py"})
-    assert job["code"] == up["id"]
+    got = small_env.admin.transport.request("GET", f"{API}/code/{up.id}")
+    assert got == up.model_dump(mode="json")
+    job = small_env.admin.jobs.submit({"name": "uses-code", "code": up.id, "command": "python src/train.py"})
+    assert job.code == up.id
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
@@ -352,10 +352,10 @@ def test_valid_wheel_uploads(small_env, tmp_path):
     path = tmp_path / WHEEL
     path.write_bytes(data)
     up = small_env.admin.code.upload(path, kind="wheel")
-    assert up["kind"] == "wheel"
-    assert up["sha256"] == hashlib.sha256(data).hexdigest()
+    assert up.kind == "wheel"
+    assert up.sha256 == hashlib.sha256(data).hexdigest()
     [stored] = _stored_files(small_env)
-    assert up["id"] in str(stored) and stored.name.endswith(".whl")
+    assert up.id in str(stored) and stored.name.endswith(".whl")
     assert stored.read_bytes() == data
 
 

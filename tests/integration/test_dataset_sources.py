@@ -124,22 +124,22 @@ def _counts(env: Env) -> tuple[int, int]:
 def test_a_version_registered_in_place_is_pending_then_ready_and_reads_the_source(world: World, tmp_path) -> None:
     w, env = world, world.env
     v = w.register("clicks")
-    assert (v["version"], v["state"], v["source"], v["sha256"], v["file_count"]) == (1, "pending", w.source, "", 0)
+    assert (v.version, v.state, v.source, v.sha256, v.file_count) == (1, "pending", w.source, "", 0)
     # until it is ready nothing reads it: files, download, a job
     with pytest.raises(DlcloudError, match="being registered in place") as err:
         w.alice.datasets.files("clicks", 1)
     assert err.value.code == "dataset_version_not_ready"
     with pytest.raises(DlcloudError, match="being registered in place"):
         w.alice.jobs.submit({"name": "early", "command": "true", "datasets": ["clicks@1"]})
-    assert w.alice.datasets.version("clicks", 1)["state"] == "pending"
+    assert w.alice.datasets.version("clicks", 1).state == "pending"
 
     assert dataset_sources.prepare_pending(env.platform) == 1
     v = w.alice.datasets.version("clicks", 1)
-    assert v["state"] == "ready" and v["state_reason"] is None
-    assert v["sha256"] == _checksum(OBJECTS)
-    assert (v["file_count"], v["size_bytes"]) == (len(OBJECTS), sum(map(len, OBJECTS.values())))
+    assert v.state == "ready" and v.state_reason is None
+    assert v.sha256 == _checksum(OBJECTS)
+    assert (v.file_count, v.size_bytes) == (len(OBJECTS), sum(map(len, OBJECTS.values())))
     files = w.alice.datasets.files("clicks", 1)
-    assert {f["path"]: f["sha256"] for f in files} == {k: hashlib.sha256(d).hexdigest() for k, d in OBJECTS.items()}
+    assert {f.path: f.sha256 for f in files} == {k: hashlib.sha256(d).hexdigest() for k, d in OBJECTS.items()}
     # the platform stores the manifest only; the objects stay where they are
     stored = _store_keys(w)
     assert len(stored) == 1 and stored[0].startswith("datasets/") and stored[0].endswith("/1/.dlcloud-manifest.json")
@@ -154,7 +154,7 @@ def test_a_version_registered_in_place_is_pending_then_ready_and_reads_the_sourc
     cache = TreeCache(tmp_path / "cache", env.platform.objects, 10**9)
     key = w.row().storage_key
     manifest = env.platform.objects.tree_manifest(key)
-    assert manifest.source == w.source and manifest.artifact_sha256() == v["sha256"]
+    assert manifest.source == w.source and manifest.artifact_sha256() == v.sha256
     local = cache.acquire(key, manifest, "holder-1")
     assert {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*") if p.is_file()} == OBJECTS
 
@@ -205,7 +205,7 @@ def test_the_store_itself_is_refused_even_where_the_allow_list_covers_it(request
             assert_api_error(resp, 403, "source_not_allowed", "is the platform's own storage")
         assert _counts(w.env) == (0, 0)
         # another prefix of the same bucket is fine
-        assert w.register("clicks")["state"] == "pending"
+        assert w.register("clicks").state == "pending"
     w.env.platform.db.dispose()
 
 
@@ -251,20 +251,20 @@ def test_a_job_reads_a_version_registered_in_place(request, tmp_path, db_url, mo
     background.start()
     try:
         with env.http:
-            assert w.register("click-log")["state"] == "pending"
+            assert w.register("click-log").state == "pending"
             worker.wake()
             v = wait_for(
-                lambda: (x := w.alice.datasets.version("click-log", 1))["state"] != "pending" and x, 30, what="ready"
+                lambda: (x := w.alice.datasets.version("click-log", 1)).state != "pending" and x, 30, what="ready"
             )
-            assert v["state"] == "ready", v
+            assert v.state == "ready", v
             code = tmp_path / "code.tar.gz"
             code.write_bytes(_tar_gz({"reader.py": READER.encode()}))
             up = w.alice.code.upload(code)
-            spec = {"name": "reader", "code": up["id"], "command": "python reader.py", "datasets": ["click-log@1"]}
+            spec = {"name": "reader", "code": up.id, "command": "python reader.py", "datasets": ["click-log@1"]}
             w.alice.jobs.submit(spec)
-            job = wait_for(lambda: (j := w.alice.jobs.get("reader"))["state"] in TERMINAL and j, 60, what="reader")
+            job = wait_for(lambda: (j := w.alice.jobs.get("reader")).state in TERMINAL and j, 60, what="reader")
             lines = [line.text for line in w.alice.jobs.logs("reader") if line.stream == "stdout"]
-            assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+            assert job.state == "SUCCEEDED", (job.reason, lines)
             seen = json.loads(lines[0])
             assert seen["files"] == sorted(OBJECTS) and seen["part1"] == 100
             path = Path(seen["datasets"]["click-log"])
@@ -299,7 +299,7 @@ def test_names_and_limits_the_rules_refuse_fail_the_version(request, tmp_path, d
                 w.register("bad", f"{w.allowed}/{name}")
                 dataset_sources.prepare_pending(w.env.platform)
                 v = w.alice.datasets.version("bad", n)
-                assert v["state"] == "failed" and reason in v["state_reason"], v
+                assert v.state == "failed" and reason in v.state_reason, v
                 with pytest.raises(DlcloudError, match="failed to register") as err:
                     w.alice.datasets.files("bad", n)
                 assert err.value.code == "dataset_version_not_ready"
@@ -344,7 +344,7 @@ def test_a_pending_version_survives_a_restart(world: World) -> None:
         stop.set()
         worker.wake()
         thread.join(timeout=10)
-    assert w.alice.datasets.version("clicks", 2)["sha256"] == _checksum(OBJECTS)
+    assert w.alice.datasets.version("clicks", 2).sha256 == _checksum(OBJECTS)
 
 
 def _dead_pid() -> int:

@@ -234,7 +234,7 @@ def test_a_version_a_queued_job_reads_cannot_be_deleted(world: World) -> None:
     _push(env, world.alice, "clicks", {"f": b"x"})
     _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 1})
     world.alice.jobs.submit({"name": "reader", "command": "true", "datasets": ["clicks@production"]})
-    resolved = world.alice.jobs.get("reader")["spec"]["resolved_datasets"]
+    resolved = world.alice.jobs.get("reader").spec["resolved_datasets"]
     assert [(d["name"], d["owner"], d["version"]) for d in resolved] == [("clicks", "acme", 1)]
     assert "storage_key" not in resolved[0] and "version_id" not in resolved[0]
     # the label moving later does not change what the job reads
@@ -283,11 +283,11 @@ def test_a_job_spec_gives_datasets_as_strings_or_mappings(world: World) -> None:
     resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "mixed", "command": "true", "datasets": refs})
     assert resp.status_code == 201, resp.text
     job = world.alice.jobs.get("mixed")
-    assert job["spec"]["datasets"] == ["clicks@1", "views@production", "ads"]
-    resolved = job["spec"]["resolved_datasets"]
+    assert job.spec["datasets"] == ["clicks@1", "views@production", "ads"]
+    resolved = job.spec["resolved_datasets"]
     assert [(d["name"], d["version"]) for d in resolved] == [("clicks", 1), ("views", 1), ("ads", 1)]
     world.alice.jobs.submit({"name": "strings", "command": "true", "datasets": ["clicks", {"name": "views"}]})
-    assert world.alice.jobs.get("strings")["spec"]["datasets"] == ["clicks", "views"]
+    assert world.alice.jobs.get("strings").spec["datasets"] == ["clicks", "views"]
     for bad, fragment in (
         ({"name": "clicks", "versoin": 1}, "datasets.0: unknown key versoin: a dataset is NAME, NAME@VERSION"),
         ({"version": 1}, "datasets.0: name must be a dataset's NAME or OWNER/NAME"),
@@ -298,7 +298,7 @@ def test_a_job_spec_gives_datasets_as_strings_or_mappings(world: World) -> None:
     ):
         resp = _raw(env, world.alice, "POST", f"{API}/jobs", {"name": "bad", "command": "true", "datasets": [bad]})
         assert_api_error(resp, 422, "validation_error", fragment)
-    assert sorted(j["name"] for j in world.alice.jobs.list()) == ["mixed", "strings"]
+    assert sorted(j.name for j in world.alice.jobs.list()) == ["mixed", "strings"]
 
 
 READER = r"""
@@ -326,10 +326,10 @@ def test_a_job_reads_its_dataset_read_only(running_env: Env, tmp_path) -> None:
     code = tmp_path / "code.tar.gz"
     code.write_bytes(_tar_gz({"reader.py": READER.encode()}))
     up = alice.code.upload(code)
-    alice.jobs.submit({"name": "reader", "code": up["id"], "command": "python reader.py", "datasets": ["click-log@1"]})
-    job = wait_for(lambda: (j := alice.jobs.get("reader"))["state"] in TERMINAL and j, 60, what="reader to end")
+    alice.jobs.submit({"name": "reader", "code": up.id, "command": "python reader.py", "datasets": ["click-log@1"]})
+    job = wait_for(lambda: (j := alice.jobs.get("reader")).state in TERMINAL and j, 60, what="reader to end")
     lines = [line.text for line in alice.jobs.logs("reader") if line.stream == "stdout"]
-    assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+    assert job.state == "SUCCEEDED", (job.reason, lines)
     seen = json.loads(lines[0])
     path = seen["datasets"]["click-log"]
     assert seen["files"] == sorted(FILES) and seen["part1"] == 100
@@ -353,10 +353,10 @@ def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_pat
     code = tmp_path / "code.tar.gz"
     code.write_bytes(_tar_gz({"train.py": b"print(1)\n"}))
     up = world.alice.code.upload(code)
-    used = 1000 + up["size"]
-    assert world.alice.accounting.quota()["usage"]["storage"] == used
+    used = 1000 + up.size
+    assert world.alice.accounting.quota().usage.storage == used
     env.admin.tenants.set_quota("acme", {"storage": used + 600})
-    assert world.alice.accounting.quota()["limits"]["storage"] == used + 600
+    assert world.alice.accounting.quota().limits.storage == used + 600
     uploads_before = sorted(i.key for i in env.platform.objects.list("uploads"))
 
     # a declared length that cannot fit is refused before the body is read
@@ -386,7 +386,7 @@ def test_the_storage_quota_counts_datasets_models_and_code(world: World, tmp_pat
     assert [i.key.rsplit("/", 1)[1] for i in env.platform.objects.list("uploads")] == [
         k.rsplit("/", 1)[1] for k in uploads_before
     ] + [f"{upload}.tar.gz"]
-    assert world.alice.accounting.quota()["usage"]["storage"] == used
+    assert world.alice.accounting.quota().usage.storage == used
     # the upload waiting for a push takes room: a length that fits the quota but not beside it is refused
     n = 1
     while len(also := _tar_gz({"h": random.Random(2).randbytes(n)})) <= 600 - len(small):
@@ -429,10 +429,10 @@ def test_another_tenants_job_cannot_read_a_dataset_by_its_path(running_env: Env,
     code = tmp_path / "code.tar.gz"
     code.write_bytes(_tar_gz({"peek.py": PEEK.encode(), "targets.json": json.dumps(targets).encode()}))
     up = bob.code.upload(code)
-    bob.jobs.submit({"name": "peek", "code": up["id"], "command": "python peek.py"})
-    job = wait_for(lambda: (j := bob.jobs.get("peek"))["state"] in TERMINAL and j, 60, what="peek to end")
+    bob.jobs.submit({"name": "peek", "code": up.id, "command": "python peek.py"})
+    job = wait_for(lambda: (j := bob.jobs.get("peek")).state in TERMINAL and j, 60, what="peek to end")
     lines = [line.text for line in bob.jobs.logs("peek") if line.stream == "stdout"]
-    assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+    assert job.state == "SUCCEEDED", (job.reason, lines)
     seen = json.loads(lines[0])
     assert set(seen.values()) <= {"FileNotFoundError", "PermissionError"}, seen
     assert "acme-private-rows" not in lines[0]
@@ -448,7 +448,7 @@ def test_unsharing_ends_the_other_tenants_readers(world: World) -> None:
     assert "borrow" not in err["message"]
     assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks/shares/beta").status_code == 204
     job = world.bob.jobs.get("borrow")
-    assert job["state"] == "FAILED" and "no longer shared" in job["reason"]
+    assert job.state == "FAILED" and "no longer shared" in job.reason
     assert _raw(env, world.alice, "DELETE", f"{API}/datasets/clicks").status_code == 204
 
 
@@ -519,4 +519,4 @@ def test_a_versions_files_are_listed_a_page_at_a_time(world: World, monkeypatch)
     from dlcloud.client import datasets as client_datasets
 
     monkeypatch.setattr(client_datasets, "FILES_PAGE", 7)
-    assert [f["path"] for f in world.alice.datasets.files("paged", 1)] == sorted(files)
+    assert [f.path for f in world.alice.datasets.files("paged", 1)] == sorted(files)

@@ -33,7 +33,7 @@ def _py(script: str) -> str:
 
 def _wait_end(client, name, timeout=120.0):
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
@@ -54,9 +54,9 @@ def test_two_worker_pytorch_job_all_reduces_and_succeeds(running_env):
         }
     )
     job = _wait_end(c, "ddp")
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["cpus"] == 2 and job["memory"] == 4 * 1024**3  # the gang's totals
-    (attempt,) = job["attempts"]
+    assert job.state == "SUCCEEDED", job.reason
+    assert job.cpus == 2 and job.memory == 4 * 1024**3  # the gang's totals
+    (attempt,) = job.attempts
     assert attempt["cpus"] == 2  # the usage record sums the replicas
     names = [r["name"] for r in attempt["replicas"]]
     assert names == ["worker-0", "worker-1"]
@@ -93,17 +93,17 @@ def test_failing_replica_stops_the_gang_and_restarts_it_whole(running_env):
         }
     )
     job = _wait_end(c, "gang-fail")
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["attempt"] == 2 and job["restarts"] == 1
-    first, second = job["attempts"]
+    assert job.state == "SUCCEEDED", job.reason
+    assert job.attempt == 2 and job.restarts == 1
+    first, second = job.attempts
     assert first["outcome"] == "failed" and first["exit_code"] == 3
     states = {r["name"]: (r["state"], r["exit_code"]) for r in first["replicas"]}
     assert states["worker-1"] == ("failed", 3)
     assert states["worker-0"][0] == "stopped"
     assert [r["state"] for r in second["replicas"]] == ["succeeded", "succeeded"]
-    restarting = [e for e in job["events"] if e["to_state"] == "RESTARTING"]
+    restarting = [e for e in job.events if e.to_state == "RESTARTING"]
     assert len(restarting) == 1
-    assert "worker-1 exited with code 3" in restarting[0]["reason"] and "boom-1" in restarting[0]["reason"]
+    assert "worker-1 exited with code 3" in restarting[0].reason and "boom-1" in restarting[0].reason
     texts = [x.text for x in c.jobs.logs("gang-fail", replica="worker-0")]
     assert "got-sigterm" in texts
     ok = [t for t in (x.text for x in c.jobs.logs("gang-fail")) if t.startswith("ok ")]
@@ -121,8 +121,8 @@ def test_exit_code_not_in_restart_list_fails_without_restart(running_env):
         }
     )
     job = _wait_end(c, "no-restart")
-    assert job["state"] == "FAILED" and job["attempt"] == 1
-    assert "worker-0 exited with code 4" in job["reason"] and "never_restart_on_exit_codes" in job["reason"]
+    assert job.state == "FAILED" and job.attempt == 1
+    assert "worker-0 exited with code 4" in job.reason and "never_restart_on_exit_codes" in job.reason
 
 
 def test_cancel_stops_every_replica(running_env):
@@ -142,8 +142,8 @@ def test_cancel_stops_every_replica(running_env):
     assert _held_ports(running_env) == 1
     c.jobs.cancel("gang-cancel")
     job = _wait_end(c, "gang-cancel")
-    assert job["state"] == "CANCELLED"
-    assert [r["state"] for r in job["attempts"][0]["replicas"]] == ["stopped", "stopped"]
+    assert job.state == "CANCELLED"
+    assert [r.state for r in job.attempts[0].replicas] == ["stopped", "stopped"]
     labelled = [(x.replica, x.text) for x in c.jobs.logs("gang-cancel") if x.text == "got-sigterm"]
     assert sorted(labelled) == [("worker-0", "got-sigterm"), ("worker-1", "got-sigterm")]
     assert _held_ports(running_env) == 0
@@ -152,19 +152,19 @@ def test_cancel_stops_every_replica(running_env):
 def test_gang_waits_whole_with_its_reason_then_starts_whole(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "blocker", "resources": {"gpus": 1}, "command": "sleep 60"})
-    wait_for(lambda: c.jobs.get("blocker")["state"] == "RUNNING", what="the blocker to run")
+    wait_for(lambda: c.jobs.get("blocker").state == "RUNNING", what="the blocker to run")
     c.jobs.submit({"name": "gang", "replicas": {"worker": 2}, "resources": {"gpus": 1}, "command": "true"})
     # before the first pass looks at it the reason is the placeholder "waiting for the scheduler": poll for
     # the planner's own
     job = wait_for(
-        lambda: "needs 2 GPU(s) for 2 worker(s), 1 free" in ((j := c.jobs.get("gang"))["wait_reason"] or "") and j,
+        lambda: "needs 2 GPU(s) for 2 worker(s), 1 free" in ((j := c.jobs.get("gang")).wait_reason or "") and j,
         what="the gang to wait for capacity",
     )
-    assert job["state"] == "QUEUED" and job["attempts"] == []  # no replica started: all or nothing
+    assert job.state == "QUEUED" and job.attempts == []  # no replica started: all or nothing
     c.jobs.cancel("blocker")
     job = _wait_end(c, "gang")
-    assert job["state"] == "SUCCEEDED"
-    assert sorted(g for r in job["attempts"][0]["replicas"] for g in r["gpus"]) == [0, 1]
+    assert job.state == "SUCCEEDED"
+    assert sorted(g for r in job.attempts[0].replicas for g in r.gpus) == [0, 1]
 
 
 def test_a_gang_that_can_never_fit_is_refused(running_env):
@@ -182,8 +182,8 @@ def test_tensorflow_chief_decides_and_ps_are_stopped(running_env):
     )
     c.jobs.submit({"name": "tf", "framework": "tensorflow", "replicas": {"chief": 1, "ps": 1}, "command": script})
     job = _wait_end(c, "tf")
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    states = {r["name"]: r["state"] for r in job["attempts"][0]["replicas"]}
+    assert job.state == "SUCCEEDED", job.reason
+    states = {r.name: r.state for r in job.attempts[0].replicas}
     assert states == {"chief-0": "succeeded", "ps-0": "stopped"}
     chief = [x.text for x in c.jobs.logs("tf", replica="chief-0") if x.stream == "stdout"]
     assert '"task":{"type":"chief","index":0}' in chief[0]
@@ -202,8 +202,8 @@ def test_mpi_manual_launcher_reads_the_hostfile_and_decides(running_env):
         }
     )
     job = _wait_end(c, "mpi")
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    states = [r["state"] for r in job["attempts"][0]["replicas"]]
+    assert job.state == "SUCCEEDED", job.reason
+    states = [r.state for r in job.attempts[0].replicas]
     assert states == ["succeeded", "stopped", "stopped"]
     texts = [x.text for x in c.jobs.logs("mpi", replica="launcher-0") if x.stream == "stdout"]
     assert texts == ["localhost slots=4", "np=4"]
@@ -223,5 +223,5 @@ def test_mpi_launcher_runs_mpirun_over_the_workers_slots(running_env):
     )
     job = _wait_end(c, "mpirun")
     texts = sorted(x.text for x in c.jobs.logs("mpirun", replica="launcher-0") if x.stream == "stdout")
-    assert job["state"] == "SUCCEEDED", (job["reason"], texts)
+    assert job.state == "SUCCEEDED", (job.reason, texts)
     assert texts == ["rank-0-of-2", "rank-1-of-2"]

@@ -64,7 +64,7 @@ def _upload_scripts(c: Client, directory: Path = SCRIPTS) -> str:
     """A scripts directory as a code upload, packed as the CLI packs ``--code ./dir``."""
     packed = pack_directory(directory)
     try:
-        return str(c.code.upload(packed.archive, kind="archive", filename="code.tar.gz")["id"])
+        return str(c.code.upload(packed.archive, kind="archive", filename="code.tar.gz").id)
     finally:
         packed.archive.unlink(missing_ok=True)
 
@@ -72,21 +72,19 @@ def _upload_scripts(c: Client, directory: Path = SCRIPTS) -> str:
 def _explain(c: Client, name: str) -> str:
     """The job's events and last log lines, for a failure message."""
     job = c.jobs.get(name)
-    events = "\n".join(f"  {e['from_state']} -> {e['to_state']}: {e['reason']}" for e in job["events"])
+    events = "\n".join(f"  {e.from_state} -> {e.to_state}: {e.reason}" for e in job.events)
     lines = list(c.jobs.logs(name))[-40:]
     logs = "\n".join(f"  [{getattr(x, 'replica', '') or '-'}] {x.stream}: {x.text}" for x in lines)
-    return f"job {name}: {job['state']} ({job['reason']})\nevents:\n{events}\nlast log lines:\n{logs}"
+    return f"job {name}: {job.state} ({job.reason})\nevents:\n{events}\nlast log lines:\n{logs}"
 
 
 def _wait_end(c: Client, name: str, timeout: float = 180.0) -> dict:
-    return wait_for(
-        lambda: (j := c.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
-    )
+    return wait_for(lambda: (j := c.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end")
 
 
 def _succeeded(c: Client, name: str, timeout: float = 180.0) -> dict:
     job = _wait_end(c, name, timeout)
-    assert job["state"] == "SUCCEEDED", _explain(c, name)
+    assert job.state == "SUCCEEDED", _explain(c, name)
     return job
 
 
@@ -159,8 +157,8 @@ def test_pytorch_ddp_two_workers_match_a_single_process(dist_env, tmp_path):
     c.jobs.submit(_ddp_spec("ddp", code, "python ddp_train.py " + " ".join(DDP_ARGS)))
     job = _succeeded(c, "ddp")
 
-    assert job["attempt"] == 1 and [a["outcome"] for a in job["attempts"]] == ["succeeded"]
-    assert job["cpus"] == 2  # the job counts the whole gang
+    assert job.attempt == 1 and [a.outcome for a in job.attempts] == ["succeeded"]
+    assert job.cpus == 2  # the job counts the whole gang
     ranks = _rank_results(_outputs(dist_env, job), 2)
     for r in ranks:
         assert r["steps"] == 4 * STEPS_PER_EPOCH
@@ -191,12 +189,12 @@ def test_killed_worker_restarts_the_whole_gang_from_its_checkpoint(dist_env, tmp
     )
     job = _succeeded(c, "resume", timeout=240)
 
-    assert job["attempt"] == 2 and job["restarts"] == 1, _explain(c, "resume")
-    assert [a["outcome"] for a in job["attempts"]] == ["failed", "succeeded"]
-    restarting = [e for e in job["events"] if e["to_state"] == "RESTARTING"]
+    assert job.attempt == 2 and job.restarts == 1, _explain(c, "resume")
+    assert [a.outcome for a in job.attempts] == ["failed", "succeeded"]
+    restarting = [e for e in job.events if e.to_state == "RESTARTING"]
     assert len(restarting) == 1
     # the replica that failed first is named, with its code (rank 0 only fails after it, on the lost peer)
-    assert "worker-1" in restarting[0]["reason"] and "code 3" in restarting[0]["reason"], restarting[0]["reason"]
+    assert "worker-1" in restarting[0].reason and "code 3" in restarting[0].reason, restarting[0].reason
     assert (_checkpoints(dist_env, job) / "crashed-rank1").read_text().strip() == "attempt 1"
 
     out = _outputs(dist_env, job)
@@ -227,7 +225,7 @@ def test_two_distributed_jobs_at_once_get_different_master_ports(dist_env):
     for name in ("pair-a", "pair-b"):
         c.jobs.submit(_ddp_spec(name, code, command))
     wait_for(
-        lambda: {c.jobs.get(n)["state"] for n in ("pair-a", "pair-b")} == {"RUNNING"},
+        lambda: {c.jobs.get(n).state for n in ("pair-a", "pair-b")} == {"RUNNING"},
         timeout=60,
         what="both gangs running at the same time",
     )
@@ -250,26 +248,26 @@ def test_gang_that_does_not_fit_waits_whole_and_starts_when_capacity_frees(tmp_p
         code = _upload_scripts(c)
         holder = f"{WAIT_FOR_GO}; python ddp_train.py --epochs 1"
         c.jobs.submit(_ddp_spec("holder", code, holder))
-        wait_for(lambda: c.jobs.get("holder")["state"] == "RUNNING", timeout=60, what="holder running")
+        wait_for(lambda: c.jobs.get("holder").state == "RUNNING", timeout=60, what="holder running")
         c.jobs.submit(_ddp_spec("waiter", code, "python ddp_train.py --epochs 1"))
 
         # before the next scheduling pass the reason is "waiting for the scheduler"; after it, capacity
         reason = wait_for(
-            lambda: (r := c.jobs.get("waiter")["wait_reason"] or "").startswith("waiting for capacity") and r,
+            lambda: (r := c.jobs.get("waiter").wait_reason or "").startswith("waiting for capacity") and r,
             timeout=30,
             what="waiter to wait for capacity",
         )
         assert "worker" in reason and "CPU" in reason, reason  # says it is the gang that does not fit
         for _ in range(10):  # one replica would fit: a gang scheduler still starts none of them
             job = c.jobs.get("waiter")
-            assert job["state"] == "QUEUED" and job["attempts"] == [], job
+            assert job.state == "QUEUED" and job.attempts == [], job
             time.sleep(0.1)
 
-        release(env.settings.data_dir, c.jobs.get("holder")["id"])
+        release(env.settings.data_dir, c.jobs.get("holder").id)
         _succeeded(c, "holder")
         waiter = _succeeded(c, "waiter")
-        holder_end = datetime.fromisoformat(c.jobs.get("holder")["finished_at"])
-        assert datetime.fromisoformat(waiter["started_at"]) >= holder_end
+        holder_end = datetime.fromisoformat(c.jobs.get("holder").finished_at)
+        assert datetime.fromisoformat(waiter.started_at) >= holder_end
         assert _rank_results(_outputs(env, waiter), 2)[0]["steps"] == 1
 
 
@@ -297,7 +295,7 @@ def test_tensorflow_parameter_server_job(dist_env):
         }
     )
     job = _succeeded(c, "tf-ps", timeout=360)
-    assert job["restarts"] <= 1
+    assert job.restarts <= 1
 
     result = json.loads((_outputs(dist_env, job) / "tf-result.json").read_text())
     assert result["workers"] == 2 and result["ps"] == 1

@@ -32,7 +32,7 @@ PROBE = (
 
 def _wait_end(client: Client, name: str, timeout: float = 120.0) -> dict:
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
@@ -70,11 +70,11 @@ def test_built_once_reused_across_tenants_and_jobs_run_in_the_venv(running_env: 
     alice.jobs.submit({"name": "probe", "command": PROBE, "environment": "tiny"})
 
     ready = alice.environments.wait("tiny", timeout=120, interval=0.1)
-    assert ready["state"] == "READY", ready
-    assert ready["size_bytes"] > 0 and ready["ready_at"] is not None
+    assert ready.state == "READY", ready
+    assert ready.size_bytes > 0 and ready.ready_at is not None
     job = _wait_end(alice, "probe")
-    assert job["state"] == "SUCCEEDED", job
-    assert (job["environment"], job["environment_hash"]) == ("tiny", spec_hash)
+    assert job.state == "SUCCEEDED", job
+    assert (job.environment, job.environment_hash) == ("tiny", spec_hash)
     venv = env.settings.envs_dir / spec_hash
     out = _stdout(alice, "probe")
     assert out["prefix"] == [str(venv)]
@@ -86,44 +86,44 @@ def test_built_once_reused_across_tenants_and_jobs_run_in_the_venv(running_env: 
 
     # bob's environment is the same build: READY, never built a second time
     detail = bob.environments.get("tiny-too")
-    assert (detail["state"], detail["builds"], detail["spec_hash"]) == ("READY", 1, spec_hash)
-    assert detail["wheels"] == [wheel.name] and detail["no_index"] is True
-    assert "torch" in detail["base_packages"]
-    assert sum("build started" in line for line in detail["log_tail"]) == 1
+    assert (detail.state, detail.builds, detail.spec_hash) == ("READY", 1, spec_hash)
+    assert detail.wheels == [wheel.name] and detail.no_index is True
+    assert "torch" in detail.base_packages
+    assert sum("build started" in line for line in detail.log_tail) == 1
     log_before = host_venvs.log_path(env.settings.envs_dir, spec_hash).read_text()
     bob.jobs.submit({"name": "again", "command": PROBE, "environment": "tiny-too"})
-    assert _wait_end(bob, "again")["state"] == "SUCCEEDED"
+    assert _wait_end(bob, "again").state == "SUCCEEDED"
     assert _stdout(bob, "again")["prefix"] == [str(venv)]
     assert host_venvs.log_path(env.settings.envs_dir, spec_hash).read_text() == log_before
-    assert bob.environments.get("tiny-too")["builds"] == 1
+    assert bob.environments.get("tiny-too").builds == 1
     assert _rows(env) == (2, 1)
 
     # delete is refused while an unfinished job uses the environment
     alice.jobs.submit({"name": "holder", "command": WAIT_FOR_GO, "environment": "tiny"})
-    assert alice.environments.get("tiny")["jobs"] == ["holder"]
+    assert alice.environments.get("tiny").jobs == ["holder"]
     with pytest.raises(DlcloudError, match="environment 'tiny' is used by unfinished job\\(s\\) holder") as exc:
         alice.environments.delete("tiny")
     assert exc.value.code == "invalid_state"
-    release(env.settings.data_dir, alice.jobs.get("holder")["id"])
-    assert _wait_end(alice, "holder")["state"] == "SUCCEEDED"
+    release(env.settings.data_dir, alice.jobs.get("holder").id)
+    assert _wait_end(alice, "holder").state == "SUCCEEDED"
 
     # the venv stays while another tenant's environment shares it, and goes with the last one
     alice.environments.delete("tiny")
     assert venv.is_dir() and _rows(env) == (1, 1)
-    assert [e["name"] for e in alice.environments.list() if not e["builtin"]] == []
+    assert [e.name for e in alice.environments.list() if not e.builtin] == []
     bob.environments.delete("tiny-too")
     assert not venv.exists() and _rows(env) == (0, 0)
 
 
 def test_builtins_are_listed_for_everyone_and_built_on_first_use(running_env: Env):
     c = running_env.new_tenant_user("acme", "alice")
-    listed = {e["name"]: e for e in c.environments.list()}
+    listed = {e.name: e for e in c.environments.list()}
     assert list(listed) == ["default", "python", "pytorch", "tensorflow", "sklearn"]
     assert all(e["builtin"] for e in listed.values())
     assert listed["default"]["state"] == "READY" and listed["default"]["spec_hash"] is None
     assert listed["pytorch"]["state"] == "NOT_BUILT" and listed["pytorch"]["inherit"] is True
     assert listed["python"]["inherit"] is False
-    assert "torch" in c.environments.get("pytorch")["base_packages"]
+    assert "torch" in c.environments.get("pytorch").base_packages
 
     check = (
         "python -c \"import os, sys, importlib.util as u; print(os.environ['DLCLOUD_ENVIRONMENT'], "
@@ -132,11 +132,11 @@ def test_builtins_are_listed_for_everyone_and_built_on_first_use(running_env: En
     c.jobs.submit({"name": "torchy", "command": check, "environment": "pytorch"})
     c.jobs.submit({"name": "plain", "command": check})
     torchy, plain = _wait_end(c, "torchy"), _wait_end(c, "plain")
-    assert torchy["state"] == plain["state"] == "SUCCEEDED"
+    assert torchy.state == plain.state == "SUCCEEDED"
     built = c.environments.get("pytorch")
-    assert built["state"] == "READY" and built["builds"] == 1 and torchy["environment_hash"] == built["spec_hash"]
-    assert _stdout(c, "torchy")["pytorch"] == [str(running_env.settings.envs_dir / built["spec_hash"]), "True"]
-    assert plain["environment"] == "default" and _stdout(c, "plain")["default"][1] == "True"
+    assert built.state == "READY" and built.builds == 1 and torchy.environment_hash == built.spec_hash
+    assert _stdout(c, "torchy")["pytorch"] == [str(running_env.settings.envs_dir / built.spec_hash), "True"]
+    assert plain.environment == "default" and _stdout(c, "plain")["default"][1] == "True"
 
     with pytest.raises(DlcloudError, match="'pytorch' is a built-in environment; built-ins cannot be deleted"):
         c.environments.delete("pytorch")
@@ -151,26 +151,26 @@ def test_broken_requirement_fails_readably_and_fails_its_jobs(env: Env):
     created = c.environments.create(
         "broken", requirements=["nonexistent-pkg-dlcloud==9.9"], inherit=True, no_index=True
     )
-    assert created["state"] == "BUILDING"
+    assert created.state == "BUILDING"
     c.jobs.submit({"name": "waiter", "command": "echo never", "environment": "broken"})
     control = ControlLoop(env.platform, SimulatedExecutor())
     assert control.schedule() == 0
     waiting = c.jobs.get("waiter")
-    assert (waiting["state"], waiting["wait_reason"]) == ("QUEUED", "environment 'broken' is building")
+    assert (waiting.state, waiting.wait_reason) == ("QUEUED", "environment 'broken' is building")
 
-    control.builds.build(created["spec_hash"])
+    control.builds.build(created.spec_hash)
     failed = c.environments.get("broken")
-    assert failed["state"] == "FAILED"
-    assert "No matching distribution found for nonexistent-pkg-dlcloud==9.9" in failed["error"]
-    assert failed["builds"] == 1 and failed["ready_at"] is None
-    assert any("build failed: pip install failed" in line for line in failed["log_tail"])
-    assert not (env.settings.envs_dir / created["spec_hash"]).exists()
+    assert failed.state == "FAILED"
+    assert "No matching distribution found for nonexistent-pkg-dlcloud==9.9" in failed.error
+    assert failed.builds == 1 and failed.ready_at is None
+    assert any("build failed: pip install failed" in line for line in failed.log_tail)
+    assert not (env.settings.envs_dir / created.spec_hash).exists()
 
     control.schedule()
     job = c.jobs.get("waiter")
-    assert job["state"] == "FAILED" and job["attempts"] == []
-    assert job["reason"].startswith("environment 'broken' failed to build: pip install failed (exit code 1)")
-    assert "No matching distribution found for nonexistent-pkg-dlcloud==9.9" in job["reason"]
+    assert job.state == "FAILED" and job.attempts == []
+    assert job.reason.startswith("environment 'broken' failed to build: pip install failed (exit code 1)")
+    assert "No matching distribution found for nonexistent-pkg-dlcloud==9.9" in job.reason
 
     resp = env.signed(
         env.admin_creds, "POST", f"{API}/jobs", {"name": "later", "command": "x", "environment": "broken"}
@@ -181,7 +181,7 @@ def test_broken_requirement_fails_readably_and_fails_its_jobs(env: Env):
     # creating the same spec again (after a delete) retries the build
     c.environments.delete("broken")
     again = c.environments.create("broken", requirements=["nonexistent-pkg-dlcloud==9.9"], inherit=True, no_index=True)
-    assert again["state"] == "BUILDING" and again["spec_hash"] == created["spec_hash"]
+    assert again.state == "BUILDING" and again.spec_hash == created.spec_hash
     with pytest.raises(DlcloudError, match="still building") as exc:
         c.environments.delete("broken")
     assert exc.value.code == "invalid_state"
@@ -243,12 +243,12 @@ def test_bad_input_is_refused_and_nothing_is_stored(env: Env, subtests, tmp_path
             "invalid_argument",
             "wheel 'c-0000000000000000' not",
         ),
-        "wheel-not-a-wheel": ({"wheels": [not_a_wheel["id"]]}, 400, "invalid_argument", "is a archive, not a wheel"),
+        "wheel-not-a-wheel": ({"wheels": [not_a_wheel.id]}, 400, "invalid_argument", "is a archive, not a wheel"),
         "unknown-field": ({"packages": ["x"]}, 422, "validation_error", "packages: unknown field"),
     }
     for case, (overrides, status, code, fragment) in cases.items():
         with subtests.test(case=case):
-            body = {"name": "ok", "wheels": [upload["id"]], **overrides}
+            body = {"name": "ok", "wheels": [upload.id], **overrides}
             resp = env.signed(env.admin_creds, "POST", f"{API}/environments", body)
             assert_api_error(resp, status, code, fragment)
             assert _rows(env) == (0, 0)
@@ -272,14 +272,14 @@ def test_environments_are_tenant_scoped(env: Env):
     amy = env.new_tenant_user("acme", "amy")
     bob = env.new_tenant_user("beta", "bob")
     alice.environments.create("mine", inherit=True, description="alice's")
-    assert [e["name"] for e in bob.environments.list() if not e["builtin"]] == []
+    assert [e.name for e in bob.environments.list() if not e.builtin] == []
     with pytest.raises(DlcloudError, match="environment 'mine' not found"):
         bob.environments.get("mine")
     with pytest.raises(DlcloudError, match="environment 'mine' does not exist"):
         bob.jobs.submit({"name": "j", "command": "x", "environment": "mine"})
     # the same name in another tenant is another environment
     bob.environments.create("mine", inherit=True)
-    assert json.dumps(alice.environments.get("mine")["description"]) == '"alice\'s"'
+    assert json.dumps(alice.environments.get("mine").description) == '"alice\'s"'
     with pytest.raises(DlcloudError, match="only the author or a tenant admin") as exc:
         amy.environments.delete("mine")
     assert exc.value.code == "permission_denied"

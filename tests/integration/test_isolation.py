@@ -47,7 +47,7 @@ def world(env, tmp_path) -> World:
     def user(tenant: str, name: str, role: str) -> Client:
         env.admin.users.create(name, tenant=tenant, role=role)
         key = env.admin.keys.create(user=name, tenant=tenant)
-        return env.client(Credentials("http://testserver", key["access_key"], key["secret_key"]))
+        return env.client(Credentials("http://testserver", key.access_key, key.secret_key))
 
     env.admin.tenants.create("tenant-a")
     env.admin.tenants.create("tenant-b")
@@ -56,10 +56,10 @@ def world(env, tmp_path) -> World:
     b_member = user("tenant-b", "bob", "member")
     b_admin = user("tenant-b", "bella", "tenant-admin")
     job = a_member.jobs.submit({"name": "a-job", "command": "echo a"})
-    assert job["state"] == "QUEUED"
+    assert job.state == "QUEUED"
     code = a_member.code.upload(_tar_gz(tmp_path / "a-code.tar.gz"))
     key = a_member.keys.create()
-    return World(env, a_member, a_admin, b_member, b_admin, job["id"], code["id"], key["access_key"])
+    return World(env, a_member, a_admin, b_member, b_admin, job.id, code.id, key.access_key)
 
 
 def _raw(client: Client, method: str, path: str, query: str = ""):
@@ -101,24 +101,24 @@ def test_other_tenants_objects_are_not_found(world, method, path, query):
         assert "tenant-b" not in err["message"]
     # nothing changed on tenant A's side
     job = world.a_member.jobs.get("a-job")
-    assert job["state"] == "QUEUED"
-    keys = {k["access_key"]: k for k in world.a_member.keys.list()}
+    assert job.state == "QUEUED"
+    keys = {k.access_key: k for k in world.a_member.keys.list()}
     assert keys[world.key_id]["enabled"] is True
     assert world.a_member.transport.request("GET", f"{API}/code/{world.code_id}")["id"] == world.code_id
 
 
 def test_the_owning_tenant_does_see_its_objects(world):
     # the same calls succeed for tenant A, so the 404s above are about tenancy, not about bad ids
-    assert world.a_member.jobs.get(world.job_id)["name"] == "a-job"
-    assert world.a_admin.tenants.get("tenant-a")["name"] == "tenant-a"
-    assert world.a_admin.accounting.quota("tenant-a")["tenant"] == "tenant-a"
-    assert {u["name"] for u in world.a_admin.users.list("tenant-a")} == {"alice", "anna"}
-    assert world.key_id in {k["access_key"] for k in world.a_admin.keys.list(tenant="tenant-a")}
+    assert world.a_member.jobs.get(world.job_id).name == "a-job"
+    assert world.a_admin.tenants.get("tenant-a").name == "tenant-a"
+    assert world.a_admin.accounting.quota("tenant-a").tenant == "tenant-a"
+    assert {u.name for u in world.a_admin.users.list("tenant-a")} == {"alice", "anna"}
+    assert world.key_id in {k.access_key for k in world.a_admin.keys.list(tenant="tenant-a")}
     # and the platform admin reaches other tenants by name
     admin = world.env.admin
-    assert admin.tenants.get("tenant-a")["name"] == "tenant-a"
-    assert {u["name"] for u in admin.users.list("tenant-a")} == {"alice", "anna"}
-    assert {t["name"] for t in admin.tenants.list()} >= {"default", "tenant-a", "tenant-b"}
+    assert admin.tenants.get("tenant-a").name == "tenant-a"
+    assert {u.name for u in admin.users.list("tenant-a")} == {"alice", "anna"}
+    assert {t.name for t in admin.tenants.list()} >= {"default", "tenant-a", "tenant-b"}
 
 
 def test_lists_never_show_other_tenants_objects(world, subtests):
@@ -135,9 +135,9 @@ def _assert_lists_are_clean(world: World, role: str, caller: Client) -> None:
     users = caller.users.list()
     tenants = caller.tenants.list()
     assert jobs == []
-    assert keys and {k["tenant"] for k in keys} == {"tenant-b"}
-    assert {u["name"] for u in users} == {"bob", "bella"}
-    assert [t["name"] for t in tenants] == ["tenant-b"]
+    assert keys and {k.tenant for k in keys} == {"tenant-b"}
+    assert {u.name for u in users} == {"bob", "bella"}
+    assert [t.name for t in tenants] == ["tenant-b"]
     listings = [jobs, keys, users, tenants]
     if role == "tenant-admin":
         # both tenants produce audit events; B must see only its own
@@ -145,7 +145,7 @@ def _assert_lists_are_clean(world: World, role: str, caller: Client) -> None:
         caller.users.create("boris")
         audit = caller.accounting.audit(limit=10_000)
         assert audit, "tenant B's own mutations are audited"
-        assert {e["tenant"] for e in audit} == {"tenant-b"}
+        assert {e.tenant for e in audit} == {"tenant-b"}
         listings.append(audit)
     text = json.dumps(listings)
     for s in a_strings:
@@ -157,7 +157,7 @@ def test_member_cannot_create_users(world):
         world.b_member.users.create("mallory")
     assert exc.value.code == "permission_denied"
     assert exc.value.http_status == 403
-    assert "mallory" not in {u["name"] for u in world.b_admin.users.list()}
+    assert "mallory" not in {u.name for u in world.b_admin.users.list()}
 
 
 def test_tenant_admin_cannot_create_users_or_keys_in_another_tenant(world):
@@ -167,8 +167,8 @@ def test_tenant_admin_cannot_create_users_or_keys_in_another_tenant(world):
     with pytest.raises(DlcloudError, match="tenant 'tenant-a' not found") as exc:
         world.b_admin.keys.create(user="alice", tenant="tenant-a")
     assert exc.value.code == "not_found"
-    assert "mallory" not in {u["name"] for u in world.a_admin.users.list()}
-    assert {k["user"] for k in world.a_admin.keys.list()} == {"alice", "anna"}
+    assert "mallory" not in {u.name for u in world.a_admin.users.list()}
+    assert {k.user for k in world.a_admin.keys.list()} == {"alice", "anna"}
 
 
 def test_audit_log_access_by_role(world):
@@ -185,18 +185,18 @@ def test_audit_is_scoped_to_the_tenant_and_platform_admin_sees_all(world):
     world.b_admin.users.create("boris")
     a_events = world.a_admin.accounting.audit(limit=10_000)
     b_events = world.b_admin.accounting.audit(limit=10_000)
-    assert {e["tenant"] for e in a_events} == {"tenant-a"}
-    assert {e["tenant"] for e in b_events} == {"tenant-b"}
-    assert "tenant-a/anton" in {e["resource"] for e in a_events}
-    assert "tenant-b/boris" in {e["resource"] for e in b_events}
-    assert "tenant-a/anton" not in {e["resource"] for e in b_events}
+    assert {e.tenant for e in a_events} == {"tenant-a"}
+    assert {e.tenant for e in b_events} == {"tenant-b"}
+    assert "tenant-a/anton" in {e.resource for e in a_events}
+    assert "tenant-b/boris" in {e.resource for e in b_events}
+    assert "tenant-a/anton" not in {e.resource for e in b_events}
 
     admin = world.env.admin
     own = admin.accounting.audit(limit=10_000)
-    assert {e["tenant"] for e in own} == {"default"}
+    assert {e.tenant for e in own} == {"default"}
     everything = admin.accounting.audit(all_tenants=True, limit=10_000)
-    assert {"default", "tenant-a", "tenant-b"} <= {e["tenant"] for e in everything}
-    resources = {e["resource"] for e in everything}
+    assert {"default", "tenant-a", "tenant-b"} <= {e.tenant for e in everything}
+    resources = {e.resource for e in everything}
     assert {"tenant-a/anton", "tenant-b/boris"} <= resources
     assert len(everything) >= len(a_events) + len(b_events) + len(own)
 
@@ -209,8 +209,8 @@ def test_code_of_another_tenant_cannot_be_used_in_a_job(world):
 
 
 def test_code_upload_is_stored_under_the_owning_tenant(world):
-    tenant_a = world.env.admin.tenants.get("tenant-a")["id"]
-    tenant_b = world.env.admin.tenants.get("tenant-b")["id"]
+    tenant_a = world.env.admin.tenants.get("tenant-a").id
+    tenant_b = world.env.admin.tenants.get("tenant-b").id
     objects = world.env.platform.objects
     [stored] = list(objects.list(f"code/{tenant_a}"))
     assert stored.key == f"code/{tenant_a}/{world.code_id}/code.tar.gz"
@@ -222,8 +222,8 @@ def test_code_upload_is_stored_under_the_owning_tenant(world):
 
 def test_same_job_name_in_two_tenants_are_separate_jobs(world):
     b_job = world.b_member.jobs.submit({"name": "a-job", "command": "echo b"})
-    assert b_job["id"] != world.job_id
-    assert b_job["tenant"] == "tenant-b"
+    assert b_job.id != world.job_id
+    assert b_job.tenant == "tenant-b"
     world.b_member.jobs.cancel("a-job")
-    assert world.b_member.jobs.get("a-job")["state"] == "CANCELLED"
-    assert world.a_member.jobs.get("a-job")["state"] == "QUEUED"
+    assert world.b_member.jobs.get("a-job").state == "CANCELLED"
+    assert world.a_member.jobs.get("a-job").state == "QUEUED"

@@ -23,24 +23,22 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 
 def _wait_end(client, name, timeout=60.0):
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
 def _wait_state(client, name, state, timeout=60.0):
-    return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] == state and j, timeout=timeout, what=f"{name} {state}"
-    )
+    return wait_for(lambda: (j := client.jobs.get(name)).state == state and j, timeout=timeout, what=f"{name} {state}")
 
 
 def test_failing_command_is_failed_with_its_exit_code(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "bad", "command": "echo about to fail; exit 3"})
     job = _wait_end(c, "bad")
-    assert job["state"] == "FAILED"
-    assert job["exit_code"] == 3
-    assert "exit code 3" in job["reason"]
-    assert [a["outcome"] for a in job["attempts"]] == ["failed"]
+    assert job.state == "FAILED"
+    assert job.exit_code == 3
+    assert "exit code 3" in job.reason
+    assert [a.outcome for a in job.attempts] == ["failed"]
 
 
 def test_restart_policy_retries_until_success(running_env):
@@ -53,10 +51,10 @@ def test_restart_policy_retries_until_success(running_env):
     )
     c.jobs.submit({"name": "flaky", "command": script, "restart": {"max_restarts": 3, "backoff_seconds": 0.1}})
     job = _wait_end(c, "flaky")
-    assert job["state"] == "SUCCEEDED"
-    assert job["attempt"] == 3 and job["restarts"] == 2
-    assert [a["outcome"] for a in job["attempts"]] == ["failed", "failed", "succeeded"]
-    states = [e["to_state"] for e in job["events"]]
+    assert job.state == "SUCCEEDED"
+    assert job.attempt == 3 and job.restarts == 2
+    assert [a.outcome for a in job.attempts] == ["failed", "failed", "succeeded"]
+    states = [e.to_state for e in job.events]
     assert states.count("RESTARTING") == 2
     texts = [line.text for line in c.jobs.logs("flaky")]
     assert "attempt 1 run 1" in texts and "attempt 3 run 3" in texts
@@ -66,9 +64,9 @@ def test_restarts_exhausted_is_failed(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "always-bad", "command": "exit 1", "restart": {"max_restarts": 1, "backoff_seconds": 0}})
     job = _wait_end(c, "always-bad")
-    assert job["state"] == "FAILED"
-    assert job["attempt"] == 2
-    assert "restarts exhausted" in job["reason"]
+    assert job.state == "FAILED"
+    assert job.attempt == 2
+    assert "restarts exhausted" in job.reason
 
 
 def test_cancel_running_job_sends_sigterm(running_env):
@@ -83,7 +81,7 @@ def test_cancel_running_job_sends_sigterm(running_env):
     wait_for(lambda: "started" in [x.text for x in c.jobs.logs("sleeper")], what="script start")
     c.jobs.cancel("sleeper")
     job = _wait_end(c, "sleeper")
-    assert job["state"] == "CANCELLED"
+    assert job.state == "CANCELLED"
     assert "got-sigterm" in [x.text for x in c.jobs.logs("sleeper")]
     with pytest.raises(InvalidState, match="already ended"):
         c.jobs.cancel("sleeper")
@@ -92,17 +90,17 @@ def test_cancel_running_job_sends_sigterm(running_env):
 def test_cancel_queued_job_never_runs(env):
     c = env.admin  # no control loop: the job stays queued
     c.jobs.submit({"name": "waiting", "command": "echo never"})
-    assert c.jobs.cancel("waiting")["state"] == "CANCELLED"
+    assert c.jobs.cancel("waiting").state == "CANCELLED"
     job = c.jobs.get("waiting")
-    assert job["attempts"] == []
+    assert job.attempts == []
 
 
 def test_timeout_kills_the_job(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "slow", "command": "sleep 60", "timeout": "1s"})
     job = _wait_end(c, "slow", timeout=30)
-    assert job["state"] == "TIMED_OUT"
-    assert "timeout" in job["reason"]
+    assert job.state == "TIMED_OUT"
+    assert "timeout" in job.reason
 
 
 def test_delete_requires_a_finished_job(running_env):
@@ -114,16 +112,16 @@ def test_delete_requires_a_finished_job(running_env):
     c.jobs.cancel("busy")
     _wait_end(c, "busy")
     c.jobs.delete("busy")
-    assert all(j["name"] != "busy" for j in c.jobs.list())
+    assert all(j.name != "busy" for j in c.jobs.list())
 
 
 def test_gpus_are_assigned_through_cuda_visible_devices(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "gpu", "command": 'echo "cvd=$CUDA_VISIBLE_DEVICES"', "resources": {"gpus": 2}})
     job = _wait_end(c, "gpu")
-    assert job["state"] == "SUCCEEDED"
+    assert job.state == "SUCCEEDED"
     assert "cvd=0,1" in [x.text for x in c.jobs.logs("gpu")]
-    assert job["attempts"][0]["gpus"] == [0, 1]
+    assert job.attempts[0].gpus == [0, 1]
 
 
 def test_control_plane_restart_readopts_running_attempt(tmp_path, db_url):
@@ -140,13 +138,13 @@ def test_control_plane_restart_readopts_running_attempt(tmp_path, db_url):
     stop.set()
     env.control.wake()
     t.join(timeout=10)
-    release(env.settings.data_dir, c.jobs.get("survivor")["id"])  # it finishes while no control plane watches
+    release(env.settings.data_dir, c.jobs.get("survivor").id)  # it finishes while no control plane watches
     wait_for(lambda: (tmp_path / "data").exists(), what="data dir")
     fresh = ControlLoop(env.platform, LocalExecutor())
-    wait_for(lambda: (fresh.tick(), c.jobs.get("survivor")["state"] in TERMINAL)[1], what="adoption")
+    wait_for(lambda: (fresh.tick(), c.jobs.get("survivor").state in TERMINAL)[1], what="adoption")
     job = c.jobs.get("survivor")
-    assert job["state"] == "SUCCEEDED"
-    assert len(job["attempts"]) == 1
+    assert job.state == "SUCCEEDED"
+    assert len(job.attempts) == 1
     assert [x.text for x in c.jobs.logs("survivor") if x.stream == "stdout"] == ["begin", "end"]
     env.platform.db.dispose()
 
@@ -168,14 +166,14 @@ def test_secret_env_reaches_every_replica_and_no_read_shows_it(running_env, capl
         }
     )
     job = _wait_end(c, "secretive")
-    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job.state == "SUCCEEDED", job.reason
     texts = [x.text for x in c.jobs.logs("secretive")]
     assert sum(t.startswith(digest) for t in texts) == 2, texts  # both replicas got the value itself
     assert texts.count("plain=visible") == 2
-    assert job["spec"]["secret_env"] == {"API_TOKEN": SECRET_MASK}
-    assert job["spec"]["env"] == {"PLAIN": "visible"}
+    assert job.spec["secret_env"] == {"API_TOKEN": SECRET_MASK}
+    assert job.spec["env"] == {"PLAIN": "visible"}
     audit = c.accounting.audit(limit=1000)
-    assert any(e["action"] == "jobs.submit" and e["resource"] == "secretive" for e in audit)
+    assert any(e.action == "jobs.submit" and e.resource == "secretive" for e in audit)
     reads = json.dumps([job, c.jobs.list(), audit, texts])
     assert secret not in reads
     assert not [r.getMessage() for r in caplog.records if secret in r.getMessage()]

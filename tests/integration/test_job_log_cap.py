@@ -28,12 +28,12 @@ def capped_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
 
 def _wait_end(env: Env, name: str) -> dict:
     return wait_for(
-        lambda: (j := env.admin.jobs.get(name))["state"] in TERMINAL and j, timeout=60, what=f"job {name} to end"
+        lambda: (j := env.admin.jobs.get(name)).state in TERMINAL and j, timeout=60, what=f"job {name} to end"
     )
 
 
 def _attempt_dir(env: Env, name: str) -> Path:
-    job_id = env.admin.jobs.get(name)["id"]
+    job_id = env.admin.jobs.get(name).id
     return next(env.settings.runs_dir.glob(f"*/{job_id}/attempt-1"))
 
 
@@ -46,7 +46,7 @@ def test_a_job_past_the_cap_keeps_the_end_of_its_log(capped_env: Env):
     c.jobs.submit(
         {"name": "chatty", "command": "python -c \"[print(f'line {i:05d} ' + 'x' * 90) for i in range(3000)]\""}
     )
-    assert _wait_end(capped_env, "chatty")["state"] == "SUCCEEDED"
+    assert _wait_end(capped_env, "chatty").state == "SUCCEEDED"
     attempt_dir = _attempt_dir(capped_env, "chatty")
     files = [attempt_dir / "output.log.1", attempt_dir / "output.log"]
     assert sum(f.stat().st_size for f in files) <= CAP
@@ -99,7 +99,7 @@ def test_following_a_job_across_log_rotations_loses_no_line(capped_env: Env):
     touch_for_job(_attempt_dir(capped_env, "steady").parent / "checkpoints" / "go")
     follower.join(timeout=90)
     assert not follower.is_alive()
-    assert _wait_end(capped_env, "steady")["state"] == "SUCCEEDED"
+    assert _wait_end(capped_env, "steady").state == "SUCCEEDED"
     assert _numbers(followed) == list(range(1000))
     assert not [x.text for x in followed if x.text.startswith("log truncated")]
     older = _attempt_dir(capped_env, "steady") / "output.log.1"

@@ -109,8 +109,8 @@ def test_a_lost_lock_session_stops_the_leader_within_one_pass_and_another_takes_
         c = env.admin
         # it runs until told: a file in its own outputs directory (the one host path a sandboxed job sees)
         waits = 'while [ ! -e "$DLCLOUD_OUTPUT_DIR/go" ]; do sleep 0.05; done; echo done'
-        job_id = c.jobs.submit({"name": "long", "command": waits})["id"]
-        wait_for(lambda: c.jobs.get("long")["state"] == "RUNNING", what="the job to run under the first leader")
+        job_id = c.jobs.submit({"name": "long", "command": waits}).id
+        wait_for(lambda: c.jobs.get("long").state == "RUNNING", what="the job to run under the first leader")
 
         _break_lock(env)
         threads[0].join(timeout=5)  # the pass after the loss ends the loop (passes are 0.05 s apart)
@@ -122,12 +122,12 @@ def test_a_lost_lock_session_stops_the_leader_within_one_pass_and_another_takes_
         assert _epoch(env) == (2, "b")
         threads.append(threading.Thread(target=b.control.run, args=(stop,), daemon=True))
         threads[1].start()
-        assert c.jobs.get("long")["state"] == "RUNNING"
+        assert c.jobs.get("long").state == "RUNNING"
         touch_for_job(next(env.settings.runs_dir.glob(f"*/{job_id}/outputs")) / "go")
         # the job kept running through the handover; the new leader adopts its end
-        job = wait_for(lambda: (j := c.jobs.get("long"))["state"] == "SUCCEEDED" and j, what="the job to end")
+        job = wait_for(lambda: (j := c.jobs.get("long")).state == "SUCCEEDED" and j, what="the job to end")
         assert [x.text for x in c.jobs.logs("long") if x.stream == "stdout"] == ["done"]
-        assert len(job["attempts"]) == 1 and job["restarts"] == 0
+        assert len(job.attempts) == 1 and job.restarts == 0
     finally:
         stop.set()
         for n, t in zip((a, b), threads, strict=False):
@@ -148,16 +148,16 @@ def test_a_deposed_leader_writes_nothing(env: Env, nodes):
     with pytest.raises(LeadershipLost, match=r"newer leader took epoch 2 \(ours was 1\)"):
         a.control.schedule()
     job = c.jobs.get("queued")
-    assert (job["state"], job["attempts"]) == ("QUEUED", [])
+    assert (job.state, job.attempts) == ("QUEUED", [])
     with pytest.raises(LeadershipLost), a.leadership.write() as s:
         s.execute(JobRow.__table__.update().values(reason="written by the deposed leader"))
-    assert c.jobs.get("queued")["reason"] != "written by the deposed leader"
+    assert c.jobs.get("queued").reason != "written by the deposed leader"
     with pytest.raises(LeadershipLost):  # and it stays lost until it releases and wins an election again
         a.leadership.verify()
     assert executor.running() == {}
 
     assert b.control.schedule() == 1
-    assert c.jobs.get("queued")["state"] == "STARTING"
+    assert c.jobs.get("queued").state == "STARTING"
 
 
 def test_a_takeover_waits_for_the_fenced_write_in_flight(env: Env, nodes):
@@ -176,7 +176,7 @@ def test_a_takeover_waits_for_the_fenced_write_in_flight(env: Env, nodes):
         s.execute(JobRow.__table__.update().values(reason="the last write of epoch 1"))
     taker.join(timeout=30)
     assert took == [True] and _epoch(env) == (2, "b")
-    assert c.jobs.get("j")["reason"] == "the last write of epoch 1"
+    assert c.jobs.get("j").reason == "the last write of epoch 1"
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -191,7 +191,7 @@ def test_a_takeover_ends_the_open_transaction_of_a_frozen_leader(env: Env, nodes
         _break_lock(env)
         assert wait_for(b.leadership.try_acquire, timeout=30, what="the second node to lead")
     assert _epoch(env) == (2, "b")
-    assert env.admin.jobs.get("j")["reason"] != "written by a frozen leader"
+    assert env.admin.jobs.get("j").reason != "written by a frozen leader"
     with pytest.raises(LeadershipLost):
         a.leadership.verify()
 
@@ -239,5 +239,5 @@ def test_a_deposed_environment_builder_records_nothing(env: Env, nodes):
     _break_lock(env)
     assert wait_for(b.leadership.try_acquire, timeout=10, what="the second node to lead")
     with pytest.raises(LeadershipLost):
-        a.control.builds.build(created["spec_hash"])
-    assert env.admin.environments.get("e1")["state"] == "BUILDING"
+        a.control.builds.build(created.spec_hash)
+    assert env.admin.environments.get("e1").state == "BUILDING"

@@ -69,7 +69,7 @@ def api_server(env) -> Iterator[str]:
 
 def _wait_end(client, name: str, timeout: float = 120.0) -> dict:
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
@@ -123,7 +123,7 @@ def _attempt(env, job_id: str, number: int = 1, *, ended_ago: float | None = Non
 
 
 def _job(env, name: str, client=None) -> str:
-    return (client or env.admin).jobs.submit({"name": name, "command": "true"})["id"]
+    return (client or env.admin).jobs.submit({"name": name, "command": "true"}).id
 
 
 # ---- a real job, through the real control loop, pushing over real HTTP ----
@@ -134,9 +134,9 @@ def test_a_job_pushes_with_its_two_variables_and_the_owner_reads_them_back(runni
     with api_server(env) as base:
         job = c.jobs.submit({"name": "pusher", "command": _python(PUSH)})
         done = _wait_end(c, "pusher")
-    assert done["state"] == "SUCCEEDED", [line.text for line in c.jobs.logs("pusher")]
+    assert done.state == "SUCCEEDED", [line.text for line in c.jobs.logs("pusher")]
     logs = [line.text for line in c.jobs.logs("pusher")]
-    assert f"pushed to {base}/api/v1/jobs/{job['id']}/metrics" in logs
+    assert f"pushed to {base}/api/v1/jobs/{job.id}/metrics" in logs
 
     body = _read(env, "pusher")
     assert body["job"] == "pusher"
@@ -147,24 +147,24 @@ def test_a_job_pushes_with_its_two_variables_and_the_owner_reads_them_back(runni
     val = next(s for s in body["series"] if s["metric"] == "val/loss")
     assert val["points"] == [{"step": 9, "value": 0.5, "time": "2026-01-02T03:04:05Z"}]
     assert all(not s["downsampled"] for s in body["series"])
-    assert _stored(env, job["id"]) == 21
-    only = _series(_read(env, job["id"], "metric=loss&metric=val%2Floss&attempt=1&replica="))
+    assert _stored(env, job.id) == 21
+    only = _series(_read(env, job.id, "metric=loss&metric=val%2Floss&attempt=1&replica="))
     assert set(only) == {("loss", 1, ""), ("val/loss", 1, "")}
     assert _read(env, "pusher", "attempt=2")["series"] == []
 
     # the token the job was given: this server's, for this job and attempt; good for a last flush after the end
-    (token_file,) = (env.settings.data_dir / "runs").glob(f"*/{job['id']}/checkpoints/token-1")
+    (token_file,) = (env.settings.data_dir / "runs").glob(f"*/{job.id}/checkpoints/token-1")
     token = token_file.read_text()
-    tenant_id = env.admin.tenants.get("default")["id"]
-    assert token == metrics_svc.issue_token(env.platform, tenant_id, job["id"], 1)
+    tenant_id = env.admin.tenants.get("default").id
+    assert token == metrics_svc.issue_token(env.platform, tenant_id, job.id, 1)
     late = {"points": [{"step": 10, "metrics": {"loss": 0.01}}]}
-    assert _push(env, job["id"], token, late).status_code == 204
+    assert _push(env, job.id, token, late).status_code == 204
     monkeypatch.setattr(metrics_svc, "TOKEN_GRACE_SECONDS", 0.0)
-    assert_api_error(_push(env, job["id"], token, late), 401, "invalid_token", "expired")
+    assert_api_error(_push(env, job.id, token, late), 401, "invalid_token", "expired")
 
     c.jobs.delete("pusher")
-    assert _stored(env, job["id"]) == 0  # the job's metrics go with it
-    assert_api_error(_push(env, job["id"], token, late), 401, "invalid_token", "expired")
+    assert _stored(env, job.id) == 0  # the job's metrics go with it
+    assert_api_error(_push(env, job.id, token, late), 401, "invalid_token", "expired")
 
 
 def test_each_attempt_has_its_own_token_and_an_ended_attempts_token_stops_working(running_env, monkeypatch):
@@ -176,24 +176,24 @@ def test_each_attempt_has_its_own_token_and_an_ended_attempts_token_stops_workin
     with api_server(env):
         job = c.jobs.submit({"name": "twice", "command": command, "restart": {"max_restarts": 1, "backoff_seconds": 0}})
         checkpoints = wait_for(
-            lambda: next((env.settings.data_dir / "runs").glob(f"*/{job['id']}/checkpoints/token-2"), None),
+            lambda: next((env.settings.data_dir / "runs").glob(f"*/{job.id}/checkpoints/token-2"), None),
             timeout=120,
             what="attempt 2 to push",
         ).parent
         first, second = (checkpoints / "token-1").read_text(), (checkpoints / "token-2").read_text()
         assert first != second
         point = {"points": [{"step": 100, "metrics": {"loss": 7.0}}]}
-        assert_api_error(_push(env, job["id"], first, point), 401, "invalid_token", "expired")
-        assert _push(env, job["id"], second, point).status_code == 204
-        release(env.settings.data_dir, job["id"])
+        assert_api_error(_push(env, job.id, first, point), 401, "invalid_token", "expired")
+        assert _push(env, job.id, second, point).status_code == 204
+        release(env.settings.data_dir, job.id)
         done = _wait_end(c, "twice")
-    assert done["state"] == "SUCCEEDED" and done["attempt"] == 2
+    assert done.state == "SUCCEEDED" and done.attempt == 2
     series = _series(_read(env, "twice", "metric=acc&metric=loss"))
     assert series[("acc", 1, "")] == [(s, s / 10 + 1) for s in range(10)]
     assert series[("acc", 2, "")] == [(s, s / 10 + 2) for s in range(10)]
     assert series[("loss", 2, "")][-1] == (100, 7.0)
     assert all(step < 100 for step, _ in series[("loss", 1, "")])  # the refused push stored nothing
-    assert_api_error(_push(env, job["id"], second, point), 401, "invalid_token", "expired")
+    assert_api_error(_push(env, job.id, second, point), 401, "invalid_token", "expired")
 
 
 # ---- the token: one job, one attempt, one route ----
@@ -353,7 +353,7 @@ def test_another_tenants_job_metrics_are_not_found(env):
     # a member of the same tenant reads them, like GET /jobs/{name}
     env.admin.users.create("bob", tenant="default", role="member")
     key = env.admin.keys.create(user="bob", tenant="default")
-    bob = Credentials("http://testserver", key["access_key"], key["secret_key"])
+    bob = Credentials("http://testserver", key.access_key, key.secret_key)
     assert _series(_read(env, "mine", creds=bob)) == {("loss", 1, ""): [(1, 1.0)]}
 
 

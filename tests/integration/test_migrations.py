@@ -52,7 +52,7 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
     sig = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}], "outputs": []}
     env.admin.models.register("m", "onnx", artifact=model_file, signature=sig)
     with env.platform.db.read() as s:
-        code_key = s.get(CodeRow, code["id"]).storage_key
+        code_key = s.get(CodeRow, code.id).storage_key
         model_key = s.scalars(select(ModelVersionRow.artifact_key)).one()
     env.platform.db.dispose()
 
@@ -66,10 +66,10 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
     _alembic(db_url, "upgrade", "head")
 
     with env.platform.db.read() as s:
-        tenant_id = env.admin.tenants.get("default")["id"]
-        assert s.get(CodeRow, code["id"]).storage_key == code_key == f"code/{tenant_id}/{code['id']}/code.tar.gz"
+        tenant_id = env.admin.tenants.get("default").id
+        assert s.get(CodeRow, code.id).storage_key == code_key == f"code/{tenant_id}/{code.id}/code.tar.gz"
         assert s.scalars(select(ModelVersionRow.artifact_key)).one() == model_key
-    assert env.platform.objects.head(code_key).size == code["size"]
+    assert env.platform.objects.head(code_key).size == code.size
     got = env.admin.models.download("m", 1, dest=tmp_path / "out")
     assert got.read_bytes() == model_file.read_bytes()
 
@@ -129,8 +129,8 @@ def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env,
 
     for name in ("bulk-0", "bulk-1"):
         job = env.admin.jobs.get(name)
-        assert (job["wait_reason"], job["estimated_start"]) == ("waiting for capacity", "2027-01-02T03:04:05.600000Z")
-    assert env.admin.jobs.get("bulk-2")["wait_reason"] == "waiting behind 2 earlier job(s) in the queue"
+        assert (job.wait_reason, job.estimated_start) == ("waiting for capacity", "2027-01-02T03:04:05.600000Z")
+    assert env.admin.jobs.get("bulk-2").wait_reason == "waiting behind 2 earlier job(s) in the queue"
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM wait_reasons")).scalar() == 1
         assert conn.execute(text("SELECT count(*) FROM job_waits")).scalar() == 2

@@ -152,31 +152,31 @@ def test_register_file_and_directory_versions_increment(world, tmp_path):
     env = world.env
     model_file = _file(tmp_path, "model.onnx")
     v1 = _register(world.alice, "mnist", model_file, metrics={"accuracy": 0.98, "loss": 0.05}, description="first")
-    assert (v1["model"], v1["owner"], v1["version"], v1["format"]) == ("mnist", "acme", 1, "onnx")
-    assert v1["artifact"] == "model.onnx"
-    assert v1["sha256"] == artifact_digest(model_file).sha256
-    assert v1["size_bytes"] == model_file.stat().st_size
-    assert v1["metrics"] == {"accuracy": 0.98, "loss": 0.05}
-    assert v1["created_by"] == "alice" and v1["description"] == "first"
-    assert v1["signature"]["inputs"][0] == {"name": "pixels", "datatype": "FP32", "shape": [-1, 28, 28]}
-    assert v1["source_job"] is None and v1["labels"] == [] and v1["deployed"] is False
+    assert (v1.model, v1.owner, v1.version, v1.format) == ("mnist", "acme", 1, "onnx")
+    assert v1.artifact == "model.onnx"
+    assert v1.sha256 == artifact_digest(model_file).sha256
+    assert v1.size_bytes == model_file.stat().st_size
+    assert v1.metrics == {"accuracy": 0.98, "loss": 0.05}
+    assert v1.created_by == "alice" and v1.description == "first"
+    assert v1.signature["inputs"][0] == {"name": "pixels", "datatype": "FP32", "shape": [-1, 28, 28]}
+    assert v1.source_job is None and v1.labels == [] and v1.deployed is False
 
     tree = _tree(tmp_path)
     v2 = _register(world.amy, "mnist", tree, fmt="python")
-    assert (v2["version"], v2["format"], v2["artifact"], v2["created_by"]) == (2, "python", "export", "amy")
-    assert v2["sha256"] == artifact_digest(tree).sha256
-    assert v2["size_bytes"] == sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())
+    assert (v2.version, v2.format, v2.artifact, v2.created_by) == (2, "python", "export", "amy")
+    assert v2.sha256 == artifact_digest(tree).sha256
+    assert v2.size_bytes == sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())
     v3 = _register(world.alice, "mnist", model_file)
-    assert v3["version"] == 3
-    assert v3["sha256"] == v1["sha256"]  # same bytes, same name: same checksum wherever they came from
+    assert v3.version == 3
+    assert v3.sha256 == v1.sha256  # same bytes, same name: same checksum wherever they came from
 
     described = world.alice.models.get("mnist")
-    assert [v["version"] for v in described["versions"]] == [1, 2, 3]
-    assert (described["latest_version"], described["version_count"]) == (3, 3)
-    assert described["created_by"] == "alice" and described["description"] == "first"
-    assert described["shared"] is False and described["shared_with"] == []
-    assert world.anna.models.version("mnist", "latest")["version"] == 3
-    assert world.anna.models.version("mnist", 2)["artifact"] == "export"
+    assert [v.version for v in described.versions] == [1, 2, 3]
+    assert (described.latest_version, described.version_count) == (3, 3)
+    assert described.created_by == "alice" and described.description == "first"
+    assert described.shared is False and described.shared_with == []
+    assert world.anna.models.version("mnist", "latest").version == 3
+    assert world.anna.models.version("mnist", 2).artifact == "export"
     [listed] = world.alice.models.list()
     assert (listed["name"], listed["latest_version"], listed["version_count"]) == ("mnist", 3, 3)
 
@@ -187,9 +187,9 @@ def test_register_file_and_directory_versions_increment(world, tmp_path):
         "variables",
         "variables/data.bin",
     ]
-    tenant = world.env.admin.tenants.get("acme")["id"]
+    tenant = world.env.admin.tenants.get("acme").id
     assert stored_tree.is_relative_to(env.settings.models_dir / tenant)
-    assert verify(stored_tree, v2["sha256"])
+    assert verify(stored_tree, v2.sha256)
     # no upload, staging dir or temporary file is left over
     assert not [p for p in (env.settings.data_dir / "tmp").rglob("*") if not p.is_dir()]
     assert not list(env.platform.objects.list("uploads"))
@@ -224,7 +224,7 @@ def test_download_verifies_the_checksum_and_detects_tampering(world, tmp_path):
     assert got_file == tmp_path / "out" / "model.onnx"
     assert got_file.read_bytes() == model_file.read_bytes()
     got_tree = world.alice.models.download("dl", 2, dest=tmp_path / "out")
-    assert artifact_digest(got_tree).sha256 == v2["sha256"]
+    assert artifact_digest(got_tree).sha256 == v2.sha256
     assert (got_tree / "variables" / "data.bin").read_bytes() == (tree / "variables" / "data.bin").read_bytes()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["export", "model.onnx"]
     err = _errors(lambda: world.alice.models.download("dl", 1, dest=tmp_path / "out"))
@@ -250,7 +250,7 @@ def test_download_verifies_the_checksum_and_detects_tampering(world, tmp_path):
     extra = _artifact_path(env, "dl", 2) / "variables" / "extra.bin"
     extra.parent.chmod(0o755)
     extra.write_bytes(b"planted")
-    assert not verify(_artifact_path(env, "dl", 2), v2["sha256"])
+    assert not verify(_artifact_path(env, "dl", 2), v2.sha256)
 
 
 def test_version_numbers_are_never_reused(world, tmp_path):
@@ -259,8 +259,8 @@ def test_version_numbers_are_never_reused(world, tmp_path):
         _register(world.alice, "nums", f)
     world.alice.models.delete_version("nums", 3)
     world.alice.models.delete_version("nums", 1)
-    assert [v["version"] for v in world.alice.models.versions("nums")] == [2]
-    assert _register(world.alice, "nums", f)["version"] == 4
+    assert [v.version for v in world.alice.models.versions("nums")] == [2]
+    assert _register(world.alice, "nums", f).version == 4
     err = _errors(lambda: world.alice.models.version("nums", 3))
     assert (err.code, err.http_status) == ("model_version_not_found", 404)
     assert "has no version 3" in err.message
@@ -272,13 +272,13 @@ def test_concurrent_registrations_get_distinct_versions(world, tmp_path):
     f = _file(tmp_path, "model.onnx")
     clients = [world.alice, world.amy, world.anna] * 2
     with ThreadPoolExecutor(len(clients)) as pool:
-        versions = list(pool.map(lambda c: _register(c, "race", f)["version"], clients))
+        versions = list(pool.map(lambda c: _register(c, "race", f).version, clients))
     assert sorted(versions) == list(range(1, len(clients) + 1))
-    assert [m["name"] for m in world.alice.models.list()] == ["race"]
+    assert [m.name for m in world.alice.models.list()] == ["race"]
     listed = world.alice.models.versions("race")
-    assert [v["version"] for v in listed] == sorted(versions)
+    assert [v.version for v in listed] == sorted(versions)
     for v in listed:
-        assert verify(_artifact_path(world.env, "race", v["version"]), v["sha256"])
+        assert verify(_artifact_path(world.env, "race", v.version), v.sha256)
 
 
 def test_inferred_signature_of_a_scikit_learn_model(world, tmp_path):
@@ -291,8 +291,8 @@ def test_inferred_signature_of_a_scikit_learn_model(world, tmp_path):
     path.parent.mkdir()
     joblib.dump(clf, path)
     v = world.alice.models.register("churn", artifact=path)  # the format is recognised from .joblib
-    assert v["format"] == "sklearn"
-    assert v["signature"] == {
+    assert v.format == "sklearn"
+    assert v.signature == {
         "inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, 4]}],
         "outputs": [
             {"name": "label", "datatype": "INT64", "shape": [-1]},
@@ -303,8 +303,8 @@ def test_inferred_signature_of_a_scikit_learn_model(world, tmp_path):
 
 def test_failed_inference_leaves_the_signature_undeclared(world, tmp_path):
     v = world.alice.models.register("opaque", "onnx", artifact=_file(tmp_path, "model.onnx", b"not an onnx model"))
-    assert v["version"] == 1 and v["signature"] is None
-    assert world.alice.models.version("opaque", 1)["signature"] is None
+    assert v.version == 1 and v.signature is None
+    assert world.alice.models.version("opaque", 1).signature is None
 
 
 # --- labels --------------------------------------------------------------------------------------------------
@@ -314,17 +314,17 @@ def test_labels_move_between_versions(world, tmp_path):
     f = _file(tmp_path, "model.onnx")
     for _ in range(3):
         _register(world.alice, "lab", f)
-    assert world.amy.models.set_label("lab", "production", 1) == {"label": "production", "version": 1}
+    assert world.amy.models.set_label("lab", "production", 1).model_dump(mode="json") == {"label": "production", "version": 1}
     world.amy.models.set_label("lab", "staging", 2)
     world.amy.models.set_label("lab", "production", 3)  # moves: v1 loses it
     model = world.alice.models.get("lab")
-    assert model["labels"] == {"production": 3, "staging": 2}
-    assert {v["version"]: v["labels"] for v in model["versions"]} == {1: [], 2: ["staging"], 3: ["production"]}
-    assert world.alice.models.version("lab", "production")["version"] == 3
+    assert model.labels == {"production": 3, "staging": 2}
+    assert {v.version: v.labels for v in model.versions} == {1: [], 2: ["staging"], 3: ["production"]}
+    assert world.alice.models.version("lab", "production").version == 3
     world.alice.models.set_label("lab", "staging", 3)
-    assert world.alice.models.version("lab", 3)["labels"] == ["production", "staging"]
+    assert world.alice.models.version("lab", 3).labels == ["production", "staging"]
     world.alice.models.remove_label("lab", "staging")
-    assert world.alice.models.get("lab")["labels"] == {"production": 3}
+    assert world.alice.models.get("lab").labels == {"production": 3}
     err = _errors(lambda: world.alice.models.version("lab", "staging"))
     assert err.code == "model_version_not_found" and "has no label 'staging'" in err.message
     err = _errors(lambda: world.alice.models.remove_label("lab", "staging"))
@@ -333,7 +333,7 @@ def test_labels_move_between_versions(world, tmp_path):
     assert (err.code, err.http_status) == ("model_version_not_found", 404)
     # deleting a labelled version takes its labels with it
     world.alice.models.delete_version("lab", 3)
-    assert world.alice.models.get("lab")["labels"] == {}
+    assert world.alice.models.get("lab").labels == {}
 
 
 def test_bad_labels_and_refs_are_refused(world, tmp_path):
@@ -357,7 +357,7 @@ def test_bad_labels_and_refs_are_refused(world, tmp_path):
         "model_version_not_found",
         "give a version number, a label or 'latest'",
     )
-    assert world.alice.models.get("lab")["labels"] == {}
+    assert world.alice.models.get("lab").labels == {}
 
 
 # --- sharing -------------------------------------------------------------------------------------------------
@@ -369,19 +369,19 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
     v1 = _register(world.alice, "mnist", f, metrics={"accuracy": 0.9})
     _register(world.alice, "secret", f)
     world.alice.models.set_label("mnist", "production", 1)
-    assert world.alice.models.share("mnist", "beta")["tenant"] == "beta"
+    assert world.alice.models.share("mnist", "beta").tenant == "beta"
     world.alice.models.share("mnist", "beta")  # idempotent
-    assert world.alice.models.get("mnist")["shared_with"] == ["beta"]
+    assert world.alice.models.get("mnist").shared_with == ["beta"]
 
     # beta sees it, named OWNER/NAME, and can read and download it
-    listed = {m["name"]: m for m in world.bob.models.list()}
+    listed = {m.name: m for m in world.bob.models.list()}
     assert set(listed) == {"acme/mnist"}
     assert listed["acme/mnist"]["shared"] is True and listed["acme/mnist"]["owner"] == "acme"
     assert listed["acme/mnist"]["shared_with"] == []  # the owner's other shares stay private
     described = world.bob.models.get("acme/mnist")
-    assert described["name"] == "acme/mnist" and described["labels"] == {"production": 1}
-    assert described["versions"][0]["model"] == "acme/mnist"
-    assert world.bob.models.versions("acme/mnist")[0]["sha256"] == v1["sha256"]
+    assert described.name == "acme/mnist" and described.labels == {"production": 1}
+    assert described.versions[0].model == "acme/mnist"
+    assert world.bob.models.versions("acme/mnist")[0].sha256 == v1.sha256
     got = world.bob.models.download("acme/mnist", "production", dest=tmp_path / "bob")
     assert got.read_bytes() == f.read_bytes()
 
@@ -405,8 +405,8 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
     assert_api_error(resp, 403, "permission_denied", "setting labels is for tenant 'acme'")
     resp = _raw(env, world.bob, "DELETE", f"{API}/models/mnist/labels/production", query="owner=acme")
     assert_api_error(resp, 403, "permission_denied", "removing labels is for tenant 'acme'")
-    assert world.alice.models.get("mnist")["labels"] == {"production": 1}
-    assert [v["version"] for v in world.alice.models.versions("mnist")] == [1]
+    assert world.alice.models.get("mnist").labels == {"production": 1}
+    assert [v.version for v in world.alice.models.versions("mnist")] == [1]
 
     # a model that is not shared, or a tenant that does not exist, is simply not found
     for name in ("acme/secret", "acme/nothing", "nobody/mnist"):
@@ -421,13 +421,13 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
     # without an owner a name is beta's own: beta's own mnist is a different model
     err = _errors(lambda: world.bob.models.get("mnist"))
     assert err.code == "model_not_found"
-    assert _register(world.bob, "mnist", f)["version"] == 1
-    assert {m["name"] for m in world.bob.models.list()} == {"mnist", "acme/mnist"}
+    assert _register(world.bob, "mnist", f).version == 1
+    assert {m.name for m in world.bob.models.list()} == {"mnist", "acme/mnist"}
 
     world.alice.models.unshare("mnist", "beta")
     err = _errors(lambda: world.bob.models.get("acme/mnist"))
     assert (err.code, err.http_status) == ("model_not_found", 404)
-    assert {m["name"] for m in world.bob.models.list()} == {"mnist"}
+    assert {m.name for m in world.bob.models.list()} == {"mnist"}
     err = _errors(lambda: world.alice.models.unshare("mnist", "beta"))
     assert (err.code, err.http_status) == ("not_found", 404)
 
@@ -437,8 +437,8 @@ def test_share_targets_are_checked(world, tmp_path):
     err = _errors(lambda: world.alice.models.share("mnist", "acme"))
     assert (err.code, err.http_status) == ("invalid_argument", 400)
     # the answer for a tenant that does not exist is that for one that does (names must not leak); nothing is stored
-    assert world.alice.models.share("mnist", "no-such-tenant")["tenant"] == "no-such-tenant"
-    assert world.alice.models.get("mnist")["shared_with"] == []
+    assert world.alice.models.share("mnist", "no-such-tenant").tenant == "no-such-tenant"
+    assert world.alice.models.get("mnist").shared_with == []
 
 
 # --- permissions and deletion --------------------------------------------------------------------------------
@@ -457,7 +457,7 @@ def test_delete_and_share_need_the_author_or_a_tenant_admin(world, tmp_path):
         assert (err.code, err.http_status) == ("permission_denied", 403)
         assert f"only the author or a tenant admin can {fragment}" in err.message
     # any member registers versions and moves labels
-    assert _register(world.amy, "owned", f)["version"] == 3
+    assert _register(world.amy, "owned", f).version == 3
     world.amy.models.set_label("owned", "production", 3)
     world.amy.models.delete_version("owned", 3)  # her own version
     world.anna.models.share("owned", "beta")  # a tenant admin
@@ -474,11 +474,11 @@ def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path, registry
     _register(world.alice, "served", f)
     _register(world.alice, "served", f)
     lease = world.alice.models.heartbeat_deployment("served", 1, "mnist-svc", "http://10.0.0.5:8500", 30)
-    assert (lease["name"], lease["endpoint"], lease["tenant"]) == ("mnist-svc", "http://10.0.0.5:8500", "acme")
-    assert lease["holder"] == "alice"
+    assert (lease.name, lease.endpoint, lease.tenant) == ("mnist-svc", "http://10.0.0.5:8500", "acme")
+    assert lease.holder == "alice"
     version = world.alice.models.version("served", 1)
-    assert version["deployed"] is True and version["deployments"][0]["name"] == "mnist-svc"
-    assert world.alice.models.version("served", 2)["deployed"] is False
+    assert version.deployed is True and version.deployments[0].name == "mnist-svc"
+    assert world.alice.models.version("served", 2).deployed is False
 
     for delete in (
         lambda: world.alice.models.delete_version("served", 1),
@@ -491,20 +491,20 @@ def test_delete_is_refused_while_a_version_is_deployed(world, tmp_path, registry
     resp = _raw(env, world.alice, "DELETE", f"{API}/models/served/versions/1")
     assert_api_error(resp, 409, "model_deployed", "undeploy it first")
     world.alice.models.delete_version("served", 2)  # the other version is not deployed
-    assert verify(_artifact_path(env, "served", 1), version["sha256"])
+    assert verify(_artifact_path(env, "served", 1), version.sha256)
 
     # renewals keep it deployed; release ends the lease (idempotently)
     world.alice.models.heartbeat_deployment("served", 1, "mnist-svc", "http://10.0.0.6:8500", 30)
-    assert world.alice.models.version("served", 1)["deployments"][0]["endpoint"] == "http://10.0.0.6:8500"
+    assert world.alice.models.version("served", 1).deployments[0].endpoint == "http://10.0.0.6:8500"
     world.alice.models.release_deployment("served", 1, "mnist-svc")
     world.alice.models.release_deployment("served", 1, "mnist-svc")
-    assert world.alice.models.version("served", 1)["deployed"] is False
+    assert world.alice.models.version("served", 1).deployed is False
 
     # an expired lease no longer counts (the registry's clock moved past it: no race with a slow machine)
     world.alice.models.heartbeat_deployment("served", 1, "canary", "http://10.0.0.7:8500", 30)
     assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
     registry_clock.advance(31)
-    assert world.alice.models.version("served", 1)["deployed"] is False
+    assert world.alice.models.version("served", 1).deployed is False
     world.alice.models.delete("served")
     _assert_nothing_stored(env)
 
@@ -518,7 +518,7 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
 
     # beta serves acme/served: its lease keeps the owner from deleting the version
     lease = world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 30)
-    assert (lease["name"], lease["tenant"], lease["holder"]) == ("edge", "beta", "bob")
+    assert (lease.name, lease.tenant, lease.holder) == ("edge", "beta", "bob")
     for delete in (lambda: world.alice.models.delete_version("served", 1), lambda: world.anna.models.delete("served")):
         err = _errors(delete)
         assert (err.code, err.http_status) == ("model_deployed", 409)
@@ -528,11 +528,11 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
 
     # lease names are per tenant: acme's own "edge" is another lease
     world.alice.models.heartbeat_deployment("served", 1, "edge", "http://10.0.0.5:8000", 30)
-    seen_by_owner = world.alice.models.version("served", 1)["deployments"]
-    assert [(d["tenant"], d["holder"]) for d in seen_by_owner] == [("acme", "alice"), ("beta", None)]
+    seen_by_owner = world.alice.models.version("served", 1).deployments
+    assert [(d.tenant, d.holder) for d in seen_by_owner] == [("acme", "alice"), ("beta", None)]
     seen_by_beta = world.bob.models.version("acme/served", 1)
-    assert [(d["tenant"], d["endpoint"]) for d in seen_by_beta["deployments"]] == [("beta", "http://10.1.0.5:8000")]
-    assert seen_by_beta["deployed"] is True
+    assert [(d.tenant, d.endpoint) for d in seen_by_beta.deployments] == [("beta", "http://10.1.0.5:8000")]
+    assert seen_by_beta.deployed is True
 
     # a lease belongs to its holder: another user of the tenant cannot renew or release it
     for other in (
@@ -546,7 +546,7 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
     # ... and another tenant's release never reaches it (its own "edge" does not exist: nothing to do)
     world.alice.models.release_deployment("served", 1, "edge")
     world.alice.models.release_deployment("served", 1, "edge")
-    [left] = world.alice.models.version("served", 1)["deployments"]
+    [left] = world.alice.models.version("served", 1).deployments
     assert (left["tenant"], left["endpoint"]) == ("beta", "http://10.1.0.5:8000")
     # a tenant the model is not shared with cannot lease it
     err = _errors(lambda: carl.models.heartbeat_deployment("acme/served", 1, "edge", "http://x", 30))
@@ -554,7 +554,7 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
 
     # unsharing ends beta's leases, and beta can no longer lease the model
     world.alice.models.unshare("served", "beta")
-    assert world.alice.models.version("served", 1)["deployed"] is False
+    assert world.alice.models.version("served", 1).deployed is False
     err = _errors(lambda: world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://x", 30))
     assert err.code == "model_not_found"
 
@@ -563,8 +563,8 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
     world.bob.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.5:8000", 30)
     assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
     registry_clock.advance(31)
-    assert world.alice.models.version("served", 1)["deployed"] is False
-    assert world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.6:8000", 30)["holder"] == (
+    assert world.alice.models.version("served", 1).deployed is False
+    assert world.bella.models.heartbeat_deployment("acme/served", 1, "edge", "http://10.1.0.6:8000", 30).holder == (
         "bella"
     )
     assert _errors(lambda: world.alice.models.delete("served")).code == "model_deployed"
@@ -585,7 +585,7 @@ def test_registry_changes_are_audited(world, tmp_path):
     _errors(lambda: world.bob.models.delete("acme/audited"))
     world.anna.models.delete("audited")
     events = world.anna.accounting.audit(limit=1000)
-    actions = [(e["action"], e["resource"], e["status_code"]) for e in reversed(events)]
+    actions = [(e.action, e.resource, e.status_code) for e in reversed(events)]
     assert [a for a in actions if a[0].startswith("models.")] == [
         ("models.upload", actions[0][1], 201),
         ("models.register", "audited:1", 201),
@@ -597,9 +597,7 @@ def test_registry_changes_are_audited(world, tmp_path):
     ]
     assert actions[0][1].startswith("mu-")
     beta = world.bella.accounting.audit(limit=1000)
-    assert [(e["action"], e["status_code"]) for e in beta if e["action"].startswith("models.")] == [
-        ("models.delete", 403)
-    ]
+    assert [(e.action, e.status_code) for e in beta if e.action.startswith("models.")] == [("models.delete", 403)]
 
 
 # --- registering from a job's outputs --------------------------------------------------------------------------
@@ -617,18 +615,16 @@ def test_register_from_a_job_output(running_env, tmp_path):
     alice = env.new_tenant_user("acme", "alice")
     bob = env.new_tenant_user("beta", "bob")
     alice.jobs.submit({"name": "train", "command": JOB_OUTPUTS})
-    job = wait_for(
-        lambda: (j := alice.jobs.get("train"))["state"] in ("SUCCEEDED", "FAILED") and j, what="the job to end"
-    )
-    assert job["state"] == "SUCCEEDED", job
-    outputs = env.settings.runs_dir / env.admin.tenants.get("acme")["id"] / job["id"] / "outputs"
+    job = wait_for(lambda: (j := alice.jobs.get("train")).state in ("SUCCEEDED", "FAILED") and j, what="the job to end")
+    assert job.state == "SUCCEEDED", job
+    outputs = env.settings.runs_dir / env.admin.tenants.get("acme").id / job.id / "outputs"
 
     v = alice.models.register("from-job", "onnx", from_job="train", path="model.onnx", signature=SIG)
-    assert (v["version"], v["artifact"], v["source_job"], v["source_path"]) == (1, "model.onnx", "train", "model.onnx")
-    assert v["source_job_id"] == job["id"] and v["sha256"] == artifact_digest(outputs / "model.onnx").sha256
-    v2 = alice.models.register("from-job", from_job=job["id"], path="./export/", signature=SIG, format="python")
-    assert (v2["version"], v2["artifact"], v2["source_job"]) == (2, "export", "train")
-    assert v2["sha256"] == artifact_digest(outputs / "export").sha256
+    assert (v.version, v.artifact, v.source_job, v.source_path) == (1, "model.onnx", "train", "model.onnx")
+    assert v.source_job_id == job.id and v.sha256 == artifact_digest(outputs / "model.onnx").sha256
+    v2 = alice.models.register("from-job", from_job=job.id, path="./export/", signature=SIG, format="python")
+    assert (v2.version, v2.artifact, v2.source_job) == (2, "export", "train")
+    assert v2.sha256 == artifact_digest(outputs / "export").sha256
     got = alice.models.download("from-job", 2, dest=tmp_path / "dl")
     assert (got / "sub" / "w.bin").read_text() == "tree"
     before = (_rows(env), _stored_files(env))
@@ -650,7 +646,7 @@ def test_register_from_a_job_output(running_env, tmp_path):
         assert (err.code, err.http_status) == ("invalid_argument", 400), (path, err.message)
         assert fragment in err.message, (path, err.message)
     # another tenant's job is not found, and so is a job that does not exist
-    for caller, job_ref in ((bob, "train"), (bob, job["id"]), (alice, "nope")):
+    for caller, job_ref in ((bob, "train"), (bob, job.id), (alice, "nope")):
         err = _errors(lambda c=caller, j=job_ref: c.models.register("x", "onnx", from_job=j, path="model.onnx"))
         assert (err.code, err.http_status) == ("not_found", 404)
     assert (_rows(env), _stored_files(env)) == before
@@ -710,27 +706,27 @@ def test_bad_register_requests_persist_nothing(world, tmp_path, subtests):
         "upload-path-trick": (dict(upload="../../etc/passwd"), 400, "invalid_argument", "not found"),
     }
     up = world.alice.models.upload(_pack(f, tmp_path))
-    assert up["artifact"] == "model.onnx" and up["id"].startswith("mu-")
+    assert up.artifact == "model.onnx" and up.id.startswith("mu-")
     for case, (overrides, status, code, fragment) in cases.items():
         with subtests.test(case=case):
-            body = {"name": "m", "format": "onnx", "upload": up["id"], "signature": SIG, **overrides}
+            body = {"name": "m", "format": "onnx", "upload": up.id, "signature": SIG, **overrides}
             resp = _raw(env, world.alice, "POST", f"{API}/models", body)
             assert_api_error(resp, status, code, fragment)
             assert set(_rows(env).values()) == {0}
-            assert [p.name for p in _stored_files(env)] == [f"{up['id']}.tar.gz"]  # only the upload
+            assert [p.name for p in _stored_files(env)] == [f"{up.id}.tar.gz"]  # only the upload
     # a failed register leaves the upload usable; a successful one uses it up
-    ok = _raw(env, world.alice, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up["id"]})
+    ok = _raw(env, world.alice, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up.id})
     assert ok.status_code == 201, ok.text
     assert ok.json()["signature"] is None
     assert_api_error(
-        _raw(env, world.alice, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up["id"]}),
+        _raw(env, world.alice, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up.id}),
         400,
         "invalid_argument",
         "used by a register already",
     )
     assert [p.name for p in _stored_files(env)] == ["model.onnx"]
     # another tenant cannot use the upload either
-    other = _raw(env, world.bob, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up["id"]})
+    other = _raw(env, world.bob, "POST", f"{API}/models", {"name": "m", "format": "onnx", "upload": up.id})
     assert_api_error(other, 400, "invalid_argument", "not found")
 
 

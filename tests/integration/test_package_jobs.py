@@ -76,11 +76,11 @@ def test_package_runs_as_module(running_env, request, kind):
     file = request.getfixturevalue(kind)
     c = running_env.admin
     code = c.code.upload(file, kind=kind)
-    assert code["kind"] == kind and code["size"] == file.stat().st_size
-    c.jobs.submit({"name": f"pkg-{kind}", "code": code["id"], "module": "trainer.task", "args": ["--lr", "0.1"]})
-    job = wait_for(lambda: (j := c.jobs.get(f"pkg-{kind}"))["state"] in TERMINAL and j, timeout=120, what="package job")
+    assert code.kind == kind and code.size == file.stat().st_size
+    c.jobs.submit({"name": f"pkg-{kind}", "code": code.id, "module": "trainer.task", "args": ["--lr", "0.1"]})
+    job = wait_for(lambda: (j := c.jobs.get(f"pkg-{kind}")).state in TERMINAL and j, timeout=120, what="package job")
     lines = [x.text for x in c.jobs.logs(f"pkg-{kind}")]
-    assert job["state"] == "SUCCEEDED", lines
+    assert job.state == "SUCCEEDED", lines
     assert "task args ['--lr', '0.1']" in lines
 
 
@@ -90,4 +90,4 @@ def test_package_needs_module_not_command(running_env, wheel):
     c = running_env.admin
     code = c.code.upload(wheel, kind="wheel")
     with pytest.raises(InvalidSpec, match="run a package with 'module:'"):
-        c.jobs.submit({"name": "wrong", "code": code["id"], "command": "python x.py"})
+        c.jobs.submit({"name": "wrong", "code": code.id, "command": "python x.py"})

@@ -20,7 +20,7 @@ POST = 'echo "post saw $DLCLOUD_EXIT_CODE"; echo "$DLCLOUD_EXIT_CODE" > "$DLCLOU
 
 def _wait_end(client, name, timeout=60.0):
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
 
 
@@ -38,7 +38,7 @@ def test_post_runs_after_success_with_its_own_log_section(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "ok", "command": "echo training", "pre_command": "echo fetching", "post_command": POST})
     job = _wait_end(c, "ok")
-    assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0 and job["reason"] == "exit code 0"
+    assert job.state == "SUCCEEDED" and job.exit_code == 0 and job.reason == "exit code 0"
     assert _marker(running_env, job).read_text() == "0\n"
     lines = list(c.jobs.logs("ok"))
     printed = [(line.section, line.text) for line in lines if line.stream == "stdout"]
@@ -56,7 +56,7 @@ def test_failure_runs_post_with_the_code_and_keeps_it(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "bad", "command": "exit 3", "post_command": POST})
     job = _wait_end(c, "bad")
-    assert job["state"] == "FAILED" and job["exit_code"] == 3
+    assert job.state == "FAILED" and job.exit_code == 3
     assert _marker(running_env, job).read_text() == "3\n"
 
 
@@ -64,8 +64,8 @@ def test_failing_pre_command_skips_the_command(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "nopre", "command": "echo main-ran", "pre_command": "exit 4", "post_command": POST})
     job = _wait_end(c, "nopre")
-    assert job["state"] == "FAILED" and job["exit_code"] == 4
-    assert "pre_command exited with code 4; the command did not run" in job["reason"]
+    assert job.state == "FAILED" and job.exit_code == 4
+    assert "pre_command exited with code 4; the command did not run" in job.reason
     assert "main-ran" not in _texts(c, "nopre")
     assert _marker(running_env, job).read_text() == "4\n"
 
@@ -74,9 +74,9 @@ def test_failing_post_command_does_not_fail_the_job_but_is_recorded(running_env)
     c = running_env.admin
     c.jobs.submit({"name": "badpost", "command": "true", "post_command": "exit 6"})
     job = _wait_end(c, "badpost")
-    assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0
-    assert job["reason"] == "exit code 0; post_command failed with exit code 6"
-    assert job["events"][-1]["reason"] == job["reason"]
+    assert job.state == "SUCCEEDED" and job.exit_code == 0
+    assert job.reason == "exit code 0; post_command failed with exit code 6"
+    assert job.events[-1].reason == job.reason
 
 
 def test_cancel_runs_post_and_ends_cancelled(running_env):
@@ -85,7 +85,7 @@ def test_cancel_runs_post_and_ends_cancelled(running_env):
     wait_for(lambda: "started" in _texts(c, "stopme"), what="the command to start")
     c.jobs.cancel("stopme")
     job = _wait_end(c, "stopme")
-    assert job["state"] == "CANCELLED" and job["exit_code"] == -15
+    assert job.state == "CANCELLED" and job.exit_code == -15
     assert _marker(running_env, job).read_text() == "143\n"
     assert "post saw 143" in _texts(c, "stopme", section="post")
 
@@ -94,7 +94,7 @@ def test_timeout_runs_post_and_ends_timed_out(running_env):
     c = running_env.admin
     c.jobs.submit({"name": "slow", "command": "exec sleep 60", "timeout": "1s", "post_command": POST})
     job = _wait_end(c, "slow")
-    assert job["state"] == "TIMED_OUT" and job["exit_code"] == -15
+    assert job.state == "TIMED_OUT" and job.exit_code == -15
     assert _marker(running_env, job).read_text() == "143\n"
 
 
@@ -103,8 +103,8 @@ def test_post_timeout_bounds_post(running_env):
     spec = {"name": "hang", "command": "true", "post_command": "exec sleep 60", "post_timeout": "0.5s"}
     c.jobs.submit(spec)
     job = _wait_end(c, "hang")
-    assert job["state"] == "SUCCEEDED"
-    assert job["reason"] == "exit code 0; post_command timed out (exit code -15)"
+    assert job.state == "SUCCEEDED"
+    assert job.reason == "exit code 0; post_command timed out (exit code -15)"
 
 
 def test_restarted_control_plane_readopts_a_launcher_running_post(tmp_path, db_url):
@@ -126,7 +126,7 @@ def test_restarted_control_plane_readopts_a_launcher_running_post(tmp_path, db_u
     stop.set()
     env.control.wake()
     t.join(timeout=10)
-    assert c.jobs.get("adopt")["state"] == "RUNNING"  # the attempt outlives its control plane
+    assert c.jobs.get("adopt").state == "RUNNING"  # the attempt outlives its control plane
 
     fresh = ControlLoop(env.platform, LocalExecutor())
     fresh.tick()  # re-adopts: the cancel is still pending, so it sends the stop again
@@ -135,11 +135,11 @@ def test_restarted_control_plane_readopts_a_launcher_running_post(tmp_path, db_u
         what="the launcher to take the second stop",
     )
     fresh.tick()
-    assert c.jobs.get("adopt")["state"] == "RUNNING"  # post still runs
-    release(env.settings.data_dir, c.jobs.get("adopt")["id"])
-    wait_for(lambda: (fresh.tick(), c.jobs.get("adopt")["state"] in TERMINAL)[1], what="the job to end")
+    assert c.jobs.get("adopt").state == "RUNNING"  # post still runs
+    release(env.settings.data_dir, c.jobs.get("adopt").id)
+    wait_for(lambda: (fresh.tick(), c.jobs.get("adopt").state in TERMINAL)[1], what="the job to end")
     job = c.jobs.get("adopt")
-    assert job["state"] == "CANCELLED" and len(job["attempts"]) == 1
+    assert job.state == "CANCELLED" and len(job.attempts) == 1
     assert _marker(env, job).read_text() == "143\n"
     env.platform.db.dispose()
 

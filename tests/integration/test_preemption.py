@@ -59,19 +59,19 @@ def _live(env: Env) -> list[list[int]]:
 
 def _explain(c, name: str) -> str:
     job = c.jobs.get(name)
-    events = "\n".join(f"  {e['from_state']} -> {e['to_state']}: {e['reason']}" for e in job["events"])
-    return f"job {name}: {job['state']} ({job['reason']})\n{events}"
+    events = "\n".join(f"  {e.from_state} -> {e.to_state}: {e.reason}" for e in job.events)
+    return f"job {name}: {job.state} ({job.reason})\n{events}"
 
 
 def _check_resumed_once(env: Env, c, name: str) -> dict:
     """The preempted DDP job succeeded after one preemption: every step once, attempt 2 after attempt 1's last."""
     job = _wait_end(c, name, timeout=240)
-    assert job["state"] == "SUCCEEDED", _explain(c, name)
-    assert job["preemptions"] == 1 and job["restarts"] == 0, _explain(c, name)
-    assert [a["outcome"] for a in job["attempts"]] == ["preempted", "succeeded"], _explain(c, name)
-    moves = [(e["from_state"], e["to_state"]) for e in job["events"]]
+    assert job.state == "SUCCEEDED", _explain(c, name)
+    assert job.preemptions == 1 and job.restarts == 0, _explain(c, name)
+    assert [a.outcome for a in job.attempts] == ["preempted", "succeeded"], _explain(c, name)
+    moves = [(e.from_state, e.to_state) for e in job.events]
     assert ("RUNNING", "PREEMPTED") in moves and ("PREEMPTED", "QUEUED") in moves, moves
-    reasons = [e["reason"] for e in job["events"]]
+    reasons = [e.reason for e in job.events]
     assert any(r.startswith("resumed after preemption 1: attempt 2") for r in reasons), reasons
     out = _outputs(env, job)
     for rank in (0, 1):
@@ -97,21 +97,21 @@ def test_higher_priority_job_preempts_a_ddp_gang_which_resumes_from_its_checkpoi
         c = env.admin
         code = _upload_scripts(c)
         low = c.jobs.submit(_ddp("low", code, priority_class="low"))
-        wait_for(lambda: _steps_done(env, low["id"]) >= 3, timeout=120, what="the low job to train a few steps")
+        wait_for(lambda: _steps_done(env, low.id) >= 3, timeout=120, what="the low job to train a few steps")
         c.jobs.submit({"name": "urgent", "command": "sleep 1", "priority_class": "high", "resources": {"gpus": 1}})
 
         preempting = wait_for(
-            lambda: (j := c.jobs.get("low"))["preempt_requested"] and j, timeout=30, what="the preemption"
+            lambda: (j := c.jobs.get("low")).preempt_requested and j, timeout=30, what="the preemption"
         )
-        assert preempting["preempt_reason"].startswith("preempted by urgent (priority)"), preempting
+        assert preempting.preempt_reason.startswith("preempted by urgent (priority)"), preempting
         urgent = _wait_end(c, "urgent", timeout=120)
-        assert urgent["state"] == "SUCCEEDED", _explain(c, "urgent")
-        assert urgent["preemptions"] == 0
+        assert urgent.state == "SUCCEEDED", _explain(c, "urgent")
+        assert urgent.preemptions == 0
         job = _check_resumed_once(env, c, "low")
         # the urgent job ran while the low one was out: between the two attempts
-        first, second = job["attempts"]
-        assert first["finished_at"] <= urgent["attempts"][0]["started_at"] <= second["started_at"]
-        assert any("stopping job low" in e["reason"] for e in urgent["events"]), urgent["events"]
+        first, second = job.attempts
+        assert first["finished_at"] <= urgent.attempts[0].started_at <= second["started_at"]
+        assert any("stopping job low" in e.reason for e in urgent.events), urgent.events
 
 
 def test_a_tenant_reclaims_its_lent_gpus_by_preemption(tmp_path, db_url):
@@ -128,20 +128,20 @@ def test_a_tenant_reclaims_its_lent_gpus_by_preemption(tmp_path, db_url):
         admin.tenants.update("borrower", scheduling={"guarantee": {"cpus": 1}})  # no GPUs of its own
         code = _upload_scripts(borrower)
         lent = borrower.jobs.submit(_ddp("lent", code))
-        wait_for(lambda: _steps_done(env, lent["id"]) >= 3, timeout=120, what="the borrower to train a few steps")
-        events = [e["reason"] for e in borrower.jobs.get("lent")["events"]]
+        wait_for(lambda: _steps_done(env, lent.id) >= 3, timeout=120, what="the borrower to train a few steps")
+        events = [e.reason for e in borrower.jobs.get("lent").events]
         assert any(r.startswith("borrowing idle capacity") for r in events), events
 
         owner.jobs.submit({"name": "mine", "command": "sleep 1", "resources": {"gpus": 1}})
         preempting = wait_for(
-            lambda: (j := borrower.jobs.get("lent"))["preempt_requested"] and j, timeout=30, what="the reclaim"
+            lambda: (j := borrower.jobs.get("lent")).preempt_requested and j, timeout=30, what="the reclaim"
         )
         # another tenant's job: neither tenant learns the other's job names (docs/isolation.md)
-        assert preempting["preempt_reason"].startswith("preempted by a job of another tenant (reclaim)"), preempting
+        assert preempting.preempt_reason.startswith("preempted by a job of another tenant (reclaim)"), preempting
         mine = _wait_end(owner, "mine", timeout=120)
-        assert mine["state"] == "SUCCEEDED", _explain(owner, "mine")
+        assert mine.state == "SUCCEEDED", _explain(owner, "mine")
         reclaim = "reclaiming its tenant's guarantee: stopping a job of another tenant to make room"
-        assert any(reclaim == e["reason"] for e in mine["events"]), mine["events"]
+        assert any(reclaim == e.reason for e in mine.events), mine.events
         _check_resumed_once(env, borrower, "lent")
 
 
@@ -155,7 +155,7 @@ def test_quotas_hold_under_concurrent_submissions_with_preemption(tmp_path, db_u
         for tenant in ("ta", "tb"):
             clients[tenant] = env.new_tenant_user(tenant, f"{tenant}-user", quota={"gpus": 2})
             env.admin.tenants.update(tenant, scheduling={"guarantee": {"gpus": 1, "cpus": 2, "memory": "4Gi"}})
-        tenant_ids = {t["name"]: t["id"] for t in env.admin.tenants.list()}
+        tenant_ids = {t.name: t.id for t in env.admin.tenants.list()}
         violations: list[str] = []
         samples = [0]
         done = threading.Event()
@@ -216,8 +216,8 @@ def test_quotas_hold_under_concurrent_submissions_with_preemption(tmp_path, db_u
             watcher.join(timeout=10)
         assert not violations, violations[:5]
         assert samples[0] > 10
-        assert {j["state"] for j in ended} == {"SUCCEEDED"}, [(j["name"], j["state"], j["reason"]) for j in ended]
+        assert {j.state for j in ended} == {"SUCCEEDED"}, [(j.name, j.state, j.reason) for j in ended]
         assert len(ended) == 4 + 18
-        held = [j for j in ended if "-hold-" in j["name"]]
-        assert sum(j["preemptions"] for j in held) >= 1, held  # preemption was in play
-        assert all(j["restarts"] == 0 for j in ended)
+        held = [j for j in ended if "-hold-" in j.name]
+        assert sum(j.preemptions for j in held) >= 1, held  # preemption was in play
+        assert all(j.restarts == 0 for j in ended)

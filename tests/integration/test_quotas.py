@@ -183,7 +183,7 @@ def test_concurrent_submits_never_exceed_max_queued_jobs(env: Env) -> None:
         stored = s.scalar(select(func.count()).select_from(JobRow).where(JobRow.tenant_id == tenant_id))
     assert stored == 37
     assert len(owner.jobs.list(limit=1000)) == 37
-    assert owner.accounting.quota()["usage"]["queued_jobs"] == 37
+    assert owner.accounting.quota().usage.queued_jobs == 37
 
     # on the wire it is an HTTP 429 with the error body of the contract
     body = json.dumps(spec("one-more")).encode()
@@ -216,8 +216,8 @@ def test_running_quota_is_never_overcommitted(sim_env: Env) -> None:
     assert sorted(n for n, _, _ in live_attempts(env)) == ["q0", "q1"]
 
     quota = bob.accounting.quota()
-    assert quota["limits"]["gpus"] == 1 and quota["limits"]["max_running_jobs"] == 2
-    assert quota["usage"] == {
+    assert quota.limits.gpus == 1 and quota.limits.max_running_jobs == 2
+    assert quota.usage.model_dump(mode="json") == {
         "gpus": 1,
         "cpus": 2.0,
         "memory": 2 * GiB,
@@ -227,9 +227,9 @@ def test_running_quota_is_never_overcommitted(sim_env: Env) -> None:
     }
 
     waiting = bob.jobs.get("q3")
-    assert waiting["state"] == "QUEUED"
-    assert waiting["queue_position"] == 2  # behind q2
-    assert waiting["wait_reason"] == "tenant quota: 2 of 2 running jobs in use"
+    assert waiting.state == "QUEUED"
+    assert waiting.queue_position == 2  # behind q2
+    assert waiting.wait_reason == "tenant quota: 2 of 2 running jobs in use"
 
     # another tenant's job is not held up by bob's quota
     env.admin.jobs.submit(spec("outsider", gpus=1))
@@ -249,13 +249,13 @@ def test_running_quota_is_never_overcommitted(sim_env: Env) -> None:
         assert len(held) <= 2, held
         assert sum(len(g) for _, g, _ in held) <= 1, held
         assert_no_gpu_shared(env)
-        usage = bob.accounting.quota()["usage"]
-        assert usage["running_jobs"] == len(held)
-        assert usage["gpus"] == sum(len(g) for _, g, _ in held)
+        usage = bob.accounting.quota().usage
+        assert usage.running_jobs == len(held)
+        assert usage.gpus == sum(len(g) for _, g, _ in held)
 
     assert sorted(done) == sorted(names)  # every job ran exactly once
-    assert {j["state"] for j in bob.jobs.list()} == {"SUCCEEDED"}
-    assert all(len(bob.jobs.get(n)["attempts"]) == 1 for n in names)
+    assert {j.state for j in bob.jobs.list()} == {"SUCCEEDED"}
+    assert all(len(bob.jobs.get(n).attempts) == 1 for n in names)
 
 
 def test_gpu_quota_lets_cpu_jobs_pass(sim_env: Env) -> None:
@@ -266,12 +266,12 @@ def test_gpu_quota_lets_cpu_jobs_pass(sim_env: Env) -> None:
     assert env.control is not None and env.control.schedule() == 3
     assert sorted(running_names(env)) == ["c1", "c2", "g1"]
     g2 = bob.jobs.get("g2")
-    assert g2["queue_position"] == 1
-    assert g2["wait_reason"] == "tenant quota: needs 1 GPU(s), 1 of 1 in use"
+    assert g2.queue_position == 1
+    assert g2.wait_reason == "tenant quota: needs 1 GPU(s), 1 of 1 in use"
     finish(env, "g1")
     assert env.control.schedule() == 1
-    assert bob.jobs.get("g2")["wait_reason"] is None
-    assert bob.accounting.quota()["usage"]["gpus"] == 1
+    assert bob.jobs.get("g2").wait_reason is None
+    assert bob.accounting.quota().usage.gpus == 1
 
 
 # -- (c) capacity and priority --------------------------------------------------------------------------
@@ -286,34 +286,34 @@ def test_big_job_waits_for_capacity_and_blocks_the_line(fifo_env: Env) -> None:
     c.jobs.submit(spec("small-2", gpus=1))
     assert schedule_concurrently(env) == 0
     big = c.jobs.get("big")
-    assert big["state"] == "QUEUED" and big["queue_position"] == 1
-    assert big["wait_reason"] == "waiting for capacity: needs 2 GPU(s), 1 free"
+    assert big.state == "QUEUED" and big.queue_position == 1
+    assert big.wait_reason == "waiting for capacity: needs 2 GPU(s), 1 free"
     # small-2 would fit on the free GPU but must not overtake the big job (no backfill)
     small2 = c.jobs.get("small-2")
-    assert small2["state"] == "QUEUED" and small2["queue_position"] == 2
-    assert small2["wait_reason"] == "waiting behind 1 earlier job(s) in the queue"
+    assert small2.state == "QUEUED" and small2.queue_position == 2
+    assert small2.wait_reason == "waiting behind 1 earlier job(s) in the queue"
 
     finish(env, "small-1")
     assert control.schedule() == 1
     assert running_names(env) == ["big"]
     assert sorted(live_attempts(env)[0][1]) == [0, 1]
-    assert c.jobs.get("small-2")["wait_reason"] == "waiting for capacity: needs 1 GPU(s), 0 free"
+    assert c.jobs.get("small-2").wait_reason == "waiting for capacity: needs 1 GPU(s), 0 free"
 
     # a higher-priority job submitted later goes first
     c.jobs.submit(spec("urgent", gpus=1, priority=10))
     assert control.schedule() == 0
-    assert c.jobs.get("urgent")["queue_position"] == 1
+    assert c.jobs.get("urgent").queue_position == 1
     small2 = c.jobs.get("small-2")
-    assert small2["queue_position"] == 2
+    assert small2.queue_position == 2
     # behind a job that waits for capacity, small-2 has no reason of its own any more
-    assert small2["wait_reason"] == "waiting behind 1 earlier job(s) in the queue"
+    assert small2.wait_reason == "waiting behind 1 earlier job(s) in the queue"
     finish(env, "big")
     assert control.schedule() == 2
     assert running_names(env) == ["urgent", "small-2"]
     assert_no_gpu_shared(env)
     c.jobs.submit(spec("late", gpus=1, priority=10))
     assert control.schedule() == 0
-    assert c.jobs.get("late")["wait_reason"] == "waiting for capacity: needs 1 GPU(s), 0 free"
+    assert c.jobs.get("late").wait_reason == "waiting for capacity: needs 1 GPU(s), 0 free"
 
 
 def test_priority_orders_the_queue(sim_env: Env) -> None:
@@ -325,7 +325,7 @@ def test_priority_orders_the_queue(sim_env: Env) -> None:
     for name, prio in (("p0-a", 0), ("p5", 5), ("p0-b", 0), ("p9", 9), ("neg", -3)):
         c.jobs.submit(spec(name, gpus=1, priority=prio))
     assert control.schedule() == 0
-    assert [c.jobs.get(n)["queue_position"] for n in ("p9", "p5", "p0-a", "p0-b", "neg")] == [1, 2, 3, 4, 5]
+    assert [c.jobs.get(n).queue_position for n in ("p9", "p5", "p0-a", "p0-b", "neg")] == [1, 2, 3, 4, 5]
     finish(env, "hog")
     assert control.schedule() == 2
     assert running_names(env) == ["p9", "p5"]
@@ -348,16 +348,16 @@ def test_the_scheduler_reads_a_long_queue_to_its_end(fifo_env: Env) -> None:
     assert control.schedule() == 1
     assert running_names(env) == ["hog-0", "after-the-hog"]
     deep = hog.jobs.get("bulk-1100")
-    assert deep["queue_position"] == 1101
-    assert deep["wait_reason"] == "tenant quota: needs 1 GPU(s), 1 of 1 in use"
+    assert deep.queue_position == 1101
+    assert deep.wait_reason == "tenant quota: needs 1 GPU(s), 1 of 1 in use"
 
     # a job ahead of them all that cannot fit blocks the line: the reasons behind it no longer apply
     env.admin.jobs.submit(spec("urgent-big", gpus=2, priority=5))
     assert control.schedule() == 0
-    assert env.admin.jobs.get("urgent-big")["wait_reason"] == "waiting for capacity: needs 2 GPU(s), 0 free"
+    assert env.admin.jobs.get("urgent-big").wait_reason == "waiting for capacity: needs 2 GPU(s), 0 free"
     deep = hog.jobs.get("bulk-1100")
-    assert deep["queue_position"] == 1101  # hog's member counts hog's queue: the admin's job is another tenant's
-    assert deep["wait_reason"] == "waiting behind 1100 earlier job(s) in the queue"
+    assert deep.queue_position == 1101  # hog's member counts hog's queue: the admin's job is another tenant's
+    assert deep.wait_reason == "waiting behind 1100 earlier job(s) in the queue"
     with env.platform.db.read() as s:
         assert s.scalar(select(func.count()).select_from(JobWaitRow)) == 1
 
@@ -393,7 +393,7 @@ def test_usage_reports_gpu_seconds_per_user(sim_env: Env) -> None:
         "since": (datetime.now(UTC) - timedelta(hours=1)).isoformat(),
         "until": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
     }
-    rows = {r["user"]: r for r in alice.accounting.usage(**window)["rows"]}
+    rows = {r.user: r for r in alice.accounting.usage(**window).rows}
     assert set(rows) == {"alice", "bob"}
     a, b = rows["alice"], rows["bob"]
     assert (a["tenant"], a["jobs"], a["attempts"]) == ("acct", 2, 2)
@@ -407,15 +407,15 @@ def test_usage_reports_gpu_seconds_per_user(sim_env: Env) -> None:
     assert b["cpu_seconds"] > b["gpu_seconds"]
 
     # a member sees only their own usage; the platform admin sees every tenant
-    assert [r["user"] for r in bob.accounting.usage(**window)["rows"]] == ["bob"]
-    everyone = env.admin.accounting.usage(all_tenants=True, **window)["rows"]
-    assert {(r["tenant"], r["user"]) for r in everyone} == {("acct", "alice"), ("acct", "bob")}
+    assert [r.user for r in bob.accounting.usage(**window).rows] == ["bob"]
+    everyone = env.admin.accounting.usage(all_tenants=True, **window).rows
+    assert {(r.tenant, r.user) for r in everyone} == {("acct", "alice"), ("acct", "bob")}
     # a window that ends before the attempts began counts nothing
     early = alice.accounting.usage(
         since=(datetime.now(UTC) - timedelta(hours=2)).isoformat(),
         until=(datetime.now(UTC) - timedelta(hours=1)).isoformat(),
     )
-    assert early["rows"] == []
+    assert early.rows == []
 
 
 def test_usage_of_a_running_attempt_grows(sim_env: Env) -> None:
@@ -424,7 +424,7 @@ def test_usage_of_a_running_attempt_grows(sim_env: Env) -> None:
     c: Client = env.admin
     c.jobs.submit(spec("still-running", gpus=2))
     assert env.control.schedule() == 1
-    first = c.accounting.usage()["rows"][0]["gpu_seconds"]
+    first = c.accounting.usage().rows[0].gpu_seconds
     second = wait_until_more(c, first)
     assert second > first >= 0
 
@@ -433,7 +433,7 @@ def wait_until_more(c: Client, before: float) -> float:
     from tests.conftest import wait_for
 
     return wait_for(
-        lambda: (v := c.accounting.usage()["rows"][0]["gpu_seconds"]) > before and v,
+        lambda: (v := c.accounting.usage().rows[0].gpu_seconds) > before and v,
         timeout=10,
         what="GPU-seconds of a running attempt to grow",
     )

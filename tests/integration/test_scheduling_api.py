@@ -65,8 +65,8 @@ def test_admin_sets_scheduling_terms_and_reads_them_back(env, monkeypatch):
     # what is not given stays; 'unlimited' clears a borrowing limit
     res = _cli(monkeypatch, env.admin, "tenants", "update", "vision", "--borrow-gpus", "unlimited", "-o", "json")
     assert res.exit_code == 0, res.output
-    again = env.admin.tenants.get("vision")["scheduling"]
-    assert again == {**shown, "borrow_limit": {"gpus": None, "cpus": None, "memory": None}}
+    again = env.admin.tenants.get("vision").scheduling
+    assert again.model_dump(mode="json") == {**shown, "borrow_limit": {"gpus": None, "cpus": None, "memory": None}}
     # the table form names the terms
     res = _cli(monkeypatch, env.admin, "tenants", "update", "vision", "--weight", "3")
     assert res.exit_code == 0, res.output
@@ -85,7 +85,7 @@ def test_guarantee_above_the_quota_is_refused(env):
     env.admin.tenants.update("small", scheduling={"guarantee": {"gpus": 2}})
     with pytest.raises(DlcloudError, match="above its quota of 1"):
         env.admin.tenants.set_quota("small", {"gpus": 1})
-    assert env.admin.tenants.get("small")["quota"]["gpus"] == 2
+    assert env.admin.tenants.get("small").quota.gpus == 2
 
 
 def test_bad_priority_range_and_weight_are_refused(env, monkeypatch):
@@ -108,16 +108,16 @@ def test_a_member_or_tenant_admin_cannot_update_scheduling_terms(env):
     for c in (member, tadmin):
         with pytest.raises(PermissionDenied, match="platform-admin"):
             c.tenants.update("team", scheduling={"guarantee": {"gpus": 1}})
-    assert env.admin.tenants.get("team")["scheduling"]["guarantee"]["gpus"] == 0
+    assert env.admin.tenants.get("team").scheduling.guarantee.gpus == 0
 
 
 def test_job_priority_must_be_inside_the_tenant_range(env):
     c = env.new_tenant_user("lab", "carol")
     env.admin.tenants.update("lab", scheduling={"priority_min": -50, "priority_max": 50})
     job = c.jobs.submit({"name": "plain", "command": "true"})
-    assert job["priority"] == 0 and job["priority_class"] == "normal"
+    assert job.priority == 0 and job.priority_class == "normal"
     job = c.jobs.submit({"name": "own", "command": "true", "priority": 50})
-    assert job["priority"] == 50 and job["priority_class"] is None
+    assert job.priority == 50 and job.priority_class is None
     with pytest.raises(PriorityNotAllowed, match=r"priority_class 'high' has priority 100.*-50\.\.50"):
         c.jobs.submit({"name": "high", "command": "true", "priority_class": "high"})
     body = {"name": "big", "command": "true", "priority": 51}
@@ -142,7 +142,7 @@ def test_non_preemptible_job_must_fit_its_guarantee(env):
         c.jobs.submit({"name": "np", "command": "true", "preemptible": False, "resources": {"gpus": 1}})
     env.admin.tenants.update("np", scheduling={"guarantee": {"gpus": 1, "cpus": 2, "memory": "4Gi"}})
     job = c.jobs.submit({"name": "np", "command": "true", "preemptible": False, "resources": {"gpus": 1}})
-    assert job["preemptible"] is False
+    assert job.preemptible is False
 
 
 def test_queue_shows_each_caller_what_it_may_see(env, monkeypatch):
@@ -153,16 +153,16 @@ def test_queue_shows_each_caller_what_it_may_see(env, monkeypatch):
     alice.jobs.submit({"name": "a2", "command": "true"})
 
     everything = env.admin.jobs.queue()
-    assert [(e["position"], e["tenant"], e["name"]) for e in everything] == [
+    assert [(e.position, e.tenant, e.name) for e in everything] == [
         (1, "b-team", "b1"),
         (2, "a-team", "a2"),
         (3, "a-team", "a1"),
     ]
-    assert everything[0]["priority"] == 100 and everything[0]["priority_class"] == "high"
-    assert everything[1]["wait_reason"] == "waiting behind 1 earlier job(s) in the queue"
-    assert all(e["wait_seconds"] >= 0 and e["preemptions"] == 0 for e in everything)
-    assert [e["name"] for e in alice.jobs.queue()] == ["a2", "a1"]
-    assert [e["name"] for e in bob.jobs.queue()] == ["b1"]
+    assert everything[0].priority == 100 and everything[0].priority_class == "high"
+    assert everything[1].wait_reason == "waiting behind 1 earlier job(s) in the queue"
+    assert all(e.wait_seconds >= 0 and e.preemptions == 0 for e in everything)
+    assert [e.name for e in alice.jobs.queue()] == ["a2", "a1"]
+    assert [e.name for e in bob.jobs.queue()] == ["b1"]
 
     res = _cli(monkeypatch, alice, "queue", "-o", "json")
     assert res.exit_code == 0, res.output
@@ -173,10 +173,10 @@ def test_queue_shows_each_caller_what_it_may_see(env, monkeypatch):
         assert text in res.output, res.output
 
     detail = alice.jobs.get("a1")
-    assert detail["max_run_time"] == 3600 and detail["preemptible"] is True
-    assert detail["preemptions"] == 0 and detail["preempt_requested"] is False
+    assert detail.max_run_time == 3600 and detail.preemptible is True
+    assert detail.preemptions == 0 and detail.preempt_requested is False
     # among its tenant's waiting jobs (a2, a1): bob's queue is not alice's to count
-    assert detail["queue_position"] == 2
+    assert detail.queue_position == 2
 
 
 def test_submit_flags_reach_the_spec(env, monkeypatch):
@@ -217,8 +217,8 @@ def test_submit_flags_reach_the_spec(env, monkeypatch):
     )
     assert res.exit_code == 0, res.output
     job = env.admin.jobs.get("flags")
-    assert job["priority"] == 100 and job["priority_class"] == "high"
-    assert job["spec"]["max_run_time"] == 1800 and job["max_run_time"] == 1800
+    assert job.priority == 100 and job.priority_class == "high"
+    assert job.spec["max_run_time"] == 1800 and job.max_run_time == 1800
     res = _cli(monkeypatch, env.admin, "jobs", "describe", "flags")
     assert res.exit_code == 0, res.output
     assert "100 (high)" in res.output and "preemptions 0" in res.output and "Estimated start" in res.output

@@ -118,7 +118,7 @@ def test_jobs_that_wait_for_the_same_reason_share_one_row_which_alone_is_rewritt
     _hog_the_host(env)
     enqueue(env, "default", "admin", 40, gpus=1)
     assert control.schedule() == 0
-    before = env.admin.jobs.get("bulk-39")["wait_reason"]
+    before = env.admin.jobs.get("bulk-39").wait_reason
     assert before.startswith("waiting behind job bulk-0 (reserved")
     with env.platform.db.read() as s:
         assert s.scalar(select(func.count()).select_from(JobWaitRow)) == 40
@@ -127,10 +127,10 @@ def test_jobs_that_wait_for_the_same_reason_share_one_row_which_alone_is_rewritt
 
     placed, written = _rows_written(env, "wait_reasons", "job_waits", "jobs")
     assert placed == 2
-    after = env.admin.jobs.get("bulk-39")["wait_reason"]
+    after = env.admin.jobs.get("bulk-39").wait_reason
     assert after.startswith("waiting behind job bulk-2 (reserved") and "tenant default uses 100%" in after
-    assert env.admin.jobs.get("bulk-3")["wait_reason"] == after
-    assert env.admin.jobs.get("bulk-2")["wait_reason"].startswith("waiting for capacity: needs 1 GPU(s), 0 free")
+    assert env.admin.jobs.get("bulk-3").wait_reason == after
+    assert env.admin.jobs.get("bulk-2").wait_reason.startswith("waiting for capacity: needs 1 GPU(s), 0 free")
     assert [st.split()[0] for st in written["wait_reasons"]] == ["UPDATE", "UPDATE"]
     assert sorted(st.split()[0] for st in written["job_waits"]) == ["DELETE", "UPDATE"]  # the placed; bulk-2
     assert len(written["jobs"]) == 2  # the placed
@@ -176,8 +176,8 @@ def test_set_waits_shares_a_row_per_tenant_and_text_moves_jobs_and_drops_what_no
         key=str,
     )
     assert len({pointing[j] for j in lab_jobs[:3]}) == 1
-    assert env.admin.jobs.get("bulk-0")["wait_reason"] == "waiting for capacity"
-    assert env.admin.jobs.get("bulk-0")["estimated_start"] is not None
+    assert env.admin.jobs.get("bulk-0").wait_reason == "waiting for capacity"
+    assert env.admin.jobs.get("bulk-0").estimated_start is not None
 
     # every text changes; lab's third job joins its fourth's; the default tenant's jobs wait for nothing specific
     later = start.replace(microsecond=500000)
@@ -203,10 +203,8 @@ def test_set_waits_shares_a_row_per_tenant_and_text_moves_jobs_and_drops_what_no
     # a row of another tenant is never shown, whatever points to it
     with db.write() as s:
         s.execute(insert(JobWaitRow).values(job_id=jobs["default", "bulk-1"], wait_id=building))
-    assert (
-        env.admin.jobs.get("bulk-1")["wait_reason"] == "waiting behind 5 earlier job(s) in the queue"
-    )  # every tenant's
-    assert env.admin.jobs.get("bulk-1")["estimated_start"] is None
+    assert env.admin.jobs.get("bulk-1").wait_reason == "waiting behind 5 earlier job(s) in the queue"  # every tenant's
+    assert env.admin.jobs.get("bulk-1").estimated_start is None
 
 
 def test_set_waits_moves_many_jobs_at_once_each_to_its_row(env: Env) -> None:
@@ -317,7 +315,7 @@ def test_attempts_that_end_together_are_recorded_in_one_transaction_each_in_its_
         env.admin.jobs.submit(spec(name, cpu=0.5))
     assert control.schedule() == 3
     control.supervise()  # STARTING -> RUNNING
-    two = env.admin.jobs.get("two")["id"]
+    two = env.admin.jobs.get("two").id
     end_attempt, failed = job_states.end_attempt, []
 
     ends_in: set[int] = set()  # the write transactions (by their number) that recorded an end
@@ -344,14 +342,14 @@ def test_attempts_that_end_together_are_recorded_in_one_transaction_each_in_its_
     control.supervise()
     # (the storage quota's writes of each attempt's checkpoints and outputs are transactions of their own)
     assert len(ends_in) == 1 and failed == [two]
-    assert {n: env.admin.jobs.get(n)["state"] for n in ("one", "two", "three")} == {
+    assert {n: env.admin.jobs.get(n).state for n in ("one", "two", "three")} == {
         "one": "SUCCEEDED", "two": "RUNNING", "three": "SUCCEEDED"}  # fmt: skip
     with env.platform.db.read() as s:
         row = s.execute(select(AttemptRow.finished_at, JobRow.exit_code).join(JobRow, JobRow.id == AttemptRow.job_id)
                         .where(JobRow.id == two)).one()  # fmt: skip
     assert tuple(row) == (None, None)
     control.supervise()
-    assert env.admin.jobs.get("two")["state"] == "SUCCEEDED"
+    assert env.admin.jobs.get("two").state == "SUCCEEDED"
 
 
 def test_a_whole_read_reads_the_queues_index_alone(env: Env) -> None:
@@ -433,7 +431,7 @@ def test_a_queued_jobs_hold_is_its_environment_build_as_it_is_now(sim_env: Env) 
             [{"spec_hash": "h-torch", "state": "READY", "spec": {}, "error": None, "created_at": utcnow()}],
         )
     assert control.schedule() == 0
-    assert env.admin.jobs.get("trainer")["wait_reason"].startswith("waiting for capacity")
+    assert env.admin.jobs.get("trainer").wait_reason.startswith("waiting for capacity")
 
     def build(state: str, error: str | None = None) -> None:
         with env.platform.db.write() as s:
@@ -445,15 +443,15 @@ def test_a_queued_jobs_hold_is_its_environment_build_as_it_is_now(sim_env: Env) 
 
     build("BUILDING")  # rebuilt (a new version of a package it pins, say)
     assert control.schedule() == 0
-    assert env.admin.jobs.get("trainer")["wait_reason"] == "environment 'torch' is building"
+    assert env.admin.jobs.get("trainer").wait_reason == "environment 'torch' is building"
     build("READY")
     assert control.schedule() == 0
-    assert env.admin.jobs.get("trainer")["wait_reason"].startswith("waiting for capacity")
+    assert env.admin.jobs.get("trainer").wait_reason.startswith("waiting for capacity")
     build("FAILED", "no matching distribution for torch==9.9")
     assert control.schedule() == 0
     job = env.admin.jobs.get("trainer")
-    assert job["state"] == "FAILED"
-    assert "environment 'torch' failed to build: no matching distribution" in job["reason"]
+    assert job.state == "FAILED"
+    assert "environment 'torch' failed to build: no matching distribution" in job.reason
     assert len(control.scheduling.queue) == 0
 
 
@@ -485,7 +483,7 @@ def test_an_idle_pass_over_an_unchanged_queue_writes_nothing(sim_env: Env) -> No
         env.admin.jobs.submit(spec(name, gpus=2 if name == "big" else 1))
     control.schedule()
     control.schedule()  # the reasons settle
-    assert env.admin.jobs.get("big")["wait_reason"].startswith("waiting for capacity")
+    assert env.admin.jobs.get("big").wait_reason.startswith("waiting for capacity")
     placed, sent = _sent_by_a_pass(env)
     assert placed == 0
     writes = [st for st in sent if st.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))]
@@ -527,7 +525,7 @@ def _move_a_job(env: Env) -> Client:
     assert rows["b-second"][1:4] == (True, [1], True)  # moved, GPU 1 held for it, considered first once queued
     assert rows["b-second"].hold_until > utcnow()
     assert not rows["b-first"].preempt_requested
-    assert env.admin.jobs.get("gang")["wait_reason"] == (
+    assert env.admin.jobs.get("gang").wait_reason == (
         "preempting 1 job(s) to gather whole nodes (they resume at once on GPUs left free)"
     )
     return b
@@ -548,18 +546,18 @@ def test_a_moved_job_resumes_on_the_gpus_held_for_it(nodes_env: Env) -> None:
     c = env.new_tenant_user("c", "carol")
     c.jobs.submit(spec("late", gpus=1))  # GPU 1 is the only one free and not the gang's
     assert control.schedule() == 0
-    assert c.jobs.get("late")["state"] == "QUEUED"
-    assert env.admin.jobs.get("gang")["wait_reason"] == "waiting for 1 stopping job(s) to free their resources"
+    assert c.jobs.get("late").state == "QUEUED"
+    assert env.admin.jobs.get("gang").wait_reason == "waiting for 1 stopping job(s) to free their resources"
     control.supervise()  # asks the executor to stop b-second ...
     control.supervise()  # ... and sees it stopped: PREEMPTED, then QUEUED again
-    assert b.jobs.get("b-second")["state"] == "QUEUED"
+    assert b.jobs.get("b-second").state == "QUEUED"
     assert control.schedule() == 2
     got = _running_gpus(env)
     assert got["b-second"] == [1] and sorted(got["gang"]) == [2, 3, 4, 5] and "late" not in got
     with env.platform.db.read() as s:
         after = s.execute(select(JobRow.hold_gpus, JobRow.hold_until).where(JobRow.name == "b-second")).one()
     assert tuple(after) == (None, None)  # placed: nothing held for it any more
-    assert c.jobs.get("late")["state"] == "QUEUED"
+    assert c.jobs.get("late").state == "QUEUED"
 
 
 def test_a_moved_job_that_takes_longer_than_the_grace_period_to_stop_holds_nothing(nodes_env: Env) -> None:
@@ -599,19 +597,19 @@ def test_a_job_moved_onto_a_borrowed_job_evicted_with_it_waits_for_it_to_stop(
         rows = {r.name: r for r in s.execute(select(JobRow.name, JobRow.preempt_requested, JobRow.hold_gpus))}
     assert {n for n, r in rows.items() if r.preempt_requested} == {"c-1", "b-second", "c-3", "c-4", "c-5"}
     assert rows["b-second"].hold_gpus == [1]
-    assert env.admin.jobs.get("gang")["wait_reason"] == (
+    assert env.admin.jobs.get("gang").wait_reason == (
         "preempting 5 job(s) to reclaim its guarantee, moving 1 to gather whole nodes"
     )
     ex = executor(env)
-    c1 = next(h for h, w in ex.running().items() if w.job_id == c.jobs.get("c-1")["id"])
+    c1 = next(h for h, w in ex.running().items() if w.job_id == c.jobs.get("c-1").id)
     stop = ex._stop
     monkeypatch.setattr(ex, "_stop", lambda handle: None if handle == c1 else stop(handle))
     control.supervise()  # asks the executor to stop them: c-1 takes its grace period ...
     control.supervise()  # ... the others are PREEMPTED, then QUEUED again
-    assert b.jobs.get("b-second")["state"] == "QUEUED" and "c-1" in _running_gpus(env)
+    assert b.jobs.get("b-second").state == "QUEUED" and "c-1" in _running_gpus(env)
     assert control.schedule() == 1
     assert sorted(_running_gpus(env)["gang"]) == [2, 3, 4, 5]
-    assert b.jobs.get("b-second")["wait_reason"] == (
+    assert b.jobs.get("b-second").wait_reason == (
         "moved: waiting for 1 GPU(s) held for it that a stopping job still holds"
     )
     stop(c1)  # it stopped at last
@@ -640,7 +638,7 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
                    "resources": {"gpus": 2, "cpu": 1, "memory": "1Gi"}})  # fmt: skip
     _update_job(env, "gang", created_at=utcnow() - timedelta(minutes=30))
     assert control.schedule() == 0
-    assert b.jobs.get("gang")["wait_reason"] == (
+    assert b.jobs.get("gang").wait_reason == (
         "preempting 4 job(s) for its tenant's turn (short of its guarantee over the turn window)"
     )
     with env.platform.db.read() as s:
@@ -654,21 +652,21 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
     control.supervise()  # ... and sees them stopped: queued again
     assert control.schedule() == 1
     gang = b.jobs.get("gang")
-    assert gang["state"] in ("STARTING", "RUNNING")
+    assert gang.state in ("STARTING", "RUNNING")
     gang_attempt = select(AttemptRow.turn_until).join(JobRow, JobRow.id == AttemptRow.job_id)
     gang_attempt = gang_attempt.where(JobRow.name == "gang", AttemptRow.finished_at.is_(None))
     with env.platform.db.read() as s:
         until = s.scalar(gang_attempt)
         assert s.scalar(select(JobRow.turn_seconds).where(JobRow.name == "gang")) is None  # given to the attempt
     assert until is not None and timedelta(minutes=29) < until - utcnow() <= timedelta(minutes=30)
-    assert any("its tenant's turn until" in e["reason"] for e in gang["events"])
+    assert any("its tenant's turn until" in e.reason for e in gang.events)
     # during the turn the default tenant's queued jobs, inside its guarantee, take nothing back, and say why
     assert control.schedule() == 0
-    waiting = [env.admin.jobs.get(j["name"]) for j in env.admin.jobs.list(states=["QUEUED"])]
-    assert waiting and all("run other tenants' turns, the first ending" in j["wait_reason"] for j in waiting)
+    waiting = [env.admin.jobs.get(j.name) for j in env.admin.jobs.list(states=["QUEUED"])]
+    assert waiting and all("run other tenants' turns, the first ending" in j.wait_reason for j in waiting)
     # the one at the head of the line also says when it may start: once the turn has ended and the gang has had its
     # stop grace
-    (head,) = [j for j in waiting if "once the turns it needs have ended" in j["wait_reason"]]
+    (head,) = [j for j in waiting if "once the turns it needs have ended" in j.wait_reason]
     grace = timedelta(seconds=env.settings.stop_grace_seconds)
     assert abs(datetime.fromisoformat(head["estimated_start"]) - (until + grace)) < timedelta(seconds=1)
     with env.platform.db.read() as s:
@@ -699,13 +697,13 @@ def test_guaranteed_gpus_a_tenant_stopped_using_stay_free_for_it_then_are_lent(n
     for i in range(6):
         env.admin.jobs.submit(spec(f"d{i}", gpus=1))
     assert control.schedule() == 4
-    assert env.admin.jobs.get("d4")["wait_reason"].startswith(
+    assert env.admin.jobs.get("d4").wait_reason.startswith(
         "waiting for capacity: needs 1 GPU(s), 0 free; 2 idle GPU(s) kept for the return of tenants that used them "
         "within the last 10 min (inside their guarantees)"
     )
     b.jobs.submit(spec("b3", gpus=1))
     assert control.schedule() == 1
-    assert b.jobs.get("b3")["state"] in ("STARTING", "RUNNING")
+    assert b.jobs.get("b3").state in ("STARTING", "RUNNING")
     with env.platform.db.read() as s:
         assert not s.scalars(select(JobRow.name).where(JobRow.preempt_requested)).all()
     # b holds 1 of the 2 it held lately: one GPU stays kept; once b1 and b2 ended 11 minutes ago, it is lent

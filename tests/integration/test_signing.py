@@ -42,7 +42,7 @@ def _call(env, creds: Credentials, method: str, path: str, query: str = "", body
 
 def _new_key(env, user: str = "admin", tenant: str = "default") -> Credentials:
     key = env.admin.keys.create(user=user, tenant=tenant)
-    return Credentials("http://testserver", key["access_key"], key["secret_key"])
+    return Credentials("http://testserver", key.access_key, key.secret_key)
 
 
 def _user_body(name: str) -> bytes:
@@ -50,7 +50,7 @@ def _user_body(name: str) -> bytes:
 
 
 def _user_names(env) -> set[str]:
-    return {u["name"] for u in env.admin.users.list()}
+    return {u.name for u in env.admin.users.list()}
 
 
 # --- correctly signed requests ---------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_tampered_method_is_rejected(env):
     headers = _signed_headers(env.admin_creds, "GET", f"{API}/jobs/keep-me")
     resp = _send(env.http, "DELETE", f"{API}/jobs/keep-me", "", b"", headers)
     assert_api_error(resp, 401, "bad_signature")
-    assert env.admin.jobs.get("keep-me")["state"] == "CANCELLED"
+    assert env.admin.jobs.get("keep-me").state == "CANCELLED"
 
 
 def test_tampered_path_is_rejected(env):
@@ -170,7 +170,7 @@ def test_replayed_request_is_rejected(env):
     assert first.status_code == 201, first.text
     second = _send(env.http, "POST", f"{API}/users", "", body, headers)
     assert_api_error(second, 401, "replayed_nonce")
-    assert sorted(u["name"] for u in env.admin.users.list() if u["name"] == "replayed") == ["replayed"]
+    assert sorted(u.name for u in env.admin.users.list() if u.name == "replayed") == ["replayed"]
 
 
 def test_replay_is_rejected_after_a_restart(env):

@@ -52,19 +52,19 @@ def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], t
         info.size = len(script)
         tf.addfile(info, io.BytesIO(script))
     code = env.admin.code.upload(archive)
-    tenant = env.admin.tenants.get("default")["id"]
-    key = f"code/{tenant}/{code['id']}/code.tar.gz"
+    tenant = env.admin.tenants.get("default").id
+    key = f"code/{tenant}/{code.id}/code.tar.gz"
     assert _bucket_keys(server, prefix) == [key]
     assert not (env.settings.data_dir / "code").exists()  # nothing of it on the server's disk
 
     for name in ("first", "second"):  # the second run uses the cached copy
-        env.admin.jobs.submit({"name": name, "code": code["id"], "command": "python train.py"})
-        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n))["state"] in TERMINAL and j, 60, what=name)
+        env.admin.jobs.submit({"name": name, "code": code.id, "command": "python train.py"})
+        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n)).state in TERMINAL and j, 60, what=name)
         lines = [line.text for line in env.admin.jobs.logs(name) if line.stream == "stdout"]
-        assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+        assert job.state == "SUCCEEDED", (job.reason, lines)
         assert lines == ["hello from s3 code", "[]"]  # no AWS_* variable reached the job
     cached = list((env.settings.data_dir / "cache" / "objects").rglob("*"))
-    assert [p.name for p in cached if p.is_file() and not p.name.startswith(".")] == [code["sha256"]]
+    assert [p.name for p in cached if p.is_file() and not p.name.startswith(".")] == [code.sha256]
 
     model = tmp_path / "src" / "export"
     (model / "variables").mkdir(parents=True)
@@ -72,7 +72,7 @@ def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], t
     (model / "predictor.py").write_text("class P: ...\n")
     (model / "assets").mkdir()  # an empty directory comes back too
     v1 = env.admin.models.register("m", "python", artifact=model, signature=SIG)
-    assert v1["sha256"] == artifact_digest(model).sha256
+    assert v1.sha256 == artifact_digest(model).sha256
     version_prefix = f"models/{tenant}/"
     stored = [k for k in _bucket_keys(server, prefix) if k.startswith(version_prefix)]
     assert sorted(k.split("/", 4)[4] for k in stored) == [
@@ -82,7 +82,7 @@ def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], t
     ]
     assert [k for k in _bucket_keys(server, prefix) if k.startswith("uploads/")] == []  # used and dropped
     got = env.admin.models.download("m", 1, dest=tmp_path / "out")
-    assert artifact_digest(got).sha256 == v1["sha256"] and (got / "assets").is_dir()
+    assert artifact_digest(got).sha256 == v1.sha256 and (got / "assets").is_dir()
 
     # damaged in the bucket: the download is refused by its checksum
     data_key = next(k for k in stored if k.endswith("data.bin"))
@@ -104,11 +104,11 @@ def test_jobs_read_datasets_through_this_hosts_cache(s3_env: tuple[Env, S3Server
     up = env.admin.code.upload(code)
     paths = []
     for name in ("r1", "r2"):
-        spec = {"name": name, "code": up["id"], "command": "python reader.py", "datasets": ["click-log"]}
+        spec = {"name": name, "code": up.id, "command": "python reader.py", "datasets": ["click-log"]}
         env.admin.jobs.submit(spec)
-        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n))["state"] in TERMINAL and j, 60, what=name)
+        job = wait_for(lambda n=name: (j := env.admin.jobs.get(n)).state in TERMINAL and j, 60, what=name)
         lines = [line.text for line in env.admin.jobs.logs(name) if line.stream == "stdout"]
-        assert job["state"] == "SUCCEEDED", (job["reason"], lines)
+        assert job.state == "SUCCEEDED", (job.reason, lines)
         seen = json.loads(lines[0])
         assert seen["files"] == sorted(FILES) and lines[1].startswith("read-only")
         paths.append(seen["datasets"]["click-log"])
@@ -152,19 +152,19 @@ def test_outputs_and_logs_are_kept_in_the_bucket_and_outlive_the_host(
     c = env.admin
     command = 'echo "line $DLCLOUD_ATTEMPT"; printf weights > "$DLCLOUD_OUTPUT_DIR/model.onnx"'
     job = c.jobs.submit({"name": "keeps", "command": command})
-    done = wait_for(lambda: (j := c.jobs.get("keeps"))["state"] in TERMINAL and j, 60, what="the job to end")
-    assert done["state"] == "SUCCEEDED", done
-    tenant_id = c.tenants.get("default")["id"]
-    kept = _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job['id']}")
+    done = wait_for(lambda: (j := c.jobs.get("keeps")).state in TERMINAL and j, 60, what="the job to end")
+    assert done.state == "SUCCEEDED", done
+    tenant_id = c.tenants.get("default").id
+    kept = _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job.id}")
     assert "outputs/attempt-1/model.onnx" in kept and "logs/attempt-1/main/output.log" in kept, kept
 
     # the host loses the job's directories (a disk replaced, the job run elsewhere)
     import shutil
 
-    shutil.rmtree(env.settings.runs_dir / tenant_id / job["id"])
+    shutil.rmtree(env.settings.runs_dir / tenant_id / job.id)
     assert [line.text for line in c.jobs.logs("keeps") if line.stream == "stdout"] == ["line 1"]
     v = c.models.register("kept", "onnx", from_job="keeps", path="model.onnx", signature=SIG)
-    assert v["source_job"] == "keeps"
+    assert v.source_job == "keeps"
 
     c.jobs.delete("keeps")
-    assert _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job['id']}") == []
+    assert _bucket_keys(server, f"{prefix}/jobs/{tenant_id}/{job.id}") == []

@@ -72,7 +72,7 @@ def api_server(env) -> Iterator[str]:
 
 def wait_study(c, name: str, timeout: float = 180.0) -> dict:
     return wait_for(
-        lambda: (s := c.studies.get(name))["state"] in ENDED and s, timeout=timeout, what=f"study {name} to end"
+        lambda: (s := c.studies.get(name)).state in ENDED and s, timeout=timeout, what=f"study {name} to end"
     )
 
 
@@ -85,8 +85,8 @@ def max_overlap(c, trials: list[dict]) -> int:
     spans = []
     for t in trials:
         if t["job"]:
-            for a in c.jobs.get(t["job"])["attempts"]:
-                spans.append((_time(a["started_at"]), _time(a["finished_at"])))
+            for a in c.jobs.get(t["job"]).attempts:
+                spans.append((_time(a.started_at), _time(a.finished_at)))
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
     alive = most = 0
     for _, d in events:
@@ -96,13 +96,13 @@ def max_overlap(c, trials: list[dict]) -> int:
 
 
 def assert_each_trial_ran_once(c, study: str, trials: list[dict]) -> None:
-    jobs = [j for j in c.jobs.list(limit=1000) if j["name"].startswith(f"{study}-")]
+    jobs = [j for j in c.jobs.list(limit=1000) if j.name.startswith(f"{study}-")]
     ran = [t for t in trials if t["job"]]
-    assert sorted(j["name"] for j in jobs) == sorted(t["job"] for t in ran)
+    assert sorted(j.name for j in jobs) == sorted(t["job"] for t in ran)
     assert [t["number"] for t in trials] == list(range(len(trials)))
     for t in ran:
         job = c.jobs.get(t["job"])
-        assert len(job["attempts"]) == 1, job
+        assert len(job.attempts) == 1, job
     keys = [json.dumps(t["params"], sort_keys=True) for t in ran]
     assert len(keys) == len(set(keys)), "a configuration ran twice"
 
@@ -151,20 +151,20 @@ def test_grid_covers_its_grid_exactly_once(served, tmp_path, monkeypatch):
         == "RUNNING"
     )
     s = wait_study(c, "grid")
-    assert s["state"] == "COMPLETED", s
-    assert "grid" in s["reason"]
+    assert s.state == "COMPLETED", s
+    assert "grid" in s.reason
     trials = c.studies.trials("grid")
-    logs = [(t["reason"], [x.text for x in c.jobs.logs(t["job"])]) for t in trials if t["state"] != "COMPLETED"]
+    logs = [(t.reason, [x.text for x in c.jobs.logs(t.job)]) for t in trials if t.state != "COMPLETED"]
     assert not logs, "\n".join([line for _, lines in logs[:1] for line in lines][-6:])
-    assert sorted((t["params"]["a"], t["params"]["b"]) for t in trials) == sorted(
+    assert sorted((t.params["a"], t.params["b"]) for t in trials) == sorted(
         (a, b) for a in (0, 2, 4) for b in ("x", "yy")
     )
-    assert s["trials_started"] == 6
+    assert s.trials_started == 6
     assert max_overlap(c, trials) <= 2
     assert_each_trial_ran_once(c, "grid", trials)
     best = c.studies.best("grid")
-    assert best["params"] == {"a": 4, "b": "yy"} and best["value"] == 44.0  # at the last step (2)
-    assert s["best"]["number"] == best["number"]
+    assert best.params == {"a": 4, "b": "yy"} and best.value == 44.0  # at the last step (2)
+    assert s.best.number == best.number
     assert json.loads(cli(served, monkeypatch, "tune", "best", "grid", "-o", "json")) == {"a": 4, "b": "yy"}
     described = cli(served, monkeypatch, "tune", "describe", "grid")
     assert "6/100 started: 0 running, 6 completed" in described and "a=4 b=yy" in described
@@ -193,24 +193,24 @@ def test_random_and_tpe_finish_max_trials_with_the_best_reported(served, algorit
         }
     )
     s = wait_study(c, algorithm)
-    assert s["state"] == "COMPLETED" and s["trials_started"] == 5, s
+    assert s.state == "COMPLETED" and s.trials_started == 5, s
     trials = c.studies.trials(algorithm)
-    assert [t["state"] for t in trials if t["job"]] == ["COMPLETED"] * 5
+    assert [t.state for t in trials if t.job] == ["COMPLETED"] * 5
     for t in trials:
-        assert 0 <= t["params"]["x"] <= 1 and 1e-4 <= t["params"]["lr"] <= 0.3
-        assert ("m" in t["params"]) == (t["params"]["opt"] == "sgd")  # conditional parameter
-        want = (t["params"]["x"] - 0.3) ** 2 + (0.1 if t["params"]["opt"] == "sgd" else 0) + t["params"].get("m", 0)
-        assert t["value"] == pytest.approx(want + 1 / 3)  # best step: the last of 3
+        assert 0 <= t.params["x"] <= 1 and 1e-4 <= t.params["lr"] <= 0.3
+        assert ("m" in t.params) == (t.params["opt"] == "sgd")  # conditional parameter
+        want = (t.params["x"] - 0.3) ** 2 + (0.1 if t.params["opt"] == "sgd" else 0) + t.params.get("m", 0)
+        assert t.value == pytest.approx(want + 1 / 3)  # best step: the last of 3
     assert max_overlap(c, trials) <= 2
     assert_each_trial_ran_once(c, algorithm, trials)
-    best = min((t for t in trials if t["state"] == "COMPLETED"), key=lambda t: t["value"])
-    assert c.studies.best(algorithm) == {
-        "number": best["number"],
-        "value": best["value"],
-        "params": best["params"],
-        "job": best["job"],
+    best = min((t for t in trials if t.state == "COMPLETED"), key=lambda t: t.value)
+    assert c.studies.best(algorithm).model_dump(mode="json") == {
+        "number": best.number,
+        "value": best.value,
+        "params": best.params,
+        "job": best.job,
     }
-    assert s["best"]["params"] == best["params"]
+    assert s.best.params == best.params
 
 
 def test_asha_prunes_with_sigterm(served):
@@ -231,17 +231,17 @@ def test_asha_prunes_with_sigterm(served):
         }
     )
     s = wait_study(c, "asha", timeout=240)
-    assert s["state"] == "COMPLETED", s
+    assert s.state == "COMPLETED", s
     trials = c.studies.trials("asha")
-    pruned = [t for t in trials if t["state"] == "PRUNED"]
+    pruned = [t for t in trials if t.state == "PRUNED"]
     assert pruned, trials
     for t in pruned:
-        assert t["reason"].startswith("pruned at step"), t
-        job = c.jobs.get(t["job"])
-        assert job["state"] == "CANCELLED" and "exit code -15" in job["reason"], job  # SIGTERM
-        assert t["last_step"] is not None and t["last_step"] < 11
-    assert s["trials"]["pruned"] == len(pruned)
-    assert s["trials_started"] == 8
+        assert t.reason.startswith("pruned at step"), t
+        job = c.jobs.get(t.job)
+        assert job.state == "CANCELLED" and "exit code -15" in job.reason, job  # SIGTERM
+        assert t.last_step is not None and t.last_step < 11
+    assert s.trials.pruned == len(pruned)
+    assert s.trials_started == 8
     assert max_overlap(c, trials) <= 2
     assert_each_trial_ran_once(c, "asha", trials)
 
@@ -259,18 +259,18 @@ def test_stop_cancels_running_trials_and_resume_continues(served):
             "search_space": {"x": {"type": "uniform", "low": 0, "high": 1}},
         }
     )
-    wait_for(lambda: c.studies.trials("halt") and c.jobs.get("halt-0")["state"] == "RUNNING", what="trial 0 running")
-    assert c.studies.stop("halt")["state"] == "STOPPING"
+    wait_for(lambda: c.studies.trials("halt") and c.jobs.get("halt-0").state == "RUNNING", what="trial 0 running")
+    assert c.studies.stop("halt").state == "STOPPING"
     s = wait_study(c, "halt", timeout=60)
-    assert s["state"] == "STOPPED"
+    assert s.state == "STOPPED"
     (t0,) = c.studies.trials("halt")
-    assert t0["state"] == "STOPPED" and c.jobs.get("halt-0")["state"] == "CANCELLED"
+    assert t0["state"] == "STOPPED" and c.jobs.get("halt-0").state == "CANCELLED"
     assert_api_error(served.signed(served.admin_creds, "POST", f"{API}/studies/halt/stop"), 409, "invalid_state")
-    assert c.studies.resume("halt")["state"] == "RUNNING"
+    assert c.studies.resume("halt").state == "RUNNING"
     wait_for(lambda: len(c.studies.trials("halt")) == 2, what="the next trial after resume")
-    assert c.studies.trials("halt")[0]["state"] == "STOPPED"  # not run again
+    assert c.studies.trials("halt")[0].state == "STOPPED"  # not run again
     c.studies.stop("halt")
-    assert wait_study(c, "halt", timeout=60)["state"] == "STOPPED"
+    assert wait_study(c, "halt", timeout=60).state == "STOPPED"
 
 
 def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served, monkeypatch):
@@ -292,20 +292,20 @@ def test_a_spent_time_budget_stops_the_trials_and_completes_the_study(served, mo
     )
     wait_for(
         lambda: (
-            {c.jobs.get(t["job"])["state"] for t in c.studies.trials("budget")} == {"RUNNING"}
+            {c.jobs.get(t.job).state for t in c.studies.trials("budget")} == {"RUNNING"}
             and len(c.studies.trials("budget")) == 2
         ),
         timeout=120,
         what="both trials running",
     )
-    assert c.studies.get("budget")["state"] == "RUNNING"
+    assert c.studies.get("budget").state == "RUNNING"
     clock.advance(3600)
     s = wait_study(c, "budget", timeout=60)
-    assert s["state"] == "COMPLETED" and "time budget of 3600 s is spent" in s["reason"], s
-    assert 3600 <= s["elapsed_seconds"] < 3600 + 120
+    assert s.state == "COMPLETED" and "time budget of 3600 s is spent" in s.reason, s
+    assert 3600 <= s.elapsed_seconds < 3600 + 120
     trials = c.studies.trials("budget")
-    assert len(trials) == 2 and {t["state"] for t in trials} == {"STOPPED"}, trials
-    assert {c.jobs.get(t["job"])["state"] for t in trials} == {"CANCELLED"}
+    assert len(trials) == 2 and {t.state for t in trials} == {"STOPPED"}, trials
+    assert {c.jobs.get(t.job).state for t in trials} == {"CANCELLED"}
 
 
 def test_control_loop_restart_mid_study_loses_no_trial_and_runs_none_twice(tmp_path, db_url):
@@ -331,7 +331,7 @@ def test_control_loop_restart_mid_study_loses_no_trial_and_runs_none_twice(tmp_p
                 }
             )
             wait_for(
-                lambda: any(t["state"] == "COMPLETED" for t in c.studies.trials("phoenix")),
+                lambda: any(t.state == "COMPLETED" for t in c.studies.trials("phoenix")),
                 timeout=120,
                 what="a first completed trial",
             )
@@ -344,14 +344,14 @@ def test_control_loop_restart_mid_study_loses_no_trial_and_runs_none_twice(tmp_p
             fresh_thread = threading.Thread(target=fresh.run, args=(fresh_stop,), daemon=True)
             fresh_thread.start()
             s = wait_study(c, "phoenix")
-            assert s["state"] == "COMPLETED" and s["trials_started"] == 6, s
+            assert s.state == "COMPLETED" and s.trials_started == 6, s
             trials = c.studies.trials("phoenix")
-            assert len(trials) == 6 and all(t["state"] == "COMPLETED" for t in trials), trials
+            assert len(trials) == 6 and all(t.state == "COMPLETED" for t in trials), trials
             for old in before:  # no trial lost nor redone: the same numbers, params and jobs
-                new = trials[old["number"]]
-                assert (new["params"], new["job"]) == (old["params"], old["job"])
+                new = trials[old.number]
+                assert (new.params, new.job) == (old.params, old.job)
             for t in trials:
-                assert t["value"] == pytest.approx((t["params"]["x"] - 0.5) ** 2)
+                assert t.value == pytest.approx((t.params["x"] - 0.5) ** 2)
             assert max_overlap(c, trials) <= 2
             assert_each_trial_ran_once(c, "phoenix", trials)
     finally:
@@ -387,11 +387,11 @@ def test_trial_gets_hparams_and_args_and_a_failed_trial_fails(served):
         }
     )
     s = wait_study(c, "argv")
-    assert s["state"] == "COMPLETED", s
-    by_k = {t["params"]["k"]: t for t in c.studies.trials("argv")}
+    assert s.state == "COMPLETED", s
+    by_k = {t.params["k"]: t for t in c.studies.trials("argv")}
     assert by_k[1]["state"] == by_k[3]["state"] == "COMPLETED", by_k
     assert by_k[2]["state"] == "FAILED" and "FAILED" in by_k[2]["reason"]
-    assert c.studies.best("argv")["params"] == {"k": 3, "tag": "a b"}
+    assert c.studies.best("argv").params == {"k": 3, "tag": "a b"}
 
 
 @pytest.mark.parametrize(
@@ -473,8 +473,8 @@ def test_studies_are_tenant_scoped(env):
         assert_api_error(env.signed(key, method, API + path), 404, "not_found")
     assert_api_error(env.signed(env.admin_creds, "GET", f"{API}/studies/mine/best"), 404, "not_found", "no completed")
     detail = env.admin.studies.get("mine")
-    assert detail["state"] == "RUNNING" and detail["trials_started"] == 0 and detail["best"] is None
-    assert isinstance(detail["seed"], int) and detail["spec"]["search_space"]["x"]["type"] == "uniform"
+    assert detail.state == "RUNNING" and detail.trials_started == 0 and detail.best is None
+    assert isinstance(detail.seed, int) and detail.spec["search_space"]["x"]["type"] == "uniform"
 
 
 def test_a_studys_trial_job_names_are_kept_for_its_trials(env):

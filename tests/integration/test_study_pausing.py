@@ -53,10 +53,10 @@ def steps_run(c, job: str) -> list[int]:
 def max_overlap_all(c, trials: list[dict]) -> int:
     """The most jobs of the study (every segment of every trial) alive at one time."""
     spans = [
-        (_time(a["started_at"]), _time(a["finished_at"]))
+        (_time(a.started_at), _time(a.finished_at))
         for t in trials
         for job in t["jobs"]
-        for a in c.jobs.get(job)["attempts"]
+        for a in c.jobs.get(job).attempts
     ]
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
     alive = most = 0
@@ -82,41 +82,41 @@ def test_pausing_asha_resumes_the_best_from_their_checkpoints(served):
         }
     )
     s = wait_study(c, "halving", timeout=240)
-    assert s["state"] == "COMPLETED", s
+    assert s.state == "COMPLETED", s
     trials = c.studies.trials("halving")
-    assert len(trials) == 9 and s["trials_started"] == 9
-    assert {t["state"] for t in trials} <= {"COMPLETED", "PRUNED"}, [(t["state"], t["reason"]) for t in trials]
+    assert len(trials) == 9 and s.trials_started == 9
+    assert {t.state for t in trials} <= {"COMPLETED", "PRUNED"}, [(t.state, t.reason) for t in trials]
     for t in trials:
         # its jobs: <study>-<n>, then <study>-<n>-r1, -r2 as it was promoted; each ran once, each from the
         # step the one before stopped at: no step twice, none skipped
-        assert t["jobs"][0] == f"halving-{t['number']}" and t["job"] == t["jobs"][-1]
-        assert t["jobs"][1:] == [f"halving-{t['number']}-r{k}" for k in range(1, len(t["jobs"]))]
+        assert t.jobs[0] == f"halving-{t.number}" and t.job == t.jobs[-1]
+        assert t.jobs[1:] == [f"halving-{t.number}-r{k}" for k in range(1, len(t.jobs))]
         ran: list[int] = []
         previous = None
-        for job in t["jobs"]:
+        for job in t.jobs:
             detail = c.jobs.get(job)
-            assert detail["state"] == "SUCCEEDED" and len(detail["attempts"]) == 1, detail
-            assert detail["spec"].get("checkpoint_from") == previous  # by id: a job renamed since cannot stand in
-            previous = detail["id"]
+            assert detail.state == "SUCCEEDED" and len(detail.attempts) == 1, detail
+            assert detail.spec.get("checkpoint_from") == previous  # by id: a job renamed since cannot stand in
+            previous = detail.id
             ran += steps_run(c, job)
-        assert ran == list(range(1, t["last_step"] + 1)), (t["number"], ran)
-        assert t["budget"] == t["last_step"]
-        if t["state"] == "COMPLETED":
-            assert t["last_step"] == 9 and t["value"] == pytest.approx(t["params"]["x"] + 0.009)
+        assert ran == list(range(1, t.last_step + 1)), (t.number, ran)
+        assert t.budget == t.last_step
+        if t.state == "COMPLETED":
+            assert t.last_step == 9 and t.value == pytest.approx(t.params["x"] + 0.009)
         else:
-            assert t["last_step"] in (1, 3) and t["reason"].startswith("not promoted (score "), t
+            assert t.last_step in (1, 3) and t.reason.startswith("not promoted (score "), t
     # rung 1 (9 trials): at least the best 3 went on; rung 3: at least the best of those reached 9
-    by_x = sorted(trials, key=lambda t: -t["params"]["x"])
-    assert all(t["last_step"] > 1 for t in by_x[:3]), [(t["params"], t["last_step"]) for t in by_x]
-    assert by_x[0]["state"] == "COMPLETED"
-    assert s["trials"]["pruned"] >= 4 and s["trials"]["completed"] >= 1
-    assert s["best"]["number"] == by_x[0]["number"]
+    by_x = sorted(trials, key=lambda t: -t.params["x"])
+    assert all(t.last_step > 1 for t in by_x[:3]), [(t.params, t.last_step) for t in by_x]
+    assert by_x[0].state == "COMPLETED"
+    assert s.trials.pruned >= 4 and s.trials.completed >= 1
+    assert s.best.number == by_x[0].number
     # ASHA's saving: far fewer steps than 9 trials x 9 steps
-    assert sum(t["last_step"] for t in trials) < 9 * 9 / 2
+    assert sum(t.last_step for t in trials) < 9 * 9 / 2
     assert max_overlap_all(c, trials) <= 2
-    names = sorted(j["name"] for j in c.jobs.list(limit=1000) if j["name"].startswith("halving-"))
-    assert names == sorted(job for t in trials for job in t["jobs"])
-    keys = [json.dumps(t["params"], sort_keys=True) for t in trials]
+    names = sorted(j.name for j in c.jobs.list(limit=1000) if j.name.startswith("halving-"))
+    assert names == sorted(job for t in trials for job in t.jobs)
+    keys = [json.dumps(t.params, sort_keys=True) for t in trials]
     assert len(keys) == len(set(keys))
 
 
@@ -140,18 +140,18 @@ def test_a_trial_that_runs_past_its_rung_is_stopped_there_and_one_trial_always_f
         }
     )
     s = wait_study(c, "eager", timeout=180)
-    assert s["state"] == "COMPLETED", s
+    assert s.state == "COMPLETED", s
     trials = c.studies.trials("eager")
-    best, other = sorted(trials, key=lambda t: -t["params"]["x"])
+    best, other = sorted(trials, key=lambda t: -t.params["x"])
     assert (best["state"], other["state"]) == ("COMPLETED", "PRUNED"), trials
     assert other["reason"].startswith("not promoted (score ") and other["budget"] == 2, other
     assert other["jobs"] == [other["job"]] and other["last_step"] == 3
     job = c.jobs.get(other["job"])
-    assert job["state"] == "CANCELLED" and "exit code -15" in job["reason"], job
+    assert job.state == "CANCELLED" and "exit code -15" in job.reason, job
     # the finisher: rungs 2 and 6, then its last step 8; stopped past each rung, the last job ran to its end
     assert (
         best["budget"] == 8 and best["last_step"] == 8 and best["value"] == pytest.approx(best["params"]["x"] + 0.008)
     )
-    states = [c.jobs.get(j)["state"] for j in best["jobs"]]
+    states = [c.jobs.get(j).state for j in best["jobs"]]
     assert states == ["CANCELLED", "CANCELLED", "SUCCEEDED"], (best["jobs"], states)
-    assert s["best"]["number"] == best["number"]
+    assert s.best.number == best["number"]

@@ -76,44 +76,44 @@ def test_a_study_over_a_template_reads_one_dataset_version(
     submitted = json.loads(cli(env, monkeypatch, "tune", "submit", "-f", str(path), "-o", "json"))
     assert submitted["state"] == "RUNNING"
     # the short form became the job spec's template section, its data the version the CLI pushed
-    trial_spec = c.studies.get(name)["spec"]["trial"]
+    trial_spec = c.studies.get(name).spec["trial"]
     assert trial_spec["template"] == {"name": "mlp", "data": f"{name}@1", "path": "train.csv", "label": "y"}
-    assert [v["version"] for v in c.datasets.versions(name)] == [1]
+    assert [v.version for v in c.datasets.versions(name)] == [1]
 
     s = wait_study(c, name, timeout=120)
     trials = c.studies.trials(name)
-    failed = [(t["reason"], [x.text for x in c.jobs.logs(t["job"])][-5:]) for t in trials if t["state"] == "FAILED"]
-    assert s["state"] == "COMPLETED" and not failed, (s, failed)
-    ran = [t for t in trials if t["job"]]
+    failed = [(t.reason, [x.text for x in c.jobs.logs(t.job)][-5:]) for t in trials if t.state == "FAILED"]
+    assert s.state == "COMPLETED" and not failed, (s, failed)
+    ran = [t for t in trials if t.job]
     if algorithm == "grid":  # the 2-point grid, each point once
-        assert "grid" in s["reason"] and s["trials_started"] == 2
-        assert sorted(t["params"]["units"] for t in ran) == [4, 8]
+        assert "grid" in s.reason and s.trials_started == 2
+        assert sorted(t.params["units"] for t in ran) == [4, 8]
     else:
-        assert s["trials_started"] == 3 and "max_trials" in s["reason"]
-    assert {t["state"] for t in ran} <= {"COMPLETED", "PRUNED"}
-    assert s["trials"]["completed"] + s["trials"]["pruned"] == len(ran)
-    assert s["trials"]["pruned"] == sum(t["state"] == "PRUNED" for t in ran)
+        assert s.trials_started == 3 and "max_trials" in s.reason
+    assert {t.state for t in ran} <= {"COMPLETED", "PRUNED"}
+    assert s.trials.completed + s.trials.pruned == len(ran)
+    assert s.trials.pruned == sum(t.state == "PRUNED" for t in ran)
     if algorithm == "asha":  # a trial behind a better one at its rung is stopped there
-        assert s["trials"]["pruned"] >= 1, [(t["params"], t["state"], t["reason"]) for t in trials]
+        assert s.trials.pruned >= 1, [(t.params, t.state, t.reason) for t in trials]
     for t in ran:
-        job = c.jobs.get(t["job"])
-        assert job["command"].startswith("python -m dlcloud.templates.train --template mlp")
+        job = c.jobs.get(t.job)
+        assert job.command.startswith("python -m dlcloud.templates.train --template mlp")
         # every trial reads the one version; its sampled parameters are the template's hparams
-        assert job["spec"]["template"]["data"] == f"{name}@1"
-        assert job["spec"]["hparams"] == {"epochs": 3, "patience": 0, "batch_size": 16, **t["params"]}
-        logs = "".join(x.text + "\n" for x in c.jobs.logs(t["job"]))
-        for k, v in t["params"].items():
+        assert job.spec["template"]["data"] == f"{name}@1"
+        assert job.spec["hparams"] == {"epochs": 3, "patience": 0, "batch_size": 16, **t.params}
+        logs = "".join(x.text + "\n" for x in c.jobs.logs(t.job))
+        for k, v in t.params.items():
             assert f'"{k}": {json.dumps(v)}' in logs  # DLCLOUD_HPARAMS as the trainer read it
-        if t["state"] == "COMPLETED":
-            assert 0.0 <= t["value"] <= 1.0 and t["last_step"] == 3  # val_accuracy at the last epoch
+        if t.state == "COMPLETED":
+            assert 0.0 <= t.value <= 1.0 and t.last_step == 3  # val_accuracy at the last epoch
         else:  # pruned at a rung; a 3-epoch trial may finish before its SIGTERM lands
-            assert t["reason"].startswith("pruned at step") and t["value"] is not None, t
-            assert job["state"] in ("CANCELLED", "SUCCEEDED"), job
+            assert t.reason.startswith("pruned at step") and t.value is not None, t
+            assert job.state in ("CANCELLED", "SUCCEEDED"), job
     assert max_overlap(c, trials) <= 2
     assert_each_trial_ran_once(c, name, trials)
     best = json.loads(cli(env, monkeypatch, "tune", "best", name, "-o", "json"))
     assert set(best) == set(SPACES[algorithm])
-    assert c.studies.best(name)["value"] == max(t["value"] for t in ran if t["state"] == "COMPLETED")
+    assert c.studies.best(name).value == max(t.value for t in ran if t.state == "COMPLETED")
 
 
 def _template_study(**trial_and_space: object) -> dict:
@@ -180,7 +180,7 @@ def test_a_template_trial_reads_the_dataset_version_named_at_submit(env: Env, tm
     trial = {"template": "mlp", "data": "blobs", "path": "train.csv", "validation_split": 0.5, "seed": 3}
     c.studies.submit(_template_study(trial=trial))
     c.datasets.push("blobs", path=dense_csv(tmp_path / "train.csv", n=40))
-    stored = c.studies.get("tpl")["spec"]["trial"]
+    stored = c.studies.get("tpl").spec["trial"]
     assert stored["template"] == {
         "name": "mlp",
         "data": "blobs@2",
@@ -196,7 +196,7 @@ def test_a_trials_datasets_given_as_mappings_are_pinned_at_submit(env: Env, tmp_
         c.datasets.push(name, path=dense_csv(tmp_path / "train.csv", n=20))
     trial = {"template": "mlp", "data": "blobs@1", "label": "y", "datasets": [{"name": "extra"}]}
     c.studies.submit(_template_study(trial=trial))
-    assert c.studies.get("tpl")["spec"]["trial"]["datasets"] == ["extra@2"]
+    assert c.studies.get("tpl").spec["trial"]["datasets"] == ["extra@2"]
 
 
 def test_a_pausing_asha_study_over_a_template_resumes_trials_from_their_checkpoints(
@@ -217,26 +217,26 @@ def test_a_pausing_asha_study_over_a_template_resumes_trials_from_their_checkpoi
     monkeypatch.chdir(tmp_path.parent)
     cli(env, monkeypatch, "tune", "submit", "-f", str(path), "-o", "json")
     s = wait_study(c, "tpl-pause", timeout=180)
-    trials = [t for t in c.studies.trials("tpl-pause") if t["state"] != "DUPLICATE"]
-    assert s["state"] == "COMPLETED" and s["trials_started"] == 4 == len(trials), (s, trials)
-    assert {t["state"] for t in trials} <= {"COMPLETED", "PRUNED"}, [(t["state"], t["reason"]) for t in trials]
-    assert any(len(t["jobs"]) > 1 for t in trials), trials  # somebody was promoted and resumed
-    assert s["trials"]["pruned"] >= 1 and s["trials"]["completed"] >= 1
+    trials = [t for t in c.studies.trials("tpl-pause") if t.state != "DUPLICATE"]
+    assert s.state == "COMPLETED" and s.trials_started == 4 == len(trials), (s, trials)
+    assert {t.state for t in trials} <= {"COMPLETED", "PRUNED"}, [(t.state, t.reason) for t in trials]
+    assert any(len(t.jobs) > 1 for t in trials), trials  # somebody was promoted and resumed
+    assert s.trials.pruned >= 1 and s.trials.completed >= 1
     for t in trials:
         epochs: list[int] = []
         previous = None
-        for k, name in enumerate(t["jobs"]):
+        for k, name in enumerate(t.jobs):
             job = c.jobs.get(name)
-            assert job["state"] == "SUCCEEDED" and len(job["attempts"]) == 1, job
-            assert job["spec"].get("checkpoint_from") == previous  # the previous job, by id
-            previous = job["id"]
+            assert job.state == "SUCCEEDED" and len(job.attempts) == 1, job
+            assert job.spec.get("checkpoint_from") == previous  # the previous job, by id
+            previous = job.id
             lines = [x.text for x in c.jobs.logs(name)]
             epochs += [int(x.split()[1].rstrip(":")) for x in lines if x.startswith("epoch ")]
             if k:
                 assert any(x.startswith("resuming from epoch") for x in lines), lines
-        assert epochs == list(range(1, t["last_step"] + 1)), (t["number"], epochs)  # none twice, none skipped
-        if t["state"] == "COMPLETED":
-            assert t["last_step"] == 4 and 0.0 <= t["value"] <= 1.0
+        assert epochs == list(range(1, t.last_step + 1)), (t.number, epochs)  # none twice, none skipped
+        if t.state == "COMPLETED":
+            assert t.last_step == 4 and 0.0 <= t.value <= 1.0
         else:
-            assert t["reason"].startswith("not promoted (val_accuracy "), t
-    assert max(t["value"] for t in trials if t["state"] == "COMPLETED") == c.studies.best("tpl-pause")["value"]
+            assert t.reason.startswith("not promoted (val_accuracy "), t
+    assert max(t.value for t in trials if t.state == "COMPLETED") == c.studies.best("tpl-pause").value

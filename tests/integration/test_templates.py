@@ -42,13 +42,13 @@ def template_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
 
 def _ended(client, name: str) -> dict:
     return wait_for(
-        lambda: (j := client.jobs.get(name))["state"] in TERMINAL and j, timeout=180, what=f"job {name} to end"
+        lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=180, what=f"job {name} to end"
     )
 
 
 def _event(client, name: str, fragment: str) -> str:
     def find() -> str | None:
-        return next((e["reason"] for e in client.jobs.get(name)["events"] if fragment in e["reason"]), None)
+        return next((e.reason for e in client.jobs.get(name).events if fragment in e.reason), None)
 
     return wait_for(find, timeout=120, what=f"an event of job {name} saying {fragment!r}")
 
@@ -56,7 +56,7 @@ def _event(client, name: str, fragment: str) -> str:
 def test_template_job_trains_reports_exports_and_is_registered(template_env: Env, tmp_path: Path) -> None:
     c = template_env.admin
     data = dense_csv(tmp_path / "train.csv", n=200)
-    assert c.datasets.push("blobs", path=data)["version"] == 1
+    assert c.datasets.push("blobs", path=data).version == 1
     spec = {
         "name": "tpl",
         "template": {"name": "mlp", "data": "blobs@1", "label": "y"},
@@ -64,10 +64,10 @@ def test_template_job_trains_reports_exports_and_is_registered(template_env: Env
         "register_model": {"name": "blobs-mlp"},
     }
     job = c.jobs.submit(spec)
-    assert job["command"].startswith("python -m dlcloud.templates.train --template mlp --data=")
+    assert job.command.startswith("python -m dlcloud.templates.train --template mlp --data=")
     ended = _ended(c, "tpl")
     logs = "".join(line.text + "\n" for line in c.jobs.logs("tpl"))
-    assert ended["state"] == "SUCCEEDED", logs
+    assert ended.state == "SUCCEEDED", logs
     assert '"units": 16' in logs  # DLCLOUD_HPARAMS: the given ones over the template's defaults
     assert "160 training and 40 validation examples, 4 features, csv train.csv, 2 classes" in logs
 
@@ -75,17 +75,17 @@ def test_template_job_trains_reports_exports_and_is_registered(template_env: Env
     assert reason == "model blobs-mlp version 1 registered from model", reason
 
     # metrics, each epoch and the best epoch's
-    series = {s["metric"]: s for s in c.jobs.metrics("tpl")["series"]}
+    series = {s.metric: s for s in c.jobs.metrics("tpl").series}
     assert {"loss", "val_loss", "accuracy", "val_accuracy", "best_val_accuracy", "best_epoch"} <= set(series)
     assert [p["step"] for p in series["val_loss"]["points"]][:3] == [1, 2, 3]
     best_val_accuracy = series["best_val_accuracy"]["points"][-1]["value"]
     assert best_val_accuracy >= 0.85
 
     version = c.models.version("blobs-mlp", 1)
-    assert version["format"] == "torchscript"
-    assert (version["source_job"], version["source_path"]) == ("tpl", "model")
-    assert version["metrics"]["best_val_accuracy"] == pytest.approx(best_val_accuracy)
-    assert version["signature"]["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}]
+    assert version.format == "torchscript"
+    assert (version.source_job, version.source_path) == ("tpl", "model")
+    assert version.metrics["best_val_accuracy"] == pytest.approx(best_val_accuracy)
+    assert version.signature["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}]
 
     # the registered model answers like the training process: its accuracy on the very validation rows the
     # trainer held out (same seed, same split) is the one the job reported
@@ -110,10 +110,10 @@ def test_a_failing_template_job_names_the_line_and_registers_nothing(template_en
     (tmp_path / "bad.csv").write_text("a,b,y\n1,2,0\n3,4\n")
     c.datasets.push("bad", path=tmp_path / "bad.csv")
     c.jobs.submit({"name": "bad", "template": {"name": "logreg", "data": "bad"}, "register_model": {"name": "m"}})
-    assert _ended(c, "bad")["state"] == "FAILED"
+    assert _ended(c, "bad").state == "FAILED"
     logs = "".join(line.text + "\n" for line in c.jobs.logs("bad"))
     assert "error: bad.csv line 3: 2 columns, the header has 3" in logs
-    assert not any("model m" in e["reason"] for e in c.jobs.get("bad")["events"])
+    assert not any("model m" in e.reason for e in c.jobs.get("bad").events)
     assert c.models.list() == []
 
 
@@ -128,7 +128,7 @@ def test_plain_job_gets_hparams_as_env_and_arguments(template_env: Env) -> None:
             "hparams_as_args": True,
         }
     )
-    assert _ended(c, "hp")["state"] == "SUCCEEDED"
+    assert _ended(c, "hp").state == "SUCCEEDED"
     line = next(line.text for line in c.jobs.logs("hp") if line.text.startswith("HP "))
     assert json.loads(line.split(" ", 1)[1].rsplit(" [", 1)[0]) == {"act": "relu", "lr": 0.1, "units": 8, "wide": True}
     assert line.endswith("['--lr=0.1', '--units=8', '--wide=true', '--act=relu']")
@@ -143,9 +143,9 @@ def test_plain_job_registers_its_output_when_it_succeeds(template_env: Env) -> N
             "register_model": {"name": "plain", "path": "weights.onnx"},
         }
     )
-    assert _ended(c, "onnxish")["state"] == "SUCCEEDED"
+    assert _ended(c, "onnxish").state == "SUCCEEDED"
     assert _event(c, "onnxish", "model plain") == "model plain version 1 registered from weights.onnx"
-    assert c.models.version("plain", 1)["format"] == "onnx"
+    assert c.models.version("plain", 1).format == "onnx"
     c.jobs.submit(
         {
             "name": "nothing",
@@ -227,7 +227,7 @@ def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env,
     data = dense_csv(tmp_path / "train.csv", n=20)
     section = upload_template_data(c, {"name": "mlp", "data": "train.csv", "label": "y"}, "churn", tmp_path)
     assert section == {"name": "mlp", "data": "churn@1", "path": "train.csv", "label": "y"}
-    assert [f["path"] for f in c.datasets.files("churn", 1)] == ["train.csv"]
+    assert [f.path for f in c.datasets.files("churn", 1)] == ["train.csv"]
     assert upload_template_data(c, {"name": "mlp", "data": str(data)}, "churn", Path("/"))["data"] == "churn@2"
     # a dataset reference is kept, REF:PATH names one file of it
     assert upload_template_data(c, {"data": "clicks@3:part/0.svm"}, "x", tmp_path) == {
@@ -245,12 +245,12 @@ def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env,
         {"name": "churn", "template": section, "hparams": {"layers": 3}, "register_model": {"name": "churn"}}
     )
     detail = c.jobs.get("churn")
-    assert detail["spec"]["register_model"] == {
+    assert detail.spec["register_model"] == {
         "name": "churn",
         "path": "model",
         "format": "torchscript",
         "signature": None,
         "description": "",
     }
-    assert [d["name"] for d in detail["spec"]["resolved_datasets"]] == ["churn"]
-    assert '--data="${DLCLOUD_DATASET_CHURN}" --path train.csv --label y' in job["command"]
+    assert [d["name"] for d in detail.spec["resolved_datasets"]] == ["churn"]
+    assert '--data="${DLCLOUD_DATASET_CHURN}" --path train.csv --label y' in job.command

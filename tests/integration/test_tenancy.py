@@ -17,7 +17,7 @@ def _creds(key: dict) -> Credentials:
 
 
 def _who(client: Client) -> str:
-    return client.whoami()["user"]
+    return client.whoami().user
 
 
 # --- tenants ------------------------------------------------------------------------------------------------
@@ -25,8 +25,8 @@ def _who(client: Client) -> str:
 
 def test_platform_admin_creates_lists_and_sets_quota(env):
     created = env.admin.tenants.create("vision", {"gpus": 2, "cpus": 8, "memory": "64Gi", "max_queued_jobs": 10})
-    assert created["name"] == "vision"
-    assert created["quota"] == {
+    assert created.name == "vision"
+    assert created.quota.model_dump(mode="json") == {
         "gpus": 2,
         "cpus": 8.0,
         "memory": 64 * 1024**3,
@@ -34,13 +34,13 @@ def test_platform_admin_creates_lists_and_sets_quota(env):
         "max_queued_jobs": 10,
         "storage": None,
     }
-    assert [t["name"] for t in env.admin.tenants.list()] == ["default", "vision"]
+    assert [t.name for t in env.admin.tenants.list()] == ["default", "vision"]
     updated = env.admin.tenants.set_quota("vision", {"gpus": 1, "max_running_jobs": 3})
-    assert updated["quota"]["gpus"] == 1
-    assert updated["quota"]["max_running_jobs"] == 3
-    assert updated["quota"]["cpus"] is None  # set_quota replaces the whole quota
-    assert env.admin.tenants.get("vision")["quota"] == updated["quota"]
-    assert env.admin.accounting.quota("vision")["limits"] == updated["quota"]
+    assert updated.quota.gpus == 1
+    assert updated.quota.max_running_jobs == 3
+    assert updated.quota.cpus is None  # set_quota replaces the whole quota
+    assert env.admin.tenants.get("vision").quota == updated.quota
+    assert env.admin.accounting.quota("vision").limits == updated.quota
 
 
 @pytest.mark.parametrize("role", ["tenant-admin", "member"])
@@ -56,25 +56,25 @@ def test_only_the_platform_admin_manages_tenants(env, role):
     ) as exc:
         user.tenants.set_quota("team", {"gpus": 64})
     assert exc.value.code == "permission_denied"
-    assert [t["name"] for t in env.admin.tenants.list()] == ["default", "team"]
-    assert env.admin.tenants.get("team")["quota"]["gpus"] == 1
-    assert [t["name"] for t in user.tenants.list()] == ["team"]
+    assert [t.name for t in env.admin.tenants.list()] == ["default", "team"]
+    assert env.admin.tenants.get("team").quota.gpus == 1
+    assert [t.name for t in user.tenants.list()] == ["team"]
 
 
 def test_only_the_platform_admin_lets_a_tenants_jobs_make_user_namespaces(env):
     member = env.new_tenant_user("lab", "lena", role="tenant-admin")
-    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": False}  # the default: denied
+    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": False}  # the default: denied
     with pytest.raises(DlcloudError, match="sandbox terms needs the platform-admin role") as exc:
         member.tenants.update("lab", sandbox={"user_namespaces": True})
     assert exc.value.http_status == 403
-    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": False}  # nothing changed
+    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": False}  # nothing changed
     updated = env.admin.tenants.update("lab", sandbox={"user_namespaces": True})
-    assert updated["sandbox"] == {"user_namespaces": True}
-    assert updated["network"] == {"egress": None, "allow": []}  # what was left out stays
+    assert updated.sandbox.model_dump(mode="json") == {"user_namespaces": True}
+    assert updated.network.model_dump(mode="json") == {"egress": None, "allow": []}  # what was left out stays
     with pytest.raises(DlcloudError) as exc:
         env.admin.tenants.update("lab", sandbox={"user_namespaces": "sometimes"})
     assert exc.value.http_status == 422
-    assert env.admin.tenants.get("lab")["sandbox"] == {"user_namespaces": True}
+    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": True}
 
 
 # --- users --------------------------------------------------------------------------------------------------
@@ -83,15 +83,15 @@ def test_only_the_platform_admin_lets_a_tenants_jobs_make_user_namespaces(env):
 def test_users_are_created_with_roles(env):
     env.admin.tenants.create("team")
     lead = env.admin.users.create("lead", tenant="team", role="tenant-admin")
-    assert (lead["tenant"], lead["role"]) == ("team", "tenant-admin")
+    assert (lead.tenant, lead.role) == ("team", "tenant-admin")
     lead_client = env.client(_creds(env.admin.keys.create(user="lead", tenant="team")))
     member = lead_client.users.create("mia")  # default role, the caller's tenant
-    assert (member["tenant"], member["role"]) == ("team", "member")
+    assert (member.tenant, member.role) == ("team", "member")
     second_admin = lead_client.users.create("max", role="tenant-admin")
-    assert second_admin["role"] == "tenant-admin"
-    roles = {u["name"]: u["role"] for u in lead_client.users.list()}
+    assert second_admin.role == "tenant-admin"
+    roles = {u.name: u.role for u in lead_client.users.list()}
     assert roles == {"lead": "tenant-admin", "mia": "member", "max": "tenant-admin"}
-    all_users = {(u["tenant"], u["name"]) for u in env.admin.users.list()}
+    all_users = {(u.tenant, u.name) for u in env.admin.users.list()}
     assert {("default", "admin"), ("team", "lead"), ("team", "mia"), ("team", "max")} == all_users
 
 
@@ -102,58 +102,57 @@ def test_a_user_may_hold_several_keys_and_the_secret_is_shown_once(env):
     first = env.new_tenant_user("team", "kim")
     second_key = env.admin.keys.create(user="kim", tenant="team")
     own_key = first.keys.create()
-    assert own_key["user"] == "kim" and own_key["tenant"] == "team" and own_key["enabled"] is True
+    assert own_key.user == "kim" and own_key.tenant == "team" and own_key.enabled is True
     for key in (second_key, own_key):
-        assert key["secret_key"] and key["access_key"].startswith("AK")
+        assert key.secret_key and key.access_key.startswith("AK")
         assert _who(env.client(_creds(key))) == "kim"
     listed = first.keys.list()
     assert len(listed) == 3
-    assert {second_key["access_key"], own_key["access_key"]} <= {k["access_key"] for k in listed}
-    for k in listed:
-        assert "secret_key" not in k
+    assert {second_key.access_key, own_key.access_key} <= {k.access_key for k in listed}
+    for k in first.transport.request("GET", f"{API}/keys"):  # what the wire holds: no secret in a listing
         assert set(k) == {"access_key", "user", "tenant", "enabled", "created_at"}
-    assert all("secret_key" not in k for k in env.admin.keys.list())
+    assert all("secret_key" not in k for k in env.admin.transport.request("GET", f"{API}/keys"))
 
 
 def test_disable_enable_and_delete_a_key(env):
     main = env.new_tenant_user("team", "kim")
     spare = main.keys.create()
     spare_client = env.client(_creds(spare))
-    assert main.keys.disable(spare["access_key"])["enabled"] is False
+    assert main.keys.disable(spare.access_key).enabled is False
     with pytest.raises(DlcloudError, match="is disabled") as exc:
         spare_client.whoami()
     assert exc.value.code == "disabled_access_key"
-    assert {k["access_key"]: k["enabled"] for k in main.keys.list()}[spare["access_key"]] is False
-    assert main.keys.enable(spare["access_key"])["enabled"] is True
+    assert {k.access_key: k.enabled for k in main.keys.list()}[spare.access_key] is False
+    assert main.keys.enable(spare.access_key).enabled is True
     assert _who(spare_client) == "kim"
-    main.keys.delete(spare["access_key"])
+    main.keys.delete(spare.access_key)
     with pytest.raises(DlcloudError, match="unknown access key") as exc:
         spare_client.whoami()
     assert exc.value.code == "unknown_access_key"
-    assert spare["access_key"] not in {k["access_key"] for k in main.keys.list()}
+    assert spare.access_key not in {k.access_key for k in main.keys.list()}
 
 
 @pytest.mark.parametrize("action", ["disable", "enable", "delete"])
 def test_member_cannot_touch_another_users_key(env, action):
     alice = env.new_tenant_user("team", "alice")
-    bob_key = env.admin.keys.create(user=env.admin.users.create("bob", tenant="team")["name"], tenant="team")
+    bob_key = env.admin.keys.create(user=env.admin.users.create("bob", tenant="team").name, tenant="team")
     if action == "enable":
-        env.admin.keys.disable(bob_key["access_key"])
-    with pytest.raises(DlcloudError, match=f"access key '{bob_key['access_key']}' not found") as exc:
-        getattr(alice.keys, action)(bob_key["access_key"])
+        env.admin.keys.disable(bob_key.access_key)
+    with pytest.raises(DlcloudError, match=f"access key '{bob_key.access_key}' not found") as exc:
+        getattr(alice.keys, action)(bob_key.access_key)
     assert exc.value.code == "not_found"
-    state = {k["access_key"]: k["enabled"] for k in env.admin.keys.list(tenant="team")}
-    assert state[bob_key["access_key"]] is (action != "enable")
+    state = {k.access_key: k.enabled for k in env.admin.keys.list(tenant="team")}
+    assert state[bob_key.access_key] is (action != "enable")
 
 
 def test_tenant_admin_manages_members_keys(env):
     lead = env.new_tenant_user("team", "lead", role="tenant-admin")
     env.admin.users.create("mia", tenant="team")
     mia_key = lead.keys.create(user="mia")
-    assert mia_key["user"] == "mia"
-    assert lead.keys.disable(mia_key["access_key"])["enabled"] is False
-    lead.keys.delete(mia_key["access_key"])
-    assert mia_key["access_key"] not in {k["access_key"] for k in lead.keys.list()}
+    assert mia_key.user == "mia"
+    assert lead.keys.disable(mia_key.access_key).enabled is False
+    lead.keys.delete(mia_key.access_key)
+    assert mia_key.access_key not in {k.access_key for k in lead.keys.list()}
 
 
 def test_cannot_disable_or_delete_the_signing_key(env, subtests):
@@ -170,8 +169,8 @@ def test_cannot_disable_or_delete_the_signing_key(env, subtests):
                     getattr(client.keys, action)(own)
                 assert e.value.code == "invalid_argument"
                 assert e.value.http_status == 400
-                assert {k["access_key"]: k["enabled"] for k in client.keys.list()}[own] is True
-                assert client.whoami()["access_key"] == own
+                assert {k.access_key: k.enabled for k in client.keys.list()}[own] is True
+                assert client.whoami().access_key == own
 
 
 # --- audit --------------------------------------------------------------------------------------------------
@@ -311,10 +310,10 @@ def test_authentication_failures_are_audited(env):
 
     # the tenant admin of 'team' sees the failure against its member's key; the default tenant does not
     lead = env.new_tenant_user("team", "lead", role="tenant-admin")
-    team_ids = {e["request_id"] for e in lead.accounting.audit(limit=10_000)}
+    team_ids = {e.request_id for e in lead.accounting.audit(limit=10_000)}
     assert bad_sig.headers["x-request-id"] in team_ids
     assert unknown.headers["x-request-id"] not in team_ids
-    default_ids = {e["request_id"] for e in env.admin.accounting.audit(limit=10_000)}
+    default_ids = {e.request_id for e in env.admin.accounting.audit(limit=10_000)}
     assert bad_sig.headers["x-request-id"] not in default_ids
 
     text = json.dumps(list(events.values()))
@@ -329,8 +328,8 @@ def test_audit_filters_by_action_and_user(env):
     lead.users.create("max")
     lead.keys.create()
     created = lead.accounting.audit(action="users.create")
-    assert sorted(e["resource"] for e in created) == ["team/max", "team/mia"]
-    assert {e["user"] for e in lead.accounting.audit(user="lead")} == {"lead"}
+    assert sorted(e.resource for e in created) == ["team/max", "team/mia"]
+    assert {e.user for e in lead.accounting.audit(user="lead")} == {"lead"}
     assert lead.accounting.audit(user="mia") == []
     assert len(lead.accounting.audit(limit=1)) == 1
 
@@ -342,13 +341,13 @@ def test_tenant_admin_cannot_mint_or_revoke_a_platform_admins_key(env):
     with pytest.raises(DlcloudError, match="platform admin") as exc:
         deputy.keys.create(user="admin")
     assert exc.value.code == "permission_denied"
-    admin_keys = [k["access_key"] for k in env.admin.keys.list(user="admin", tenant="default")]
+    admin_keys = [k.access_key for k in env.admin.keys.list(user="admin", tenant="default")]
     assert admin_keys == [env.admin_creds.access_key]
     for action in ("disable", "delete"):
         with pytest.raises(DlcloudError, match="platform admin") as exc:
             getattr(deputy.keys, action)(env.admin_creds.access_key)
         assert exc.value.code == "permission_denied"
-    assert env.admin.whoami()["role"] == "platform-admin"
+    assert env.admin.whoami().role == "platform-admin"
     # the deputy still manages ordinary members' keys
     env.admin.users.create("mia")
-    assert deputy.keys.create(user="mia")["user"] == "mia"
+    assert deputy.keys.create(user="mia").user == "mia"

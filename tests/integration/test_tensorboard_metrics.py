@@ -165,20 +165,17 @@ def platform(tmp_path: Path, db_url: str) -> Iterator[Platform]:
 def _wait_end(env: Env, name: str, timeout: float = 240.0) -> dict:
     """The job ended and succeeded, and its event files had their last reading (which comes after the end)."""
     job = wait_for(
-        lambda: (j := env.admin.jobs.get(name))["state"] in TERMINAL and j, timeout=timeout, what=f"{name} to end"
+        lambda: (j := env.admin.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"{name} to end"
     )
-    assert job["state"] == "SUCCEEDED", [line.text for line in env.admin.jobs.logs(name)]
+    assert job.state == "SUCCEEDED", [line.text for line in env.admin.jobs.logs(name)]
     assert env.control is not None
-    wait_for(lambda: env.control.ingester.settled(job["id"]), timeout=timeout, what=f"{name}'s last reading")
+    wait_for(lambda: env.control.ingester.settled(job.id), timeout=timeout, what=f"{name}'s last reading")
     return job
 
 
 def _series(env: Env, name: str) -> dict[tuple[str, int, str], list[tuple[int, float]]]:
     answer = env.admin.jobs.metrics(name, max_points=10_000)
-    return {
-        (s["metric"], s["attempt"], s["replica"]): [(p["step"], p["value"]) for p in s["points"]]
-        for s in answer["series"]
-    }
+    return {(s.metric, s.attempt, s.replica): [(p.step, p.value) for p in s.points] for s in answer.series}
 
 
 def _rows(env: Env, job_id: str) -> int:
@@ -202,16 +199,16 @@ def test_a_summary_writer_jobs_scalars_are_read_while_it_runs_again_after_a_rest
         ("train/accuracy", 1, ""): [(s, s / 8) for s in range(5)],
     }
     wait_for(lambda: _series(env, "tb-torch") == first, timeout=180, what="the first half, read while it runs")
-    assert env.admin.jobs.get("tb-torch")["state"] == "RUNNING"
-    assert _rows(env, job["id"]) == 10
+    assert env.admin.jobs.get("tb-torch").state == "RUNNING"
+    assert _rows(env, job.id) == 10
 
     # a restarted control plane reads the files again from their start: the same rows, none twice
     platform.restart()
-    attempt = _attempt_id(env, job["id"])
+    attempt = _attempt_id(env, job.id)
     wait_for(lambda: platform.control.ingester.stored(attempt)[0] >= 10, timeout=60, what="the files read again")
-    assert _rows(env, job["id"]) == 10 and _series(env, "tb-torch") == first
+    assert _rows(env, job.id) == 10 and _series(env, "tb-torch") == first
 
-    release(env.settings.data_dir, job["id"])
+    release(env.settings.data_dir, job.id)
     _wait_end(env, "tb-torch")
     series = _series(env, "tb-torch")
     assert series == {
@@ -219,10 +216,10 @@ def test_a_summary_writer_jobs_scalars_are_read_while_it_runs_again_after_a_rest
         ("train/accuracy", 1, ""): [(s, s / 8) for s in range(5)],
         ("last", 1, ""): [(1000, 42.0)],  # written as the process ended: read by the attempt's last pass
     }
-    assert _rows(env, job["id"]) == 16
+    assert _rows(env, job.id) == 16
     # each point's time is the event's wall time, as the job wrote it
     answer = env.admin.jobs.metrics("tb-torch", metrics=["last"])
-    when = datetime.fromisoformat(answer["series"][0]["points"][0]["time"])
+    when = datetime.fromisoformat(answer.series[0].points[0].time)
     assert started <= when <= datetime.now().astimezone()
 
 
@@ -252,7 +249,7 @@ def test_hostile_event_files_are_bounded_and_block_neither_the_ingester_nor_anot
     )
     assert platform.control.ingester.running
     for job in (hostile, plain):
-        release(env.settings.data_dir, job["id"])
+        release(env.settings.data_dir, job.id)
     _wait_end(env, "tb-plain")
     _wait_end(env, "tb-hostile")
     assert _series(env, "tb-plain") == {("loss", 1, ""): [(s, 1.0 + s) for s in range(4)]}
@@ -279,7 +276,7 @@ def test_each_gang_replica_writes_its_own_tensorboard_dir(platform):
 def test_scalars_read_from_event_files_are_checked_like_a_push(env):
     job = env.admin.jobs.submit({"name": "tb-names", "command": "true"})  # no control loop: it stays queued
     with env.platform.db.write() as s:
-        row = s.get(JobRow, job["id"])
+        row = s.get(JobRow, job.id)
         tenant = row.tenant_id
         s.add(AttemptRow(job_id=row.id, tenant_id=tenant, user_id=row.user_id, number=1, host="h", gpus=[],
                          cpus=1.0, memory=0, handle="t/j/attempt-1", started_at=utcnow()))  # fmt: skip
@@ -293,7 +290,7 @@ def test_scalars_read_from_event_files_are_checked_like_a_push(env):
         EventScalar("worker-1", "loss", 3, 3.0, now),
         EventScalar("worker-1", "loss", 3, 4.0, now),  # the same point again: the last wins
     ]
-    stored, dropped = metrics.store_event_scalars(env.platform.db.write, tenant, job["id"], 1, scalars)
+    stored, dropped = metrics.store_event_scalars(env.platform.db.write, tenant, job.id, 1, scalars)
     assert stored == 3 and sum(dropped.values()) == 3 and len(dropped) == 3
     assert _series(env, "tb-names") == {
         ("validation/epoch_loss__val_", 1, ""): [(1, 0.5)],
@@ -301,4 +298,4 @@ def test_scalars_read_from_event_files_are_checked_like_a_push(env):
         ("loss", 1, "worker-1"): [(3, 4.0)],
     }
     answer = env.admin.jobs.metrics("tb-names", metrics=["no-time"])
-    assert datetime.fromisoformat(answer["series"][0]["points"][0]["time"]).year == utcnow().year
+    assert datetime.fromisoformat(answer.series[0].points[0].time).year == utcnow().year

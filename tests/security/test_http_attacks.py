@@ -484,7 +484,7 @@ def test_a_huge_pax_or_long_name_header_is_refused_before_it_is_read(env: Env, t
     assert not [*env.settings.data_dir.rglob(".upload-*"), *env.settings.data_dir.rglob(".receiving-*")]
     # the same archive with a header of that kind of ordinary size is accepted
     small = _metadata_bomb(tmp_path / "small.tar.gz", kind, 200)
-    assert env.admin.code.upload(small, kind="archive")["id"].startswith("c-")
+    assert env.admin.code.upload(small, kind="archive").id.startswith("c-")
 
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
@@ -492,7 +492,7 @@ def test_archives_with_ordinary_long_names_still_upload(env: Env, tmp_path: Path
     long_name = "pkg/" + "d" * 120 + "/" + "m" * 150 + ".py"
     path = tmp_path / "code.tar.gz"
     path.write_bytes(_tar_gz({"train.py": b"print(1)\n", long_name: b"x = 1\n"}, fmt))
-    assert env.admin.code.upload(path, kind="archive")["id"].startswith("c-")
+    assert env.admin.code.upload(path, kind="archive").id.startswith("c-")
 
 
 def test_sparse_files_are_refused(env: Env, tmp_path: Path):
@@ -549,7 +549,7 @@ def test_a_flood_of_badly_signed_requests_writes_two_audit_events(env: Env, audi
     # the victim tenant's admin reads the count through the API
     lead = env.new_tenant_user("victim", "lead", role="tenant-admin")
     events = lead.accounting.audit(action="auth.bad_signature")
-    assert sorted(e["resource"] or "" for e in events) == ["", "repeated 299 more times within 60 s"]
+    assert sorted(e.resource or "" for e in events) == ["", "repeated 299 more times within 60 s"]
 
 
 def test_a_new_window_records_the_next_failure_at_once(tmp_path: Path, db_url: str, audit_clock):
@@ -598,7 +598,7 @@ def test_share_answers_alike_whether_or_not_the_tenant_exists(env: Env, tmp_path
     assert set(shared.json()) == set(ghost.json()) == {"tenant", "created_at"}
     assert (shared.json()["tenant"], ghost.json()["tenant"]) == ("beta", "gamma")
     assert _rows(env)["model_shares"] == before + 1  # only the real one is stored
-    assert alice.models.get("mnist")["shared_with"] == ["beta"]
+    assert alice.models.get("mnist").shared_with == ["beta"]
     # unsharing and reading through an owner answer alike as well
     a = env.signed(alice.transport.creds, "DELETE", f"{API}/models/mnist/shares/gamma")
     b = env.signed(alice.transport.creds, "DELETE", f"{API}/models/mnist/shares/default")
@@ -633,7 +633,7 @@ def test_tenant_admins_cannot_tell_tenants_apart(env: Env):
 
 def test_names_shaped_like_ids_are_refused(env: Env, tmp_path: Path):
     real = env.admin.jobs.submit({"name": "real", "command": "true"})
-    for name in (real["id"], "j-" + "0" * 16, "m-abcdefghijklmnop", "mv-0123456789abcdef", "c-aaaaaaaaaaaaaaaa"):
+    for name in (real.id, "j-" + "0" * 16, "m-abcdefghijklmnop", "mv-0123456789abcdef", "c-aaaaaaaaaaaaaaaa"):
         before = _rows(env)
         with pytest.raises(DlcloudError, match="has the shape of an id") as exc:
             env.admin.jobs.submit({"name": name, "command": "true"})
@@ -650,11 +650,11 @@ def test_names_shaped_like_ids_are_refused(env: Env, tmp_path: Path):
     # names that only resemble ids are fine, and each value names one job
     for name in ("j-short", "job-0123456789abcdef", "jj-0123456789abcdef0", "j-0123456789abcdef0"):
         env.admin.jobs.submit({"name": name, "command": "true"})
-    assert env.admin.jobs.get(real["id"])["name"] == "real"
-    assert env.admin.jobs.get("real")["id"] == real["id"]
+    assert env.admin.jobs.get(real.id).name == "real"
+    assert env.admin.jobs.get("real").id == real.id
     other = env.new_tenant_user("beta", "bob")
     with pytest.raises(NotFound):
-        other.jobs.get(real["id"])  # another tenant's id is not found
+        other.jobs.get(real.id)  # another tenant's id is not found
 
 
 # --- 7. the signed path is the documented one ---------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_inspecting_a_python_model_sees_none_of_the_servers_environment(env: Env
         monkeypatch.setenv(key, value)
     mallory = env.new_tenant_user("attacker", "mallory")
     version = mallory.models.register("snoop", "python", artifact=_snoop(tmp_path / "snoop"))
-    assert version["executes_code"] is True
+    assert version.executes_code is True
     seen = _seen(version)
     env_keys = {item.split("=")[1] for item in seen if item.startswith("env=")}
     assert env_keys, seen
@@ -131,7 +131,7 @@ def test_a_model_that_is_not_shared_is_unreachable(env: Env, tmp_path):
         assert isinstance(err, ModelNotFound) and err.http_status == 404
         assert "attacker" not in err.message
     assert not (tmp_path / "stolen").exists() and not (tmp_path / "cache").exists()
-    assert vera.models.version("fraud", 1)["deployed"] is False
+    assert vera.models.version("fraud", 1).deployed is False
 
 
 @pytest.mark.parametrize("fmt", ["python", "sklearn"])
@@ -145,7 +145,7 @@ def test_an_untrusted_shared_code_model_is_never_downloaded(env: Env, tmp_path, 
         artifact.write_bytes(b"not even a pickle")
     mallory.models.register("gift", fmt, artifact=artifact)
     mallory.models.share("gift", "victim")
-    assert vera.models.version("attacker/gift", 1)["executes_code"] is True
+    assert vera.models.version("attacker/gift", 1).executes_code is True
 
     mirror = _mirror(vera, "attacker/gift", tmp_path / "cache")
     err = _error(mirror.sync)
@@ -153,7 +153,7 @@ def test_an_untrusted_shared_code_model_is_never_downloaded(env: Env, tmp_path, 
     assert f"a {fmt!r} model: loading it runs code written by tenant 'attacker'" in err.message
     assert "--trust-code attacker/gift" in err.message
     assert mirror.on_disk() == {}
-    assert vera.models.version("attacker/gift", 1)["deployed"] is False  # no lease either
+    assert vera.models.version("attacker/gift", 1).deployed is False  # no lease either
 
     trusted = _mirror(vera, "attacker/gift", tmp_path / "trusted", trusted=True)
     assert trusted.sync() is True and set(trusted.on_disk()) == {1}
@@ -208,18 +208,18 @@ def test_another_tenant_cannot_release_my_lease_and_an_expired_lease_blocks_noth
     mirror = _mirror(mallory, "victim/shared", tmp_path / "cache", name="mallory-edge")
     mirror.ttl_seconds = 30
     mirror.sync()
-    [lease] = vera.models.version("shared", 1)["deployments"]
+    [lease] = vera.models.version("shared", 1).deployments
     assert (lease["name"], lease["tenant"]) == ("mallory-edge", "attacker")
 
     # another tenant, the owner, or the owner's other user: none of them ends mallory's lease
     carl.models.release_deployment("victim/shared", 1, "mallory-edge")
     vera.models.release_deployment("shared", 1, "mallory-edge")
     victor.models.release_deployment("shared", 1, "mallory-edge")
-    assert vera.models.version("shared", 1)["deployed"] is True
+    assert vera.models.version("shared", 1).deployed is True
     assert _error(lambda: vera.models.delete_version("shared", 1)).code == "model_deployed"
     # nor can they renew it to point it elsewhere (their own lease of that name is a different lease)
     carl.models.heartbeat_deployment("victim/shared", 1, "mallory-edge", "http://carl", 30)
-    seen = {(d["tenant"], d["endpoint"]) for d in vera.models.version("shared", 1)["deployments"]}
+    seen = {(d.tenant, d.endpoint) for d in vera.models.version("shared", 1).deployments}
     assert seen == {("attacker", "http://127.0.0.1:1"), ("gamma", "http://carl")}
     carl.models.release_deployment("victim/shared", 1, "mallory-edge")
 

@@ -56,11 +56,11 @@ def make_env(tmp_path, db_url) -> Iterator:
 
 
 def _member(env: Env, tenant: str, user: str, role: str = "member", quota: dict | None = None) -> Credentials:
-    if tenant not in {t["name"] for t in env.admin.tenants.list()}:
+    if tenant not in {t.name for t in env.admin.tenants.list()}:
         env.admin.tenants.create(tenant, quota or {})
     env.admin.users.create(user, tenant=tenant, role=role)
     key = env.admin.keys.create(user=user, tenant=tenant)
-    return Credentials("http://testserver", key["access_key"], key["secret_key"])
+    return Credentials("http://testserver", key.access_key, key.secret_key)
 
 
 def _submit(env: Env, creds: Credentials, name: str, **spec: object) -> dict:
@@ -89,7 +89,7 @@ def _seen_by(env: Env, creds: Credentials, jobs: list[str]) -> str:
 
 def _secrets_of(env: Env, tenant: str, user: str, jobs: list[dict]) -> list[str]:
     """What identifies another tenant: its name and id, its user, its jobs' names and ids."""
-    tid = next(t["id"] for t in env.admin.tenants.list() if t["name"] == tenant)
+    tid = next(t.id for t in env.admin.tenants.list() if t.name == tenant)
     return [tenant, tid, user, *(j["name"] for j in jobs), *(j["id"] for j in jobs)]
 
 
@@ -218,7 +218,7 @@ def test_describe_position_does_not_count_another_tenants_queue(make_env):
     assert got["wait_reason"] == "waiting for the scheduler", got
     assert [e["position"] for e in _get(env, mallory, "/api/v1/queue")] == [1]
     # the platform admin still sees the whole queue's order
-    assert [e["name"] for e in env.admin.jobs.queue()] == [f"vera-{i}" for i in range(5)] + ["probe"]
+    assert [e.name for e in env.admin.jobs.queue()] == [f"vera-{i}" for i in range(5)] + ["probe"]
 
 
 def test_open_metrics_show_no_tenant_and_per_tenant_metrics_need_the_scrape_token(make_env):
@@ -285,7 +285,7 @@ def test_priority_outside_the_range_by_class_or_number_is_refused(make_env):
 
 def test_members_and_tenant_admins_cannot_change_scheduling_terms(make_env):
     env = make_env("fair-share")
-    before = env.admin.tenants.get("default")["scheduling"]
+    before = env.admin.tenants.get("default").scheduling
     for role in ("member", "tenant-admin"):
         creds = _member(env, "mallory-lab", f"mallory-{role}", role=role)
         for target in ("mallory-lab", "default"):
@@ -293,14 +293,14 @@ def test_members_and_tenant_admins_cannot_change_scheduling_terms(make_env):
             resp = env.signed(creds, "PATCH", f"/api/v1/tenants/{target}", body)
             assert resp.status_code in (403, 404), resp.text
             assert resp.json()["error"]["code"] in ("permission_denied", "not_found")
-    assert env.admin.tenants.get("default")["scheduling"] == before
-    assert env.admin.tenants.get("mallory-lab")["scheduling"]["weight"] == 1.0
+    assert env.admin.tenants.get("default").scheduling == before
+    assert env.admin.tenants.get("mallory-lab").scheduling.weight == 1.0
 
 
 def test_bad_terms_through_the_cli_change_nothing(make_env, monkeypatch):
     env = make_env("fair-share")
     env.admin.tenants.create("t1", {"gpus": 2})
-    before = env.admin.tenants.get("t1")["scheduling"]
+    before = env.admin.tenants.get("t1").scheduling
     monkeypatch.setattr(cli_admin, "client", lambda ctx: env.admin)
     for args in (
         ["--priority-range", "1:2:3"],
@@ -316,7 +316,7 @@ def test_bad_terms_through_the_cli_change_nothing(make_env, monkeypatch):
     ):
         res = CliRunner().invoke(cli_app, ["tenants", "update", "t1", *args], env={"COLUMNS": "250"})
         assert res.exit_code != 0, (args, res.output)
-    assert env.admin.tenants.get("t1")["scheduling"] == before
+    assert env.admin.tenants.get("t1").scheduling == before
 
 
 def test_a_queue_of_ten_thousand_jobs_is_bounded_and_shows_only_the_callers(make_env):

@@ -275,8 +275,7 @@ def _scheduling_fields(s: SchedulingSpec | SchedulingTerms) -> list[tuple[str, s
         ("Guarantee", f"{g.gpus} GPU, {g.cpus:g} CPU, {format_memory(g.memory)}"),
         (
             "Borrow limit",
-            f"{_limit(b.gpus)} GPU, {_limit(b.cpus, lambda v: f'{v:g}')} CPU, "
-            f"{_limit(b.memory, format_memory)} memory",
+            f"{_limit(b.gpus)} GPU, {_limit(b.cpus, lambda v: f'{v:g}')} CPU, {_limit(b.memory, format_memory)} memory",
         ),
         ("Weight", f"{s.weight:g}"),
         ("Priority range", f"{s.priority_min}..{s.priority_max}"),
@@ -366,9 +365,7 @@ def keys_create(
     """
     k = client(ctx).keys.create(user=user, tenant=tenant)
     if output == Output.json:
-        print_json(
-            {"access_key": k.access_key, "secret_key": k.secret_key, "user": k.user, "tenant": k.tenant}
-        )
+        print_json({"access_key": k.access_key, "secret_key": k.secret_key, "user": k.user, "tenant": k.tenant})
         return
     render_fields(
         k,

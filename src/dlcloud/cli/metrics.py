@@ -1,8 +1,8 @@
 """Rendering of ``dlcloud jobs metrics``: a terminal line chart per metric, a summary table, CSV.
 
 The input is the API's answer, ``JobMetrics``: the job and its series (``metric``, ``attempt``, ``replica``,
-``points`` of ``step``, ``value``, ``time``, ``downsampled``). A chart is drawn only on a terminal at least ``MIN_CHART_WIDTH`` columns
-wide; elsewhere the summary table alone is printed, so piped output stays plain text.
+``points`` of ``step``, ``value``, ``time``, ``downsampled``). A chart is drawn only on a terminal at least
+``MIN_CHART_WIDTH`` columns wide; elsewhere the summary table alone is printed, so piped output stays plain text.
 """
 
 from __future__ import annotations

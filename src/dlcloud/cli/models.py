@@ -67,10 +67,7 @@ def _source(v: ModelVersion) -> str:
 
 
 def _deployments(v: ModelVersion) -> str:
-    leases = [
-        f"{d.name} ({d.endpoint}, {d.tenant}{'/' + d.holder if d.holder else ''})"
-        for d in v.deployments
-    ]
+    leases = [f"{d.name} ({d.endpoint}, {d.tenant}{'/' + d.holder if d.holder else ''})" for d in v.deployments]
     if leases:
         return ", ".join(leases)
     return "yes (by another tenant)" if v.deployed else "no"

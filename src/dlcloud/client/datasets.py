@@ -8,7 +8,7 @@ manifest checksum of ``dlcloud.checksums`` over its files, with paths relative t
 from dlcloud.client import Client
 c = Client.from_env()
 v = c.datasets.push("clicks", path=Path("data/clicks"), description="week 47")
-c.datasets.set_label("clicks", "production", v["version"])
+c.datasets.set_label("clicks", "production", v.version)
 c.datasets.download("clicks", "production", dest=Path("clicks"))
 """
 

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from dlcloud.client.base import Client
 from dlcloud.errors import DlcloudError, RateLimited, UntrustedCode
 from dlcloud.schemas.models import ModelVersion, executes_code

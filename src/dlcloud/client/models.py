@@ -6,7 +6,7 @@ Models are named ``NAME`` in your tenant or ``OWNER/NAME`` for a model another t
 from dlcloud.client import Client
 c = Client.from_env()
 v = c.models.register("mnist", "torchscript", artifact=Path("model.pt"), metrics={"accuracy": 0.98})
-c.models.set_label("mnist", "production", v["version"])
+c.models.set_label("mnist", "production", v.version)
 c.models.download("mnist", "production", dest=Path("models/"))
 """
 

@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from dlcloud.client.transport import API, Transport
 from dlcloud.errors import InvalidArgument
-from dlcloud.schemas.registry import LabelAnswer, ShareAnswer
 from dlcloud.schemas.common import Response
+from dlcloud.schemas.registry import LabelAnswer, ShareAnswer
 
 EntryT = TypeVar("EntryT", bound=Response)
 DetailT = TypeVar("DetailT", bound=Response)

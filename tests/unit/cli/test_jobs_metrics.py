@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from dlcloud.cli import metrics as view
 from dlcloud.cli.main import app, main
+from dlcloud.schemas.metrics import JobMetrics
 from tests.metrics_stub import MetricsStub
 
 METRICS_PATH = "/api/v1/jobs/train/metrics"
@@ -47,9 +48,20 @@ ANSWER = {
 }
 
 
+def job(state: str) -> dict:
+    """The job ``train`` as ``GET /jobs/train`` answers (a whole JobDetail: the SDK reads it into the model)."""
+    times = {"created_at": "2026-01-01T00:00:00Z", "started_at": None, "finished_at": None}
+    return {
+        **{"id": "j-1", "name": "train", "tenant": "t", "user": "u", "state": state, "reason": "", "priority": 0},
+        **{"gpus": 0, "cpus": 1.0, "memory": 2**30, "attempt": 1, "restarts": 0, "exit_code": None, **times},
+        **{"code": None, "command": "python train.py", "environment": "default", "spec": {}},
+        **{"environment_hash": None, "queue_position": None, "wait_reason": None, "events": [], "attempts": []},
+    }
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[MetricsStub]:
-    stub = MetricsStub(canned={METRICS_PATH: (200, ANSWER), "/api/v1/jobs/train": (200, {"state": "RUNNING"})})
+    stub = MetricsStub(canned={METRICS_PATH: (200, ANSWER), "/api/v1/jobs/train": (200, job("RUNNING"))})
     stub.start()
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.delenv("DLCLOUD_PROFILE", raising=False)
@@ -115,7 +127,7 @@ def test_without_a_terminal_the_chart_gives_way_to_the_table(api):
 
 
 def test_the_chart_draws_each_series_of_a_metric_with_its_label():
-    loss = view.by_metric(ANSWER)["loss"]
+    loss = view.by_metric(JobMetrics.model_validate(ANSWER))["loss"]
     text = view.chart("loss", loss, width=80)
     from plotext import uncolorize
 
@@ -136,7 +148,7 @@ def test_a_job_without_metrics_says_so(api):
 
 
 def test_follow_stops_when_the_job_has_ended(api):
-    api.canned["/api/v1/jobs/train"] = (200, {"state": "SUCCEEDED"})
+    api.canned["/api/v1/jobs/train"] = (200, job("SUCCEEDED"))
     res = invoke("train", "--follow")
     assert res.exit_code == 0, res.output
     assert res.stdout.count("METRIC") == 1

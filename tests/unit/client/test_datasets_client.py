@@ -138,11 +138,11 @@ def test_push_a_directory_and_download_it_back(env, tmp_path):
     src = _data(tmp_path / "src")
     sent: list[int] = []
     v = env.admin.datasets.push("clicks", path=src, description="d", progress=sent.append)
-    assert (v["dataset"], v["version"], v["file_count"], v["description"]) == ("clicks", 1, 3, "d")
-    assert v["sha256"] == tree_checksum(src) and sum(sent) > 0 and _uploads(env) == []
+    assert (v.dataset, v.version, v.file_count, v.description) == ("clicks", 1, 3, "d")
+    assert v.sha256 == tree_checksum(src) and sum(sent) > 0 and _uploads(env) == []
     dest = tmp_path / "a" / "b" / "out"
     assert env.admin.datasets.download("clicks", "latest", dest) == dest
-    assert tree_checksum(dest) == v["sha256"] and (dest / ".hidden").read_text() == "h"
+    assert tree_checksum(dest) == v.sha256 and (dest / ".hidden").read_text() == "h"
     assert [p.name for p in dest.parent.iterdir()] == ["out"]  # no work directory left beside it
 
 
@@ -158,7 +158,7 @@ def test_a_failed_push_deletes_its_upload(env, tmp_path):
         packed.archive.unlink()
     assert len(_uploads(env)) == 1
     with pytest.raises(InvalidArgument):
-        env.admin.datasets.push("ds-0123456789abcdef", upload=up["id"])
+        env.admin.datasets.push("ds-0123456789abcdef", upload=up.id)
     assert _uploads(env) == []
     with pytest.raises(InvalidArgument, match="exactly one of path, upload or source"):
         env.admin.datasets.push("clicks")
@@ -181,7 +181,7 @@ def test_download_refuses_a_used_destination_and_leaves_nothing_on_a_bad_checksu
     stored.write_bytes(b"y" * stored.stat().st_size)  # damaged in the store, same size
     fresh = tmp_path / "new" / "deeper" / "out"
     with pytest.raises(DlcloudError, match="does not match its checksum") as info:
-        env.admin.datasets.download("clicks", v["version"], fresh)
+        env.admin.datasets.download("clicks", v.version, fresh)
     assert info.value.code == "checksum_mismatch"
     assert not (tmp_path / "new").exists()  # the directories made for it are gone again
     empty = tmp_path / "empty"
@@ -199,8 +199,8 @@ def test_shared_datasets_are_read_as_owner_slash_name(env, tmp_path):
         bob.datasets.get("acme/clicks")
     assert info.value.code == "dataset_not_found"
     alice.datasets.share("clicks", "beta")
-    assert [d["name"] for d in bob.datasets.list()] == ["acme/clicks"]
-    assert bob.datasets.version("acme/clicks")["dataset"] == "acme/clicks"
+    assert [d.name for d in bob.datasets.list()] == ["acme/clicks"]
+    assert bob.datasets.version("acme/clicks").dataset == "acme/clicks"
     assert len(bob.datasets.files("acme/clicks", 1)) == 3
     bob.datasets.download("acme/clicks", "latest", tmp_path / "b")
     with pytest.raises(PermissionDenied):
