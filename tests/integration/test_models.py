@@ -314,7 +314,8 @@ def test_labels_move_between_versions(world, tmp_path):
     f = _file(tmp_path, "model.onnx")
     for _ in range(3):
         _register(world.alice, "lab", f)
-    assert world.amy.models.set_label("lab", "production", 1).model_dump(mode="json") == {"label": "production", "version": 1}
+    moved = world.amy.models.set_label("lab", "production", 1)
+    assert (moved.label, moved.version) == ("production", 1)
     world.amy.models.set_label("lab", "staging", 2)
     world.amy.models.set_label("lab", "production", 3)  # moves: v1 loses it
     model = world.alice.models.get("lab")

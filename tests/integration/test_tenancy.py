@@ -63,18 +63,18 @@ def test_only_the_platform_admin_manages_tenants(env, role):
 
 def test_only_the_platform_admin_lets_a_tenants_jobs_make_user_namespaces(env):
     member = env.new_tenant_user("lab", "lena", role="tenant-admin")
-    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": False}  # the default: denied
+    assert env.admin.tenants.get("lab").sandbox.user_namespaces is False  # the default: denied
     with pytest.raises(DlcloudError, match="sandbox terms needs the platform-admin role") as exc:
         member.tenants.update("lab", sandbox={"user_namespaces": True})
     assert exc.value.http_status == 403
-    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": False}  # nothing changed
+    assert env.admin.tenants.get("lab").sandbox.user_namespaces is False  # nothing changed
     updated = env.admin.tenants.update("lab", sandbox={"user_namespaces": True})
-    assert updated.sandbox.model_dump(mode="json") == {"user_namespaces": True}
+    assert updated.sandbox.user_namespaces is True
     assert updated.network.model_dump(mode="json") == {"egress": None, "allow": []}  # what was left out stays
     with pytest.raises(DlcloudError) as exc:
         env.admin.tenants.update("lab", sandbox={"user_namespaces": "sometimes"})
     assert exc.value.http_status == 422
-    assert env.admin.tenants.get("lab").sandbox.model_dump(mode="json") == {"user_namespaces": True}
+    assert env.admin.tenants.get("lab").sandbox.user_namespaces is True
 
 
 # --- users --------------------------------------------------------------------------------------------------
