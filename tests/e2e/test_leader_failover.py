@@ -99,12 +99,12 @@ def test_a_deposed_leader_stops_and_the_other_server_takes_over(tmp_path: Path, 
                 for n in ("long", "flaky")
             }
         long, flaky = jobs["long"], jobs["flaky"]
-        assert long["state"] == "SUCCEEDED" and len(long["attempts"]) == 1  # it ran through both handovers
-        assert (flaky["state"], flaky["restarts"]) == ("FAILED", RESTARTS), flaky["reason"]
-        assert [(x["number"], x["outcome"], x["exit_code"]) for x in flaky["attempts"]] == [
+        assert long.state == "SUCCEEDED" and len(long.attempts) == 1  # it ran through both handovers
+        assert (flaky.state, flaky.restarts) == ("FAILED", RESTARTS), flaky.reason
+        assert [(x.number, x.outcome, x.exit_code) for x in flaky.attempts] == [
             (n, "failed", 3) for n in range(1, RESTARTS + 2)
         ]
-        restarts = [e["reason"] for e in flaky["events"] if e["to_state"] == "RESTARTING"]
+        restarts = [e.reason for e in flaky.events if e.to_state == "RESTARTING"]
         assert restarts == [
             f"attempt {n} failed with exit code 3; restart {n} of {RESTARTS} after 0.2 s"
             for n in range(1, RESTARTS + 1)

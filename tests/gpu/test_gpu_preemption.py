@@ -71,9 +71,9 @@ def test_a_job_preempted_on_the_gpu_gives_its_memory_back_and_resumes_there_from
     assert job.state == "SUCCEEDED", _explain(c, "low")
     assert job.preemptions == 1 and job.restarts == 0, _explain(c, "low")
     first, second = job.attempts
-    assert (first["outcome"], second["outcome"]) == ("preempted", "succeeded")
-    assert first["gpus"] == second["gpus"] == urgent.attempts[0].gpus
-    assert first["finished_at"] <= urgent.attempts[0].started_at <= second["started_at"]
+    assert (first.outcome, second.outcome) == ("preempted", "succeeded")
+    assert first.gpus == second.gpus == urgent.attempts[0].gpus
+    assert first.finished_at <= urgent.attempts[0].started_at <= second.started_at
     log = _steps(out)
     steps = [s for _, s in log]
     assert steps == list(range(STEPS)), log  # every step once, in order across the two attempts

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.errors import InvalidSpec, InvalidState, NotFound
-from dlcloud.schemas.jobs import JobSpec
+from dlcloud.schemas.jobs import JobDetail, JobSpec
 from dlcloud.services import jobs
 from dlcloud.services.auth import Caller, Role
 from dlcloud.store.rows import JobRow, TenantRow, UserRow
@@ -25,7 +25,7 @@ def _rows(env: Env) -> int:
         return int(s.scalar(select(func.count()).select_from(JobRow)) or 0)
 
 
-def _wait_end(client, name: str, timeout: float = 60.0) -> dict:
+def _wait_end(client, name: str, timeout: float = 60.0) -> JobDetail:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.datasets import DatasetVersion
 from dlcloud.services import dataset_sources, storage_quota
 from dlcloud.storage.objects import ObjectDamaged
 from dlcloud.storage.tree_cache import TreeCache
@@ -52,7 +53,7 @@ class World:
         key = self.source.split("/", 3)[3] + "/" + rel
         self.server.client().put_object(Bucket=self.bucket, Key=key, Body=data)
 
-    def register(self, name: str, source: str | None = None) -> dict:
+    def register(self, name: str, source: str | None = None) -> DatasetVersion:
         return self.alice.datasets.push(name, source=source or self.source)
 
     def row(self, version: int = 1) -> Row:

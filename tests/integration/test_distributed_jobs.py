@@ -57,12 +57,12 @@ def test_two_worker_pytorch_job_all_reduces_and_succeeds(running_env):
     assert job.state == "SUCCEEDED", job.reason
     assert job.cpus == 2 and job.memory == 4 * 1024**3  # the gang's totals
     (attempt,) = job.attempts
-    assert attempt["cpus"] == 2  # the usage record sums the replicas
-    names = [r["name"] for r in attempt["replicas"]]
+    assert attempt.cpus == 2  # the usage record sums the replicas
+    names = [r.name for r in attempt.replicas]
     assert names == ["worker-0", "worker-1"]
-    assert all(r["state"] == "succeeded" and r["exit_code"] == 0 for r in attempt["replicas"])
-    port = attempt["ports"][0]
-    assert 29500 <= port <= 30499 and all(r["ports"] == [port] for r in attempt["replicas"])
+    assert all(r.state == "succeeded" and r.exit_code == 0 for r in attempt.replicas)
+    port = attempt.ports[0]
+    assert 29500 <= port <= 30499 and all(r.ports == [port] for r in attempt.replicas)
     assert _held_ports(running_env) == 0  # released when the attempt ended
     # default: all replicas interleaved, each line labelled with its replica
     lines = [(x.replica, x.text) for x in c.jobs.logs("ddp") if x.stream == "stdout"]
@@ -96,11 +96,11 @@ def test_failing_replica_stops_the_gang_and_restarts_it_whole(running_env):
     assert job.state == "SUCCEEDED", job.reason
     assert job.attempt == 2 and job.restarts == 1
     first, second = job.attempts
-    assert first["outcome"] == "failed" and first["exit_code"] == 3
-    states = {r["name"]: (r["state"], r["exit_code"]) for r in first["replicas"]}
+    assert first.outcome == "failed" and first.exit_code == 3
+    states = {r.name: (r.state, r.exit_code) for r in first.replicas}
     assert states["worker-1"] == ("failed", 3)
     assert states["worker-0"][0] == "stopped"
-    assert [r["state"] for r in second["replicas"]] == ["succeeded", "succeeded"]
+    assert [r.state for r in second.replicas] == ["succeeded", "succeeded"]
     restarting = [e for e in job.events if e.to_state == "RESTARTING"]
     assert len(restarting) == 1
     assert "worker-1 exited with code 3" in restarting[0].reason and "boom-1" in restarting[0].reason

@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ import pytest
 from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import JobDetail
 from tests.conftest import WAIT_FOR_GO, Env, build_env, control_running, make_settings, release, wait_for
 
 pytestmark = pytest.mark.distributed
@@ -78,11 +78,11 @@ def _explain(c: Client, name: str) -> str:
     return f"job {name}: {job.state} ({job.reason})\nevents:\n{events}\nlast log lines:\n{logs}"
 
 
-def _wait_end(c: Client, name: str, timeout: float = 180.0) -> dict:
+def _wait_end(c: Client, name: str, timeout: float = 180.0) -> JobDetail:
     return wait_for(lambda: (j := c.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end")
 
 
-def _succeeded(c: Client, name: str, timeout: float = 180.0) -> dict:
+def _succeeded(c: Client, name: str, timeout: float = 180.0) -> JobDetail:
     job = _wait_end(c, name, timeout)
     assert job.state == "SUCCEEDED", _explain(c, name)
     return job
@@ -95,8 +95,8 @@ def _outputs(env: Env, job: dict) -> Path:
     return found[0]
 
 
-def _checkpoints(env: Env, job: dict) -> Path:
-    found = list(env.settings.runs_dir.glob(f"*/{job['id']}/checkpoints"))
+def _checkpoints(env: Env, job: JobDetail) -> Path:
+    found = list(env.settings.runs_dir.glob(f"*/{job.id}/checkpoints"))
     assert len(found) == 1, found
     return found[0]
 
@@ -266,8 +266,8 @@ def test_gang_that_does_not_fit_waits_whole_and_starts_when_capacity_frees(tmp_p
         release(env.settings.data_dir, c.jobs.get("holder").id)
         _succeeded(c, "holder")
         waiter = _succeeded(c, "waiter")
-        holder_end = datetime.fromisoformat(c.jobs.get("holder").finished_at)
-        assert datetime.fromisoformat(waiter.started_at) >= holder_end
+        holder_end = c.jobs.get("holder").finished_at
+        assert waiter.started_at >= holder_end
         assert _rank_results(_outputs(env, waiter), 2)[0]["steps"] == 1
 
 

@@ -17,6 +17,7 @@ from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import DlcloudError
 from dlcloud.executors import host_venvs
 from dlcloud.executors.simulated import SimulatedExecutor
+from dlcloud.schemas.jobs import JobDetail
 from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow
 from tests.conftest import WAIT_FOR_GO, Env, assert_api_error, release, wait_for
 from tests.wheels import make_wheel
@@ -30,7 +31,7 @@ PROBE = (
 )
 
 
-def _wait_end(client: Client, name: str, timeout: float = 120.0) -> dict:
+def _wait_end(client: Client, name: str, timeout: float = 120.0) -> JobDetail:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
@@ -120,9 +121,9 @@ def test_builtins_are_listed_for_everyone_and_built_on_first_use(running_env: En
     listed = {e.name: e for e in c.environments.list()}
     assert list(listed) == ["default", "python", "pytorch", "tensorflow", "sklearn"]
     assert all(e["builtin"] for e in listed.values())
-    assert listed["default"]["state"] == "READY" and listed["default"]["spec_hash"] is None
-    assert listed["pytorch"]["state"] == "NOT_BUILT" and listed["pytorch"]["inherit"] is True
-    assert listed["python"]["inherit"] is False
+    assert listed["default"].state == "READY" and listed["default"].spec_hash is None
+    assert listed["pytorch"].state == "NOT_BUILT" and listed["pytorch"].inherit is True
+    assert listed["python"].inherit is False
     assert "torch" in c.environments.get("pytorch").base_packages
 
     check = (

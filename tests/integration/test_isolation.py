@@ -103,7 +103,7 @@ def test_other_tenants_objects_are_not_found(world, method, path, query):
     job = world.a_member.jobs.get("a-job")
     assert job.state == "QUEUED"
     keys = {k.access_key: k for k in world.a_member.keys.list()}
-    assert keys[world.key_id]["enabled"] is True
+    assert keys[world.key_id].enabled is True
     assert world.a_member.transport.request("GET", f"{API}/code/{world.code_id}")["id"] == world.code_id
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import JobDetail
 from tests.conftest import Env, build_env, control_running, make_settings, wait_for
 from tests.job_files import touch_for_job
 
@@ -26,7 +27,7 @@ def capped_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
         yield e
 
 
-def _wait_end(env: Env, name: str) -> dict:
+def _wait_end(env: Env, name: str) -> JobDetail:
     return wait_for(
         lambda: (j := env.admin.jobs.get(name)).state in TERMINAL and j, timeout=60, what=f"job {name} to end"
     )

@@ -11,6 +11,7 @@ import pytest
 
 from dlcloud.errors import InvalidArgument
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import JobDetail
 from tests.conftest import Env, build_env, control_running, make_settings, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -29,7 +30,7 @@ def small_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
         yield e
 
 
-def _ended(client, name: str) -> dict:
+def _ended(client, name: str) -> JobDetail:
     return wait_for(lambda: (j := client.jobs.get(name)).state in TERMINAL and j, 90, what=f"{name} to end")
 
 

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.client import Credentials
+from dlcloud.schemas.jobs import JobDetail
 from dlcloud.services import metrics as metrics_svc
 from dlcloud.settings import Settings
 from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, utcnow
@@ -67,7 +68,7 @@ def api_server(env) -> Iterator[str]:
         thread.join(timeout=15)
 
 
-def _wait_end(client, name: str, timeout: float = 120.0) -> dict:
+def _wait_end(client, name: str, timeout: float = 120.0) -> JobDetail:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )

@@ -21,6 +21,7 @@ from dlcloud import signing
 from dlcloud.checksums import artifact_digest
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
+from dlcloud.schemas.models import ModelVersion
 from dlcloud.storage.artifacts import verify
 from dlcloud.store.rows import ModelDeploymentRow, ModelLabelRow, ModelRow, ModelShareRow, ModelVersionRow
 from tests.conftest import Env, assert_api_error, wait_for
@@ -74,7 +75,7 @@ def _tree(tmp_path: Path, name: str = "export") -> Path:
     return root
 
 
-def _register(client: Client, name: str, artifact: Path, fmt: str = "onnx", **kwargs) -> dict:
+def _register(client: Client, name: str, artifact: Path, fmt: str = "onnx", **kwargs) -> ModelVersion:
     kwargs.setdefault("signature", SIG)
     return client.models.register(name, fmt, artifact=artifact, **kwargs)
 
@@ -178,7 +179,7 @@ def test_register_file_and_directory_versions_increment(world, tmp_path):
     assert world.anna.models.version("mnist", "latest").version == 3
     assert world.anna.models.version("mnist", 2).artifact == "export"
     [listed] = world.alice.models.list()
-    assert (listed["name"], listed["latest_version"], listed["version_count"]) == ("mnist", 3, 3)
+    assert (listed.name, listed.latest_version, listed.version_count) == ("mnist", 3, 3)
 
     stored_tree = _artifact_path(env, "mnist", 2)
     assert sorted(p.relative_to(stored_tree).as_posix() for p in stored_tree.rglob("*")) == [
@@ -377,8 +378,8 @@ def test_sharing_is_read_only_and_unshared_models_are_not_found(world, tmp_path)
     # beta sees it, named OWNER/NAME, and can read and download it
     listed = {m.name: m for m in world.bob.models.list()}
     assert set(listed) == {"acme/mnist"}
-    assert listed["acme/mnist"]["shared"] is True and listed["acme/mnist"]["owner"] == "acme"
-    assert listed["acme/mnist"]["shared_with"] == []  # the owner's other shares stay private
+    assert listed["acme/mnist"].shared is True and listed["acme/mnist"].owner == "acme"
+    assert listed["acme/mnist"].shared_with == []  # the owner's other shares stay private
     described = world.bob.models.get("acme/mnist")
     assert described.name == "acme/mnist" and described.labels == {"production": 1}
     assert described.versions[0].model == "acme/mnist"
@@ -548,7 +549,7 @@ def test_a_tenant_a_model_is_shared_with_holds_its_own_leases(world, tmp_path, r
     world.alice.models.release_deployment("served", 1, "edge")
     world.alice.models.release_deployment("served", 1, "edge")
     [left] = world.alice.models.version("served", 1).deployments
-    assert (left["tenant"], left["endpoint"]) == ("beta", "http://10.1.0.5:8000")
+    assert (left.tenant, left.endpoint) == ("beta", "http://10.1.0.5:8000")
     # a tenant the model is not shared with cannot lease it
     err = _errors(lambda: carl.models.heartbeat_deployment("acme/served", 1, "edge", "http://x", 30))
     assert (err.code, err.http_status) == ("model_not_found", 404)

@@ -11,6 +11,7 @@ import pytest
 
 from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import JobDetail
 from tests.conftest import WAIT_FOR_GO, assert_api_error, release, wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -24,9 +25,9 @@ def _wait_end(client, name, timeout=60.0):
     )
 
 
-def _marker(env, job: dict) -> Path:
+def _marker(env, job: JobDetail) -> Path:
     """The file POST wrote into the job's DLCLOUD_OUTPUT_DIR (runs/<tenant-id>/<job-id>/outputs)."""
-    (path,) = (env.settings.data_dir / "runs").glob(f"*/{job['id']}/outputs/post-marker")
+    (path,) = (env.settings.data_dir / "runs").glob(f"*/{job.id}/outputs/post-marker")
     return path
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from dlcloud.schemas.jobs import JobDetail
 from dlcloud.settings import GpuSpec
 from dlcloud.store.rows import AttemptRow
 from tests.conftest import Env, wait_for
@@ -63,7 +64,7 @@ def _explain(c, name: str) -> str:
     return f"job {name}: {job.state} ({job.reason})\n{events}"
 
 
-def _check_resumed_once(env: Env, c, name: str) -> dict:
+def _check_resumed_once(env: Env, c, name: str) -> JobDetail:
     """The preempted DDP job succeeded after one preemption: every step once, attempt 2 after attempt 1's last."""
     job = _wait_end(c, name, timeout=240)
     assert job.state == "SUCCEEDED", _explain(c, name)
@@ -110,7 +111,7 @@ def test_higher_priority_job_preempts_a_ddp_gang_which_resumes_from_its_checkpoi
         job = _check_resumed_once(env, c, "low")
         # the urgent job ran while the low one was out: between the two attempts
         first, second = job.attempts
-        assert first["finished_at"] <= urgent.attempts[0].started_at <= second["started_at"]
+        assert first.finished_at <= urgent.attempts[0].started_at <= second.started_at
         assert any("stopping job low" in e.reason for e in urgent.events), urgent.events
 
 

@@ -396,15 +396,15 @@ def test_usage_reports_gpu_seconds_per_user(sim_env: Env) -> None:
     rows = {r.user: r for r in alice.accounting.usage(**window).rows}
     assert set(rows) == {"alice", "bob"}
     a, b = rows["alice"], rows["bob"]
-    assert (a["tenant"], a["jobs"], a["attempts"]) == ("acct", 2, 2)
-    assert (b["tenant"], b["jobs"], b["attempts"]) == ("acct", 1, 1)
+    assert (a.tenant, a.jobs, a.attempts) == ("acct", 2, 2)
+    assert (b.tenant, b.jobs, b.attempts) == ("acct", 1, 1)
     # GPU-seconds = GPUs x held seconds: alice 2 x 100 + 1 x 50, bob 1 x 30 (plus real time spent in the test)
-    assert 250 - 1 <= a["gpu_seconds"] <= 250 + 3 * spent
-    assert 30 - 1 <= b["gpu_seconds"] <= 30 + spent
-    assert 250 - 1 <= a["cpu_seconds"] <= 250 + 3 * spent
-    assert 120 - 4 <= b["cpu_seconds"] <= 120 + 4 * spent
-    assert a["gpu_seconds"] > b["gpu_seconds"] > 0
-    assert b["cpu_seconds"] > b["gpu_seconds"]
+    assert 250 - 1 <= a.gpu_seconds <= 250 + 3 * spent
+    assert 30 - 1 <= b.gpu_seconds <= 30 + spent
+    assert 250 - 1 <= a.cpu_seconds <= 250 + 3 * spent
+    assert 120 - 4 <= b.cpu_seconds <= 120 + 4 * spent
+    assert a.gpu_seconds > b.gpu_seconds > 0
+    assert b.cpu_seconds > b.gpu_seconds
 
     # a member sees only their own usage; the platform admin sees every tenant
     assert [r.user for r in bob.accounting.usage(**window).rows] == ["bob"]

@@ -7,7 +7,7 @@ is that of its environment's build now, and jobs that left the queue are dropped
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -668,7 +668,7 @@ def test_a_tenant_short_of_its_guarantee_over_the_hour_runs_its_large_job_in_a_t
     # stop grace
     (head,) = [j for j in waiting if "once the turns it needs have ended" in j.wait_reason]
     grace = timedelta(seconds=env.settings.stop_grace_seconds)
-    assert abs(datetime.fromisoformat(head["estimated_start"]) - (until + grace)) < timedelta(seconds=1)
+    assert abs(head.estimated_start - (until + grace)) < timedelta(seconds=1)
     with env.platform.db.read() as s:
         assert not s.scalar(select(JobRow.preempt_requested).where(JobRow.name == "gang"))
     # the turn is over: the gang is borrowed beyond b's guarantee, and is reclaimed

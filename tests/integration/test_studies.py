@@ -10,13 +10,13 @@ import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 
 import pytest
 import yaml
 
 from dlcloud.control.loop import ControlLoop
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.studies import StudyDetail, Trial
 from dlcloud.services import study_states
 from tests.conftest import ShiftedClock, assert_api_error, build_env, make_settings, wait_for
 
@@ -70,23 +70,19 @@ def api_server(env) -> Iterator[str]:
         thread.join(timeout=15)
 
 
-def wait_study(c, name: str, timeout: float = 180.0) -> dict:
+def wait_study(c, name: str, timeout: float = 180.0) -> StudyDetail:
     return wait_for(
         lambda: (s := c.studies.get(name)).state in ENDED and s, timeout=timeout, what=f"study {name} to end"
     )
 
 
-def _time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def max_overlap(c, trials: list[dict]) -> int:
+def max_overlap(c, trials: list[Trial]) -> int:
     """The most trial-job attempts that were alive at one time."""
     spans = []
     for t in trials:
-        if t["job"]:
-            for a in c.jobs.get(t["job"]).attempts:
-                spans.append((_time(a.started_at), _time(a.finished_at)))
+        if t.job:
+            for a in c.jobs.get(t.job).attempts:
+                spans.append((a.started_at, a.finished_at))
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
     alive = most = 0
     for _, d in events:
@@ -95,15 +91,15 @@ def max_overlap(c, trials: list[dict]) -> int:
     return most
 
 
-def assert_each_trial_ran_once(c, study: str, trials: list[dict]) -> None:
+def assert_each_trial_ran_once(c, study: str, trials: list[Trial]) -> None:
     jobs = [j for j in c.jobs.list(limit=1000) if j.name.startswith(f"{study}-")]
-    ran = [t for t in trials if t["job"]]
-    assert sorted(j.name for j in jobs) == sorted(t["job"] for t in ran)
-    assert [t["number"] for t in trials] == list(range(len(trials)))
+    ran = [t for t in trials if t.job]
+    assert sorted(j.name for j in jobs) == sorted(t.job for t in ran)
+    assert [t.number for t in trials] == list(range(len(trials)))
     for t in ran:
-        job = c.jobs.get(t["job"])
+        job = c.jobs.get(t.job)
         assert len(job.attempts) == 1, job
-    keys = [json.dumps(t["params"], sort_keys=True) for t in ran]
+    keys = [json.dumps(t.params, sort_keys=True) for t in ran]
     assert len(keys) == len(set(keys)), "a configuration ran twice"
 
 
@@ -264,7 +260,7 @@ def test_stop_cancels_running_trials_and_resume_continues(served):
     s = wait_study(c, "halt", timeout=60)
     assert s.state == "STOPPED"
     (t0,) = c.studies.trials("halt")
-    assert t0["state"] == "STOPPED" and c.jobs.get("halt-0").state == "CANCELLED"
+    assert t0.state == "STOPPED" and c.jobs.get("halt-0").state == "CANCELLED"
     assert_api_error(served.signed(served.admin_creds, "POST", f"{API}/studies/halt/stop"), 409, "invalid_state")
     assert c.studies.resume("halt").state == "RUNNING"
     wait_for(lambda: len(c.studies.trials("halt")) == 2, what="the next trial after resume")
@@ -389,8 +385,8 @@ def test_trial_gets_hparams_and_args_and_a_failed_trial_fails(served):
     s = wait_study(c, "argv")
     assert s.state == "COMPLETED", s
     by_k = {t.params["k"]: t for t in c.studies.trials("argv")}
-    assert by_k[1]["state"] == by_k[3]["state"] == "COMPLETED", by_k
-    assert by_k[2]["state"] == "FAILED" and "FAILED" in by_k[2]["reason"]
+    assert by_k[1].state == by_k[3].state == "COMPLETED", by_k
+    assert by_k[2].state == "FAILED" and "FAILED" in by_k[2].reason
     assert c.studies.best("argv").params == {"k": 3, "tag": "a b"}
 
 

@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 
+from dlcloud.schemas.studies import Trial
 from tests.integration.test_studies import REPORTING, _time, api_server, wait_study
 
 # a trial that honours the platform's contract for pausing: resume from its checkpoint, train to
@@ -50,13 +51,10 @@ def steps_run(c, job: str) -> list[int]:
     return [int(x.text.split()[1]) for x in c.jobs.logs(job) if x.text.startswith("step ")]
 
 
-def max_overlap_all(c, trials: list[dict]) -> int:
+def max_overlap_all(c, trials: list[Trial]) -> int:
     """The most jobs of the study (every segment of every trial) alive at one time."""
     spans = [
-        (_time(a.started_at), _time(a.finished_at))
-        for t in trials
-        for job in t["jobs"]
-        for a in c.jobs.get(job).attempts
+        (_time(a.started_at), _time(a.finished_at)) for t in trials for job in t.jobs for a in c.jobs.get(job).attempts
     ]
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
     alive = most = 0
@@ -143,15 +141,13 @@ def test_a_trial_that_runs_past_its_rung_is_stopped_there_and_one_trial_always_f
     assert s.state == "COMPLETED", s
     trials = c.studies.trials("eager")
     best, other = sorted(trials, key=lambda t: -t.params["x"])
-    assert (best["state"], other["state"]) == ("COMPLETED", "PRUNED"), trials
-    assert other["reason"].startswith("not promoted (score ") and other["budget"] == 2, other
-    assert other["jobs"] == [other["job"]] and other["last_step"] == 3
-    job = c.jobs.get(other["job"])
+    assert (best.state, other.state) == ("COMPLETED", "PRUNED"), trials
+    assert other.reason.startswith("not promoted (score ") and other.budget == 2, other
+    assert other.jobs == [other.job] and other.last_step == 3
+    job = c.jobs.get(other.job)
     assert job.state == "CANCELLED" and "exit code -15" in job.reason, job
     # the finisher: rungs 2 and 6, then its last step 8; stopped past each rung, the last job ran to its end
-    assert (
-        best["budget"] == 8 and best["last_step"] == 8 and best["value"] == pytest.approx(best["params"]["x"] + 0.008)
-    )
-    states = [c.jobs.get(j).state for j in best["jobs"]]
-    assert states == ["CANCELLED", "CANCELLED", "SUCCEEDED"], (best["jobs"], states)
-    assert s.best.number == best["number"]
+    assert best.budget == 8 and best.last_step == 8 and best.value == pytest.approx(best.params["x"] + 0.008)
+    states = [c.jobs.get(j).state for j in best.jobs]
+    assert states == ["CANCELLED", "CANCELLED", "SUCCEEDED"], (best.jobs, states)
+    assert s.best.number == best.number

@@ -20,6 +20,7 @@ import pytest
 import dlcloud
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.local.runner import BASE_ENV_VARS
+from dlcloud.schemas.jobs import JobDetail
 from dlcloud.templates.data import load
 from dlcloud.templates.train import prepare
 from tests.conftest import Env, assert_api_error, build_env, control_running, make_settings, wait_for
@@ -40,7 +41,7 @@ def template_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
         yield e
 
 
-def _ended(client, name: str) -> dict:
+def _ended(client, name: str) -> JobDetail:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=180, what=f"job {name} to end"
     )
@@ -77,8 +78,8 @@ def test_template_job_trains_reports_exports_and_is_registered(template_env: Env
     # metrics, each epoch and the best epoch's
     series = {s.metric: s for s in c.jobs.metrics("tpl").series}
     assert {"loss", "val_loss", "accuracy", "val_accuracy", "best_val_accuracy", "best_epoch"} <= set(series)
-    assert [p["step"] for p in series["val_loss"]["points"]][:3] == [1, 2, 3]
-    best_val_accuracy = series["best_val_accuracy"]["points"][-1]["value"]
+    assert [p.step for p in series["val_loss"].points][:3] == [1, 2, 3]
+    best_val_accuracy = series["best_val_accuracy"].points[-1].value
     assert best_val_accuracy >= 0.85
 
     version = c.models.version("blobs-mlp", 1)

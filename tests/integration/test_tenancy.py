@@ -8,12 +8,13 @@ import pytest
 
 from dlcloud.client import Client, Credentials
 from dlcloud.errors import DlcloudError
+from dlcloud.schemas.users import AccessKeyCreated
 
 API = "/api/v1"
 
 
-def _creds(key: dict) -> Credentials:
-    return Credentials("http://testserver", key["access_key"], key["secret_key"])
+def _creds(key: AccessKeyCreated) -> Credentials:
+    return Credentials("http://testserver", key.access_key, key.secret_key)
 
 
 def _who(client: Client) -> str:

@@ -24,6 +24,7 @@ from dlcloud.control.loop import ControlLoop
 from dlcloud.executors import event_files
 from dlcloud.executors.event_files import EventScalar
 from dlcloud.executors.local.executor import LocalExecutor
+from dlcloud.schemas.jobs import JobDetail
 from dlcloud.services import metrics
 from dlcloud.store.rows import AttemptRow, JobMetricRow, JobRow, utcnow
 from tests import tensorboard_files
@@ -162,7 +163,7 @@ def platform(tmp_path: Path, db_url: str) -> Iterator[Platform]:
     env.platform.db.dispose()
 
 
-def _wait_end(env: Env, name: str, timeout: float = 240.0) -> dict:
+def _wait_end(env: Env, name: str, timeout: float = 240.0) -> JobDetail:
     """The job ended and succeeded, and its event files had their last reading (which comes after the end)."""
     job = wait_for(
         lambda: (j := env.admin.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"{name} to end"
@@ -219,7 +220,7 @@ def test_a_summary_writer_jobs_scalars_are_read_while_it_runs_again_after_a_rest
     assert _rows(env, job.id) == 16
     # each point's time is the event's wall time, as the job wrote it
     answer = env.admin.jobs.metrics("tb-torch", metrics=["last"])
-    when = datetime.fromisoformat(answer.series[0].points[0].time)
+    when = answer.series[0].points[0].time
     assert started <= when <= datetime.now().astimezone()
 
 
@@ -298,4 +299,4 @@ def test_scalars_read_from_event_files_are_checked_like_a_push(env):
         ("loss", 1, "worker-1"): [(3, 4.0)],
     }
     answer = env.admin.jobs.metrics("tb-names", metrics=["no-time"])
-    assert datetime.fromisoformat(answer.series[0].points[0].time).year == utcnow().year
+    assert answer.series[0].points[0].time.year == utcnow().year

@@ -25,6 +25,7 @@ import pytest
 from dlcloud.client import Client
 from dlcloud.client.mirror import RegistryMirror
 from dlcloud.errors import DlcloudError, ModelNotFound, PermissionDenied, UntrustedCode
+from dlcloud.schemas.models import ModelVersion
 from tests.conftest import Env, wait_for
 from tests.e2e.conftest import DLCLOUD, dlcloud_serve, free_port
 from tests.security.conftest import DB_PASSWORD, PIP_SECRET, Platform
@@ -61,9 +62,9 @@ def _snoop(directory: Path) -> Path:
     return directory
 
 
-def _seen(version: dict) -> list[str]:
-    assert version["signature"] is not None, "the predictor's signature was not inferred"
-    return [spec["name"] for spec in version["signature"]["inputs"]]
+def _seen(version: ModelVersion) -> list[str]:
+    assert version.signature is not None, "the predictor's signature was not inferred"
+    return [spec["name"] for spec in version.signature["inputs"]]
 
 
 def _onnx_file(tmp_path: Path, name: str) -> Path:
@@ -209,7 +210,7 @@ def test_another_tenant_cannot_release_my_lease_and_an_expired_lease_blocks_noth
     mirror.ttl_seconds = 30
     mirror.sync()
     [lease] = vera.models.version("shared", 1).deployments
-    assert (lease["name"], lease["tenant"]) == ("mallory-edge", "attacker")
+    assert (lease.name, lease.tenant) == ("mallory-edge", "attacker")
 
     # another tenant, the owner, or the owner's other user: none of them ends mallory's lease
     carl.models.release_deployment("victim/shared", 1, "mallory-edge")
