@@ -24,7 +24,7 @@ import pytest
 from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.schemas.jobs import JobDetail
+from dlcloud.schemas.jobs import Job, JobDetail
 from tests.conftest import WAIT_FOR_GO, Env, build_env, control_running, make_settings, release, wait_for
 
 pytestmark = pytest.mark.distributed
@@ -88,9 +88,9 @@ def _succeeded(c: Client, name: str, timeout: float = 180.0) -> JobDetail:
     return job
 
 
-def _outputs(env: Env, job: dict) -> Path:
+def _outputs(env: Env, job: Job) -> Path:
     """The job's DLCLOUD_OUTPUT_DIR: runs/<tenant-id>/<job-id>/outputs."""
-    found = list(env.settings.runs_dir.glob(f"*/{job['id']}/outputs"))
+    found = list(env.settings.runs_dir.glob(f"*/{job.id}/outputs"))
     assert len(found) == 1, found
     return found[0]
 
