@@ -123,7 +123,7 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         isolation=isolation,
         sandbox_prefix=executor.sandbox_prefix,
         objects=objects,
-        environments=executor.environments(settings),
+        environments=executor.environments(settings, objects),
         executor=executor,
     )
     leadership = Leadership(db, data_dir)

@@ -4,6 +4,7 @@ the data of older versions over."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 
 from alembic.autogenerate import compare_metadata
@@ -146,3 +147,60 @@ def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env,
     ]
     _alembic(db_url, "upgrade", "head")
     engine.dispose()
+
+
+def test_0024_takes_the_host_out_of_build_specs_and_names_wheels_by_key(env, db_url, tmp_path):
+    """Rows of 0023 named this host's interpreter, site directories and wheel files; 0024 keeps the content and
+    names each wheel by an upload's storage key; going back fills the host fields in as this host has them."""
+    import sys
+
+    from sqlalchemy import text
+
+    from dlcloud.executors.environments import BuildSpec
+    from dlcloud.store.rows import CodeRow, EnvironmentBuildRow
+    from tests.wheels import make_wheel
+
+    upload = env.admin.code.upload(make_wheel(tmp_path / "dist"), kind="wheel", filename="tinypkg-0.1-py3-none-any.whl")
+    with env.platform.db.read() as s:
+        key = s.get(CodeRow, upload["id"]).storage_key
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0023")
+    old = {
+        "python": "3.11",
+        "interpreter": "/usr/bin/python3.11",
+        "inherit": True,
+        "base_prefix": "/opt/venv",
+        "base_site": ["/opt/venv/lib/python3.11/site-packages"],
+        "base_packages": "ab" * 32,
+        "requirements": ["x==1"],
+        "wheels": [[upload["sha256"], f"{env.settings.data_dir}/{key}"], ["f" * 64, "/gone/y.whl"]],
+        "index_url": None,
+        "extra_index_urls": [],
+        "no_index": True,
+    }
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.begin() as conn:  # as 0023 wrote it
+        conn.execute(
+            EnvironmentBuildRow.__table__.insert().values(
+                spec_hash="e" * 64, state="READY", spec=old, builds=1, created_at=text("CURRENT_TIMESTAMP")
+            )
+        )
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        spec = s.get(EnvironmentBuildRow, "e" * 64).spec
+    assert spec == {
+        **{k: v for k, v in old.items() if k not in ("interpreter", "base_prefix", "base_site")},
+        "wheels": [[upload["sha256"], key], ["f" * 64, ""]],
+    }
+    assert str(env.settings.data_dir) not in str(spec)
+    assert BuildSpec.from_json(spec).wheels == ((upload["sha256"], key), ("f" * 64, ""))
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0023")
+    with engine.connect() as conn:
+        back = conn.execute(select(EnvironmentBuildRow.__table__.c.spec)).scalar_one()
+    engine.dispose()
+    assert back["interpreter"] and back["base_prefix"] == os.path.abspath(sys.prefix) and back["base_site"]
+    assert back["wheels"] == [[upload["sha256"], key], ["f" * 64, ""]]
+    _alembic(db_url, "upgrade", "head")

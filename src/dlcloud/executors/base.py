@@ -395,9 +395,9 @@ class Executor(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def environments(self, settings: Settings) -> EnvironmentBackend:
+    def environments(self, settings: Settings, objects: ObjectStore) -> EnvironmentBackend:
         """The backend that builds the runtime environments this executor's workloads run in (built once, at
-        the entry point, and kept on the ``Platform``)."""
+        the entry point, and kept on the ``Platform``); uploaded wheels are read from ``objects``."""
 
     @property
     def jobs_run_as_root(self) -> bool:

@@ -22,6 +22,7 @@ from dlcloud.executors.base import LAUNCH_FAILED, AttemptReport, Executor, Input
 from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
 from dlcloud.executors.host_venvs import BuildLog, HostVenvBackend
 from dlcloud.settings import Settings
+from dlcloud.storage.objects import ObjectStore
 
 
 def _utc_now() -> datetime:
@@ -63,7 +64,8 @@ class SimulatedExecutor(Executor):
         self._attempts: dict[str, _Attempt] = {}
         self._next_pid = 100_000
 
-    def environments(self, settings: Settings) -> SimulatedEnvironments:
+    def environments(self, settings: Settings, objects: ObjectStore) -> SimulatedEnvironments:
+        """Builds nothing, so it reads no wheel from ``objects``."""
         return SimulatedEnvironments(settings.envs_dir)
 
     def _start(self, handle: str, workload: Workload) -> None:

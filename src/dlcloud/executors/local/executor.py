@@ -166,9 +166,9 @@ class LocalExecutor(Executor):
     def build_sandbox(self) -> BuildSandbox | None:
         return self.runner.build_sandbox()
 
-    def environments(self, settings: Settings) -> LocalVenvBackend:
+    def environments(self, settings: Settings, objects: ObjectStore) -> LocalVenvBackend:
         """Venvs in ``settings.envs_dir``, built in this executor's build sandbox."""
-        return LocalVenvBackend.from_settings(settings, sandbox=self.runner.build_sandbox())
+        return LocalVenvBackend.from_settings(settings, objects, sandbox=self.runner.build_sandbox())
 
     @property
     def jobs_run_as_root(self) -> bool:
