@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from dlcloud.storage.cache import ObjectCache
 from dlcloud.storage.local import LocalObjectStore
 from dlcloud.storage.stores import open_object_store
 from tests.conftest import wait_for
+from tests.wheels import make_wheel
 
 # builds in databases and venvs on disk are named by these hashes, so they must never change for the same spec
 # (format 2: the spec names no host path; change HASH_FORMAT rather than these)
@@ -214,3 +216,31 @@ def test_simulated_environments_are_described_like_local_ones_and_never_built(tm
 def test_a_platform_without_a_backend_says_so() -> None:
     with pytest.raises(Unavailable, match="runtime environments are not available"):
         NoEnvironments().server_python()
+
+
+class _RemoteLike(LocalObjectStore):
+    """A store that keeps no file where a build could read it (as S3): every read is a fetched copy."""
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+
+def test_a_wheel_is_built_from_its_storage_key_on_a_store_without_local_files(tmp_path: Path) -> None:
+    """The spec names the wheel by key; the build fetches it into the object cache (named by checksum) and
+    gives pip a file under the wheel's own name."""
+    wheel = make_wheel(tmp_path / "dist")
+    store = _RemoteLike(tmp_path / "objects")
+    key = f"code/t-1/c-1/{wheel.name}"
+    info = store.put_file(key, wheel)
+    backend = LocalVenvBackend(tmp_path / "envs", wheels=ObjectCache(tmp_path / "cache", store))
+    spec = inherit_spec(backend, wheels=((info.sha256, key),))
+    spec_hash = spec.spec_hash()
+    assert backend.build(spec, spec_hash, Cancellation()).built
+    python = backend.location(spec_hash) / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import tinypkg; print(tinypkg.__file__)"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith(str(backend.location(spec_hash))), out.stderr
+    assert (tmp_path / "cache" / info.sha256[:2] / info.sha256).is_file()
+
+    missing = inherit_spec(backend, wheels=(("0" * 64, "code/t-1/c-2/gone-1.0-py3-none-any.whl"),))
+    with pytest.raises(BuildError, match="is missing or damaged in storage"):
+        backend.build(missing, missing.spec_hash(), Cancellation())

@@ -11,8 +11,10 @@ files, fetched by storage key into the object cache) is found when it runs: the 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.environments import BuildError, BuildResult, BuildSpec, Cancellation
@@ -81,8 +83,28 @@ class LocalVenvBackend(HostVenvBackend):
         files = []
         for sha, key in spec.wheels:
             try:
-                files.append((sha, str(self.wheels.path(key, sha))))
+                files.append((sha, str(self._wheel_file(sha, key))))
             except (DlcloudError, ValueError) as exc:  # its text may name the store: the log has it
                 log.error("environment build: wheel %s (key %s) unreadable: %s", sha[:12], key, exc)
                 raise BuildError(f"the uploaded wheel (sha256 {sha[:12]}) is missing or damaged in storage") from exc
         return HostBuild.here(interpreter, tuple(files))
+
+    def _wheel_file(self, sha: str, key: str) -> Path:
+        """A local file of the wheel under its own name (pip reads a wheel's name and version from it): the
+        store's file where the store is local, else the object cache's copy (named by checksum), linked
+        under ``<envs_dir>/.wheels/<sha256>/<name>``."""
+        cached = self.wheels.path(key, sha)
+        name = PurePosixPath(key).name
+        if cached.name == name:
+            return cached
+        named = self.envs_dir / ".wheels" / sha / name
+        if not named.is_file():
+            named.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            part = named.with_name(f".{name}.part")
+            part.unlink(missing_ok=True)
+            try:
+                os.link(cached, part)
+            except OSError:  # another file system: a copy
+                shutil.copyfile(cached, part)
+            os.replace(part, named)
+        return named
