@@ -252,7 +252,6 @@ def build_env(settings: Settings, executor: Executor | None = None, inventory: I
         box,
         inventory,
         wake=lambda: holder["c"].wake() if "c" in holder else None,
-        sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
         objects=objects,
         environments=executor.environments(settings, objects)
         if executor

@@ -121,7 +121,6 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         wake_sources=lambda: workers["w"].wake(),
         isolated=isolated,
         isolation=isolation,
-        sandbox_prefix=executor.sandbox_prefix,
         objects=objects,
         environments=executor.environments(settings, objects),
         executor=executor,

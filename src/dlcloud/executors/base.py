@@ -14,6 +14,7 @@ import abc
 import contextlib
 import logging
 import os
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -342,6 +343,19 @@ class Executor(abc.ABC):
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         """The argv prefix that runs a one-off process on user input (model inspection) sandboxed, able to
         write only ``writable`` and to read, beyond the system, only ``readable``; None: no sandbox here."""
+        return None
+
+    @property
+    def inspects_sandboxed(self) -> bool:
+        """Whether ``inspect_model`` runs the artifact's code in a sandbox here (False: as the server's user,
+        or not at all): the registry lets only the tenants that may run code unsandboxed ask it then."""
+        return False
+
+    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """Run model inspection (``python -m dlcloud.serving.inspect``, ``model_inspect.run_inspect``) on an
+        artifact file of this process, in ``sandbox_prefix``'s sandbox where ``inspects_sandboxed``; None when it
+        did not finish within ``timeout`` s, or when this executor runs no user code on this host (this one:
+        the answer is then "no signature", and nothing of the artifact ran)."""
         return None
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:

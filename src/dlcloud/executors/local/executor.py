@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dlcloud.errors import DlcloudError, InvalidState
+from dlcloud.executors import model_inspect
 from dlcloud.executors.base import (
     LAUNCH_FAILED,
     MAIN_LOG,
@@ -155,6 +157,15 @@ class LocalExecutor(Executor):
 
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         return self.runner.sandbox_prefix(writable, readable)
+
+    @property
+    def inspects_sandboxed(self) -> bool:
+        return self.runner.sandbox.enabled
+
+    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare."""
+        sandbox = self.sandbox_prefix if self.inspects_sandboxed else None
+        return model_inspect.run_inspect(artifact, fmt, timeout, sandbox)
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
         return self.runner.reader_prefix(readable, slot)
