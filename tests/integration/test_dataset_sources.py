@@ -21,10 +21,11 @@ from sqlalchemy import func, select
 from dlcloud.client import Client
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.services import dataset_sources, storage_quota
+from dlcloud.services import dataset_sources
 from dlcloud.storage.objects import ObjectDamaged
 from dlcloud.storage.tree_cache import TreeCache
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, utcnow
+from dlcloud.store.tenants import storage_used
 from tests.conftest import Env, assert_api_error, build_env, make_settings, wait_for
 from tests.s3server import S3Server, s3_server_or_skip
 
@@ -145,7 +146,7 @@ def test_a_version_registered_in_place_is_pending_then_ready_and_reads_the_sourc
     assert len(stored) == 1 and stored[0].startswith("datasets/") and stored[0].endswith("/1/.dlcloud-manifest.json")
     # no bytes count toward the tenant's storage quota: the platform stores none of them
     with env.platform.db.read() as s:
-        assert storage_quota.storage_used(s, w.row().tenant_id) == 0
+        assert storage_used(s, w.row().tenant_id) == 0
 
     got = w.alice.datasets.download("clicks", 1, tmp_path / "dl")
     assert {p.relative_to(got).as_posix(): p.read_bytes() for p in got.rglob("*") if p.is_file()} == OBJECTS
