@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
+from dlcloud.control.dataset_sources import SourceWorker
 from dlcloud.control.leader import Leadership
 from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import InvalidArgument
@@ -31,7 +32,6 @@ from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
 from dlcloud.services.auth import purge_nonces
 from dlcloud.services.code import sweep_upload_scratch
-from dlcloud.services.dataset_sources import SourceWorker
 from dlcloud.services.datasets import sweep_abandoned_pushes
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox

@@ -33,7 +33,7 @@ list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.ge
 
 def pending_versions(s: Session) -> list[DatasetVersionRow]:
     """Every tenant's versions registered in place whose manifest is not computed yet, oldest first (for the
-    worker that computes them: ``services/dataset_sources.py``)."""
+    worker that computes them: ``control/dataset_sources.py``)."""
     q = (
         select(DatasetVersionRow)
         .where(DatasetVersionRow.state == DatasetVersionState.PENDING.value)

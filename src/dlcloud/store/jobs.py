@@ -83,7 +83,7 @@ def unfinished_attempts(s: Session) -> list[tuple[int, str, str, int, str, str, 
         .join(JobRow, JobRow.id == AttemptRow.job_id)
         .where(AttemptRow.finished_at.is_(None))
     )
-    return list(s.execute(q).tuples())
+    return [(a, h, t, n, j, st, bool(c), bool(p)) for a, h, t, n, j, st, c, p in s.execute(q)]
 
 
 def ended_attempts(s: Session, job_id: str) -> list[int]:
