@@ -30,7 +30,6 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import flag_modified
 
 from dlcloud.control import workloads
 from dlcloud.control.planner_inputs import plan_config, read_held, read_limits, recent_usage
@@ -330,8 +329,7 @@ class SchedulingPass:
             job.preempt_reason = None
         why = f"{resumed}attempt {job.attempt} placed on {host}{where}"
         job_states.transition(s, job, JobState.STARTING, why, at=now, events=rows.events)
-        for column in _PLACED_COLUMNS:
-            flag_modified(job, column)
+        store.write_columns(job, _PLACED_COLUMNS)
         terms = _placement_terms(borrowing, turn_until)
         if terms is not None:
             rows.events.append(

@@ -20,12 +20,12 @@ from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, Scheduli
 from dlcloud.services.admission import admission_limits
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
-from dlcloud.services.storage_quota import storage_used
 from dlcloud.services.tenants import resolve_tenant, scheduling_model
 from dlcloud.store import accounting as accounting_store
 from dlcloud.store import jobs as job_store
 from dlcloud.store.db import Database
 from dlcloud.store.rows import AccessKeyRow, AuditRow, TenantRow, utcnow
+from dlcloud.store.tenants import storage_used
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 

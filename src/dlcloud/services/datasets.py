@@ -32,7 +32,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from dlcloud import tarsafe
@@ -72,16 +71,11 @@ from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
+from dlcloud.store import uploads as upload_store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
-from dlcloud.store.rows import (
-    DatasetRow,
-    DatasetVersionRow,
-    JobDatasetRow,
-    UploadClaimRow,
-    utcnow,
-)
+from dlcloud.store.rows import DatasetRow, DatasetVersionRow, JobDatasetRow, UploadClaimRow, utcnow
 
 log = logging.getLogger(__name__)
 FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
@@ -109,7 +103,7 @@ def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: 
     exceed the longest push). Returns how many were removed."""
     cutoff = utcnow() - timedelta(seconds=max_age_seconds)
     with db.read() as s:
-        stale = list(s.scalars(select(UploadClaimRow.key).where(UploadClaimRow.claimed_at <= cutoff)))
+        stale = upload_store.stale_claims(s, cutoff)
     removed = 0
     for claim in stale:
         m = UPLOAD_KEY_RE.match(claim)
@@ -119,8 +113,7 @@ def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: 
                 continue  # released or taken over meanwhile
             if m is not None:
                 prefix = push_prefix(m.group(1), m.group(2))
-                q = select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key.startswith(prefix + "/"))
-                if s.scalars(q).first() is None:
+                if not store.has_version_under(s, prefix):
                     objects.delete_prefix(prefix)  # before the claim goes: a failure retries next sweep
                     removed += 1
                 else:  # a push of it committed (its upload's deletion failed): what else is there stays
@@ -523,7 +516,7 @@ def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> N
         else:
             job.cancel_requested = True
             job.reason = f"cancellation requested: {why}"
-        s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job.id))
+        store.forget_job_reads(s, job.id)
 
 
 # -- deletion --------------------------------------------------------------------------------------------
@@ -546,7 +539,7 @@ def _refuse_if_in_use(s: Session, caller: Caller, rows: list[DatasetVersionRow],
 def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
     """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
     if version_ids:
-        s.execute(delete(JobDatasetRow).where(JobDatasetRow.version_id.in_(version_ids)))
+        store.forget_version_reads(s, version_ids)
         s.flush()
 
 

@@ -26,7 +26,7 @@ class Platform:
     box: SecretBox
     inventory: Inventory
     wake: Callable[[], None] = field(default=_no_wake)  # nudges the control loop after a change
-    # nudges the worker computing dataset versions registered in place (services/dataset_sources.py)
+    # nudges the worker computing dataset versions registered in place (control/dataset_sources.py)
     wake_sources: Callable[[], None] = field(default=_no_wake)
     # whether user code runs sandboxed (the executor's isolation, told at start); when it does not, only the
     # bootstrap tenant may run code unless settings.allow_unsandboxed_tenants (``require_isolation``)
