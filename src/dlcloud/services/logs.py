@@ -104,7 +104,7 @@ def _executor_logs(platform: Platform, handle: str) -> dict[str, LogReader]:
         return {}
 
 
-def _files(
+def _open_logs(
     platform: Platform, attempts: list[Attempt], replica: str | None, known: Collection[tuple[int, str]] = ()
 ) -> Readers:
     """Readers of the attempts' logs (of ``replica`` only, when given) but the ``known`` (attempt number,
@@ -262,7 +262,7 @@ def _check(
     _, done, fresh = _snapshot(platform, caller, job_id)
     numbers = {n for n, _, _ in attempts}
     attempts = attempts + [a for a in fresh if a[0] not in numbers]
-    return done, attempts, _files(platform, attempts, replica, known)
+    return done, attempts, _open_logs(platform, attempts, replica, known)
 
 
 async def open_log_stream(
@@ -305,7 +305,7 @@ async def _stream(
     replica: str | None = None,
     max_bytes: int,
 ) -> AsyncIterator[str]:
-    readers = await anyio.to_thread.run_sync(_files, platform, attempts, replica)
+    readers = await anyio.to_thread.run_sync(_open_logs, platform, attempts, replica)
     label = _labeller(readers)
     try:
         if tail is not None or not follow:

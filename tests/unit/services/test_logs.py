@@ -158,7 +158,7 @@ def test_replicas_are_interleaved_by_time_from_the_end(tmp_path: Path):
         writers[i % 2].write_line("stdout", f"line {i:05d} " + "x" * 60)
     # the local executor's process layer reads an attempt's logs by its directory
     platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
-    readers = logs._files(platform, [(1, str(tmp_path), None)], None)  # type: ignore[arg-type]
+    readers = logs._open_logs(platform, [(1, str(tmp_path), None)], None)  # type: ignore[arg-type]
     lines = logs.read_tail(readers, 4, lambda line: True, logs._labeller(readers), 1 << 20)
     assert numbers(lines) == [596, 597, 598, 599]
     assert [line.split()[1] for line in lines] == ["worker-0/stdout", "worker-1/stdout"] * 2
