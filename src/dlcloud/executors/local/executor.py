@@ -51,6 +51,7 @@ from dlcloud.executors.base import (
     DatasetMount,
     Executor,
     InputsUnavailable,
+    LogReader,
     Replica,
     Workload,
     check_inputs,
@@ -541,7 +542,14 @@ class LocalExecutor(Executor):
     # ---- logs, outputs, removal
 
     def log_files(self, handle: str) -> dict[str, Path]:
+        """The attempt's output.log files by replica name (this executor's own: ``archive_logs`` copies them)."""
         return self.runner.log_files(self.attempt_dir(handle))
+
+    def log_replicas(self, handle: str) -> list[str]:
+        return self.runner.log_replicas(self.attempt_dir(handle))
+
+    def open_log(self, handle: str, replica: str) -> LogReader:
+        return self.runner.open_log(self.attempt_dir(handle), replica)
 
     def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
         outputs = self.attempt_dir(handle).parent / OUTPUTS
