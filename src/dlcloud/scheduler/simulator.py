@@ -1,4 +1,4 @@
-"""Trace-driven simulator: replays a job trace through the production planner (``plan()``) on a simulated clock.
+"""Trace-driven simulator: replays a job trace through the control plane's scheduling pass on a simulated clock.
 
 No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
 end of a preemption's grace period, LAS queue changes, the end of a turn or of the time idle GPUs are kept for
@@ -8,13 +8,18 @@ every ``supervisor_interval_seconds``, 0.2 s); the timed looks (aging, a turn's 
 lent, a las queue crossed) at the next tick (at most one every ``tick_s`` simulated seconds, coarser than the real
 loop's 0.2 s, for speed). Before 2026-11-27's fourth stop an attempt's end waited for the tick too
 (docs/scheduling.md, "Results": what that changed).
-It calls the real
-``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
-the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
-``gpus_per_node`` GPUs. Its placements start attempts; its preemptions stop them after the grace period
-(``Held.stopping`` meanwhile). How an attempt's end moves its job (preempted -> queued with its original
-submit time, work kept up to the last checkpoint, restarts untouched) is ``scheduler/attempts.py``, the rules
-the control plane applies too.
+
+A pass is the control plane's pure core (``scheduler/pass_core.py``), fed from the simulated attempts where the
+control plane reads the database: each tenant's ``Limits`` from its terms and recent usage (``tenant_limits``,
+``recent_usage``), the live attempts as ``Held`` with their last checkpoint (``held_attempt``), the queue in the
+control plane's order (priority, submit time), the cluster as an ``Inventory`` of nodes of ``gpus_per_node`` GPUs,
+and the planner's configuration as the server's settings give it (the grace period included); ``decide`` calls
+the production planner. Its placements start attempts; its preemptions stop them after the grace period
+(``Held.stopping`` meanwhile), a moved job keeping the hold ``pass_core.moved`` gives it. How an attempt's end moves
+its job (preempted -> queued with its original submit time, work kept up to the last checkpoint, restarts
+untouched) is ``scheduler/attempts.py``, the rules the control plane applies too. What the control plane does and
+the simulator does not model: wait reasons and estimated starts written for users, environment builds holding jobs,
+ports, restarts of failed attempts, quotas beyond the guarantees (no trace has them).
 
 The model:
 - each trace ``user`` (a Philly virtual cluster) is a tenant guaranteed GPUs in proportion to its share of the
@@ -119,8 +124,12 @@ class SimConfig:
 
     @property
     def planner(self) -> PlanConfig:
+        """The planner's configuration, as the control plane's ``plan_config`` builds it from the server's settings:
+        the aging and las queues at their defaults, the grace period a preempted attempt takes (the server's
+        ``stop_grace_seconds``) as the one the planner expects it to take."""
         return PlanConfig(
             policy=self.policy,
+            preemption_grace_s=self.grace_s,
             tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s,
             defragment=self.defragment,
             turn_window_s=self.turn_window_s,
