@@ -157,7 +157,8 @@ class SchedulingPass:
         # ``pinned`` keeps the tenant and code rows the workloads read in the identity map until the end
         jobs, pinned = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
         settings = self.p.settings
-        ports = PortAllocator(s, settings.job_port_range_start, settings.job_port_range_end)
+        low, high = settings.job_port_range_start, settings.job_port_range_end
+        ports = PortAllocator(s, low, high, is_free=self.executor.port_is_free)
         no_ports: dict[str, str] = {}  # placed by the plan, left waiting: why
         for job_id, gpus in result.placements:
             job = jobs.get(job_id)

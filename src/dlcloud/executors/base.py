@@ -382,6 +382,12 @@ class Executor(abc.ABC):
         write only ``writable`` and to read, beyond the system, only ``readable``; None: no sandbox here."""
         return None
 
+    def port_is_free(self, port: int) -> bool:
+        """Whether ``port`` of the managed range may be handed to an attempt's replicas now, where this
+        executor runs them (the control plane keeps which attempt holds which port, ``control/ports.py``). Here
+        nothing of the host is bound: every port is."""
+        return True
+
     @property
     def inspects_sandboxed(self) -> bool:
         """Whether ``inspect_model`` runs the artifact's code in a sandbox here (False: as the server's user,

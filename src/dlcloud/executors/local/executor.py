@@ -159,6 +159,11 @@ class LocalExecutor(Executor):
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         return self.runner.sandbox_prefix(writable, readable)
 
+    def port_is_free(self, port: int) -> bool:
+        """Nothing on this host is bound to it: an attempt in its own network namespace would not mind, but
+        one on the host's network (settings ``job_network: host``, or no sandbox) would."""
+        return network.host_port_is_free(port)
+
     @property
     def inspects_sandboxed(self) -> bool:
         return self.runner.sandbox.enabled
