@@ -20,11 +20,12 @@ branch_labels = None
 depends_on = None
 
 JOBS = sa.table("jobs", sa.column("id", sa.String), sa.column("spec", sa.JSON), sa.column("platform_state", sa.JSON))
+JobRecord = sa.Row[Any, Any, Any]  # (id, spec, platform_state)
 PAGE = 500  # rows read and written at once: a large jobs table is never held in memory whole
 RESERVED_PREFIX = "DLCLOUD_"  # a user's env may not hold such names: every one in a stored env is the platform's
 
 
-def _pages(bind: sa.Connection) -> Iterator[Sequence[sa.Row[Any]]]:
+def _pages(bind: sa.Connection) -> Iterator[Sequence[JobRecord]]:
     """The jobs' rows (id, spec, platform_state) in pages by id (no cursor stays open while a page is written)."""
     last = ""
     while True:
@@ -37,7 +38,7 @@ def _pages(bind: sa.Connection) -> Iterator[Sequence[sa.Row[Any]]]:
         last = rows[-1].id
 
 
-def _rewrite(bind: sa.Connection, columns: tuple[str, ...], change: Callable[[sa.Row[Any]], dict[str, Any]]) -> None:
+def _rewrite(bind: sa.Connection, columns: tuple[str, ...], change: Callable[[JobRecord], dict[str, Any]]) -> None:
     """Each job's ``columns`` set to what ``change`` makes of its row (bound as new_<column>: an UPDATE's bind
     parameter may not take its column's name)."""
     values: dict[str, Any] = {c: sa.bindparam(f"new_{c}") for c in columns}
@@ -46,7 +47,7 @@ def _rewrite(bind: sa.Connection, columns: tuple[str, ...], change: Callable[[sa
         bind.execute(update, [{"_id": r.id, **{f"new_{c}": v for c, v in change(r).items()}} for r in rows])
 
 
-def _split(row: sa.Row[Any]) -> dict[str, Any]:
+def _split(row: JobRecord) -> dict[str, Any]:
     """An old row's spec without the platform's keys, and those keys as ``platform_state``."""
     spec = dict(row.spec)
     env = dict(spec.get("env") or {})
@@ -60,7 +61,7 @@ def _split(row: sa.Row[Any]) -> dict[str, Any]:
     return {"spec": spec, "platform_state": state}
 
 
-def _merge(row: sa.Row[Any]) -> dict[str, Any]:
+def _merge(row: JobRecord) -> dict[str, Any]:
     """The spec as 0024 kept it: the platform's keys back inside it."""
     spec = dict(row.spec)
     state = row.platform_state or {}
