@@ -204,3 +204,61 @@ def test_0024_takes_the_host_out_of_build_specs_and_names_wheels_by_key(env, db_
     assert back["interpreter"] and back["base_prefix"] == os.path.abspath(sys.prefix) and back["base_site"]
     assert back["wheels"] == [[upload["sha256"], key], ["f" * 64, ""]]
     _alembic(db_url, "upgrade", "head")
+
+
+def test_0025_moves_the_platforms_keys_out_of_older_specs_and_0024_gets_them_back(env, db_url):
+    """Rows of 0024 kept the platform's state inside the user's spec (``resolved_datasets``,
+    ``checkpoint_from_id``, a trial's DLCLOUD_* variables merged into ``env``); 0025 moves it into
+    ``platform_state``, and going back to 0024 puts it in the spec again."""
+    import json
+
+    from sqlalchemy import text
+
+    from dlcloud.schemas.jobs import JobPlatformState
+    from dlcloud.store.rows import JobRow
+
+    env.admin.jobs.submit({"name": "plain", "command": "true", "env": {"MINE": "x"}})
+    env.admin.jobs.cancel("plain")
+    env.admin.jobs.submit({"name": "trial-3", "command": "true", "checkpoint_from": "plain"})  # never ran: no id
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0024")
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.begin() as conn:
+        specs = {
+            n: json.loads(s) if isinstance(s, str) else s for n, s in conn.execute(text("SELECT name, spec FROM jobs"))
+        }
+        # what 0025's downgrade wrote is what 0024 wrote at submit
+        assert specs["plain"]["resolved_datasets"] == [] and "checkpoint_from_id" not in specs["plain"]
+        assert specs["trial-3"]["checkpoint_from_id"] is None
+        # an older row as 0024's server stored it: a dataset resolved, the source's id, a trial's variables
+        dataset = {"ref": "clicks@prod", "name": "clicks", "owner": "default", "version": 2, "version_id": "dv-1"}
+        dataset |= {"storage_key": "datasets/t/d/2", "sha256": "ab" * 32, "size_bytes": 10}
+        trial_env = {"DLCLOUD_HPARAMS": '{"lr": 0.1}', "DLCLOUD_STUDY": "trial", "DLCLOUD_TRIAL": "3"}
+        older = {**specs["trial-3"], "resolved_datasets": [dataset], "checkpoint_from_id": "j-source"}
+        older["env"] = {"MINE": "y", **trial_env}
+        conn.execute(text("UPDATE jobs SET spec = :s WHERE name = 'trial-3'"), {"s": json.dumps(older)})
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        rows = {r.name: (r.spec, r.platform_state) for r in s.scalars(select(JobRow))}
+    assert rows["plain"][1] == JobPlatformState()
+    assert rows["plain"][0] == {k: v for k, v in specs["plain"].items() if k != "resolved_datasets"}
+    spec, state = rows["trial-3"]
+    assert "resolved_datasets" not in spec and "checkpoint_from_id" not in spec and spec["env"] == {"MINE": "y"}
+    assert state.checkpoint_from_id == "j-source" and state.env == trial_env
+    assert [d.model_dump() for d in state.datasets] == [dataset]
+    shown = env.admin.jobs.get("trial-3")
+    assert shown["resolved"]["datasets"] == [
+        {k: v for k, v in dataset.items() if k not in ("version_id", "storage_key")}
+    ]
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0024")
+    with engine.connect() as conn:
+        back = {
+            n: json.loads(s) if isinstance(s, str) else s for n, s in conn.execute(text("SELECT name, spec FROM jobs"))
+        }
+    assert back["trial-3"] == older and back["plain"] == specs["plain"]
+    _alembic(db_url, "upgrade", "head")
+    engine.dispose()

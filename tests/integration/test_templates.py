@@ -252,5 +252,5 @@ def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env,
         "signature": None,
         "description": "",
     }
-    assert [d["name"] for d in detail["spec"]["resolved_datasets"]] == ["churn"]
+    assert [d["name"] for d in detail["resolved"]["datasets"]] == ["churn"]
     assert '--data="${DLCLOUD_DATASET_CHURN}" --path train.csv --label y' in job["command"]

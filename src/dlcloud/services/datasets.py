@@ -27,7 +27,6 @@ import secrets
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersionState,
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
-from dlcloud.schemas.jobs import JobState
+from dlcloud.schemas.jobs import JobState, ResolvedDataset
 from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
@@ -566,34 +565,9 @@ def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | N
 # -- jobs ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ResolvedDataset:
-    """A job's dataset reference resolved to one version, as recorded in the job's spec."""
-
-    ref: str  # as the job gave it
-    name: str  # the dataset's name (the variable DLCLOUD_DATASET_<NAME> is derived from it)
-    owner: str
-    version: int
-    version_id: str
-    storage_key: str
-    sha256: str
-    size_bytes: int
-
-    def to_spec(self) -> dict[str, object]:
-        return {
-            "ref": self.ref,
-            "name": self.name,
-            "owner": self.owner,
-            "version": self.version,
-            "version_id": self.version_id,
-            "storage_key": self.storage_key,
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-        }
-
-
 def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[ResolvedDataset]:
-    """Resolve a job's references (in its submit transaction): each to one readable version, no dataset twice."""
+    """Resolve a job's references (in its submit transaction): each to one readable version, no dataset twice.
+    The job keeps them in its ``platform_state``."""
     out: list[ResolvedDataset] = []
     seen: dict[str, str] = {}
     for ref in refs:

@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
+from dlcloud.schemas.jobs import JobPlatformState
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on both SQLite (naive storage) and PostgreSQL."""
@@ -44,6 +46,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+class PlatformStateJSON(TypeDecorator[JobPlatformState]):
+    """``JobPlatformState`` stored as JSON, validated on load: the column reads back typed, in ORM rows and in
+    Core rows alike."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: JobPlatformState | None, dialect: Any) -> dict[str, Any] | None:
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Any) -> JobPlatformState | None:
+        return None if value is None else JobPlatformState.model_validate(value)
 
 
 def utcnow() -> datetime:
@@ -199,7 +215,10 @@ class JobRow(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     user_id: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(63))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the user's own (``_stored_spec`` in services/jobs.py)
+    # what the platform decided at submit, beside the spec, never in it (``JobPlatformState`` says why one
+    # sub-document); fixed at submit
+    platform_state: Mapped[JobPlatformState] = mapped_column(PlatformStateJSON, default=lambda: JobPlatformState())
     command: Mapped[str] = mapped_column(Text)
     code_id: Mapped[str | None] = mapped_column(String(40))
     state: Mapped[str] = mapped_column(String(16))
