@@ -37,6 +37,7 @@ from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import GpuSpec, Settings
+from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
 from dlcloud.store.rows import Base
 from tests.job_files import touch_for_job
@@ -244,14 +245,17 @@ def build_env(settings: Settings, executor: Executor | None = None, inventory: I
     if inventory is None:
         inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     holder: dict[str, ControlLoop] = {}
+    objects = open_object_store(settings)
     platform = Platform(
         settings,
         db,
         box,
         inventory,
         wake=lambda: holder["c"].wake() if "c" in holder else None,
-        sandbox_prefix=executor.sandbox_prefix if executor is not None else None,
-        environments=executor.environments(settings) if executor else LocalVenvBackend.from_settings(settings),
+        objects=objects,
+        environments=executor.environments(settings, objects)
+        if executor
+        else LocalVenvBackend.from_settings(settings, objects),
         # as in ``dlcloud up``, every process has an executor, if only to read the logs of jobs that others ran
         executor=executor or LocalExecutor(sandbox=Sandbox(False, "this process runs no jobs")),
     )

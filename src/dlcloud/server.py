@@ -22,6 +22,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from dlcloud.api.app import create_app
+from dlcloud.control.dataset_sources import SourceWorker
+from dlcloud.control.housekeeping import Housekeeping
 from dlcloud.control.leader import Leadership
 from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import InvalidArgument
@@ -29,14 +31,9 @@ from dlcloud.executors.base import Executor
 from dlcloud.executors.registry import get_executor_class
 from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
-from dlcloud.services.auth import purge_nonces
-from dlcloud.services.code import sweep_upload_scratch
-from dlcloud.services.dataset_sources import SourceWorker
-from dlcloud.services.datasets import sweep_abandoned_pushes
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
-from dlcloud.services.uploads import sweep_uploads
 from dlcloud.settings import Settings
 from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
@@ -55,6 +52,7 @@ class Server:
     bootstrap_file: Path
     stop_event: threading.Event
     sources: SourceWorker  # computes the manifests of dataset versions registered in place
+    housekeeping: Housekeeping  # purges expired nonces, sweeps what crashed requests left behind
 
 
 def _write_bootstrap_file(path: Path, access: str, secret: str, endpoint: str) -> None:
@@ -121,9 +119,8 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         wake_sources=lambda: workers["w"].wake(),
         isolated=isolated,
         isolation=isolation,
-        sandbox_prefix=executor.sandbox_prefix,
         objects=objects,
-        environments=executor.environments(settings),
+        environments=executor.environments(settings, objects),
         executor=executor,
     )
     leadership = Leadership(db, data_dir)
@@ -131,7 +128,17 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
     holder["c"] = control
     workers["w"] = SourceWorker(platform)
     stop_event = threading.Event()
-    server = Server(settings, platform, control, leadership, FastAPI(), bootstrap_file, stop_event, workers["w"])
+    server = Server(
+        settings,
+        platform,
+        control,
+        leadership,
+        FastAPI(),
+        bootstrap_file,
+        stop_event,
+        workers["w"],
+        Housekeeping(platform),
+    )
 
     def ready() -> str | None:
         return None if server_state["leader"] or server_state["follower"] else "control loop not started"
@@ -147,8 +154,11 @@ def _lifespan(server: Server, state: dict[str, bool]):
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         threads = [
             threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
-            threading.Thread(target=_housekeeping, args=(server,), name="dlcloud-housekeeping", daemon=True),
-            # every process, leader or follower: claims keep two from computing one version
+            # every process, leader or follower: sweeps remove only what no live request uses, and claims keep
+            # two processes from computing one dataset version
+            threading.Thread(
+                target=server.housekeeping.run, args=(server.stop_event,), name="dlcloud-housekeeping", daemon=True
+            ),
             threading.Thread(
                 target=server.sources.run, args=(server.stop_event,), name="dlcloud-dataset-sources", daemon=True
             ),
@@ -161,6 +171,7 @@ def _lifespan(server: Server, state: dict[str, bool]):
             server.stop_event.set()
             server.control.wake()
             server.sources.wake()
+            server.housekeeping.wake()
             for t in threads:
                 t.join(timeout=10)
             server.leadership.release()
@@ -189,24 +200,6 @@ def _leader_loop(server: Server, state: dict[str, bool]) -> None:
         state["follower"] = True
         server.control.executor.reap()  # launchers this process started while it led
         stop.wait(2.0)
-
-
-def _housekeeping(server: Server) -> None:
-    while not server.stop_event.wait(60.0):
-        try:
-            purge_nonces(server.platform.db, server.settings.clock_skew_seconds)
-        except Exception:  # keep housekeeping alive across transient database errors
-            log.exception("nonce purge failed")
-        try:  # what crashed writes left in the store and in the scratch directory, a day after; uploads no
-            # request used, past their time
-            server.platform.objects.sweep(24 * 3600.0)
-            sweep_upload_scratch(server.settings, 24 * 3600.0)
-            sweep_abandoned_pushes(
-                server.platform.db, server.platform.objects, server.settings.model_upload_ttl_seconds
-            )
-            sweep_uploads(server.platform.objects, server.settings.model_upload_ttl_seconds)
-        except Exception:  # keep housekeeping alive across transient storage errors
-            log.exception("storage sweep failed")
 
 
 def serve(settings: Settings, on_ready=None) -> None:

@@ -295,7 +295,7 @@ def test_a_job_reads_a_dataset_named_on_the_command_line(server: Server, tmp_pat
     assert "x,y|1,0|2,1" in res.stdout and "['clicks']" in res.stdout
     described = server.cli_json("jobs", "describe", "read-clicks")
     assert isinstance(described, dict)
-    [resolved] = described["spec"]["resolved_datasets"]
+    [resolved] = described["resolved"]["datasets"]
     assert (resolved["name"], resolved["version"]) == ("clicks", 1)
     # the job ended: the version can go
     server.cli("datasets", "delete", "clicks", "--version", "1", "--yes")

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.errors import InvalidSpec, InvalidState, NotFound
-from dlcloud.schemas.jobs import JobDetail, JobSpec
+from dlcloud.schemas.jobs import JobSpec
 from dlcloud.services import jobs
 from dlcloud.services.auth import Caller, Role
 from dlcloud.store.rows import JobRow, TenantRow, UserRow
@@ -25,7 +25,7 @@ def _rows(env: Env) -> int:
         return int(s.scalar(select(func.count()).select_from(JobRow)) or 0)
 
 
-def _wait_end(client, name: str, timeout: float = 60.0) -> JobDetail:
+def _wait_end(client, name: str, timeout: float = 60.0) -> dict:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=timeout, what=f"job {name} to end"
     )
@@ -71,8 +71,8 @@ def test_a_job_that_has_not_ended_or_the_job_itself_is_refused(env: Env) -> None
     # ended, never having run: accepted, the name kept as given, no checkpoints to copy (no id)
     c.jobs.cancel("first")
     c.jobs.submit({"name": "second", "command": "true", "checkpoint_from": "first"})
-    spec = c.jobs.get("second").spec
-    assert spec["checkpoint_from"] == "first" and spec[jobs.CHECKPOINT_FROM_ID] is None
+    second = c.jobs.get("second")
+    assert second.spec["checkpoint_from"] == "first" and second.resolved.checkpoint_from_id is None
 
 
 def test_the_study_drivers_path_resolves_and_checks_it_the_same_way(env: Env) -> None:
@@ -90,7 +90,7 @@ def test_the_study_drivers_path_resolves_and_checks_it_the_same_way(env: Env) ->
     ]:
         spec = JobSpec(name="trial-1", command="true", checkpoint_from=ref)
         with pytest.raises(error, match=match), env.platform.db.write() as s:
-            jobs.create_job_row(s, env.platform, caller, spec, platform_env={"DLCLOUD_TRIAL": "1"})
+            jobs.create_job_row(s, env.platform, caller, spec, trial_env={"DLCLOUD_TRIAL": "1"})
     assert _rows(env) == before
     with env.platform.db.write() as s:  # make the queued job one that ran, as a paused trial's job has
         row = s.scalars(select(JobRow).where(JobRow.name == "queued")).one()
@@ -98,8 +98,9 @@ def test_the_study_drivers_path_resolves_and_checks_it_the_same_way(env: Env) ->
         source_id = row.id
     with env.platform.db.write() as s:
         spec = JobSpec(name="trial-1", command="true", checkpoint_from="queued")
-        row = jobs.create_job_row(s, env.platform, caller, spec, platform_env={"DLCLOUD_TRIAL": "1"})
-        assert row.spec["checkpoint_from"] == "queued" and row.spec[jobs.CHECKPOINT_FROM_ID] == source_id
+        row = jobs.create_job_row(s, env.platform, caller, spec, trial_env={"DLCLOUD_TRIAL": "1"})
+        assert row.spec["checkpoint_from"] == "queued" and row.platform_state.checkpoint_from_id == source_id
+        assert row.platform_state.env == {"DLCLOUD_TRIAL": "1"} and "DLCLOUD_TRIAL" not in row.spec["env"]
     assert _rows(env) == before + 1
 
 
@@ -133,7 +134,8 @@ def test_a_job_continues_from_another_jobs_checkpoints_and_leaves_them_as_they_w
     job = _wait_end(c, "b")
     assert job.state == "SUCCEEDED", (job.reason, [x.text for x in c.jobs.logs("b")])
     assert "resumed from epoch 3" in [x.text for x in c.jobs.logs("b")]
-    assert job.spec["checkpoint_from"] == "a" and job.spec[jobs.CHECKPOINT_FROM_ID] == a.id
+    assert job.spec["checkpoint_from"] == "a" and job.resolved.checkpoint_from_id == a.id
+    assert "checkpoint_from_id" not in job.spec
     assert (_checkpoint_dir(running_env, b.id) / "state").read_text() == "epoch 3\nepoch 6\n"
     assert (_checkpoint_dir(running_env, a.id) / "state").read_text() == "epoch 3\n"
 

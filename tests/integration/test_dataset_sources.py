@@ -19,13 +19,14 @@ import pytest
 from sqlalchemy import func, select
 
 from dlcloud.client import Client
+from dlcloud.control import dataset_sources as source_worker
 from dlcloud.errors import DlcloudError
 from dlcloud.executors.local.executor import LocalExecutor
-from dlcloud.schemas.datasets import DatasetVersion
-from dlcloud.services import dataset_sources, storage_quota
+from dlcloud.services import dataset_sources
 from dlcloud.storage.objects import ObjectDamaged
 from dlcloud.storage.tree_cache import TreeCache
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, utcnow
+from dlcloud.store.tenants import storage_used
 from tests.conftest import Env, assert_api_error, build_env, make_settings, wait_for
 from tests.s3server import S3Server, s3_server_or_skip
 
@@ -53,7 +54,7 @@ class World:
         key = self.source.split("/", 3)[3] + "/" + rel
         self.server.client().put_object(Bucket=self.bucket, Key=key, Body=data)
 
-    def register(self, name: str, source: str | None = None) -> DatasetVersion:
+    def register(self, name: str, source: str | None = None) -> dict:
         return self.alice.datasets.push(name, source=source or self.source)
 
     def row(self, version: int = 1) -> Row:
@@ -134,7 +135,7 @@ def test_a_version_registered_in_place_is_pending_then_ready_and_reads_the_sourc
         w.alice.jobs.submit({"name": "early", "command": "true", "datasets": ["clicks@1"]})
     assert w.alice.datasets.version("clicks", 1).state == "pending"
 
-    assert dataset_sources.prepare_pending(env.platform) == 1
+    assert source_worker.prepare_pending(env.platform) == 1
     v = w.alice.datasets.version("clicks", 1)
     assert v.state == "ready" and v.state_reason is None
     assert v.sha256 == _checksum(OBJECTS)
@@ -146,7 +147,7 @@ def test_a_version_registered_in_place_is_pending_then_ready_and_reads_the_sourc
     assert len(stored) == 1 and stored[0].startswith("datasets/") and stored[0].endswith("/1/.dlcloud-manifest.json")
     # no bytes count toward the tenant's storage quota: the platform stores none of them
     with env.platform.db.read() as s:
-        assert storage_quota.storage_used(s, w.row().tenant_id) == 0
+        assert storage_used(s, w.row().tenant_id) == 0
 
     got = w.alice.datasets.download("clicks", 1, tmp_path / "dl")
     assert {p.relative_to(got).as_posix(): p.read_bytes() for p in got.rglob("*") if p.is_file()} == OBJECTS
@@ -223,7 +224,7 @@ def test_registering_in_place_is_off_without_an_allow_list(request, tmp_path, db
 def test_an_object_changed_after_registration_is_refused_and_never_cached(world: World, tmp_path) -> None:
     w, env = world, world.env
     w.register("clicks")
-    dataset_sources.prepare_pending(env.platform)
+    source_worker.prepare_pending(env.platform)
     w.put("train/part-0.csv", b"a,b\n9,9\n")  # same size, other bytes
     key = w.row().storage_key
     manifest = env.platform.objects.tree_manifest(key)
@@ -246,7 +247,7 @@ def test_a_job_reads_a_version_registered_in_place(request, tmp_path, db_url, mo
     assert env.control is not None
     stop = threading.Event()
     loop = threading.Thread(target=env.control.run, args=(stop,), daemon=True)
-    worker = dataset_sources.SourceWorker(env.platform)
+    worker = source_worker.SourceWorker(env.platform)
     background = threading.Thread(target=worker.run, args=(stop,), daemon=True)
     loop.start()
     background.start()
@@ -298,7 +299,7 @@ def test_names_and_limits_the_rules_refuse_fail_the_version(request, tmp_path, d
                     key = f"{w.allowed.split('/', 3)[3]}/{name}/{rel}"
                     w.server.client().put_object(Bucket=w.bucket, Key=key, Body=data)
                 w.register("bad", f"{w.allowed}/{name}")
-                dataset_sources.prepare_pending(w.env.platform)
+                source_worker.prepare_pending(w.env.platform)
                 v = w.alice.datasets.version("bad", n)
                 assert v.state == "failed" and reason in v.state_reason, v
                 with pytest.raises(DlcloudError, match="failed to register") as err:
@@ -322,11 +323,11 @@ def test_a_pending_version_survives_a_restart(world: World) -> None:
 
     # another host's worker, alive a moment ago: left to it
     claim("other-host:123:abcd", timedelta(seconds=1))
-    assert dataset_sources.prepare_pending(env.platform) == 0
+    assert source_worker.prepare_pending(env.platform) == 0
     assert w.row().state == "pending"
     # ... until its claim is older than the lease: taken over
     claim("other-host:123:abcd", dataset_sources.LEASE + timedelta(seconds=1))
-    assert dataset_sources.prepare_pending(env.platform) == 1
+    assert source_worker.prepare_pending(env.platform) == 1
     assert w.row().state == "ready"
 
     # a server of this host that crashed (its process is gone) mid-read: resumed at once by the next start
@@ -335,7 +336,7 @@ def test_a_pending_version_survives_a_restart(world: World) -> None:
     with env.platform.db.write() as s:
         row = s.scalars(select(DatasetVersionRow).where(DatasetVersionRow.version == 2)).one()
         row.claimed_by, row.claimed_at = f"{host}:{dead}:0000", utcnow()
-    worker = dataset_sources.SourceWorker(env.platform)  # the restarted server's
+    worker = source_worker.SourceWorker(env.platform)  # the restarted server's
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
     thread.start()

@@ -234,9 +234,10 @@ def test_a_version_a_queued_job_reads_cannot_be_deleted(world: World) -> None:
     _push(env, world.alice, "clicks", {"f": b"x"})
     _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 1})
     world.alice.jobs.submit({"name": "reader", "command": "true", "datasets": ["clicks@production"]})
-    resolved = world.alice.jobs.get("reader").spec["resolved_datasets"]
-    assert [(d["name"], d["owner"], d["version"]) for d in resolved] == [("clicks", "acme", 1)]
-    assert "storage_key" not in resolved[0] and "version_id" not in resolved[0]
+    resolved = world.alice.jobs.get("reader").resolved.datasets
+    assert [(d.name, d.owner, d.version) for d in resolved] == [("clicks", "acme", 1)]
+    wire = world.alice.transport.request("GET", f"{API}/jobs/reader")["resolved"]["datasets"][0]
+    assert "storage_key" not in wire and "version_id" not in wire
     # the label moving later does not change what the job reads
     _raw(env, world.alice, "PUT", f"{API}/datasets/clicks/labels/production", {"version": 2})
     for path in (f"{API}/datasets/clicks/versions/1", f"{API}/datasets/clicks"):
@@ -284,8 +285,8 @@ def test_a_job_spec_gives_datasets_as_strings_or_mappings(world: World) -> None:
     assert resp.status_code == 201, resp.text
     job = world.alice.jobs.get("mixed")
     assert job.spec["datasets"] == ["clicks@1", "views@production", "ads"]
-    resolved = job.spec["resolved_datasets"]
-    assert [(d["name"], d["version"]) for d in resolved] == [("clicks", 1), ("views", 1), ("ads", 1)]
+    resolved = job.resolved.datasets
+    assert [(d.name, d.version) for d in resolved] == [("clicks", 1), ("views", 1), ("ads", 1)]
     world.alice.jobs.submit({"name": "strings", "command": "true", "datasets": ["clicks", {"name": "views"}]})
     assert world.alice.jobs.get("strings").spec["datasets"] == ["clicks", "views"]
     for bad, fragment in (

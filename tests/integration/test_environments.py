@@ -284,3 +284,31 @@ def test_environments_are_tenant_scoped(env: Env):
     with pytest.raises(DlcloudError, match="only the author or a tenant admin") as exc:
         amy.environments.delete("mine")
     assert exc.value.code == "permission_denied"
+
+
+def test_a_build_moves_only_as_its_state_machine_says(env: Env):
+    """services/env_builds.py is the one writer of a build's state: BUILDING -> READY | FAILED, FAILED ->
+    BUILDING on a retry; an outcome recorded twice (a second leader) writes nothing the second time."""
+    from dlcloud.executors.environments import BuildSpec
+    from dlcloud.schemas.environments import EnvironmentState
+    from dlcloud.services import env_builds
+
+    spec = BuildSpec(python="3.11", requirements=("tinypkg==0.1",))
+    spec_hash = spec.spec_hash()
+    with env.platform.db.write() as s:
+        assert env_builds.request_build(s, spec, spec_hash).state == "BUILDING"
+    with env.platform.db.write() as s:
+        assert env_builds.start_build(s, spec_hash) == spec
+        with pytest.raises(ValueError, match="a build ends READY or FAILED"):
+            env_builds.finish_build(s, spec_hash, EnvironmentState.BUILDING, built=True)
+        assert env_builds.finish_build(s, spec_hash, EnvironmentState.FAILED, error="pip said no", built=True)
+    with env.platform.db.write() as s:
+        assert not env_builds.finish_build(s, spec_hash, EnvironmentState.READY, size=1, built=True)
+        assert env_builds.start_build(s, spec_hash) is None  # FAILED: nothing to build until it is asked again
+        row = s.get(EnvironmentBuildRow, spec_hash)
+        assert (row.state, row.error, row.builds) == ("FAILED", "pip said no", 1)
+        assert env_builds.request_build(s, spec, spec_hash).state == "BUILDING"  # a retry
+    with env.platform.db.write() as s:
+        assert env_builds.finish_build(s, spec_hash, EnvironmentState.READY, size=42, built=False)
+        row = s.get(EnvironmentBuildRow, spec_hash)
+        assert (row.state, row.error, row.size_bytes, row.builds) == ("READY", None, 42, 1)

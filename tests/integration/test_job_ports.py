@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 from datetime import UTC, datetime
 
-from dlcloud.control.ports import PortAllocator, attempt_ports, port_is_free, release_ports
+from dlcloud.control.ports import PortAllocator, attempt_ports, release_ports
+from dlcloud.executors.local.network import host_port_is_free
 from dlcloud.store.db import Database
 
 NOW = datetime(2024, 1, 1, tzinfo=UTC)
@@ -34,4 +35,4 @@ def test_a_bound_port_is_not_free():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        assert not port_is_free(sock.getsockname()[1])
+        assert not host_port_is_free(sock.getsockname()[1])

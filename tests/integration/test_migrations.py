@@ -4,7 +4,9 @@ the data of older versions over."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+from datetime import UTC, datetime
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -104,7 +106,6 @@ def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env
 def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env, db_url):
     """0015 moves the wait reasons and estimated starts of queued jobs from their rows to shared rows, one per
     tenant and text; going back to 0014 puts them in the jobs' rows again."""
-    from datetime import UTC, datetime
 
     from sqlalchemy import text
 
@@ -129,7 +130,8 @@ def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env,
 
     for name in ("bulk-0", "bulk-1"):
         job = env.admin.jobs.get(name)
-        assert (job.wait_reason, job.estimated_start) == ("waiting for capacity", "2027-01-02T03:04:05.600000Z")
+        want = ("waiting for capacity", datetime(2027, 1, 2, 3, 4, 5, 600000, tzinfo=UTC))
+        assert (job.wait_reason, job.estimated_start) == want
     assert env.admin.jobs.get("bulk-2").wait_reason == "waiting behind 2 earlier job(s) in the queue"
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM wait_reasons")).scalar() == 1
@@ -144,5 +146,118 @@ def test_0015_keeps_the_wait_reasons_of_queued_jobs_and_0014_gets_them_back(env,
         ("bulk-1", "waiting for capacity"),
         ("bulk-2", None),
     ]
+    _alembic(db_url, "upgrade", "head")
+    engine.dispose()
+
+
+def test_0024_takes_the_host_out_of_build_specs_and_names_wheels_by_key(env, db_url, tmp_path):
+    """Rows of 0023 named this host's interpreter, site directories and wheel files; 0024 keeps the content and
+    names each wheel by an upload's storage key; going back fills the host fields in as this host has them."""
+    import sys
+
+    from sqlalchemy import text
+
+    from dlcloud.executors.environments import BuildSpec
+    from dlcloud.store.rows import CodeRow, EnvironmentBuildRow
+    from tests.wheels import make_wheel
+
+    upload = env.admin.code.upload(make_wheel(tmp_path / "dist"), kind="wheel", filename="tinypkg-0.1-py3-none-any.whl")
+    with env.platform.db.read() as s:
+        key = s.get(CodeRow, upload.id).storage_key
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0023")
+    old = {
+        "python": "3.11",
+        "interpreter": "/usr/bin/python3.11",
+        "inherit": True,
+        "base_prefix": "/opt/venv",
+        "base_site": ["/opt/venv/lib/python3.11/site-packages"],
+        "base_packages": "ab" * 32,
+        "requirements": ["x==1"],
+        "wheels": [[upload.sha256, f"{env.settings.data_dir}/{key}"], ["f" * 64, "/gone/y.whl"]],
+        "index_url": None,
+        "extra_index_urls": [],
+        "no_index": True,
+    }
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.begin() as conn:  # as 0023 wrote it
+        conn.execute(
+            EnvironmentBuildRow.__table__.insert().values(
+                spec_hash="e" * 64, state="READY", spec=old, builds=1, created_at=text("CURRENT_TIMESTAMP")
+            )
+        )
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        spec = s.get(EnvironmentBuildRow, "e" * 64).spec
+    assert spec == {
+        **{k: v for k, v in old.items() if k not in ("interpreter", "base_prefix", "base_site")},
+        "wheels": [[upload.sha256, key], ["f" * 64, ""]],
+    }
+    assert str(env.settings.data_dir) not in str(spec)
+    assert BuildSpec.from_json(spec).wheels == ((upload.sha256, key), ("f" * 64, ""))
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0023")
+    with engine.connect() as conn:
+        back = conn.execute(select(EnvironmentBuildRow.__table__.c.spec)).scalar_one()
+    engine.dispose()
+    assert back["interpreter"] and back["base_prefix"] == os.path.abspath(sys.prefix) and back["base_site"]
+    assert back["wheels"] == [[upload.sha256, key], ["f" * 64, ""]]
+    _alembic(db_url, "upgrade", "head")
+
+
+def test_0025_moves_the_platforms_keys_out_of_older_specs_and_0024_gets_them_back(env, db_url):
+    """Rows of 0024 kept the platform's state inside the user's spec (``resolved_datasets``,
+    ``checkpoint_from_id``, a trial's DLCLOUD_* variables merged into ``env``); 0025 moves it into
+    ``platform_state``, and going back to 0024 puts it in the spec again."""
+    import json
+
+    from sqlalchemy import text
+
+    from dlcloud.schemas.jobs import JobPlatformState
+    from dlcloud.store.rows import JobRow
+
+    env.admin.jobs.submit({"name": "plain", "command": "true", "env": {"MINE": "x"}})
+    env.admin.jobs.cancel("plain")
+    env.admin.jobs.submit({"name": "trial-3", "command": "true", "checkpoint_from": "plain"})  # never ran: no id
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0024")
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.begin() as conn:
+        specs = {
+            n: json.loads(s) if isinstance(s, str) else s for n, s in conn.execute(text("SELECT name, spec FROM jobs"))
+        }
+        # what 0025's downgrade wrote is what 0024 wrote at submit
+        assert specs["plain"]["resolved_datasets"] == [] and "checkpoint_from_id" not in specs["plain"]
+        assert specs["trial-3"]["checkpoint_from_id"] is None
+        # an older row as 0024's server stored it: a dataset resolved, the source's id, a trial's variables
+        dataset = {"ref": "clicks@prod", "name": "clicks", "owner": "default", "version": 2, "version_id": "dv-1"}
+        dataset |= {"storage_key": "datasets/t/d/2", "sha256": "ab" * 32, "size_bytes": 10}
+        trial_env = {"DLCLOUD_HPARAMS": '{"lr": 0.1}', "DLCLOUD_STUDY": "trial", "DLCLOUD_TRIAL": "3"}
+        older = {**specs["trial-3"], "resolved_datasets": [dataset], "checkpoint_from_id": "j-source"}
+        older["env"] = {"MINE": "y", **trial_env}
+        conn.execute(text("UPDATE jobs SET spec = :s WHERE name = 'trial-3'"), {"s": json.dumps(older)})
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        rows = {r.name: (r.spec, r.platform_state) for r in s.scalars(select(JobRow))}
+    assert rows["plain"][1] == JobPlatformState()
+    assert rows["plain"][0] == {k: v for k, v in specs["plain"].items() if k != "resolved_datasets"}
+    spec, state = rows["trial-3"]
+    assert "resolved_datasets" not in spec and "checkpoint_from_id" not in spec and spec["env"] == {"MINE": "y"}
+    assert state.checkpoint_from_id == "j-source" and state.env == trial_env
+    assert [d.model_dump() for d in state.datasets] == [dataset]
+    shown = env.admin.jobs.get("trial-3")
+    assert shown.resolved.datasets == [{k: v for k, v in dataset.items() if k not in ("version_id", "storage_key")}]
+    env.platform.db.dispose()
+
+    _alembic(db_url, "downgrade", "0024")
+    with engine.connect() as conn:
+        back = {
+            n: json.loads(s) if isinstance(s, str) else s for n, s in conn.execute(text("SELECT name, spec FROM jobs"))
+        }
+    assert back["trial-3"] == older and back["plain"] == specs["plain"]
     _alembic(db_url, "upgrade", "head")
     engine.dispose()

@@ -374,7 +374,7 @@ def test_a_pass_pauses_the_garbage_collector_and_gives_it_back_even_when_it_fail
 ) -> None:
     import gc
 
-    import dlcloud.control.scheduling as scheduling
+    from dlcloud.scheduler import pass_core
 
     assert sim_env.control is not None
     sim_env.admin.jobs.submit(spec("one", gpus=1))
@@ -384,7 +384,7 @@ def test_a_pass_pauses_the_garbage_collector_and_gives_it_back_even_when_it_fail
         during.append(gc.isenabled())
         raise RuntimeError("the planner broke")
 
-    monkeypatch.setattr(scheduling, "plan", failing_plan)
+    monkeypatch.setattr(pass_core, "decide", failing_plan)  # the pass's core, as the simulator drives it
     assert gc.isenabled()
     with pytest.raises(RuntimeError, match="the planner broke"):
         sim_env.control.schedule()

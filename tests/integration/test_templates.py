@@ -20,7 +20,6 @@ import pytest
 import dlcloud
 from dlcloud.executors.local.executor import LocalExecutor
 from dlcloud.executors.local.runner import BASE_ENV_VARS
-from dlcloud.schemas.jobs import JobDetail
 from dlcloud.templates.data import load
 from dlcloud.templates.train import prepare
 from tests.conftest import Env, assert_api_error, build_env, control_running, make_settings, wait_for
@@ -41,7 +40,7 @@ def template_env(tmp_path: Path, db_url: str) -> Iterator[Env]:
         yield e
 
 
-def _ended(client, name: str) -> JobDetail:
+def _ended(client, name: str) -> dict:
     return wait_for(
         lambda: (j := client.jobs.get(name)).state in TERMINAL and j, timeout=180, what=f"job {name} to end"
     )
@@ -253,5 +252,5 @@ def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env,
         "signature": None,
         "description": "",
     }
-    assert [d["name"] for d in detail.spec["resolved_datasets"]] == ["churn"]
+    assert [d.name for d in detail.resolved.datasets] == ["churn"]
     assert '--data="${DLCLOUD_DATASET_CHURN}" --path train.csv --label y' in job.command

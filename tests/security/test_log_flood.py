@@ -49,10 +49,9 @@ def test_the_end_of_a_50_mb_log_is_read_from_the_end(tmp_path: Path):
     platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
 
     def read(n: int | None, max_bytes: int = 4 * 1024 * 1024) -> list[str]:
-        files = logs._files(platform, [(1, str(attempt), None)], None)  # type: ignore[arg-type]
-        readers = [(number, name, logs._LogReader(path)) for number, name, path in files]
+        readers = logs._open_logs(platform, [(1, str(attempt), None)], None)  # type: ignore[arg-type]
         try:
-            return logs.read_tail(readers, n, lambda line: True, logs._labeller(files), max_bytes)
+            return logs.read_tail(readers, n, lambda line: True, logs._labeller(readers), max_bytes)
         finally:
             for _, _, r in readers:
                 r.close()

@@ -11,6 +11,7 @@ The registry side runs in-process (SQLite and PostgreSQL); ``dlcloud serve`` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,10 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
+from dlcloud.api.app import create_app
 from dlcloud.client import Client
 from dlcloud.client.mirror import RegistryMirror
 from dlcloud.errors import DlcloudError, ModelNotFound, PermissionDenied, UntrustedCode
+from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.schemas.models import ModelVersion
 from tests.conftest import Env, wait_for
 from tests.e2e.conftest import DLCLOUD, dlcloud_serve, free_port
@@ -113,6 +117,56 @@ def test_inspecting_a_python_model_sees_none_of_the_servers_environment(env: Env
     home = next(item for item in seen if item.startswith("home="))[5:]
     assert cwd != os.getcwd() and not Path(cwd).exists()  # a private directory, removed afterwards
     assert home == cwd and home != os.environ.get("HOME")
+
+
+MARKS = """
+import pathlib
+
+
+class Marks:
+    def load(self):
+        pathlib.Path("@MARK_DIR@", "ran").write_text("loaded")  # proof that it ran
+        self.signature = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}], "outputs": []}
+
+    def predict(self, batch):
+        return batch
+"""
+
+
+def test_on_a_host_without_a_sandbox_another_tenant_must_declare_a_code_models_signature(env: Env, tmp_path):
+    """Inspecting a predictor runs its author's code; where the executor cannot sandbox it, it would run as the
+    server. Only the bootstrap tenant may have it inspected then: another tenant is refused (403, nothing
+    stored, nothing ran) unless it declares the signature, which needs no inspection."""
+    mark = tmp_path / "marks"
+    mark.mkdir()
+    artifact = tmp_path / "marks-model"
+    artifact.mkdir()
+    (artifact / "predictor.py").write_text(MARKS.replace("@MARK_DIR@", str(mark)))
+    mallory = env.new_tenant_user("attacker", "mallory")
+    bare = dataclasses.replace(env.platform, isolated=False, isolation="no sandbox on this host")
+    assert not bare.executor.inspects_sandboxed
+    with TestClient(create_app(bare), base_url="http://testserver") as http:
+        as_mallory = Client(mallory.transport.creds, http_client=http)
+        with pytest.raises(DlcloudError) as exc:
+            as_mallory.models.register("marks", "python", artifact=artifact)
+        assert exc.value.code == "isolation_unavailable"
+        assert "inferring the signature of a model whose loading runs code" in str(exc.value)
+        assert as_mallory.models.list() == [] and not (mark / "ran").exists()
+        declared = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}], "outputs": []}
+        version = as_mallory.models.register("marks", "python", artifact=artifact, signature=declared)
+        assert version.signature["inputs"][0]["name"] == "x" and not (mark / "ran").exists()
+        as_admin = Client(env.admin_creds, http_client=http)  # the bootstrap tenant's own code: its choice
+        as_admin.models.register("marks", "python", artifact=artifact)
+        assert (mark / "ran").read_text() == "loaded"
+
+
+def test_an_executor_that_runs_no_user_code_here_inspects_nothing(tmp_path):
+    artifact = tmp_path / "marks-model"
+    artifact.mkdir()
+    (artifact / "predictor.py").write_text(MARKS.replace("@MARK_DIR@", str(tmp_path)))
+    simulated = SimulatedExecutor()
+    assert not simulated.inspects_sandboxed
+    assert simulated.inspect_model(artifact, "python", 30) is None and not (tmp_path / "ran").exists()
 
 
 def test_a_model_that_is_not_shared_is_unreachable(env: Env, tmp_path):
@@ -327,6 +381,46 @@ def test_a_shared_python_model_reaches_neither_the_registry_secrets_nor_an_untru
     assert not list((tmp_path / "cache").rglob("predictor.py"))
     described = json.loads(platform.as_("mallory", "models", "describe", "gift", "-o", "json").stdout)
     assert described["versions"][0]["executes_code"] is True and described["versions"][0]["deployed"] is False
+
+
+NET_SNOOP = """
+import socket
+
+
+def _try(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+class NetSnoop:
+    def load(self):
+        seen = [f"api={_try('127.0.0.1', @PORT@)}", f"postgres={_try('127.0.0.1', 5432)}"]
+        seen.append(f"interfaces={','.join(sorted(name for _, name in socket.if_nameindex()))}")
+        self.signature = {"inputs": [{"name": i, "datatype": "FP32", "shape": [-1]} for i in seen], "outputs": []}
+
+    def predict(self, batch):
+        return batch
+"""
+
+
+@pytest.mark.sqlite_only  # the database plays no part: root and unprivileged on SQLite
+def test_inspecting_a_tenants_model_reaches_no_network(platform: Platform, tmp_path: Path):
+    """docs/isolation.md: model inspection loads a tenant's artifact with no network at all: neither the API
+    on the host's loopback nor PostgreSQL answers it."""
+    snoop = tmp_path / "net-snoop"
+    snoop.mkdir()
+    (snoop / "predictor.py").write_text(NET_SNOOP.replace("@PORT@", str(platform.server.port)))
+    registered = json.loads(
+        platform.as_(
+            "mallory", "models", "register", "net", "--file", str(snoop), "--format", "python", "-o", "json"
+        ).stdout
+    )
+    seen = dict(item.split("=", 1) for item in _seen(registered))
+    assert seen["api"] != "connected" and seen["postgres"] != "connected", seen
+    assert set(seen["interfaces"].split(",")) <= {"lo", ""}, seen
 
 
 def _served_version(url: str) -> str:

@@ -1,6 +1,6 @@
 """The code's shape, checked (docs/architecture.md): no file in src over 800 lines, no function over 80, and no
 import inside a function or under ``TYPE_CHECKING`` but for a heavy dependency only some commands need, named
-here with why.
+here with why; and no SQL in ``services/`` nor ``control/``: every query is a function of ``store/``.
 
 Migrations are left out (each is one upgrade and one downgrade, written once and never edited). A CLI command's
 Typer option list counts one line a parameter, however many lines its help text takes. An exception below that
@@ -37,6 +37,16 @@ LAZY_IMPORTS: dict[str, str] = {
     "dlcloud.serving.config": "`dlcloud serve` only: NumPy and the model loaders",
     "dlcloud.templates.networks": "the template trainer's networks import torch",
 }
+
+# what services/ and control/ may import of SQLAlchemy: (module, name); every name of sqlalchemy.exc
+SQL_TYPES_ALLOWED = {
+    ("sqlalchemy.orm", "Session"),
+    ("sqlalchemy", "Connection"),
+    ("sqlalchemy.engine", "Connection"),
+    ("sqlalchemy", "Engine"),
+    ("sqlalchemy.engine", "Engine"),
+}
+SQL_LAYERS = ("services/", "control/")
 
 
 def _sources() -> Iterator[tuple[str, ast.Module, str]]:
@@ -116,3 +126,33 @@ def test_imports_inside_functions_are_only_heavy_optional_dependencies() -> None
                     wrong.append(f"{rel}:{node.lineno} ({where}) imports {module}")
     assert wrong == [], "import these at module level (untie the cycle if there is one):\n" + "\n".join(wrong)
     assert set(LAZY_IMPORTS) - found == set(), "no longer imported lazily: drop them from LAZY_IMPORTS"
+
+
+def test_services_and_control_hold_no_sql() -> None:
+    """Services and control-plane loops reach the database through ``store/`` functions only: they import none
+    of SQLAlchemy's statement builders and helpers (``select``, ``insert``, ``update``, ``delete``, ``text``,
+    ``func``, ``and_``, ``or_``, ``exists``, ``flag_modified``, ...) and call no ``.execute``.
+
+    Allowed: the types a transaction is passed around as (``Session``; the Core ``Connection`` of the hot reads
+    that skip the ORM; ``Engine``), which a service opens and hands to the store, and every exception of
+    ``sqlalchemy.exc``: a service catches ``IntegrityError`` when a concurrent request won a race, and leadership
+    tells a lock timeout (``OperationalError``) from a lost session (``SQLAlchemyError``). Those are how a caller
+    uses the store's functions, not queries of its own."""
+    wrong: list[str] = []
+    for rel, tree, _ in _sources():
+        if not rel.startswith(SQL_LAYERS):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                wrong += [
+                    f"{rel}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("sqlalchemy")
+                ]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlalchemy":
+                module = node.module or ""
+                if module == "sqlalchemy.exc" or module.startswith("sqlalchemy.exc."):
+                    continue
+                refused = [a.name for a in node.names if (module, a.name) not in SQL_TYPES_ALLOWED]
+                wrong += [f"{rel}:{node.lineno} imports {module}.{name}" for name in refused]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "execute":
+                wrong.append(f"{rel}:{node.lineno} calls {ast.unparse(node.func)}(...)")
+    assert wrong == [], "move these queries into a store/ function:\n" + "\n".join(wrong)

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dlcloud.control.leader import Leadership, LeadershipLost
 from dlcloud.control.loop_service import fenced_write
-from dlcloud.executors.environments import BuildCancelled, BuildError, BuildSpec, Cancellation
-from dlcloud.services.env_builds import BUILDING, FAILED, READY
+from dlcloud.executors.environments import BuildCancelled, BuildError, Cancellation
+from dlcloud.schemas.environments import EnvironmentState
+from dlcloud.services import env_builds
 from dlcloud.services.platform import Platform
 from dlcloud.store import environments as store
-from dlcloud.store.rows import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,9 @@ class EnvironmentBuilder:
     def build(self, spec_hash: str) -> None:
         """Build one BUILDING build in this thread and record READY or FAILED."""
         with fenced_write(self.p.db, self.leadership) as s:
-            row = store.get_build(s, spec_hash, for_update=True)
-            if row is None or row.state != BUILDING:
-                return
-            spec = BuildSpec.from_json(row.spec)
-            row.started_at = utcnow()
+            spec = env_builds.start_build(s, spec_hash)
+        if spec is None:
+            return
         log.info("building environment %s (Python %s, inherit %s)", spec_hash[:12], spec.python, spec.inherit)
         try:
             result = self.p.environments.build(spec, spec_hash, self._cancel)
@@ -95,18 +93,20 @@ class EnvironmentBuilder:
             log.info("build of environment %s interrupted by shutdown", spec_hash[:12])
             return
         except BuildError as exc:
-            self._finish(spec_hash, FAILED, error=str(exc), built=True)
+            self._finish(spec_hash, EnvironmentState.FAILED, error=str(exc), built=True)
         else:
-            self._finish(spec_hash, READY, size=result.size_bytes, built=result.built)
+            self._finish(spec_hash, EnvironmentState.READY, size=result.size_bytes, built=result.built)
 
     def _finish(
-        self, spec_hash: str, state: str, *, error: str | None = None, size: int | None = None, built: bool
+        self,
+        spec_hash: str,
+        state: EnvironmentState,
+        *,
+        error: str | None = None,
+        size: int | None = None,
+        built: bool,
     ) -> None:
         with fenced_write(self.p.db, self.leadership) as s:
-            row = store.get_build(s, spec_hash, for_update=True)
-            if row is None or row.state != BUILDING:
+            if not env_builds.finish_build(s, spec_hash, state, error=error, size=size, built=built):
                 return
-            row.state, row.error, row.size_bytes, row.finished_at = state, error, size, utcnow()
-            if built:
-                row.builds += 1
-        log.info("environment %s is %s%s", spec_hash[:12], state, f": {error}" if error else "")
+        log.info("environment %s is %s%s", spec_hash[:12], state.value, f": {error}" if error else "")

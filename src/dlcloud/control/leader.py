@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -45,17 +44,7 @@ from dlcloud.store.rows import utcnow
 
 log = logging.getLogger(__name__)
 ADVISORY_LOCK_ID = 0x646C636C6F7564  # "dlcloud"
-# pg_locks shows a bigint advisory key as classid (high 32 bits), objid (low 32 bits), objsubid 1
 TAKEOVER_WAIT_MS = 2000  # how long a new leader lets the deposed one's fenced transactions finish
-# sessions in a fenced transaction: FOR SHARE on the leadership row holds ROW SHARE on its table
-_FENCED_SESSIONS = text(
-    "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'relation' AND relation = 'leadership'::regclass"
-    " AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()"
-)
-_HOLDS_LOCK = text(
-    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
-    " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1)"
-)
 
 
 class LeadershipLost(Exception):
@@ -112,8 +101,7 @@ class Leadership:
                 self._lose(f"the lock file {self.lock_path} was replaced")
             return
         try:
-            hi, lo = ADVISORY_LOCK_ID >> 32, ADVISORY_LOCK_ID & 0xFFFFFFFF
-            holds = self._conn.execute(_HOLDS_LOCK, {"hi": hi, "lo": lo}).scalar()
+            holds = store.holds_advisory_lock(self._conn, ADVISORY_LOCK_ID)
             self._conn.commit()
         except SQLAlchemyError as exc:
             self._lose(f"the session holding the scheduler lock failed: {exc.__class__.__name__}: {exc}")
@@ -152,7 +140,7 @@ class Leadership:
         for _ in range(3):
             try:
                 with self.db.write() as s:
-                    s.execute(text(f"SET LOCAL lock_timeout = {TAKEOVER_WAIT_MS}"))
+                    store.set_lock_timeout(s, TAKEOVER_WAIT_MS)
                     return store.take_next_epoch(s, self.holder, utcnow())
             except OperationalError as exc:
                 if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
@@ -160,9 +148,9 @@ class Leadership:
             # fenced transactions of the deposed leader are still open (a frozen process): end them. They
             # roll back, as if it had crashed; it is no longer the leader, so nothing may commit from it.
             with self.db.engine.connect() as conn:
-                for pid in conn.execute(_FENCED_SESSIONS).scalars():
+                for pid in store.fenced_sessions(conn):
                     log.warning("ending session %d: a fenced transaction of a deposed leader holds the epoch", pid)
-                    conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    store.terminate_session(conn, pid)
                 conn.commit()
         raise LeadershipLost("could not take the next epoch: the deposed leader's transactions did not end")
 
@@ -183,7 +171,7 @@ class Leadership:
             return True
         conn = self.db.engine.connect()
         try:
-            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_LOCK_ID}).scalar()
+            got = store.try_advisory_lock(conn, ADVISORY_LOCK_ID)
             conn.commit()
         except BaseException:
             conn.invalidate()
@@ -203,7 +191,7 @@ class Leadership:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             try:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_ID})
+                store.advisory_unlock(conn, ADVISORY_LOCK_ID)
                 conn.commit()
             except SQLAlchemyError:  # the session is gone, and its lock with it
                 conn.invalidate()

@@ -52,7 +52,7 @@ class ControlLoop(LoopService):
         # builds environments while this loop runs
         self.builds = EnvironmentBuilder(platform, leadership)
         self.scheduling = SchedulingPass(platform, executor, self.write)
-        self.ingester = TensorBoardIngester(platform, executor, self.write)
+        self.ingester = TensorBoardIngester(platform, executor, leadership)
         self.supervisor = Supervisor(
             platform,
             executor,

@@ -1,13 +1,16 @@
-"""The loop-service base: what every background loop of the leader shares (run, tick, fenced write, stop).
+"""The loop-service base: what every background loop of the control plane shares (run, tick, fenced write, stop).
 
-A loop runs ``tick`` every ``interval`` seconds, or sooner when ``wake`` is called, until ``stop`` is set or this
-process stops leading (``LeadershipLost`` from a tick ends ``run``); a tick that fails otherwise is logged and
-the loop goes on (the database may be briefly down). ``starting`` and ``stopping`` bracket a term: what the loop
-starts for the term it stops in ``stopping``, which runs however ``run`` ends.
+The loops on it: the control loop (``loop.py``) and the TensorBoard ingester (``tensorboard.py``), for a term of
+leadership; the dataset-source worker (``dataset_sources.py``), in every server process.
+
+A loop runs ``tick``, then waits ``interval`` seconds (asked after every tick), or less when ``wake`` is called,
+until ``stop`` is set or this process stops leading (``LeadershipLost`` from a tick ends ``run``); a tick that
+fails otherwise is logged and the loop goes on (the database may be briefly down). ``starting`` and ``stopping``
+bracket a term: what the loop starts for the term it stops in ``stopping``, which runs however ``run`` ends.
 
 Every write of a loop goes through ``write``: with a ``Leadership`` it is fenced (``leader.py``), so once another
-process leads it is refused with ``LeadershipLost`` and its transaction rolls back; without one (tests that drive
-a loop without an election) it is a plain ``db.write()``.
+process leads it is refused with ``LeadershipLost`` and its transaction rolls back; without one (a loop of every
+process, and tests that drive a loop without an election) it is a plain ``db.write()``.
 """
 
 from __future__ import annotations
@@ -37,19 +40,20 @@ def fenced_write(db: Database, leadership: Leadership | None) -> Iterator[Sessio
 
 
 class LoopService(abc.ABC):
-    """A background loop of the leader control-plane process; subclasses give ``tick`` and ``interval``."""
+    """A background loop of the control plane; subclasses give ``tick`` and ``interval``."""
 
     name = "loop"  # in the log line of a failing tick
 
     def __init__(self, platform: Platform, leadership: Leadership | None = None) -> None:
         self.p = platform
-        self.leadership = leadership  # None: unfenced (tests that drive the loop without an election)
+        self.leadership = leadership  # None: unfenced (a loop of every process; tests without an election)
         self._wake = threading.Event()
         self._log = logging.getLogger(type(self).__module__)
 
     @abc.abstractmethod
     def interval(self) -> float:
-        """Seconds between two ticks when nothing wakes the loop (read once, when ``run`` starts)."""
+        """Seconds to wait after a tick when nothing wakes the loop (asked after every tick: a loop whose next
+        work is due sooner waits less)."""
 
     @abc.abstractmethod
     def tick(self) -> None:
@@ -67,7 +71,6 @@ class LoopService(abc.ABC):
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set or this process stops leading."""
-        interval = self.interval()
         self.starting()
         try:
             while not stop.is_set():
@@ -78,7 +81,7 @@ class LoopService(abc.ABC):
                     return
                 except Exception:  # the loop must survive a failing tick (e.g. database briefly down)
                     self._log.exception("%s tick failed", self.name)
-                self._wake.wait(interval)
+                self._wake.wait(self.interval())
                 self._wake.clear()
         finally:
             self.stopping()

@@ -3,12 +3,12 @@
 Invariants: a port is held by at most one live attempt (``job_ports.port`` is the primary key; its queries are
 store/ports.py's); ports are allocated in the scheduling transaction that places the attempt (so two concurrent
 passes cannot hand out the same port: passes are serialised) and released in the transaction that ends it. A
-port some other process on the host is bound to at placement time is skipped.
+port the executor says is taken where its attempts run (``Executor.port_is_free``: on this host, something is
+bound to it) is skipped.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from datetime import datetime
 
@@ -16,23 +16,13 @@ from sqlalchemy.orm import Session
 
 from dlcloud.store.ports import attempt_ports, held_ports, hold_ports, release_ports
 
-__all__ = ["PortAllocator", "attempt_ports", "port_is_free", "release_ports"]
-
-
-def port_is_free(port: int) -> bool:
-    """Whether nothing on this host is bound to ``port`` (TCP, all interfaces)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
+__all__ = ["PortAllocator", "attempt_ports", "release_ports"]
 
 
 class PortAllocator:
     """Hands out ports for the attempts placed in one scheduling pass (reads the held ports once)."""
 
-    def __init__(self, s: Session, low: int, high: int, *, is_free: Callable[[int], bool] = port_is_free) -> None:
+    def __init__(self, s: Session, low: int, high: int, *, is_free: Callable[[int], bool]) -> None:
         self.s = s
         self.low, self.high = low, high
         self.is_free = is_free

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from dlcloud.scheduler.planner import GroupDemand, QueuedJob
+from dlcloud.schemas.environments import EnvironmentState
 from dlcloud.store import queue as store
 
 
@@ -31,11 +32,11 @@ class EnvironmentHolds:
     def reason(self, job_id: str, environment: str | None, environment_hash: str) -> str | None:
         if self._builds is None:
             self._builds = store.builds_not_ready(self.conn)
-        state, error = self._builds.get(environment_hash, ("READY", None))
-        if state == "FAILED":
+        state, error = self._builds.get(environment_hash, (EnvironmentState.READY.value, None))
+        if state == EnvironmentState.FAILED.value:
             self.failed[job_id] = f"environment {environment!r} failed to build: {error}"
             return f"environment {environment!r} failed to build"
-        return None if state == "READY" else f"environment {environment!r} is building"
+        return None if state == EnvironmentState.READY.value else f"environment {environment!r} is building"
 
 
 @dataclass(slots=True)

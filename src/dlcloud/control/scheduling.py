@@ -2,12 +2,13 @@
 
 The pass reads the queue (``queue_cache.QueueCache``: in QUEUE_ORDER, whole or lazily for fifo, each row's QueuedJob
 kept from pass to pass while the row stays the same), what the planner weighs besides (``planner_inputs``: the live
-attempts, the tenants' quotas and fair-share terms, recent usage), plans with ``scheduler.planner`` under the server's
-``PlanConfig``, writes the wait reasons and estimated starts (store/waits.py: one row per tenant and text, shared by
-the jobs that wait for it; only what changed is written), asks for the preemptions the plan chose
-(``job_states.request_preemption``: the supervision stops those attempts), and for each placement records the
-attempt (STARTING) with its ports and replicas and builds its Workload (``workloads.build``); a placement beyond its
-tenant's guarantee gets a "borrowing" event. Its SQL is store/queue.py's and store/scheduling.py's.
+attempts, the tenants' quotas and fair-share terms, recent usage), decides with ``scheduler.pass_core`` (the pure core
+the trace simulator drives too: the planner under the server's ``PlanConfig``), writes the wait reasons and estimated
+starts (store/waits.py: one row per tenant and text, shared by the jobs that wait for it; only what changed is
+written), asks for the preemptions the plan chose (``job_states.request_preemption``: the supervision stops those
+attempts), and for each placement records the attempt (STARTING) with its ports and replicas and builds its Workload
+(``workloads.build``); a placement beyond its tenant's guarantee gets a "borrowing" event. Its SQL is store/queue.py's
+and store/scheduling.py's.
 
 Isolation (docs/isolation.md): everything written into a job's row or events goes through ``TenantView`` first
 (``tenant_view.py``): a tenant may learn that it waits behind or was preempted by other tenants' work, and why;
@@ -25,21 +26,20 @@ import gc
 import itertools
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import flag_modified
 
 from dlcloud.control import workloads
-from dlcloud.control.planner_inputs import plan_config, read_held, read_limits, recent_usage
+from dlcloud.control.planner_inputs import plan_config, read_held, read_limits
 from dlcloud.control.ports import PortAllocator
 from dlcloud.control.queue_cache import EnvironmentHolds, QueueCache, Queued
 from dlcloud.control.tenant_view import OTHER_JOB, TenantView
 from dlcloud.executors.base import Executor, Workload
-from dlcloud.scheduler.contract import HOLD_MARGIN_S
-from dlcloud.scheduler.planner import PREEMPTION_WHY, Limits, Plan, Policy, plan
+from dlcloud.scheduler import pass_core
+from dlcloud.scheduler.planner import PREEMPTION_WHY, Limits, Plan, Policy
 from dlcloud.schemas.jobs import JobState
 from dlcloud.services import job_states, recipes, replica_states
 from dlcloud.services.jobs import QUEUE_STATES
@@ -124,11 +124,8 @@ class SchedulingPass:
                     waits.set_waits(conn, waits.read_waits(conn), {})
                 return []
             held = read_held(conn, now)
-            fair = config.policy == Policy.FAIR_SHARE
-            limits = read_limits(
-                conn, recent_usage(conn, now, config.turn_window_s, config.lend_after_s) if fair else None
-            )
-            result = plan(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
+            limits = read_limits(conn, now, config)
+            result = pass_core.decide(itertools.chain((first,), queue), held, limits, self.p.inventory, now, config)
             placed = {job_id for job_id, _ in result.placements}
             gone = self.queue.keep(seen, leaving=placed | holds.failed.keys())
             shared = waits.read_waits(conn)
@@ -160,7 +157,8 @@ class SchedulingPass:
         # ``pinned`` keeps the tenant and code rows the workloads read in the identity map until the end
         jobs, pinned = self._load_for_placement(s, [job_id for job_id, _ in result.placements])
         settings = self.p.settings
-        ports = PortAllocator(s, settings.job_port_range_start, settings.job_port_range_end)
+        low, high = settings.job_port_range_start, settings.job_port_range_end
+        ports = PortAllocator(s, low, high, is_free=self.executor.port_is_free)
         no_ports: dict[str, str] = {}  # placed by the plan, left waiting: why
         for job_id, gpus in result.placements:
             job = jobs.get(job_id)
@@ -244,11 +242,11 @@ class SchedulingPass:
             if not job_states.request_preemption(s, victim, why, at=now):
                 continue
             asked = True
-            if p.reason == "defrag":
-                # moved, not evicted: considered first once it is queued again, on the GPUs held for it
-                victim.reclaiming = True
-                victim.hold_gpus = list(p.move_to) or None
-                victim.hold_until = now + timedelta(seconds=self.p.settings.stop_grace_seconds + HOLD_MARGIN_S)
+            marks = pass_core.moved(p, now, self.p.settings.stop_grace_seconds)
+            if marks is not None:  # moved, not evicted: considered first once queued again, on the GPUs held for it
+                victim.reclaiming = marks.reclaiming
+                victim.hold_gpus = list(marks.hold) or None
+                victim.hold_until = marks.hold_until
             if by is not None:
                 by.reclaiming = True  # what its victims free is its own: the planner considers it first
                 if by.id in result.turn_grants:  # the turn starts when it is placed on what they free
@@ -330,8 +328,7 @@ class SchedulingPass:
             job.preempt_reason = None
         why = f"{resumed}attempt {job.attempt} placed on {host}{where}"
         job_states.transition(s, job, JobState.STARTING, why, at=now, events=rows.events)
-        for column in _PLACED_COLUMNS:
-            flag_modified(job, column)
+        store.write_columns(job, _PLACED_COLUMNS)
         terms = _placement_terms(borrowing, turn_until)
         if terms is not None:
             rows.events.append(

@@ -395,7 +395,7 @@ class StudyDriver:
                     checkpoint_from=t.job_id,  # the id: a job of that name made since cannot stand in for it
                     stop_at_step=budget,
                 )
-                job = jobs.create_job_row(s, self.p, self._caller(s, row), job_spec, platform_env=env)
+                job = jobs.create_job_row(s, self.p, self._caller(s, row), job_spec, trial_env=env)
                 t.segments = [*t.segments, {"job_id": job.id, "job_name": job.name, "budget": budget, "last": last}]
                 t.job_id, t.job_name, t.budget = job.id, job.name, budget
                 why = f"promoted: resumed from {previous}'s checkpoint to step {budget}"
@@ -617,7 +617,7 @@ class StudyDriver:
                     last = studies.trial_last_step(row.spec, params)
                     budget = self._rungs(live.spec).first_budget(last)
                 job_spec, env = studies.trial_job_spec(self.p, row.spec, row.name, number, params, stop_at_step=budget)
-                job = jobs.create_job_row(s, self.p, caller, job_spec, platform_env=env)
+                job = jobs.create_job_row(s, self.p, caller, job_spec, trial_env=env)
                 t.state, t.job_id, t.job_name, t.reason = TrialState.RUNNING.value, job.id, job.name, "submitted"
                 if budget is not None:
                     t.budget = budget

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlcloud.control import gangs, workloads
@@ -104,20 +103,7 @@ class Supervisor:
     def run(self) -> None:
         """Poll every attempt that has not ended and apply what happened to it."""
         with self.p.db.read() as s:
-            live = s.execute(
-                select(
-                    AttemptRow.id,
-                    AttemptRow.handle,
-                    AttemptRow.tenant_id,
-                    AttemptRow.number,
-                    JobRow.id,
-                    JobRow.state,
-                    JobRow.cancel_requested,
-                    JobRow.preempt_requested,
-                )
-                .join(JobRow, JobRow.id == AttemptRow.job_id)
-                .where(AttemptRow.finished_at.is_(None))
-            ).all()
+            live = job_store.unfinished_attempts(s)
         ended: list[_Ended] = []
         with self._saves_lock:
             for gone in set(self._saves) - {row[0] for row in live}:  # its job was deleted meanwhile

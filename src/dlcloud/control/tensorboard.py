@@ -1,7 +1,8 @@
 """TensorBoard event files as job metrics: the worker pool that reads them (docs/metrics.md).
 
 ``TensorBoardIngester`` runs for a term of leadership (started and stopped with ``ControlLoop.run``), never on the
-loop's thread: a thread of its own finds the attempts due a pass, and a small pool of workers (``FairPool``: one
+loop's thread: a thread of its own (a loop on the loop-service base, ``loop_service.py``: its ticks are rounds, its
+writes fenced) finds the attempts due a pass, and a small pool of workers (``FairPool``: one
 per core, at least two, at most four: ``pool_size``) runs the passes, the tenants taking turns and a tenant
 running one pass at a time. A tenant with many or huge event files gets its turns, never everyone's: its passes
 hold one worker, each pass is bounded (bytes, points, files and time: ``executors/event_files.py``) and its CPU
@@ -26,20 +27,18 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy.orm import Session
-
 from dlcloud.control.fair_pool import FairPool, pool_size
-from dlcloud.control.leader import LeadershipLost
+from dlcloud.control.leader import Leadership, LeadershipLost
+from dlcloud.control.loop_service import LoopService
 from dlcloud.executors.base import Executor
 from dlcloud.executors.event_files import EventCursor
 from dlcloud.services import metrics
@@ -88,26 +87,26 @@ class _Final:
     passes: int = 0
 
 
-class TensorBoardIngester:
+class TensorBoardIngester(LoopService):
     """Reads the TensorBoard event files of attempts into their metrics, off the control loop's thread."""
+
+    name = "TensorBoard ingestion"
 
     def __init__(
         self,
         platform: Platform,
         executor: Executor,
-        write: Callable[[], contextlib.AbstractContextManager[Session]],
+        leadership: Leadership | None = None,
         workers: int | None = None,
     ) -> None:
-        self.p = platform
+        super().__init__(platform, leadership)  # fenced by the control loop's leadership
         self.executor = executor
-        self.write = write  # the control loop's write transaction: fenced
         self.workers = workers or pool_size()
         self._attempts: dict[int, _Attempt] = {}  # running, or ended with a last reading to come
         self._states: dict[int, _State] = {}
         self._finals: dict[int, _Final] = {}  # last readings to come
         self._read_out: dict[int, None] = {}  # ended attempts read to their end (insertion order: oldest first)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: FairPool | None = None
@@ -131,7 +130,7 @@ class TensorBoardIngester:
                 state.next_at = 0.0
         self._pool = FairPool("dlcloud-tensorboard", self.workers, done=lambda key: self._wake.set())
         self._pool.start()
-        self._thread = threading.Thread(target=self._run, name="dlcloud-tensorboard", daemon=True)
+        self._thread = threading.Thread(target=self.run, args=(self._stop,), name="dlcloud-tensorboard", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -179,25 +178,19 @@ class TensorBoardIngester:
         pool = self._pool
         return pool.load() if pool is not None else (0, 0)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                self.run_once()
-            except LeadershipLost:
-                self._stop.set()
-                return  # the control loop ends this term too
-            except Exception:  # a failing round (the database briefly down) must not end ingestion
-                log.exception("TensorBoard ingestion round failed")
-            interval = self.p.settings.tensorboard_interval_seconds
-            with self._lock:
-                due = min((s.next_at for s in self._states.values()), default=math.inf)
-            # woken sooner by ``ended`` and by every pass that ends (``FairPool.done``)
-            self._wake.wait(min(interval, ROUND_SECONDS, max(0.01, due - time.monotonic())))
+    def interval(self) -> float:
+        """Until the next round: at most ``ROUND_SECONDS``, less when an attempt's pass is due sooner (woken sooner
+        by ``ended`` and by every pass that ends, ``FairPool.done``)."""
+        with self._lock:
+            due = min((s.next_at for s in self._states.values()), default=math.inf)
+        return min(self.p.settings.tensorboard_interval_seconds, ROUND_SECONDS, max(0.01, due - time.monotonic()))
+
+    def stopping(self) -> None:
+        self._stop.set()  # deposed (``LeadershipLost`` ended ``run``): the passes queued in the pool run no more
 
     # -- rounds ------------------------------------------------------------------------------------------
 
-    def run_once(self) -> None:
+    def tick(self) -> None:
         """A round when one is due (the attempts from the database), then a turn queued for each attempt due one."""
         interval = self.p.settings.tensorboard_interval_seconds
         with self._lock:

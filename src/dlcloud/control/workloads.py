@@ -3,10 +3,10 @@
 The control loop (``scheduling.py`` when it places an attempt, ``supervision.py`` when it starts again one
 that was recorded but never launched) turns a job row into a ``Workload``: its command and phases, its env
 (``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets, the attempt's metrics
-token among them), its code and datasets by storage key, its environment by spec hash, the replicas its
-recipe makes, its limits, the job whose checkpoints its own start from (``checkpoint_from``, by the id resolved
-at submit). Where the attempt runs (directories, local copies, addresses) the executor decides
-behind its handle.
+token among them, and a trial's from its platform state), its code and datasets by storage key (the versions
+resolved at submit, ``JobRow.platform_state``), its environment by spec hash, the replicas its recipe makes, its
+limits, the job whose checkpoints its own start from (``checkpoint_from``, by the id resolved at submit). Where
+the attempt runs (directories, local copies, addresses) the executor decides behind its handle.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dlcloud.executors.base import DatasetMount, Egress, Executor, StoredCode, W
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
 from dlcloud.services.admission import tenant_processes
-from dlcloud.services.jobs import CHECKPOINT_FROM_ID, RESOLVED_DATASETS, hparams_env, job_env
+from dlcloud.services.jobs import hparams_env, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
 
@@ -51,10 +51,7 @@ def build(
         env=env,
         code=_stored_code(s, job),
         environment=job.environment_hash,
-        datasets=tuple(
-            DatasetMount(str(d["name"]), str(d["storage_key"]), str(d["sha256"]))
-            for d in job.spec.get(RESOLVED_DATASETS) or []
-        ),
+        datasets=tuple(DatasetMount(d.name, d.storage_key, d.sha256) for d in job.platform_state.datasets),
         gpus=gpus,
         cpus=job.cpus,
         memory_bytes=job.memory,
@@ -62,7 +59,7 @@ def build(
         grace_seconds=float(grace) if grace is not None else platform.settings.stop_grace_seconds,
         log_max_bytes=platform.settings.job_log_max_bytes,
         replicas=launch.replicas if launch else (),
-        checkpoint_from=job.spec.get(CHECKPOINT_FROM_ID),
+        checkpoint_from=job.platform_state.checkpoint_from_id,
         api_url=platform.settings.resolved_job_api_url,
         publish=tuple(int(p) for p in job.spec.get("publish") or ()),
         **_tenant_terms(platform, s.get(TenantRow, job.tenant_id), len(launch.replicas) if launch else 1),
@@ -77,7 +74,8 @@ def _stored_code(s: Session, job: JobRow) -> StoredCode | None:
 
 
 def _attempt_env(platform: Platform, job: JobRow) -> dict[str, str]:
-    """The job's env and decrypted secret env, with the platform's variables of this attempt."""
+    """The job's env, decrypted secret env and platform-given env, with the platform's variables of this
+    attempt."""
     env = job_env(platform, job)
     env.update(
         {

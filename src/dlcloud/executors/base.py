@@ -14,7 +14,8 @@ import abc
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -206,6 +207,41 @@ def log_segments(log: Path) -> list[Path]:
     return [log.with_name(log.name + ROTATED_LOG_SUFFIX), log]
 
 
+class LogReader(abc.ABC):
+    """One log of an attempt (one replica's), as ``Executor.open_log`` gives it: read from its end, then
+    followed forwards, so the control plane reads every executor's logs alike, whether the executor keeps them
+    in files of this host or elsewhere. Lines come out as ``str`` ending in a newline, ``<ISO time> <stream>
+    <text>``; where the executor dropped lines (the cap) or a follower fell too far behind, a ``system`` line
+    ``log truncated: ...`` (``LOG_TRUNCATED``) says so.
+
+    Calls block (I/O): the caller makes them in a worker thread, one at a time, and ``close``s the reader.
+    """
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether any of the log is there now (False: nothing written yet, or no longer kept here)."""
+
+    @abc.abstractmethod
+    def open_end(self) -> Iterator[str]:
+        """Position following at the end of the log now; return its complete lines, newest first (lazily:
+        what the caller does not take is never read, so the cost is bounded by what it takes)."""
+
+    def tail_done(self) -> None:  # noqa: B027 - optional hook, a reader may hold nothing for its tail
+        """The lines of ``open_end`` are no longer wanted: release what reading them held."""
+
+    @abc.abstractmethod
+    def read(self, limit: int) -> tuple[list[str], bool]:
+        """The complete lines written since the end ``open_end`` found (from the start of what is kept without
+        it) or the last read, about ``limit`` bytes at most; and whether more are waiting."""
+
+    @abc.abstractmethod
+    def rest(self) -> list[str]:
+        """The incomplete last line, once nothing more will be written."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
 LAUNCH_FAILED = 125  # the exit code of an attempt whose workload could not be prepared or launched
 
 
@@ -251,9 +287,11 @@ class Executor(abc.ABC):
       attempts an earlier one started.
     - ``stop`` ends an attempt gracefully (SIGTERM, the grace period, the post command); stopping an ended or
       unknown attempt does nothing.
-    - ``log_files`` reads an attempt's logs; when it ends, ``save_outputs`` puts the job's outputs as the attempt
-      left them, and ``archive_logs`` its logs, into the object store (so neither depends on the host that ran
-      it); ``remove_job`` forgets everything the executor keeps for a deleted job. ``save_outputs`` measures
+    - ``log_replicas`` and ``open_log`` read an attempt's logs as lines (``LogReader``: the end, then following
+      it), never naming where the executor keeps them (no host path crosses this interface, so an executor
+      without a local filesystem reads them alike); when it ends, ``save_outputs`` puts the job's outputs as the
+      attempt left them, and ``archive_logs`` its logs, into the object store (so neither depends on the host
+      that ran it); ``remove_job`` forgets everything the executor keeps for a deleted job. ``save_outputs`` measures
       the outputs (never following a link) and lets its caller refuse them (``admit``) before copying a byte;
       ``checkpoints_bytes`` says what the job's checkpoints take, as the executor keeps them.
     - Every attempt gets ``DLCLOUD_TENSORBOARD_DIR`` (``TENSORBOARD_ENV``), a directory of the job it may write,
@@ -344,6 +382,25 @@ class Executor(abc.ABC):
         write only ``writable`` and to read, beyond the system, only ``readable``; None: no sandbox here."""
         return None
 
+    def port_is_free(self, port: int) -> bool:
+        """Whether ``port`` of the managed range may be handed to an attempt's replicas now, where this
+        executor runs them (the control plane keeps which attempt holds which port, ``control/ports.py``). Here
+        nothing of the host is bound: every port is."""
+        return True
+
+    @property
+    def inspects_sandboxed(self) -> bool:
+        """Whether ``inspect_model`` runs the artifact's code in a sandbox here (False: as the server's user,
+        or not at all): the registry lets only the tenants that may run code unsandboxed ask it then."""
+        return False
+
+    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """Run model inspection (``python -m dlcloud.serving.inspect``, ``model_inspect.run_inspect``) on an
+        artifact file of this process, in ``sandbox_prefix``'s sandbox where ``inspects_sandboxed``; None when it
+        did not finish within ``timeout`` s, or when this executor runs no user code on this host (this one:
+        the answer is then "no signature", and nothing of the artifact ran)."""
+        return None
+
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
         """The argv prefix that runs a one-off process on files a tenant's jobs wrote (its event files)
         sandboxed as those jobs run (the uid of tenant ``slot``: it reads what they wrote and gains nothing they
@@ -395,9 +452,9 @@ class Executor(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def environments(self, settings: Settings) -> EnvironmentBackend:
+    def environments(self, settings: Settings, objects: ObjectStore) -> EnvironmentBackend:
         """The backend that builds the runtime environments this executor's workloads run in (built once, at
-        the entry point, and kept on the ``Platform``)."""
+        the entry point, and kept on the ``Platform``); uploaded wheels are read from ``objects``."""
 
     @property
     def jobs_run_as_root(self) -> bool:
@@ -408,9 +465,15 @@ class Executor(abc.ABC):
         """Collect finished child processes (called regularly by the supervisor)."""
 
     @abc.abstractmethod
-    def log_files(self, handle: str) -> dict[str, Path]:
-        """The attempt's output.log files by replica name ("" for one process), readable by this process; each
-        may have an older half beside it (``log_segments``). Empty: no log (yet)."""
+    def log_replicas(self, handle: str) -> list[str]:
+        """The names of the attempt's logs, one per replica ("" for one process), in replica order; a name
+        may have no line yet (``LogReader.exists``). Raises ValueError for a handle of another executor."""
+
+    @abc.abstractmethod
+    def open_log(self, handle: str, replica: str) -> LogReader:
+        """A reader of one of the attempt's logs (``replica`` from ``log_replicas``); it holds nothing until
+        it reads. Raises NotFound for a replica the attempt does not have, ValueError for a handle of
+        another executor."""
 
     @abc.abstractmethod
     def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:

@@ -39,7 +39,7 @@ from dlcloud.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
-HASH_FORMAT = 1  # bump when the layout of a built environment changes, so every spec builds anew
+HASH_FORMAT = 2  # bump when the layout of a built environment changes, so every spec builds anew (2: no host paths)
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -53,17 +53,17 @@ class BuildCancelled(Exception):
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """Everything that decides an environment's content. ``spec_hash`` covers all of it except where wheels
-    are stored (a wheel counts by its checksum, so the same wheel uploaded by two tenants gives one hash)."""
+    """Everything that decides an environment's content, and nothing of the host that builds it: no
+    interpreter path, no site directory, no file path (decision 7; a Kubernetes backend builds images from the
+    same spec). The backend finds this host's interpreter of ``python``, its base environment and the wheels'
+    bytes (by storage key) when it builds. ``spec_hash`` covers all of it except where wheels are stored (a
+    wheel counts by its checksum, so the same wheel uploaded by two tenants gives one hash)."""
 
     python: str  # "3.11"
-    interpreter: str  # the interpreter that creates the environment
     inherit: bool = False
-    base_prefix: str | None = None  # inherit only: the server's environment ...
-    base_site: tuple[str, ...] = ()  # ... its site-packages directories ...
-    base_packages: str | None = None  # ... and the digest of its packages
+    base_packages: str | None = None  # inherit only: the digest of the server's environment's packages
     requirements: tuple[str, ...] = ()
-    wheels: tuple[tuple[str, str], ...] = ()  # (sha256, path on this machine)
+    wheels: tuple[tuple[str, str], ...] = ()  # (sha256, object-store key)
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     no_index: bool = False
@@ -72,10 +72,7 @@ class BuildSpec:
         identity = {
             "format": HASH_FORMAT,
             "python": self.python,
-            "interpreter": self.interpreter,
             "inherit": self.inherit,
-            "base_prefix": self.base_prefix,
-            "base_site": list(self.base_site),
             "base_packages": self.base_packages,
             "requirements": sorted(self.requirements),
             "wheels": sorted(sha for sha, _ in self.wheels),
@@ -93,13 +90,10 @@ class BuildSpec:
     def from_json(cls, data: dict[str, Any]) -> BuildSpec:
         return cls(
             python=str(data["python"]),
-            interpreter=str(data["interpreter"]),
             inherit=bool(data.get("inherit")),
-            base_prefix=data.get("base_prefix"),
-            base_site=tuple(data.get("base_site") or ()),
             base_packages=data.get("base_packages"),
             requirements=tuple(data.get("requirements") or ()),
-            wheels=tuple((str(sha), str(path)) for sha, path in data.get("wheels") or ()),
+            wheels=tuple((str(sha), str(key)) for sha, key in data.get("wheels") or ()),
             index_url=data.get("index_url"),
             extra_index_urls=tuple(data.get("extra_index_urls") or ()),
             no_index=bool(data.get("no_index")),
@@ -169,23 +163,22 @@ class EnvironmentBackend(abc.ABC):
         """The Python version (``major.minor``) of the server's environment."""
         return self._server_python()
 
-    def resolve_python(self, version: str) -> str:
-        """The interpreter that builds environments of Python ``version``.
+    def check_python(self, version: str) -> None:
+        """Whether environments of Python ``version`` can be built (the backend finds its interpreter when it
+        builds).
 
         Raises:
             InvalidArgument: the server has no such Python; the message and details list those it has.
         """
-        found = self._interpreter(version)
-        if found is None:
+        if self._interpreter(version) is None:
             available = self._available_versions()
             raise InvalidArgument(
                 f"Python {version} is not installed on the server; available: {', '.join(available)}",
                 details={"available": available},
             )
-        return found
 
     def inherited_fields(self) -> dict[str, Any]:
-        """The ``base_*`` fields of a spec that inherits the server's environment, as that is now."""
+        """The ``base_packages`` field of a spec that inherits the server's environment, as that is now."""
         return self._inherited_fields()
 
     def server_packages(self) -> dict[str, str]:

@@ -26,6 +26,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -137,13 +138,25 @@ def base_digest(dists: dict[str, str]) -> str:
 
 
 def base_spec_fields() -> dict[str, Any]:
-    """The ``base_*`` fields of an inheriting spec, describing the server's environment as it is now."""
-    site_dirs = base_site_dirs()
-    return {
-        "base_prefix": os.path.abspath(sys.prefix),
-        "base_site": site_dirs,
-        "base_packages": base_digest(base_distributions(site_dirs)),
-    }
+    """The ``base_packages`` field of an inheriting spec: the digest of the server's environment as it is now
+    (its directories are this host's, found when a build runs: ``HostBuild``)."""
+    return {"base_packages": base_digest(base_distributions())}
+
+
+@dataclass(frozen=True)
+class HostBuild:
+    """What building a spec takes on this host, found when the build runs and never stored (``BuildSpec``
+    names no host path): the interpreter of its Python, the server's environment an inheriting venv adds to
+    its path, and a local file for each of its wheels."""
+
+    interpreter: str
+    base_prefix: str
+    base_site: tuple[str, ...]
+    wheel_files: tuple[tuple[str, str], ...] = ()  # (sha256, local file)
+
+    @classmethod
+    def here(cls, interpreter: str, wheel_files: tuple[tuple[str, str], ...] = ()) -> HostBuild:
+        return cls(interpreter, os.path.abspath(sys.prefix), base_site_dirs(), wheel_files)
 
 
 # -- paths, locks, logs ----------------------------------------------------------------------------------

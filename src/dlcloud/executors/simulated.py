@@ -4,7 +4,8 @@
 at once as if SIGTERM killed it (exit code -15, stopped). A ``timeout_seconds`` is honoured on ``poll``
 against the injected clock, so simulated time works. State lives only in this object: unlike the local
 executor, a new instance knows nothing of attempts an earlier one started (poll reports them "lost"). It keeps
-no checkpoint directories, so a workload's ``checkpoint_from`` is accepted and there is nothing to copy.
+no checkpoint directories, so a workload's ``checkpoint_from`` is accepted and there is nothing to copy. Its
+logs are lines in memory, one list per replica, holding what ``write_log`` added (never capped).
 
 Its environments (``SimulatedEnvironments``) are described as the local executor's are, and never built.
 """
@@ -12,16 +13,24 @@ Its environments (``SimulatedEnvironments``) are described as the local executor
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from dlcloud.errors import InvalidState, NotFound
-from dlcloud.executors.base import LAUNCH_FAILED, AttemptReport, Executor, InputsUnavailable, Workload, check_inputs
+from dlcloud.executors.base import (
+    LAUNCH_FAILED,
+    AttemptReport,
+    Executor,
+    InputsUnavailable,
+    LogReader,
+    Workload,
+    check_inputs,
+)
 from dlcloud.executors.environments import BuildResult, BuildSpec, Cancellation
 from dlcloud.executors.host_venvs import BuildLog, HostVenvBackend
 from dlcloud.settings import Settings
+from dlcloud.storage.objects import ObjectStore
 
 
 def _utc_now() -> datetime:
@@ -32,6 +41,40 @@ def _utc_now() -> datetime:
 class _Attempt:
     workload: Workload
     report: AttemptReport
+    logs: dict[str, list[str]] = field(default_factory=dict)  # lines by replica name ("" for one process)
+
+    def replicas(self) -> list[str]:
+        return [r.name for r in self.workload.replicas] or [""]
+
+
+class _MemoryLog(LogReader):
+    """One replica's lines, the list the attempt appends to (so a follower sees what is added later)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.offset = 0  # the next line to read
+
+    def exists(self) -> bool:
+        return bool(self.lines)
+
+    def open_end(self) -> Iterator[str]:
+        self.offset = len(self.lines)
+        return (self.lines[i] for i in range(self.offset - 1, -1, -1))
+
+    def read(self, limit: int) -> tuple[list[str], bool]:
+        out: list[str] = []
+        used = 0
+        while self.offset < len(self.lines) and used < limit:
+            out.append(self.lines[self.offset])
+            used += len(out[-1].encode())
+            self.offset += 1
+        return out, self.offset < len(self.lines)
+
+    def rest(self) -> list[str]:
+        return []  # every line is complete
+
+    def close(self) -> None:
+        self.lines = []
 
 
 class SimulatedEnvironments(HostVenvBackend):
@@ -63,7 +106,8 @@ class SimulatedExecutor(Executor):
         self._attempts: dict[str, _Attempt] = {}
         self._next_pid = 100_000
 
-    def environments(self, settings: Settings) -> SimulatedEnvironments:
+    def environments(self, settings: Settings, objects: ObjectStore) -> SimulatedEnvironments:
+        """Builds nothing, so it reads no wheel from ``objects``."""
         return SimulatedEnvironments(settings.envs_dir)
 
     def _start(self, handle: str, workload: Workload) -> None:
@@ -101,8 +145,23 @@ class SimulatedExecutor(Executor):
         if attempt is not None and attempt.report.state == "running":
             self._end(attempt, -signal.SIGTERM, stopped=True, message="stopped")
 
-    def log_files(self, handle: str) -> dict[str, Path]:
-        return {}  # nothing runs, nothing writes a log
+    def log_replicas(self, handle: str) -> list[str]:
+        attempt = self._attempts.get(handle)
+        return attempt.replicas() if attempt is not None else []
+
+    def open_log(self, handle: str, replica: str) -> LogReader:
+        return _MemoryLog(self._log(handle, replica))
+
+    def write_log(self, handle: str, text: str, *, replica: str = "", stream: str = "stdout") -> None:
+        """Add a line to the attempt's log (of ``replica``), at the clock's time, as its process would."""
+        when = self.clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self._log(handle, replica).append(f"{when} {stream} {text}\n")
+
+    def _log(self, handle: str, replica: str) -> list[str]:
+        attempt = self._attempts.get(handle)
+        if attempt is None or replica not in attempt.replicas():
+            raise NotFound(f"this attempt has no log of replica {replica!r}")
+        return attempt.logs.setdefault(replica, [])
 
     def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
         return False  # nothing runs, nothing writes outputs (nor checkpoints: ``checkpoints_bytes`` is 0)

@@ -1,4 +1,4 @@
-"""Trace-driven simulator: replays a job trace through the production planner (``plan()``) on a simulated clock.
+"""Trace-driven simulator: replays a job trace through the control plane's scheduling pass on a simulated clock.
 
 No database and no processes: jobs are records, the clock is an event heap (arrivals, attempt ends, the
 end of a preemption's grace period, LAS queue changes, the end of a turn or of the time idle GPUs are kept for
@@ -8,13 +8,18 @@ every ``supervisor_interval_seconds``, 0.2 s); the timed looks (aging, a turn's 
 lent, a las queue crossed) at the next tick (at most one every ``tick_s`` simulated seconds, coarser than the real
 loop's 0.2 s, for speed). Before 2026-11-27's fourth stop an attempt's end waited for the tick too
 (docs/scheduling.md, "Results": what that changed).
-It calls the real
-``dlcloud.scheduler.planner.plan`` with the queue in the control plane's order (priority, submit time),
-the live attempts as ``Held``, each tenant's ``Limits`` and the cluster as an ``Inventory`` of nodes of
-``gpus_per_node`` GPUs. Its placements start attempts; its preemptions stop them after the grace period
-(``Held.stopping`` meanwhile). How an attempt's end moves its job (preempted -> queued with its original
-submit time, work kept up to the last checkpoint, restarts untouched) is ``scheduler/attempts.py``, the rules
-the control plane applies too.
+
+A pass is the control plane's pure core (``scheduler/pass_core.py``), fed from the simulated attempts where the
+control plane reads the database: each tenant's ``Limits`` from its terms and recent usage (``tenant_limits``,
+``recent_usage``), the live attempts as ``Held`` with their last checkpoint (``held_attempt``), the queue in the
+control plane's order (priority, submit time), the cluster as an ``Inventory`` of nodes of ``gpus_per_node`` GPUs,
+and the planner's configuration as the server's settings give it (the grace period included); ``decide`` calls
+the production planner. Its placements start attempts; its preemptions stop them after the grace period
+(``Held.stopping`` meanwhile), a moved job keeping the hold ``pass_core.moved`` gives it. How an attempt's end moves
+its job (preempted -> queued with its original submit time, work kept up to the last checkpoint, restarts
+untouched) is ``scheduler/attempts.py``, the rules the control plane applies too. What the control plane does and
+the simulator does not model: wait reasons and estimated starts written for users, environment builds holding jobs,
+ports, restarts of failed attempts, quotas beyond the guarantees (no trace has them).
 
 The model:
 - each trace ``user`` (a Philly virtual cluster) is a tenant guaranteed GPUs in proportion to its share of the
@@ -44,10 +49,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dlcloud.errors import InvalidArgument
-from dlcloud.scheduler import attempts
-from dlcloud.scheduler.contract import HOLD_MARGIN_S, MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S
+from dlcloud.scheduler import attempts, pass_core
+from dlcloud.scheduler.contract import MAX_LEND_AFTER_S, MIN_TURN_WINDOW_S, TURN_MIN_S
 from dlcloud.scheduler.inventory import Gpu, Inventory
-from dlcloud.scheduler.planner import GroupDemand, Held, Limits, Plan, PlanConfig, Policy, QueuedJob, plan
+from dlcloud.scheduler.pass_core import AttemptSpan, TenantTerms
+from dlcloud.scheduler.planner import GroupDemand, Held, Plan, PlanConfig, Policy, QueuedJob, plan
 from dlcloud.scheduler.trace import TraceJob
 
 EPOCH = datetime(2017, 1, 1, tzinfo=UTC)  # simulated second 0; the planner only sees differences
@@ -118,8 +124,12 @@ class SimConfig:
 
     @property
     def planner(self) -> PlanConfig:
+        """The planner's configuration, as the control plane's ``plan_config`` builds it from the server's settings:
+        the aging and las queues at their defaults, the grace period a preempted attempt takes (the server's
+        ``stop_grace_seconds``) as the one the planner expects it to take."""
         return PlanConfig(
             policy=self.policy,
+            preemption_grace_s=self.grace_s,
             tenant_las_queues_gpu_s=self.tenant_las_queues_gpu_s,
             defragment=self.defragment,
             turn_window_s=self.turn_window_s,
@@ -236,7 +246,9 @@ class Simulator:
         fits = [j for j in jobs if j.gpus <= n]
         self.skipped_too_large = len(jobs) - len(fits)
         self.guarantee = guarantees(fits, n)
-        self.limits = {t: Limits(guarantee_gpus=g, weight=1.0) for t, g in self.guarantee.items()}
+        # each tenant's terms as its row would hold them: the guarantee, weight 1, no caps, borrowing unlimited
+        self.terms = [TenantTerms(t, guarantee_gpus=g, weight=1.0) for t, g in self.guarantee.items()]
+        self.limits = pass_core.tenant_limits(self.terms)
         # ended attempts: (GPUs, start, end, turn's end) for ``attempts.gpu_seconds_in_window``
         self.usage_log: dict[str, list[tuple[int, float, float, float | None]]] = {t: [] for t in self.guarantee}
         self.tenants = {t: _Tenant(g) for t, g in self.guarantee.items()}
@@ -440,26 +452,32 @@ class Simulator:
         self.held_list = None
 
     def _held(self, job: _Job) -> Held:
+        """The running attempt as the control plane gives it to the pass (``pass_core.held_attempt``), its last
+        checkpoint as the executor would have seen it; kept until that moves (or, fair-share, its tenant las queue
+        does): a memo, the planner weighs nothing else of it that changes."""
         if job.held is not None and self.now < job.held_until and self.pcfg.policy != Policy.LAS:
             return job.held
         ran = self.now - job.start_s
         kept = attempts.last_checkpoint_s(ran, self.cfg.checkpoint_every_s)
         start = EPOCH + timedelta(seconds=job.start_s)
-        job.held = Held(
-            tenant_id=job.trace.tenant,
-            gpus=job.gpus,
-            cpus=0.0,
-            memory=0,
+        stopping = job.state == "stopping"
+        job.held = pass_core.held_attempt(
+            job.trace.tenant,
+            job.gpus,
+            0.0,
+            0,
+            now=EPOCH + timedelta(seconds=self.now),
             job_id=job.trace.job_id,
+            started_at=start,
+            running_s=ran,
+            checkpoint_at=start + timedelta(seconds=kept) if kept else None,
+            attained_before_gpu_s=job.attained,
             priority=job.qjob.priority,
             submitted_at=job.qjob.submitted_at,
-            started_at=start,
-            progress_at=start + timedelta(seconds=kept),
             max_run_time_s=job.qjob.max_run_time_s,
-            preemptible=True,
-            attained_gpu_s=job.attained + ran * len(job.gpus),
-            stopping=job.state == "stopping",
-            hold=job.qjob.hold if job.state == "stopping" else (),
+            preempt_requested=stopping,
+            hold_gpus=job.qjob.hold,
+            hold_until=job.qjob.hold_until,
             preemptions=job.preemptions,
             turn_until=None if job.turn_until is None else EPOCH + timedelta(seconds=job.turn_until),
         )
@@ -482,10 +500,11 @@ class Simulator:
             self.held_list = [self._held(j) for j in self.running.values()]
             self.held_until = min((j.held_until for j in self.running.values()), default=math.inf)
         now = EPOCH + timedelta(seconds=self.now)
-        if self.pcfg.policy == Policy.FAIR_SHARE and (self.pcfg.turn_window_s > 0 or self.pcfg.lend_after_s > 0):
-            self._recent_usage()
+        if pass_core.needs_recent_usage(self.pcfg):
+            recent = pass_core.recent_usage(self._spans(), self.now, self.pcfg.turn_window_s, self.pcfg.lend_after_s)
+            self.limits = pass_core.tenant_limits(self.terms, recent)
         t0 = time.perf_counter()
-        result = self.plan(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg)
+        result = pass_core.decide(self.queued, self.held_list, self.limits, self.inventory, now, self.pcfg, self.plan)
         self.pass_seconds.append(time.perf_counter() - t0)
         self.passes += 1
         self._apply(result)
@@ -499,37 +518,17 @@ class Simulator:
             self._push(self.now + self.pcfg.aging_interval_s, _WAKE)
             self.wake_pending = True
 
-    def _recent_usage(self) -> None:
-        """Each tenant's GPU-seconds over the last turn window (``Limits.recent_gpu_s``) and the most GPUs it held at
-        once over the last ``lend_after_s`` (``Limits.recent_peak_gpus``), as the control plane reads them from the
-        attempts."""
-        now, turns, lend = self.now, self.pcfg.turn_window_s, self.pcfg.lend_after_s
-        since, peak_since = now - turns, now - lend
-        in_window = attempts.gpu_seconds_in_window
-        used = dict.fromkeys(self.limits, 0.0)
-        spans: dict[str, list[tuple[int, float, float | None]]] = {t: [] for t in self.limits}
+    def _spans(self) -> Iterator[AttemptSpan]:
+        """The attempts recent usage counts, as the control plane reads them: each tenant's ended ones that ended (or
+        whose turn ended) within the longer window, then the running ones. Older ended ones count for nothing and are
+        forgotten."""
+        since = self.now - max(self.pcfg.turn_window_s, self.pcfg.lend_after_s)
         for tenant, log in self.usage_log.items():
-            keep = [x for x in log if max(x[2], x[3] or x[2]) > min(since, peak_since)]
-            self.usage_log[tenant] = keep
-            if turns:
-                used[tenant] += sum(in_window(*x, since, now) for x in keep)
-            if lend:
-                # ended within the window: by ``end + lend``, the time of the pass ``_release`` asked for (``now -
-                # lend`` may round below the end, and the GPUs would stay kept with no pass to lend them)
-                spans[tenant].extend((x[0], x[1], x[2]) for x in keep if x[2] + lend > now)
+            keep = self.usage_log[tenant] = [x for x in log if max(x[2], x[3] or x[2]) > since]
+            for gpus, started, ended, turn_until in keep:
+                yield AttemptSpan(tenant, gpus, started, ended, turn_until)
         for job in self.running.values():
-            if turns:
-                used[job.trace.tenant] += in_window(len(job.gpus), job.start_s, None, job.turn_until, since, now)
-            if lend:
-                spans[job.trace.tenant].append((len(job.gpus), job.start_s, None))
-        self.limits = {
-            t: dataclasses.replace(
-                lim,
-                recent_gpu_s=used[t] if turns else None,
-                recent_peak_gpus=attempts.peak_gpus(spans[t], peak_since, now) if lend else None,
-            )
-            for t, lim in self.limits.items()
-        }
+            yield AttemptSpan(job.trace.tenant, len(job.gpus), job.start_s, None, job.turn_until)
 
     def _apply(self, result: Plan) -> None:
         for job_id, gpus in result.placements:
@@ -553,10 +552,11 @@ class Simulator:
             if job is None or job.state != "running":
                 raise RuntimeError(f"planner preempted {p.job_id}, which is not a running attempt")
             job.state = "stopping"
-            if p.reason == "defrag":  # moved, not evicted: considered first once queued again, on the GPUs held
-                # for it (as the control plane)
-                until = EPOCH + timedelta(seconds=self.now + self.cfg.grace_s + HOLD_MARGIN_S)
-                job.qjob = dataclasses.replace(job.qjob, reclaiming=True, hold=p.move_to, hold_until=until)
+            marks = pass_core.moved(p, EPOCH + timedelta(seconds=self.now), self.cfg.grace_s)
+            if marks is not None:  # moved, not evicted: considered first once queued again, on the GPUs held for it
+                job.qjob = dataclasses.replace(
+                    job.qjob, reclaiming=marks.reclaiming, hold=marks.hold, hold_until=marks.hold_until
+                )
             job.held = None
             self.held_list = None
             self.preemptions += 1

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from dlcloud.schemas.common import JSON_NUMBER, DurationSeconds, MemoryBytes, Name, Request, Response, exactly_one_of
 from dlcloud.schemas.datasets import DatasetRef, JobDataset
@@ -410,8 +410,68 @@ class Job(Response):
     preemptions: int = 0  # times its attempt was stopped for another job (restarts do not count them)
 
 
+class JobDatasetVersion(Response):
+    """A dataset version a job reads: one of its references (``datasets``, a template's ``data``) as resolved
+    at submit."""
+
+    ref: str  # as the job gave it
+    name: str  # the dataset's name (the job's DLCLOUD_DATASET_<NAME> is derived from it)
+    owner: str  # the tenant that owns the dataset
+    version: int
+    sha256: str
+    size_bytes: int
+
+
+class ResolvedDataset(JobDatasetVersion):
+    """A job's dataset version as the platform keeps it: also the version's id and where its files are stored,
+    which reads never show."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version_id: str
+    storage_key: str
+
+
+class JobPlatformState(BaseModel):
+    """What the platform decided for a job at submit, kept beside the user's spec (``jobs.platform_state``),
+    never inside it: the spec a job row keeps is the user's own, and no reader looks the platform's state up by
+    a string key in it.
+
+    - ``datasets``: each dataset reference resolved to one version (a label moved afterwards does not change
+      what the job reads); the executor mounts them by storage key.
+    - ``checkpoint_from_id``: the id of the job ``spec.checkpoint_from`` names (None: the spec names none, or
+      that job never ran an attempt and so has no checkpoints).
+    - ``env``: the DLCLOUD_* variables the study driver gives a trial's job (DLCLOUD_HPARAMS, DLCLOUD_STUDY,
+      DLCLOUD_TRIAL, DLCLOUD_STOP_AT_STEP), which a user's spec may not set; empty for other jobs.
+
+    One typed sub-document in one JSON column rather than a column each: the three are decided together at
+    submit and never written after, no query filters or joins on them (the jobs reading a dataset version are
+    the ``job_datasets`` rows), two of them are a list and a mapping (JSON either way), and what the platform
+    decides next at submit becomes a field here, not another migration. The store validates it on every load
+    (``store/rows.py``), so readers get attributes, never a dict.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    datasets: tuple[ResolvedDataset, ...] = ()
+    checkpoint_from_id: str | None = None
+    env: dict[str, str] = {}
+
+
+class JobResolved(Response):
+    """``JobPlatformState`` as reads show it: what the platform decided for the job at submit, beside the spec
+    the user gave (the datasets without where they are stored)."""
+
+    datasets: list[JobDatasetVersion] = []
+    checkpoint_from_id: str | None = None  # the job ``spec.checkpoint_from`` resolved to (None: no checkpoints)
+    env: dict[str, str] = {}  # a study trial's DLCLOUD_* variables, set by the platform
+
+
 class JobDetail(Job):
+    # the user's spec as stored: defaults filled in, register_model's path and format decided, each secret_env
+    # value shown as SECRET_MASK
     spec: dict[str, Any]
+    resolved: JobResolved = JobResolved()
     environment_hash: str | None  # the build of the environment the job runs in (None for default)
     queue_position: int | None
     wait_reason: str | None

@@ -16,16 +16,16 @@ from sqlalchemy.orm import Session
 
 from dlcloud.schemas.audit import AuditEvent
 from dlcloud.schemas.jobs import JobState
-from dlcloud.schemas.tenants import QuotaReport, QuotaSpec, QuotaUsage, SchedulingTerms, UsageReport, UsageRow
+from dlcloud.schemas.tenants import QuotaReport, QuotaUsage, SchedulingTerms, UsageReport, UsageRow
 from dlcloud.services.admission import admission_limits
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
-from dlcloud.services.storage_quota import storage_used
-from dlcloud.services.tenants import resolve_tenant, scheduling_model
+from dlcloud.services.tenants import quota_model, resolve_tenant, scheduling_model
 from dlcloud.store import accounting as accounting_store
 from dlcloud.store import jobs as job_store
 from dlcloud.store.db import Database
 from dlcloud.store.rows import AccessKeyRow, AuditRow, TenantRow, utcnow
+from dlcloud.store.tenants import storage_used
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -37,14 +37,7 @@ def quota_report(platform: Platform, caller: Caller, tenant: str | None) -> Quot
         queued = job_store.count_queued(s, t.id)
         return QuotaReport(
             tenant=t.name,
-            limits=QuotaSpec(
-                gpus=t.quota_gpus,
-                cpus=t.quota_cpus,
-                memory=t.quota_memory,
-                max_running_jobs=t.quota_max_running_jobs,
-                max_queued_jobs=t.quota_max_queued_jobs,
-                storage=t.quota_storage,
-            ),
+            limits=quota_model(t),
             usage=QuotaUsage(
                 gpus=sum(len(g) for g, _, _ in live),
                 cpus=sum(c for _, c, _ in live),

@@ -11,12 +11,13 @@ This module owns the state of such versions (``dataset_versions.state``); nothin
   ``dataset_source_urls``, apart from the platform's own store) and that something is there, then adds the
   version ``pending`` with its ``source_url``: it reads no object, so a prefix of any size answers at once.
   A refused source writes nothing.
-- A worker thread of every server process (``SourceWorker``) *claims* a pending version (``claimed_by``
-  ``<host>:<pid>:<token>``, ``claimed_at`` renewed every ``HEARTBEAT`` while it reads), reads every object
-  for its manifest, stores the manifest at the version's key (``ObjectStore.put_tree_manifest``, with
-  ``Manifest.source``) and makes it ready with its checksum, size and file count — or failed with the
-  reason. Only the claim's holder may finish it, and only while the row is still there (a version deleted
-  meanwhile leaves no manifest behind).
+- A worker thread of every server process (``SourceWorker``, ``control/dataset_sources.py``: the loop that
+  reads the objects; the writes are this module's) *claims* a pending version (``claim_pending``:
+  ``claimed_by`` ``<host>:<pid>:<token>``, ``claimed_at`` renewed by ``renew_claim`` while it reads), reads
+  every object for its manifest, stores the manifest at the version's key (``ObjectStore.put_tree_manifest``,
+  with ``Manifest.source``) and makes it ready with its checksum, size and file count (``make_ready``) — or
+  failed with the reason (``make_failed``). Only the claim's holder may finish it, and only while the row is
+  still there (a version deleted meanwhile leaves no manifest behind).
 - **Never stuck.** A claim whose process is gone is taken over: at once where the holder was a process of
   this host that no longer runs (a restarted server resumes its own versions), after ``LEASE`` without a
   sign of life otherwise. A pending version is computed again from the start; reading is idempotent.
@@ -30,32 +31,26 @@ import logging
 import os
 import secrets
 import socket
-import threading
-import time
 from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import DlcloudError, SourceNotAllowed
+from dlcloud.errors import SourceNotAllowed
 from dlcloud.schemas.datasets import DatasetPush, DatasetVersion, DatasetVersionState
 from dlcloud.services import datasets
 from dlcloud.services.auth import Caller
 from dlcloud.services.platform import Platform
+from dlcloud.storage.objects import Manifest
 from dlcloud.storage.sources import Progress, SourceReader, check_source
 from dlcloud.store import datasets as store
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, utcnow
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)  # a claim without a sign of life for this long is taken over
-HEARTBEAT = 10.0  # seconds between the signs of life of a claim while its objects are read
-POLL = 5.0  # seconds between two looks at the queue when nothing wakes the worker
 
 
-class _Abandoned(Exception):
-    """The version being prepared was deleted or taken over: stop reading its objects."""
-
-
-def _reader(platform: Platform) -> SourceReader:
+def reader(platform: Platform) -> SourceReader:
+    """The reader of the sources datasets may be registered from; SourceNotAllowed when none is allowed."""
     sources = platform.objects.sources
     if not isinstance(sources, SourceReader):
         raise SourceNotAllowed(
@@ -87,11 +82,11 @@ def register_version(
     until the worker has computed its manifest. Blocking (one short listing of the source)."""
     assert req.source is not None
     src = check_source(platform.settings, req.source)  # 400 / 403 before anything is read or written
-    reader = _reader(platform)
+    sources = reader(platform)
     if owner is not None and owner != caller.tenant:
         with platform.db.read() as s:
             datasets._writable(s, caller, name, owner, "pushing versions")
-    reader.check_not_empty(src)
+    sources.check_not_empty(src)
 
     def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:
         return datasets.version_row(
@@ -112,7 +107,7 @@ def register_version(
     return result
 
 
-# -- the worker -------------------------------------------------------------------------------------------
+# -- the worker's claims and the state it writes ----------------------------------------------------------
 
 
 def new_worker_id() -> str:
@@ -139,7 +134,7 @@ def _holder_gone(holder: str, me: str) -> bool:
     return False
 
 
-def _claim(platform: Platform, worker: str) -> str | None:
+def claim_pending(platform: Platform, worker: str) -> str | None:
     """Claim the oldest pending version no live process holds; its id, or None."""
     now = utcnow()
     with platform.db.write() as s:
@@ -168,46 +163,28 @@ def _held(s: Session, version_id: str, worker: str) -> DatasetVersionRow | None:
     )
 
 
-def prepare_one(platform: Platform, worker: str) -> bool:
-    """Claim one pending version and compute it to ready or failed; False when none was waiting."""
-    version_id = _claim(platform, worker)
-    if version_id is None:
-        return False
+def claimed_source(platform: Platform, version_id: str) -> tuple[str, str] | None:
+    """(the key its manifest goes to, its source URL) of a claimed version; None once it is deleted."""
     with platform.db.read() as s:
         row = s.get(DatasetVersionRow, version_id)
-        if row is None:
-            return True
-        key, source = row.storage_key, str(row.source_url)
-    last = time.monotonic()
+        return None if row is None else (row.storage_key, str(row.source_url))
 
-    def alive(done: Progress) -> None:
-        nonlocal last
-        if time.monotonic() - last < HEARTBEAT:
-            return
-        last = time.monotonic()
-        with platform.db.write() as s:
-            held = _held(s, version_id, worker)
-            if held is None:
-                raise _Abandoned()
-            held.claimed_at = utcnow()
-            held.state_reason = f"read {done.objects} object(s), {done.bytes} bytes so far"
 
-    try:
-        reader = _reader(platform)
-        src = check_source(platform.settings, source)  # the allow-list may have changed since
-        manifest = reader.scan(src, datasets._limits(platform), alive)
-        platform.objects.put_tree_manifest(key, manifest)
-    except _Abandoned:
-        log.info("dataset version %s: deleted or taken over while its objects were read", version_id)
+def renew_claim(platform: Platform, version_id: str, worker: str, done: Progress) -> bool:
+    """A sign of life of the worker reading the version's objects, with how far it is; False when the version
+    was deleted or taken over meanwhile (the reading stops)."""
+    with platform.db.write() as s:
+        held = _held(s, version_id, worker)
+        if held is None:
+            return False
+        held.claimed_at = utcnow()
+        held.state_reason = f"read {done.objects} object(s), {done.bytes} bytes so far"
         return True
-    except DlcloudError as exc:
-        log.warning("dataset version %s from %s failed: %s", version_id, source, exc.message)
-        _fail(platform, version_id, worker, exc.message)
-        return True
-    except Exception as exc:
-        log.exception("dataset version %s from %s failed", version_id, source)
-        _fail(platform, version_id, worker, f"internal error ({type(exc).__name__}); see the server log")
-        return True
+
+
+def make_ready(platform: Platform, version_id: str, worker: str, key: str, source: str, manifest: Manifest) -> None:
+    """pending -> ready, once its manifest is stored at ``key``; a version deleted meanwhile takes the manifest
+    with it (one taken over is left to its new holder)."""
     with platform.db.write() as s:
         row = _held(s, version_id, worker)
         if row is not None:
@@ -219,47 +196,16 @@ def prepare_one(platform: Platform, worker: str) -> bool:
             )
             row.claimed_by = row.claimed_at = None
             log.info("dataset version %s from %s is ready: %d files", version_id, source, row.file_count)
-            return True
+            return
         gone = s.get(DatasetVersionRow, version_id) is None
     if gone:  # deleted while it was read: its manifest must not stay
         datasets._remove_stored(platform, [key])
-    return True
 
 
-def _fail(platform: Platform, version_id: str, worker: str, reason: str) -> None:
+def make_failed(platform: Platform, version_id: str, worker: str, reason: str) -> None:
+    """pending -> failed, with the reason users see."""
     with platform.db.write() as s:
         row = _held(s, version_id, worker)
         if row is not None:
             row.state, row.state_reason = DatasetVersionState.FAILED.value, reason
             row.claimed_by = row.claimed_at = None
-
-
-def prepare_pending(platform: Platform, worker: str | None = None) -> int:
-    """Compute every pending version there is now (tests, and the worker's pass); how many were handled."""
-    worker = worker or new_worker_id()
-    count = 0
-    while prepare_one(platform, worker):
-        count += 1
-    return count
-
-
-class SourceWorker:
-    """The thread that computes pending versions: woken by a registration (``wake``), else every ``POLL``."""
-
-    def __init__(self, platform: Platform) -> None:
-        self.platform = platform
-        self.id = new_worker_id()
-        self._wake = threading.Event()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self._wake.clear()
-            try:
-                while not stop.is_set() and prepare_one(self.platform, self.id):
-                    pass
-            except Exception:  # keep the worker alive across transient database errors
-                log.exception("dataset source worker pass failed")
-            self._wake.wait(POLL)

@@ -27,12 +27,10 @@ import secrets
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from dlcloud import tarsafe
@@ -61,7 +59,7 @@ from dlcloud.schemas.datasets import (
     DatasetVersionState,
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
-from dlcloud.schemas.jobs import JobState
+from dlcloud.schemas.jobs import JobState, ResolvedDataset
 from dlcloud.services import job_states, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
@@ -72,16 +70,11 @@ from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
+from dlcloud.store import uploads as upload_store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
-from dlcloud.store.rows import (
-    DatasetRow,
-    DatasetVersionRow,
-    JobDatasetRow,
-    UploadClaimRow,
-    utcnow,
-)
+from dlcloud.store.rows import DatasetRow, DatasetVersionRow, JobDatasetRow, UploadClaimRow, utcnow
 
 log = logging.getLogger(__name__)
 FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
@@ -109,7 +102,7 @@ def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: 
     exceed the longest push). Returns how many were removed."""
     cutoff = utcnow() - timedelta(seconds=max_age_seconds)
     with db.read() as s:
-        stale = list(s.scalars(select(UploadClaimRow.key).where(UploadClaimRow.claimed_at <= cutoff)))
+        stale = upload_store.stale_claims(s, cutoff)
     removed = 0
     for claim in stale:
         m = UPLOAD_KEY_RE.match(claim)
@@ -119,8 +112,7 @@ def sweep_abandoned_pushes(db: Database, objects: ObjectStore, max_age_seconds: 
                 continue  # released or taken over meanwhile
             if m is not None:
                 prefix = push_prefix(m.group(1), m.group(2))
-                q = select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key.startswith(prefix + "/"))
-                if s.scalars(q).first() is None:
+                if not store.has_version_under(s, prefix):
                     objects.delete_prefix(prefix)  # before the claim goes: a failure retries next sweep
                     removed += 1
                 else:  # a push of it committed (its upload's deletion failed): what else is there stays
@@ -523,7 +515,7 @@ def _end_readers(s: Session, dataset: DatasetRow, tenant_id: str, why: str) -> N
         else:
             job.cancel_requested = True
             job.reason = f"cancellation requested: {why}"
-        s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job.id))
+        store.forget_job_reads(s, job.id)
 
 
 # -- deletion --------------------------------------------------------------------------------------------
@@ -546,7 +538,7 @@ def _refuse_if_in_use(s: Session, caller: Caller, rows: list[DatasetVersionRow],
 def _forget_ended_readers(s: Session, version_ids: list[str]) -> None:
     """Ended jobs' records of what they read go with the version (the job keeps its resolved spec)."""
     if version_ids:
-        s.execute(delete(JobDatasetRow).where(JobDatasetRow.version_id.in_(version_ids)))
+        store.forget_version_reads(s, version_ids)
         s.flush()
 
 
@@ -573,34 +565,9 @@ def delete_dataset(platform: Platform, caller: Caller, name: str, owner: str | N
 # -- jobs ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ResolvedDataset:
-    """A job's dataset reference resolved to one version, as recorded in the job's spec."""
-
-    ref: str  # as the job gave it
-    name: str  # the dataset's name (the variable DLCLOUD_DATASET_<NAME> is derived from it)
-    owner: str
-    version: int
-    version_id: str
-    storage_key: str
-    sha256: str
-    size_bytes: int
-
-    def to_spec(self) -> dict[str, object]:
-        return {
-            "ref": self.ref,
-            "name": self.name,
-            "owner": self.owner,
-            "version": self.version,
-            "version_id": self.version_id,
-            "storage_key": self.storage_key,
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-        }
-
-
 def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[ResolvedDataset]:
-    """Resolve a job's references (in its submit transaction): each to one readable version, no dataset twice."""
+    """Resolve a job's references (in its submit transaction): each to one readable version, no dataset twice.
+    The job keeps them in its ``platform_state``."""
     out: list[ResolvedDataset] = []
     seen: dict[str, str] = {}
     for ref in refs:

@@ -1,10 +1,11 @@
 """Environment builds: the content-addressed builds behind environments (the request side; the builder that
 makes them is the control plane's, ``control/env_builder.py``).
 
-This module owns the ``environment_builds`` table; every build state change goes through it::
+This module owns the ``environment_builds`` table; every build state change goes through it (the builder,
+``control/env_builder.py``, records its outcome with ``finish_build``)::
 
-    (no row) ──request_build──> BUILDING ──builder──> READY
-                                  ^    └───builder──> FAILED ──request_build (a retry)──┘
+    (no row) ──request_build──> BUILDING ──finish_build──> READY
+                                  ^    └───finish_build──> FAILED ──request_build (a retry)──┘
 
 Invariants:
 - One row per spec hash (``executors.environments.BuildSpec.spec_hash``), shared by every environment of
@@ -57,6 +58,38 @@ def request_build(s: Session, spec: BuildSpec, spec_hash: str) -> EnvironmentBui
         row.state, row.error, row.finished_at = BUILDING, None, None
         row.spec = spec.to_json()  # the same spec; wheels may have been uploaded again under new paths
     return row
+
+
+def start_build(s: Session, spec_hash: str) -> BuildSpec | None:
+    """The spec of a BUILDING build about to be built here (its start time recorded); None when it is not
+    BUILDING any more (built by another leader, or forgotten)."""
+    row = store.get_build(s, spec_hash, for_update=True)
+    if row is None or row.state != BUILDING:
+        return None
+    row.started_at = utcnow()
+    return BuildSpec.from_json(row.spec)
+
+
+def finish_build(
+    s: Session,
+    spec_hash: str,
+    state: EnvironmentState,
+    *,
+    error: str | None = None,
+    size: int | None = None,
+    built: bool,
+) -> bool:
+    """Record how a BUILDING build ended: READY (``size``) or FAILED (``error``, for users); ``built``: the
+    backend built it (False: it found it built). False, and nothing written, when it is not BUILDING any more."""
+    if state not in (EnvironmentState.READY, EnvironmentState.FAILED):
+        raise ValueError(f"a build ends READY or FAILED, not {state}")
+    row = store.get_build(s, spec_hash, for_update=True)
+    if row is None or row.state != BUILDING:
+        return False
+    row.state, row.error, row.size_bytes, row.finished_at = state.value, error, size, utcnow()
+    if built:
+        row.builds += 1
+    return True
 
 
 def forget_if_unused(s: Session, spec_hash: str, keep: set[str]) -> bool:

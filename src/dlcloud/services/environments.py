@@ -39,7 +39,6 @@ from dlcloud.services import env_builds
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
-from dlcloud.storage.cache import ObjectCache
 from dlcloud.store import environments as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
@@ -122,7 +121,8 @@ def _unavailable_reason(b: Builtin, missing: list[str]) -> str:
 def _builtin_spec(backend: EnvironmentBackend, b: Builtin) -> BuildSpec:
     python = backend.server_python()
     base = backend.inherited_fields() if b.inherit else {}
-    return BuildSpec(python=python, interpreter=backend.resolve_python(python), inherit=b.inherit, **base)
+    backend.check_python(python)
+    return BuildSpec(python=python, inherit=b.inherit, **base)
 
 
 def builtin_hashes(backend: EnvironmentBackend) -> set[str]:
@@ -208,11 +208,9 @@ def _user_names(s: Session, ids: Iterable[str]) -> dict[str, str]:
 # -- create --------------------------------------------------------------------------------------------------
 
 
-def _wheels(
-    s: Session, platform: Platform, caller: Caller, ids: list[str]
-) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
-    """(sha256, local path) for the build and {id, filename, sha256} for the stored spec of each uploaded wheel
-    (a remote store's wheel is fetched into this host's object cache)."""
+def _wheels(s: Session, caller: Caller, ids: list[str]) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    """(sha256, storage key) for the build and {id, filename, sha256} for the stored spec of each uploaded
+    wheel (the backend finds its bytes when it builds)."""
     build, shown = [], []
     for code_id in dict.fromkeys(ids):
         row = s.get(CodeRow, code_id)
@@ -220,8 +218,7 @@ def _wheels(
             raise InvalidArgument(f"wheel {code_id!r} not found; upload it first (the CLI does this for --wheel FILE)")
         if row.kind != "wheel":
             raise InvalidArgument(f"code {code_id!r} is a {row.kind}, not a wheel; environments install wheels only")
-        cache = ObjectCache(platform.settings.data_dir / "cache" / "objects", platform.objects)
-        build.append((row.sha256, str(cache.path(row.storage_key, row.sha256))))
+        build.append((row.sha256, row.storage_key))
         shown.append({"id": row.id, "filename": row.filename, "sha256": row.sha256})
     return build, shown
 
@@ -252,7 +249,7 @@ def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreat
     backend = platform.environments
     server_python = backend.server_python()
     python = req.python or server_python
-    interpreter = backend.resolve_python(python)
+    backend.check_python(python)
     if req.inherit and python != server_python:
         raise InvalidArgument(
             f"inherit needs Python {server_python}, the version of the server's environment whose packages are "
@@ -263,10 +260,9 @@ def create_environment(platform: Platform, caller: Caller, req: EnvironmentCreat
         with platform.db.write() as s:
             if store.get_environment(s, caller.tenant_id, req.name) is not None:
                 raise AlreadyExists(f"environment {req.name!r} already exists; delete it or choose another name")
-            wheels, shown_wheels = _wheels(s, platform, caller, req.wheels)
+            wheels, shown_wheels = _wheels(s, caller, req.wheels)
             spec = BuildSpec(
                 python=python,
-                interpreter=interpreter,
                 inherit=req.inherit,
                 requirements=tuple(req.requirements),
                 wheels=tuple(wheels),

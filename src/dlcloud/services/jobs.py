@@ -34,9 +34,12 @@ from dlcloud.schemas.jobs import (
     TERMINAL_STATES,
     Job,
     JobAttempt,
+    JobDatasetVersion,
     JobDetail,
     JobEvent,
+    JobPlatformState,
     JobReplica,
+    JobResolved,
     JobSpec,
     JobState,
     QueueEntry,
@@ -56,11 +59,6 @@ from dlcloud.store.rows import CodeRow, JobRow, TenantRow, UserRow, utcnow
 from dlcloud.templates import catalog
 
 log = logging.getLogger(__name__)
-# the spec's datasets as resolved at submit (services/datasets.ResolvedDataset.to_spec)
-RESOLVED_DATASETS = "resolved_datasets"
-# the id of the job ``checkpoint_from`` names, resolved at submit (None: that job never ran an attempt, so it has
-# no checkpoints); platform-owned, beside the name the user gave (``resolve_checkpoint_from``)
-CHECKPOINT_FROM_ID = "checkpoint_from_id"
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
 
@@ -104,19 +102,27 @@ def _stored_spec(platform: Platform, spec: JobSpec) -> dict[str, Any]:
 
 
 def public_spec(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored spec as reads show it: ``secret_env`` names only, each value SECRET_MASK; the datasets it
-    reads as resolved at submit (name, owner, version, checksum), without where they are stored."""
+    """A stored spec as reads show it: ``secret_env`` names only, each value SECRET_MASK."""
     shown = dict(stored)
     if secret := stored.get("secret_env"):
         shown["secret_env"] = dict.fromkeys(secret, SECRET_MASK)
-    if RESOLVED_DATASETS in stored:
-        hidden = ("storage_key", "version_id")
-        shown[RESOLVED_DATASETS] = [{k: v for k, v in d.items() if k not in hidden} for d in stored[RESOLVED_DATASETS]]
     return shown
 
 
+def public_state(state: JobPlatformState) -> JobResolved:
+    """A job's platform state as reads show it: its datasets without where they are stored."""
+    return JobResolved(
+        datasets=[
+            JobDatasetVersion(**d.model_dump(include=set(JobDatasetVersion.model_fields))) for d in state.datasets
+        ],
+        checkpoint_from_id=state.checkpoint_from_id,
+        env=dict(state.env),
+    )
+
+
 def job_env(platform: Platform, job: JobRow) -> dict[str, str]:
-    """The variables a job's processes get from its spec: ``env`` and ``secret_env`` decrypted.
+    """The variables a job's processes get from its spec and its platform state: ``env``, ``secret_env``
+    decrypted, and what the platform gave it at submit (a trial's DLCLOUD_* variables).
 
     A secret the server key cannot decrypt (the key file was replaced) is left out and logged by name,
     so one broken row cannot stop the scheduling pass that places it."""
@@ -128,6 +134,7 @@ def job_env(platform: Platform, job: JobRow) -> dict[str, str]:
             log.error(
                 "job %s: secret_env %s cannot be decrypted with the server key; the job runs without it", job.id, key
             )
+    env.update(job.platform_state.env)
     return env
 
 
@@ -347,13 +354,14 @@ def _check_code(s: Session, caller: Caller, spec: JobSpec) -> None:
 
 
 def create_job_row(
-    s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, platform_env: dict[str, str] | None = None
+    s: Session, platform: Platform, caller: Caller, spec: JobSpec, *, trial_env: dict[str, str] | None = None
 ) -> JobRow:
     """Check ``spec`` and add its QUEUED job row in the caller's transaction ``s`` (a study records a trial and
-    its job in one). ``platform_env``: DLCLOUD_* variables the platform itself gives the job (a trial's
-    DLCLOUD_HPARAMS), which a user's spec may not set. ``checkpoint_from`` is resolved and checked here
-    (``resolve_checkpoint_from``), for a study's trials as for a user's submit. The caller checks isolation and
-    wakes the loop."""
+    its job in one). ``trial_env``: given by the study driver alone, the DLCLOUD_* variables it gives a trial's
+    job (DLCLOUD_HPARAMS, DLCLOUD_STUDY, ...), which a user's spec may not set; a job given them may take a
+    trial's name. The row keeps the spec as given and what is decided here (datasets resolved to versions,
+    ``checkpoint_from`` resolved and checked by ``resolve_checkpoint_from``, ``trial_env``) in its
+    ``platform_state``. The caller checks isolation and wakes the loop."""
     register, refs = _check_spec_alone(platform, spec)
     tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
     if tenant is None:
@@ -365,7 +373,7 @@ def create_job_row(
     _check_code(s, caller, spec)
     resolved = datasets.resolve_for_job(s, caller, refs)
     checkpoint_from_id = resolve_checkpoint_from(s, caller, spec)
-    if platform_env is None or "DLCLOUD_STUDY" not in platform_env:  # not the study driver's trial
+    if trial_env is None:  # not the study driver's trial
         _check_not_a_trial_name(s, tenant.id, spec.name)
     if job_store.name_taken(s, tenant.id, spec.name):
         raise AlreadyExists(f"job {spec.name!r} already exists; delete it or choose another name")
@@ -373,11 +381,6 @@ def create_job_row(
     gpus, cpus, memory = spec.total_resources()
     groups = spec.groups()
     stored = _stored_spec(platform, spec)
-    if platform_env:
-        stored["env"] = {**stored["env"], **platform_env}
-    stored[RESOLVED_DATASETS] = [r.to_spec() for r in resolved]
-    if spec.checkpoint_from is not None:
-        stored[CHECKPOINT_FROM_ID] = checkpoint_from_id
     stored["register_model"] = register
     replica_groups = None
     if spec.process_count() > 1:
@@ -388,6 +391,9 @@ def create_job_row(
         user_id=caller.user_id,
         name=spec.name,
         spec=stored,
+        platform_state=JobPlatformState(
+            datasets=tuple(resolved), checkpoint_from_id=checkpoint_from_id, env=dict(trial_env or {})
+        ),
         command=recipes.shell_command(spec),
         code_id=spec.code,
         state=JobState.QUEUED.value,
@@ -488,6 +494,7 @@ def describe_job(platform: Platform, caller: Caller, name_or_id: str) -> JobDeta
     return JobDetail(
         **_job_fields(row, caller.tenant, row.user_name or row.user_id),
         spec=public_spec(row.spec),
+        resolved=public_state(row.platform_state),
         environment_hash=row.environment_hash,
         queue_position=position,
         wait_reason=wait,

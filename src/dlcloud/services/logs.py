@@ -1,27 +1,28 @@
-"""Job logs: read and follow the attempts' log files without holding a database connection or blocking the
+"""Job logs: read and follow the attempts' logs without holding a database connection or blocking the
 event loop.
 
-Each attempt writes ``output.log`` lines ``<ISO time> <stream> <text>``; ``stream`` is ``stdout``,
-``stderr`` or ``system`` in the main section and carries its phase otherwise (``pre:stdout``,
-``post:system``): a read may ask for one section. A gang attempt has one output.log per replica; a read
-may ask for one replica (``worker-1``; with procs_per_worker also ``worker-1.0``), and lines of several
-replicas are interleaved by time, their stream prefixed with the replica (``worker-1/stdout``).
+Each attempt writes log lines ``<ISO time> <stream> <text>``; ``stream`` is ``stdout``, ``stderr`` or
+``system`` in the main section and carries its phase otherwise (``pre:stdout``, ``post:system``): a read may
+ask for one section. A gang attempt has one log per replica; a read may ask for one replica (``worker-1``;
+with procs_per_worker also ``worker-1.0``), and lines of several replicas are interleaved by time, their
+stream prefixed with the replica (``worker-1/stdout``).
 
-A log is capped on disk by keeping its end (``executors/base.py``): once it reaches half its cap the launcher
-renames output.log to output.log.1 and starts a new output.log with a ``system`` line ``log truncated: N
-earlier bytes dropped``. One *log* here is that pair, read output.log.1 first.
+The logs are read through the executor (``Executor.log_replicas``, ``Executor.open_log``: a ``LogReader`` per
+log, its end then following it), never as files of this host: how they are kept, capped and rotated is the
+executor's (``executors/log_reading.py`` for files). An ended attempt's logs the executor no longer has are
+read from their archive in the object store, fetched once into this host's cache and read by the same code.
+This module decides what is read and how it is put together.
 
 Invariants:
-- No file is read on the event loop: reads run in worker threads, a bounded amount per call.
+- Nothing is read on the event loop: reads run in worker threads, a bounded amount per call.
 - A read without ``follow`` returns the END of the log: the last ``tail`` lines (all of them when no tail
   is given) and never more than ``max_bytes``; when lines are left out for that, the first line says so
-  (a ``system`` line ``log truncated: ...``). The lines are found reading blocks backwards from the end of
-  the files, so memory is bounded by what is returned, not by the size of the log.
-- Following reads forwards through every file of the log, from the end of the tail (from the start without
-  one), and across rotations: a follower keeps its file open, so a rotated file is read to its end before
-  the new output.log, and nothing is lost unless it falls more than a whole half of the cap behind; then a
-  ``log truncated`` line says how many bytes it missed. Truncation lines are kept whatever the section.
-- Following polls the files and checks the job's state with short read transactions; the connection goes
+  (a ``system`` line ``log truncated: ...``). The readers give the lines newest first, lazily, so memory is
+  bounded by what is returned, not by the size of the log.
+- Following reads forwards, from the end of the tail (from the start without one), across the executor's
+  rotations; where a follower missed lines a ``log truncated`` line says so. Truncation lines are kept
+  whatever the section.
+- Following polls the readers and checks the job's state with short read transactions; the connection goes
   back to the pool between checks, so many followers cost no database connections.
 """
 
@@ -30,18 +31,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import os
-import re
 import shutil
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from pathlib import Path
 
 import anyio
 
-from dlcloud.executors.base import LOG_TRUNCATED, MAIN_LOG, log_segments, replica_sort_key
+from dlcloud.errors import NotFound
+from dlcloud.executors.base import LOG_TRUNCATED, MAIN_LOG, LogReader, replica_sort_key
+from dlcloud.executors.log_reading import FileLogReader, log_time_now, marker_line
 from dlcloud.schemas.jobs import TERMINAL_STATES, JobState, LogSection
 from dlcloud.services.auth import Caller
 from dlcloud.services.job_keys import logs_key
@@ -52,18 +51,13 @@ from dlcloud.store import jobs as job_store
 
 POLL_SECONDS = 0.25
 STATE_CHECK_SECONDS = 1.0
-FOLLOW_READ_BYTES = 1024 * 1024  # read per log file and poll while following
-BLOCK_BYTES = 64 * 1024  # reading backwards, block by block
-MAX_LINE_BYTES = 1024 * 1024  # reading backwards, a longer run without a newline is cut (the launcher never writes one)
-OPEN_RETRIES = 50  # opening a log while the launcher rotates it: tries, 1 ms apart
+FOLLOW_READ_BYTES = 1024 * 1024  # read per log and poll while following
 
-# one log file: (attempt number, replica name or "", path of its output.log)
-LogFile = tuple[int, str, Path]
+# the logs read: (attempt number, replica name or "", its reader)
+Readers = list[tuple[int, str, LogReader]]
 LOG_CACHE = ("cache", "logs")  # below the data dir: archived logs fetched to be read here
 # one attempt: (number, executor handle, the key of its archived logs once it ended, else None)
 Attempt = tuple[int, str, str | None]
-
-_MARKER = re.compile(rb"^(\S+) system " + re.escape(LOG_TRUNCATED.encode()) + rb"(\d+) ")
 
 
 def _snapshot(platform: Platform, caller: Caller, name: str) -> tuple[str, bool, list[Attempt]]:
@@ -99,27 +93,40 @@ def _archived(platform: Platform, key: str) -> dict[str, Path]:
     return {("" if n == MAIN_LOG else n): local / n / "output.log" for n in names}
 
 
-def _files(platform: Platform, attempts: list[Attempt], replica: str | None) -> list[LogFile]:
-    """The log files of the attempts (of ``replica`` only, when given), attempt by attempt, as the executor
-    that ran them keeps them, or else from their archive once they ended."""
-    out: list[LogFile] = []
+def _executor_logs(platform: Platform, handle: str) -> dict[str, LogReader]:
+    """The attempt's logs as the executor that ran it keeps them (none for a handle it does not know, recorded
+    by another kind of executor, or for a job removed meanwhile)."""
+    if platform.executor is None:
+        return {}
+    try:
+        return {name: platform.executor.open_log(handle, name) for name in platform.executor.log_replicas(handle)}
+    except (ValueError, NotFound):
+        return {}
+
+
+def _open_logs(
+    platform: Platform, attempts: list[Attempt], replica: str | None, known: Collection[tuple[int, str]] = ()
+) -> Readers:
+    """Readers of the attempts' logs (of ``replica`` only, when given) but the ``known`` (attempt number,
+    replica) ones, attempt by attempt, as the executor that ran them keeps them, or else from their archive
+    once they ended."""
+    out: Readers = []
     for number, handle, archive in attempts:
-        try:
-            files = platform.executor.log_files(handle) if platform.executor is not None else {}
-        except ValueError:  # a handle this executor does not know (recorded by another kind): the archive then
-            files = {}
-        if archive is not None and not any(p.exists() for p in files.values()):
-            files = _archived(platform, archive)
-        for name, path in files.items():
-            if replica is None or name == replica or name.startswith(replica + "."):
-                out.append((number, name, path))
+        logs = _executor_logs(platform, handle)
+        if archive is not None and not any(r.exists() for r in logs.values()):
+            logs = {name: FileLogReader(path) for name, path in _archived(platform, archive).items()}
+        for name, reader in logs.items():
+            if (number, name) not in known and (replica is None or name == replica or name.startswith(replica + ".")):
+                out.append((number, name, reader))
+            else:
+                reader.close()
     return out
 
 
-def _labeller(files: list[LogFile]) -> Callable[[str, str], str]:
+def _labeller(readers: Readers) -> Callable[[str, str], str]:
     """Prefixes a line's stream with its replica when lines of several replicas of an attempt are read."""
     per_attempt: dict[int, int] = {}
-    for number, _, _ in files:
+    for number, _, _ in readers:
         per_attempt[number] = per_attempt.get(number, 0) + 1
     several = any(n > 1 for n in per_attempt.values())
 
@@ -161,227 +168,11 @@ def _timestamp(line: str) -> str:
     return line.split(" ", 1)[0]
 
 
-def _marker_line(time: str, text: str) -> str:
-    return f"{time} system {LOG_TRUNCATED}{text}\n"
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def _format_bytes(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} bytes"
-
-
-def _decode(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace") + "\n"
-
-
-# -- the files of one log -----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Segment:
-    """One open file of a log. The descriptor stays valid when the launcher renames or drops the file."""
-
-    fd: int
-    ino: int
-    size: int  # when opened
-    start: int  # bytes of the log before this file: its truncation marker's N (0 without one)
-    marker_end: int  # the length of its leading truncation marker line (0 without one)
-    marker_time: str  # the time on that line
-    offset: int = 0  # following: the next byte to read
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _open_segment(path: Path) -> _Segment | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        head = os.pread(fd, 512, 0)
-    except OSError:
-        os.close(fd)
-        raise
-    m = _MARKER.match(head)
-    if m and b"\n" in head:
-        return _Segment(fd, st.st_ino, st.st_size, int(m[2]), head.index(b"\n") + 1, m[1].decode())
-    return _Segment(fd, st.st_ino, st.st_size, 0, 0, "")
-
-
-def _open_log(log: Path) -> tuple[_Segment | None, _Segment | None]:
-    """(output.log.1, output.log) of a log, opened with no rotation between the two (retried while the
-    launcher is in the middle of one)."""
-    older_path, path = log_segments(log)
-    older: _Segment | None = None
-    cur: _Segment | None = None
-    for attempt in range(OPEN_RETRIES):
-        if attempt:
-            for seg in (older, cur):
-                if seg is not None:
-                    seg.close()
-            time.sleep(0.001)  # a rotation takes microseconds; this runs in a worker thread
-        cur = _open_segment(path)
-        older = _open_segment(older_path)
-        try:
-            ino: int | None = os.stat(path).st_ino
-        except FileNotFoundError:
-            ino = None
-        if cur is None and older is None and ino is None:
-            return None, None  # no log yet
-        if cur is not None and ino == cur.ino and (older is None or cur.size > 0):
-            return older, cur  # (an empty output.log beside an output.log.1 still lacks its marker line)
-    return older, cur
-
-
-def _complete_end(seg: _Segment, size: int) -> int:
-    """The end of the last complete line in the first ``size`` bytes (a line being written is left out)."""
-    pos = size
-    while pos > 0:
-        n = min(BLOCK_BYTES, pos)
-        i = os.pread(seg.fd, n, pos - n).rfind(b"\n")
-        if i >= 0:
-            return pos - n + i + 1
-        pos -= n
-    return 0
-
-
-def _lines_backwards(seg: _Segment, stop: int, end: int) -> Iterator[str]:
-    """The lines of ``seg`` in bytes [stop, end) (``end`` just after a newline), last first."""
-    if end <= stop:
-        return
-    pos = end - 1  # leave out the last newline: what follows it is not a line
-    buf = b""
-    while pos > stop:
-        n = min(BLOCK_BYTES, pos - stop)
-        pos -= n
-        parts = (os.pread(seg.fd, n, pos) + buf).split(b"\n")
-        buf = parts[0]
-        for raw in reversed(parts[1:]):
-            yield _decode(raw)
-        if len(buf) > MAX_LINE_BYTES:
-            yield _decode(buf)
-            buf = b""
-    yield _decode(buf)
-
-
-class _LogReader:
-    """One log (output.log.1 and output.log) of one attempt or replica: its end read backwards once, then
-    followed forwards across rotations. Not thread-safe; each call runs in a worker thread, one at a time."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seg: _Segment | None = None  # the file followed, None until there is one
-        self.older: _Segment | None = None  # output.log.1 while its end is read backwards
-        self.pending = b""  # an incomplete last line
-
-    def open_end(self) -> Iterator[str]:
-        """Position following at the end of the log now; return its lines, newest first (the marker at the
-        top of output.log left out while output.log.1 is there)."""
-        older, cur = _open_log(self.path)
-        if cur is None:
-            cur, older = older, None  # only an output.log.1: the launcher is between its two steps
-        self.older, self.seg = older, cur
-        if cur is not None:
-            cur.offset = _complete_end(cur, cur.size)
-        return self._backwards()
-
-    def _backwards(self) -> Iterator[str]:
-        if self.seg is not None:
-            yield from _lines_backwards(self.seg, self.seg.marker_end if self.older else 0, self.seg.offset)
-        if self.older is not None:
-            yield from _lines_backwards(self.older, 0, self.older.size)
-
-    def drop_older(self) -> None:
-        if self.older is not None:
-            self.older.close()
-            self.older = None
-
-    def read(self, limit: int) -> tuple[list[str], bool]:
-        """The complete lines written since the last read (about ``limit`` bytes at most), and whether more
-        are waiting. Goes on into the next file when the one followed was rotated away."""
-        if self.seg is None:
-            older, cur = _open_log(self.path)
-            if older is not None and cur is not None:
-                cur.close()
-            self.seg = older or cur  # from the beginning of what is kept
-            if self.seg is None:
-                return [], False
-        out: list[str] = []
-        budget = limit
-        while budget > 0:
-            data = os.pread(self.seg.fd, budget, self.seg.offset)
-            if data:
-                self.seg.offset += len(data)
-                budget -= len(data)
-                out += self._split(data)
-                continue
-            nxt = self._successor(self.seg)
-            if nxt is None:
-                return out, False
-            if os.pread(self.seg.fd, 1, self.seg.offset):  # written before the rotation, after our last read
-                nxt.close()
-                continue
-            out += self._switch(nxt)
-        return out, True
-
-    def _split(self, data: bytes) -> list[str]:
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        return [_decode(raw) for raw in lines]
-
-    def _switch(self, nxt: _Segment) -> list[str]:
-        """Follow ``nxt`` from here on; the file followed so far has been read to its end."""
-        seg = self.seg
-        assert seg is not None
-        out = self.rest()
-        missed = nxt.start - (seg.start + seg.offset)
-        if missed > 0:
-            out.append(_marker_line(nxt.marker_time or _now(), f"{missed} bytes dropped while this reader was behind"))
-        nxt.offset = nxt.marker_end  # its marker counts bytes this reader has seen
-        seg.close()
-        self.seg = nxt
-        return out
-
-    def _successor(self, seg: _Segment) -> _Segment | None:
-        """The file written after ``seg``, complete with its marker line; None while ``seg`` is current."""
-        older_path, path = log_segments(self.path)
-        cur = _open_segment(path)
-        if cur is None:
-            return None
-        if cur.ino == seg.ino or cur.marker_end == 0:
-            cur.close()  # not rotated, or the new file's marker line is not written yet
-            return None
-        older = _open_segment(older_path)
-        if older is not None and older.ino not in (seg.ino, cur.ino):
-            cur.close()  # rotated twice since: the file in between comes first
-            return older
-        if older is not None:
-            older.close()
-        return cur
-
-    def rest(self) -> list[str]:
-        """The incomplete last line, once nothing more will be written."""
-        out = [_decode(self.pending)] if self.pending else []
-        self.pending = b""
-        return out
-
-    def close(self) -> None:
-        self.drop_older()
-        if self.seg is not None:
-            self.seg.close()
-            self.seg = None
-
-
-# -- reading a job's logs ------------------------------------------------------------------------------------
-
-Readers = list[tuple[int, str, _LogReader]]
 
 
 def _kept(
@@ -398,7 +189,7 @@ def read_tail(
     max_bytes: int,
 ) -> list[str]:
     """The last ``n`` kept lines (all when None) of the logs, at most ``max_bytes`` of them, oldest first;
-    attempt after attempt, each attempt's replicas interleaved by time. Reads the files backwards, so time
+    attempt after attempt, each attempt's replicas interleaved by time. Takes the lines from the end, so time
     and memory grow with what is returned, not with the size of the logs. Leaves every reader positioned
     to follow after what it read."""
     by_attempt: dict[int, list[Iterator[str]]] = {}
@@ -422,13 +213,13 @@ def read_tail(
                 break
     finally:
         for _, _, reader in readers:
-            reader.drop_older()
+            reader.tail_done()
     newest.reverse()
     if cut:
-        time = _timestamp(newest[0]) if newest else _now()
+        time = _timestamp(newest[0]) if newest else log_time_now()
         newest.insert(
             0,
-            _marker_line(
+            marker_line(
                 time,
                 f"earlier lines not shown: a read returns at most the last {_format_bytes(max_bytes)} of a log "
                 "(--follow streams all of it)",
@@ -464,14 +255,14 @@ def _check(
     job_id: str,
     attempts: list[Attempt],
     replica: str | None,
-    known: set[Path],
-) -> tuple[bool, list[Attempt], list[LogFile]]:
-    """Whether the job has ended, its attempts, and the log files not ``known`` yet: of a new attempt, or a
-    gang's replica directories that appeared since."""
+    known: set[tuple[int, str]],
+) -> tuple[bool, list[Attempt], Readers]:
+    """Whether the job has ended, its attempts, and readers of the logs not ``known`` yet: of a new attempt, or
+    a gang's replicas that appeared since."""
     _, done, fresh = _snapshot(platform, caller, job_id)
     numbers = {n for n, _, _ in attempts}
     attempts = attempts + [a for a in fresh if a[0] not in numbers]
-    return done, attempts, [f for f in _files(platform, attempts, replica) if f[2] not in known]
+    return done, attempts, _open_logs(platform, attempts, replica, known)
 
 
 async def open_log_stream(
@@ -514,9 +305,8 @@ async def _stream(
     replica: str | None = None,
     max_bytes: int,
 ) -> AsyncIterator[str]:
-    files = await anyio.to_thread.run_sync(_files, platform, attempts, replica)
-    readers: Readers = [(number, name, _LogReader(path)) for number, name, path in files]
-    label = _labeller(files)
+    readers = await anyio.to_thread.run_sync(_open_logs, platform, attempts, replica)
+    label = _labeller(readers)
     try:
         if tail is not None or not follow:
             for line in await anyio.to_thread.run_sync(read_tail, readers, tail, keep, label, max_bytes):
@@ -531,7 +321,7 @@ async def _stream(
                 yield line
             if more:
                 continue
-            if done:  # every file read to its end after the job ended: nothing more will come
+            if done:  # every log read to its end after the job ended: nothing more will come
                 for line in _rest(readers, keep, label):
                     yield line
                 return
@@ -539,13 +329,13 @@ async def _stream(
             if loop.time() - last_check < STATE_CHECK_SECONDS:
                 continue
             last_check = loop.time()
+            known = {(number, name) for number, name, _ in readers}
             done, attempts, added = await anyio.to_thread.run_sync(
-                _check, platform, caller, job_id, attempts, replica, {f[2] for f in files}
+                _check, platform, caller, job_id, attempts, replica, known
             )
             if added:
-                files = files + added
-                readers = readers + [(number, name, _LogReader(path)) for number, name, path in added]
-                label = _labeller(files)
+                readers = readers + added
+                label = _labeller(readers)
     finally:
         for _, _, reader in readers:
             reader.close()

@@ -1,9 +1,9 @@
 """Model signatures and formats: a declared signature validated, a missing one inferred from the artifact.
 
 A declared signature is validated and normalised (400 ``invalid_signature``). Without one the signature is
-inferred by ``python -m dlcloud.serving.inspect`` in a process of its own (``model_inspect.run_inspect``), so
-ML libraries and the artifact's own code never enter the API process; when inference fails the answer is "no
-signature", never an error. Nothing here reads or writes the registry's rows.
+inferred by ``python -m dlcloud.serving.inspect`` in a process of its own that the executor runs
+(``Executor.inspect_model``), so ML libraries and the artifact's own code never enter the API process; when
+inference fails the answer is "no signature", never an error. Nothing here reads or writes the registry's rows.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dlcloud.errors import InvalidSignature, UnknownFormat
+from dlcloud.executors.base import Executor
 from dlcloud.schemas.models import FORMATS
-from dlcloud.services.model_inspect import run_inspect
-from dlcloud.services.platform import SandboxPrefix
 from dlcloud.serving.signatures import Signature, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -68,15 +67,14 @@ def check_signature(data: Any) -> dict[str, Any]:
     return Signature.from_dict(data).to_dict()
 
 
-def infer_signature(
-    path: Path, fmt: str, timeout: float, sandbox: SandboxPrefix | None = None
-) -> dict[str, Any] | None:
-    """Ask ``python -m dlcloud.serving.inspect`` for the artifact's signature; None when it cannot tell.
+def infer_signature(executor: Executor, path: Path, fmt: str, timeout: float) -> dict[str, Any] | None:
+    """Ask ``python -m dlcloud.serving.inspect``, run by ``executor``, for the artifact's signature; None when
+    it cannot tell.
 
     The contract: it prints ``{"signature": {...} | null}`` on stdout and exits 0. Anything else (the
     module missing, a library missing, a crash, the timeout) means "no signature", never a failed register.
     """
-    proc = run_inspect(path, fmt, timeout, sandbox)
+    proc = executor.inspect_model(path, fmt, timeout)
     if proc is None:
         return None
     if proc.returncode != 0:

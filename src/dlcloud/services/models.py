@@ -2,7 +2,7 @@
 
 The registry is four modules: this one (versions, labels, shares, deletion), ``model_access`` (names resolved
 to rows: who may read and who may change a model), ``model_signatures`` (declared signatures validated, missing
-ones inferred through ``model_inspect``, the one process the registry starts) and ``model_leases`` (deployment
+ones inferred by a process the executor runs: ``Executor.inspect_model``) and ``model_leases`` (deployment
 leases, which stop a served version from being deleted).
 
 Rules (these modules are the only writers of the registry tables):
@@ -366,13 +366,13 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
             assert req.from_job is not None  # the request model requires one source
             staged, job = _stage_from_job(platform, artifacts, caller, req.from_job)
         try:
-            if signature is None and executes_code(req.format) and platform.sandbox_prefix is None:
+            executor = platform.executor
+            if signature is None and executes_code(req.format) and not (executor and executor.inspects_sandboxed):
                 # inspecting it would run its author's code bare: only where that harms no other tenant
                 require_isolation(platform, caller, "inferring the signature of a model whose loading runs code")
-            if signature is None:
-                signature = infer_signature(
-                    staged.path, req.format, platform.settings.model_inspect_timeout_seconds, platform.sandbox_prefix
-                )
+            if signature is None and executor is not None:
+                timeout = platform.settings.model_inspect_timeout_seconds
+                signature = infer_signature(executor, staged.path, req.format, timeout)
             version = _insert_version(platform, caller, req, signature, staged, job)
         finally:
             artifacts.discard(staged)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dlcloud.executors.base import Executor
 from dlcloud.executors.environments import EnvironmentBackend, NoEnvironments
@@ -14,9 +13,6 @@ from dlcloud.settings import Settings
 from dlcloud.storage.objects import ObjectStore
 from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database
-
-# (writable paths, readable paths) -> the argv prefix of a sandboxed process, or None where there is none
-SandboxPrefix = Callable[[Sequence[Path], Sequence[Path]], list[str] | None]
 
 
 def _no_wake() -> None:
@@ -30,15 +26,12 @@ class Platform:
     box: SecretBox
     inventory: Inventory
     wake: Callable[[], None] = field(default=_no_wake)  # nudges the control loop after a change
-    # nudges the worker computing dataset versions registered in place (services/dataset_sources.py)
+    # nudges the worker computing dataset versions registered in place (control/dataset_sources.py)
     wake_sources: Callable[[], None] = field(default=_no_wake)
     # whether user code runs sandboxed (the executor's isolation, told at start); when it does not, only the
     # bootstrap tenant may run code unless settings.allow_unsandboxed_tenants (``require_isolation``)
     isolated: bool = True
     isolation: str = ""  # the executor's own words for it, for the start-up banner and docs
-    # (writable paths, readable paths) -> argv prefix of a sandboxed one-off process (model inspection);
-    # None: such processes run bare (allowed only where ``isolated`` is False or no executor runs code)
-    sandbox_prefix: SandboxPrefix | None = None
     # where code uploads and model artifacts are kept; None: the store settings.storage_url names
     objects: ObjectStore = field(default=None)  # type: ignore[assignment]
     # builds runtime environments and says where workloads find them: the executor's (Executor.environments)

@@ -19,7 +19,6 @@ with it.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlcloud.errors import QuotaExceeded
@@ -27,22 +26,8 @@ from dlcloud.schemas.common import format_memory
 from dlcloud.services.auth import Caller
 from dlcloud.storage.objects import ObjectStore
 from dlcloud.store.db import Database
-from dlcloud.store.rows import CodeRow, DatasetVersionRow, JobRow, ModelVersionRow, TenantRow
-
-
-def storage_used(s: Session, tenant_id: str) -> int:
-    total = 0
-    for column, where in (
-        (
-            DatasetVersionRow.size_bytes,
-            (DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.source_url.is_(None)),
-        ),
-        (ModelVersionRow.size_bytes, (ModelVersionRow.tenant_id == tenant_id,)),
-        (CodeRow.size, (CodeRow.tenant_id == tenant_id,)),
-        (JobRow.outputs_bytes + JobRow.checkpoints_bytes, (JobRow.tenant_id == tenant_id,)),
-    ):
-        total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
-    return total
+from dlcloud.store.rows import JobRow, TenantRow
+from dlcloud.store.tenants import get_storage_quota, storage_used
 
 
 def _refuse(tenant: str, used: int, adding: int | None, limit: int) -> QuotaExceeded:
@@ -57,7 +42,7 @@ def _refuse(tenant: str, used: int, adding: int | None, limit: int) -> QuotaExce
 def over_quota_while_receiving(db: Database, caller: Caller) -> QuotaExceeded | None:
     """The quota error for a body cut at its allowance, when the quota (not the upload limit) cut it."""
     with db.read() as s:
-        quota = s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == caller.tenant_id))
+        quota = get_storage_quota(s, caller.tenant_id)
         return None if quota is None else _refuse(caller.tenant, storage_used(s, caller.tenant_id), None, quota)
 
 
@@ -67,7 +52,7 @@ def upload_allowance(db: Database, objects: ObjectStore, caller: Caller, content
     (they take room until they are used or expire); QuotaExceeded before the body is read when the declared
     length (or any byte, when the quota is used up) would not fit."""
     with db.read() as s:
-        quota = s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == caller.tenant_id))
+        quota = get_storage_quota(s, caller.tenant_id)
         if quota is None:
             return limit
         used = storage_used(s, caller.tenant_id)

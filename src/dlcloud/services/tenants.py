@@ -34,19 +34,24 @@ from dlcloud.store.rows import AccessKeyRow, TenantRow, UserRow, utcnow
 KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
+def quota_model(row: TenantRow) -> QuotaSpec:
+    """The tenant's quota as it was set (None: no limit), as ``tenants describe`` and ``quota`` show it."""
+    return QuotaSpec(
+        gpus=row.quota_gpus,
+        cpus=row.quota_cpus,
+        memory=row.quota_memory,
+        max_running_jobs=row.quota_max_running_jobs,
+        max_queued_jobs=row.quota_max_queued_jobs,
+        storage=row.quota_storage,
+    )
+
+
 def _tenant_model(row: TenantRow) -> Tenant:
     return Tenant(
         id=row.id,
         name=row.name,
         created_at=row.created_at,
-        quota=QuotaSpec(
-            gpus=row.quota_gpus,
-            cpus=row.quota_cpus,
-            memory=row.quota_memory,
-            max_running_jobs=row.quota_max_running_jobs,
-            max_queued_jobs=row.quota_max_queued_jobs,
-            storage=row.quota_storage,
-        ),
+        quota=quota_model(row),
         scheduling=scheduling_model(row),
         network=NetworkSpec(egress=row.egress, allow=list(row.egress_allow or ())),  # type: ignore[arg-type]
         sandbox=SandboxSpec(user_namespaces=bool(row.user_namespaces)),

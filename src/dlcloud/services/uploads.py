@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
-from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 
 from dlcloud.errors import InvalidArgument, InvalidState, NotFound, PayloadTooLarge
@@ -28,6 +27,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
 from dlcloud.services.platform import Platform
 from dlcloud.storage.objects import ObjectMissing, ObjectStore
+from dlcloud.store import uploads as upload_store
 from dlcloud.store.ids import new_id
 from dlcloud.store.rows import UploadClaimRow, utcnow
 
@@ -118,7 +118,7 @@ def use_upload(
         yield key, local
     finally:
         with platform.db.write() as s:
-            s.execute(delete(UploadClaimRow).where(UploadClaimRow.key == key))
+            upload_store.release_claim(s, key)
 
 
 def _claim(platform: Platform, key: str, upload_id: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.datasets import DatasetVersionState
@@ -33,7 +33,7 @@ list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.ge
 
 def pending_versions(s: Session) -> list[DatasetVersionRow]:
     """Every tenant's versions registered in place whose manifest is not computed yet, oldest first (for the
-    worker that computes them: ``services/dataset_sources.py``)."""
+    worker that computes them: ``control/dataset_sources.py``)."""
     q = (
         select(DatasetVersionRow)
         .where(DatasetVersionRow.state == DatasetVersionState.PENDING.value)
@@ -115,3 +115,19 @@ def tenant_bytes(s: Session, tenant_id: str) -> int:
         DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.source_url.is_(None)
     )
     return int(s.scalar(q) or 0)
+
+
+def has_version_under(s: Session, prefix: str) -> bool:
+    """Whether some version is stored below ``prefix`` (a push's: ``services/datasets.push_prefix``)."""
+    q = select(DatasetVersionRow.id).where(DatasetVersionRow.storage_key.startswith(prefix + "/"))
+    return s.scalars(q).first() is not None
+
+
+def forget_job_reads(s: Session, job_id: str) -> None:
+    """The job reads none of the versions it was resolved to any more."""
+    s.execute(delete(JobDatasetRow).where(JobDatasetRow.job_id == job_id))
+
+
+def forget_version_reads(s: Session, version_ids: list[str]) -> None:
+    """Every job's record of reading one of the versions goes."""
+    s.execute(delete(JobDatasetRow).where(JobDatasetRow.version_id.in_(version_ids)))

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from dlcloud.schemas.environments import EnvironmentState
 from dlcloud.schemas.jobs import TERMINAL_STATES
 from dlcloud.store.rows import EnvironmentBuildRow, EnvironmentRow, JobRow
 
@@ -45,7 +46,7 @@ def builds_of(s: Session, hashes: Iterable[str]) -> dict[str, EnvironmentBuildRo
 
 
 def building_hashes(s: Session) -> list[str]:
-    q = select(EnvironmentBuildRow.spec_hash).where(EnvironmentBuildRow.state == "BUILDING")
+    q = select(EnvironmentBuildRow.spec_hash).where(EnvironmentBuildRow.state == EnvironmentState.BUILDING.value)
     return list(s.scalars(q.order_by(EnvironmentBuildRow.created_at)))
 
 

@@ -66,6 +66,26 @@ def live_attempts(s: Session, tenant_id: str) -> list[tuple[list[int], float, in
     return [(list(g), float(c), int(m)) for g, c, m in s.execute(q)]
 
 
+def unfinished_attempts(s: Session) -> list[tuple[int, str, str, int, str, str, bool, bool]]:
+    """Every attempt that has not ended, any tenant's, with what supervision needs of its job: (attempt id, handle,
+    tenant id, number, job id, job state, cancel requested, preempt requested)."""
+    q = (
+        select(
+            AttemptRow.id,
+            AttemptRow.handle,
+            AttemptRow.tenant_id,
+            AttemptRow.number,
+            JobRow.id,
+            JobRow.state,
+            JobRow.cancel_requested,
+            JobRow.preempt_requested,
+        )
+        .join(JobRow, JobRow.id == AttemptRow.job_id)
+        .where(AttemptRow.finished_at.is_(None))
+    )
+    return [(a, h, t, n, j, st, bool(c), bool(p)) for a, h, t, n, j, st, c, p in s.execute(q)]
+
+
 def ended_attempts(s: Session, job_id: str) -> list[int]:
     """The numbers of a job's attempts that have ended, in order."""
     q = select(AttemptRow.number).where(AttemptRow.job_id == job_id, AttemptRow.finished_at.is_not(None))

@@ -26,6 +26,7 @@ from sqlalchemy import ColumnElement, and_, or_, select, type_coerce
 from sqlalchemy.engine import Connection
 from sqlalchemy.types import NULLTYPE
 
+from dlcloud.schemas.environments import EnvironmentState
 from dlcloud.store import waits
 from dlcloud.store.jobs import QUEUE_STATES
 from dlcloud.store.rows import EnvironmentBuildRow, JobRow, JobWaitRow
@@ -137,4 +138,4 @@ def clear_waits_behind(conn: Connection, priority: int, created_at: datetime | N
 def builds_not_ready(conn: Connection) -> dict[str, tuple[str, str | None]]:
     """environment spec hash -> (state, error) of every environment build that is not READY."""
     q = select(EnvironmentBuildRow.spec_hash, EnvironmentBuildRow.state, EnvironmentBuildRow.error)
-    return {h: (st, e) for h, st, e in conn.execute(q.where(EnvironmentBuildRow.state != "READY"))}
+    return {h: (st, e) for h, st, e in conn.execute(q.where(EnvironmentBuildRow.state != EnvironmentState.READY.value))}

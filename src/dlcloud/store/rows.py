@@ -21,7 +21,9 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
+
+from dlcloud.schemas.jobs import JobPlatformState
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -46,12 +48,75 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+class PlatformStateJSON(TypeDecorator[JobPlatformState]):
+    """``JobPlatformState`` stored as JSON, validated on load: the column reads back typed, in ORM rows and in
+    Core rows alike."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: JobPlatformState | None, dialect: Any) -> dict[str, Any] | None:
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Any) -> JobPlatformState | None:
+        return None if value is None else JobPlatformState.model_validate(value)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime()}
+
+
+# What the two versioned registries, models and datasets, have alike in their tables (each keeps its own tables;
+# these mixins hold the columns written once, services/registry_access.py the rules over them).
+
+
+class _RegistryItemColumns:
+    """A name in a tenant. ``last_version`` is the highest number ever given, so a deleted version's number is
+    never reused."""
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[UniqueConstraint]:
+        return (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    description: Mapped[str] = mapped_column(Text, default="")
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(32))  # user id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class _RegistryVersionColumns:
+    """An immutable numbered version of an item: its bytes' checksum and size, who made it and when."""
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(32))  # user id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class _RegistryLabelColumns:
+    """A label points at exactly one version of its item (the primary key, item and label, makes that so)."""
+
+    label: Mapped[str] = mapped_column(String(63), primary_key=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class _RegistryShareColumns:
+    """Read-only access to an item for another tenant."""
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class TenantRow(Base):
@@ -150,7 +215,10 @@ class JobRow(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     user_id: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(63))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the user's own (``_stored_spec`` in services/jobs.py)
+    # what the platform decided at submit, beside the spec, never in it (``JobPlatformState`` says why one
+    # sub-document); fixed at submit
+    platform_state: Mapped[JobPlatformState] = mapped_column(PlatformStateJSON, default=lambda: JobPlatformState())
     command: Mapped[str] = mapped_column(Text)
     code_id: Mapped[str | None] = mapped_column(String(40))
     state: Mapped[str] = mapped_column(String(16))
@@ -328,61 +396,35 @@ class AuditRow(Base):
     client_address: Mapped[str | None] = mapped_column(String(255))
 
 
-class ModelRow(Base):
-    """A registry model: a name in a tenant. ``last_version`` is the highest number ever given, so a
-    deleted version's number is never reused."""
+class ModelRow(_RegistryItemColumns, Base):
+    """A registry model."""
 
     __tablename__ = "models"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(63))
-    description: Mapped[str] = mapped_column(Text, default="")
-    last_version: Mapped[int] = mapped_column(Integer, default=0)
-    created_by: Mapped[str] = mapped_column(String(32))  # user id
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class ModelVersionRow(Base):
+class ModelVersionRow(_RegistryVersionColumns, Base):
     __tablename__ = "model_versions"
     __table_args__ = (UniqueConstraint("model_id", "version"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
-    version: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(32))
     artifact_name: Mapped[str] = mapped_column(String(255))
     artifact_key: Mapped[str] = mapped_column(Text)  # the tree in the object store holding <artifact_name>
-    sha256: Mapped[str] = mapped_column(String(64))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
     signature: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     source_job_id: Mapped[str | None] = mapped_column(String(32))
     source_job_name: Mapped[str | None] = mapped_column(String(63))
     source_path: Mapped[str | None] = mapped_column(Text)
-    description: Mapped[str] = mapped_column(Text, default="")
-    created_by: Mapped[str] = mapped_column(String(32))  # user id
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class ModelLabelRow(Base):
-    """A label points at exactly one version of its model (the primary key makes that so)."""
-
+class ModelLabelRow(_RegistryLabelColumns, Base):
     __tablename__ = "model_labels"
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    label: Mapped[str] = mapped_column(String(63), primary_key=True)
     version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"), index=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class ModelShareRow(Base):
-    """Read-only access to a model for another tenant."""
-
+class ModelShareRow(_RegistryShareColumns, Base):
     __tablename__ = "model_shares"
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ModelDeploymentRow(Base):
@@ -450,22 +492,13 @@ class LeadershipRow(Base):
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class DatasetRow(Base):
-    """A dataset of the sample library: a name in a tenant. ``last_version`` is the highest number ever
-    given, so a deleted version's number is never reused."""
+class DatasetRow(_RegistryItemColumns, Base):
+    """A dataset of the sample library."""
 
     __tablename__ = "datasets"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(63))
-    description: Mapped[str] = mapped_column(Text, default="")
-    last_version: Mapped[int] = mapped_column(Integer, default=0)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class DatasetVersionRow(Base):
+class DatasetVersionRow(_RegistryVersionColumns, Base):
     """An immutable version: a tree in the object store (``storage_key``) with its manifest's checksum.
 
     Registered in place (``source_url`` set), its files stay in that bucket and the store holds only its
@@ -475,17 +508,9 @@ class DatasetVersionRow(Base):
 
     __tablename__ = "dataset_versions"
     __table_args__ = (UniqueConstraint("dataset_id", "version"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
-    version: Mapped[int] = mapped_column(Integer)
     storage_key: Mapped[str] = mapped_column(Text)
-    sha256: Mapped[str] = mapped_column(String(64))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
     file_count: Mapped[int] = mapped_column(Integer)
-    description: Mapped[str] = mapped_column(Text, default="")
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready", index=True)
     state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     source_url: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -493,22 +518,15 @@ class DatasetVersionRow(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
-class DatasetLabelRow(Base):
+class DatasetLabelRow(_RegistryLabelColumns, Base):
     __tablename__ = "dataset_labels"
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    label: Mapped[str] = mapped_column(String(63), primary_key=True)
     version_id: Mapped[str] = mapped_column(ForeignKey("dataset_versions.id", ondelete="CASCADE"), index=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class DatasetShareRow(Base):
-    """Read-only access to a dataset for another tenant."""
-
+class DatasetShareRow(_RegistryShareColumns, Base):
     __tablename__ = "dataset_shares"
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
-    created_by: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class UploadClaimRow(Base):

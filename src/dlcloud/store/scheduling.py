@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Select, func, insert, or_, select, text
 from sqlalchemy.engine import Connection, Result, Row
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from dlcloud.store.rows import AttemptRow, CodeRow, JobRow, ReplicaRow, TenantRow
 
@@ -126,3 +127,9 @@ def insert_attempts(s: Session, attempts: list[dict[str, Any]], replicas: list[d
         s.execute(insert(AttemptRow), attempts)
     if replicas:
         s.execute(insert(ReplicaRow), replicas)
+
+
+def write_columns(job: JobRow, columns: Iterable[str]) -> None:
+    """Have the flush write ``columns`` of the job whether they changed or not (so that alike UPDATEs batch)."""
+    for column in columns:
+        flag_modified(job, column)

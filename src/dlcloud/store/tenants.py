@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import AccessKeyRow, TenantRow, UserRow
+from dlcloud.store.rows import AccessKeyRow, CodeRow, DatasetVersionRow, JobRow, ModelVersionRow, TenantRow, UserRow
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,26 @@ def next_sandbox_slot(s: Session) -> int:
     """One more than any tenant's sandbox slot. Tenants are never deleted, so a slot is never reused (a
     tenant deletion must keep its slot taken, or files left by the old tenant's uid pass to the new one)."""
     return (s.scalar(select(func.max(TenantRow.sandbox_slot))) or 0) + 1
+
+
+def get_storage_quota(s: Session, tenant_id: str) -> int | None:
+    """The tenant's storage quota in bytes; None when it has none (or no such tenant)."""
+    return s.scalar(select(TenantRow.quota_storage).where(TenantRow.id == tenant_id))
+
+
+def storage_used(s: Session, tenant_id: str) -> int:
+    """The bytes the tenant's storage quota counts (``services/storage_quota.py`` says what counts): its dataset
+    versions the platform stores (not those registered in place), model versions, code uploads, and its jobs'
+    saved outputs and checkpoints."""
+    total = 0
+    for column, where in (
+        (
+            DatasetVersionRow.size_bytes,
+            (DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.source_url.is_(None)),
+        ),
+        (ModelVersionRow.size_bytes, (ModelVersionRow.tenant_id == tenant_id,)),
+        (CodeRow.size, (CodeRow.tenant_id == tenant_id,)),
+        (JobRow.outputs_bytes + JobRow.checkpoints_bytes, (JobRow.tenant_id == tenant_id,)),
+    ):
+        total += int(s.scalar(select(func.coalesce(func.sum(column), 0)).where(*where)) or 0)
+    return total

@@ -438,7 +438,8 @@ def make_executor(tmp_path: Path) -> Iterator[Callable[..., LocalExecutor]]:
         data.mkdir()
         s = Settings(data_dir=data, stop_grace_seconds=1.0, **settings)
         ex = LocalExecutor()
-        ex.bind(s, open_object_store(s), ex.environments(s))
+        objects = open_object_store(s)
+        ex.bind(s, objects, ex.environments(s, objects))
         made.append(ex)
         return ex
 

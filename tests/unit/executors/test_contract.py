@@ -45,7 +45,7 @@ def objects(settings: Settings) -> ObjectStore:
 @pytest.fixture(params=KINDS)
 def executor(request: pytest.FixtureRequest, settings: Settings, objects: ObjectStore) -> Iterator[Executor]:
     ex = _make(request.param)
-    ex.bind(settings, objects, ex.environments(settings))
+    ex.bind(settings, objects, ex.environments(settings, objects))
     yield ex
     ex.reap()
 
@@ -167,7 +167,7 @@ def test_local_runs_code_and_datasets_from_the_store_and_saves_outputs(
     settings: Settings, objects: ObjectStore, tmp_path: Path
 ) -> None:
     ex = LocalExecutor()
-    ex.bind(settings, objects, ex.environments(settings))
+    ex.bind(settings, objects, ex.environments(settings, objects))
     data = _dataset(objects, tmp_path, "rows")
     script = (
         'cat "$DLCLOUD_DATASET_CLICKS/part-0.txt" > "$DLCLOUD_OUTPUT_DIR/copy.txt"\n'
@@ -195,7 +195,7 @@ def test_local_runs_code_and_datasets_from_the_store_and_saves_outputs(
 
 def test_local_outputs_refused_once_measured_store_nothing(settings: Settings, objects: ObjectStore) -> None:
     ex = LocalExecutor()
-    ex.bind(settings, objects, ex.environments(settings))
+    ex.bind(settings, objects, ex.environments(settings, objects))
     handle = ex.handle("t1", "big", 1)
     command = 'head -c 5000 /dev/zero > "$DLCLOUD_OUTPUT_DIR/o"; ln -s / "$DLCLOUD_OUTPUT_DIR/r"'
     ex.start(handle, _workload("big", command))
@@ -216,12 +216,12 @@ def test_local_outputs_refused_once_measured_store_nothing(settings: Settings, o
 
 def test_local_attempt_is_readopted_by_a_new_instance(settings: Settings, objects: ObjectStore) -> None:
     first = LocalExecutor()
-    first.bind(settings, objects, first.environments(settings))
+    first.bind(settings, objects, first.environments(settings, objects))
     handle = first.handle("t1", "job1", 1)
     first.start(handle, _workload("job1"))
     _state(first, handle, "running")
     second = LocalExecutor()  # a restarted control plane: nothing in memory about the attempt
-    second.bind(settings, objects, second.environments(settings))
+    second.bind(settings, objects, second.environments(settings, objects))
     assert second.poll(handle).state == "running"
     second.stop(handle)
     assert _state(second, handle, "exited").stopped
@@ -229,7 +229,7 @@ def test_local_attempt_is_readopted_by_a_new_instance(settings: Settings, object
 
 def test_local_handles_name_only_attempt_directories(settings: Settings, objects: ObjectStore) -> None:
     ex = LocalExecutor()
-    ex.bind(settings, objects, ex.environments(settings))
+    ex.bind(settings, objects, ex.environments(settings, objects))
     for bad in ["../t1/job1/attempt-1", "/runs/t1/../../etc/attempt-1", "/etc/passwd", "t1/job1/attempt-0", "t1/job1"]:
         with pytest.raises(ValueError, match="not an attempt handle"):
             ex.attempt_dir(bad)
@@ -253,7 +253,7 @@ def test_local_datasets_that_can_never_fit_this_hosts_cache_end_the_attempt(
     data.mkdir()
     settings = Settings(data_dir=data, dataset_cache_max_bytes=1024 * 1024)
     ex = LocalExecutor()
-    ex.bind(settings, store, ex.environments(settings))
+    ex.bind(settings, store, ex.environments(settings, store))
     mount = _dataset(store, tmp_path, "x" * (1024 * 1024 + 1))
     handle = ex.handle("t1", "big", 1)
     ex.start(handle, _workload("big", datasets=(mount,)))

@@ -6,13 +6,14 @@ needs an index gets a local one that accepts connections and never answers."""
 from __future__ import annotations
 
 import json
-import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,32 +31,32 @@ from dlcloud.executors.local import venvs
 from dlcloud.executors.local.environments import LocalVenvBackend
 from dlcloud.executors.simulated import SimulatedExecutor
 from dlcloud.settings import Settings
+from dlcloud.storage.cache import ObjectCache
+from dlcloud.storage.local import LocalObjectStore
+from dlcloud.storage.stores import open_object_store
 from tests.conftest import wait_for
+from tests.wheels import make_wheel
 
-# computed with the code before the interface existed (executors/local/venvs.py): builds in databases and
-# venvs on disk are named by these hashes, so they must never change for the same spec
-PLAIN = BuildSpec(python="3.11", interpreter="/usr/bin/python3.11")
-PLAIN_HASH = "f1ff48a2fceb4d014805717da58871353870c1bf4cba301dcfa0977c766836c8"
+# builds in databases and venvs on disk are named by these hashes, so they must never change for the same spec
+# (format 2: the spec names no host path; change HASH_FORMAT rather than these)
+PLAIN = BuildSpec(python="3.11")
+PLAIN_HASH = "9deb3b45761022b5e5bb50903f26975d6f372d4c0814ad933664e1e171f6c3ec"
 FULL = BuildSpec(
     python="3.12",
-    interpreter="/opt/py/bin/python3.12",
     inherit=True,
-    base_prefix="/opt/py",
-    base_site=("/opt/py/lib/python3.12/site-packages",),
     base_packages="ab" * 32,
     requirements=("torch==2.3", "numpy>=1"),
-    wheels=(("c" * 64, "/data/cache/x.whl"),),
+    wheels=(("c" * 64, "code/t-1/c-1/x-1.0-py3-none-any.whl"),),
     index_url="https://pypi.example/simple",
     extra_index_urls=("https://b.example/simple", "https://a.example/simple"),
     no_index=False,
 )
-FULL_HASH = "deb92c4b616d6eec08fe2bb94143870ecdeb8560f50f1e9ac4933eda98364bc2"
+FULL_HASH = "9abf83bb983d4eb18a0ce090c83961ea593ed05b173bfa80bba007fed6071bd5"
 FULL_JSON = (
-    '{"python": "3.12", "interpreter": "/opt/py/bin/python3.12", "inherit": true, "base_prefix": "/opt/py", '
-    '"base_site": ["/opt/py/lib/python3.12/site-packages"], "base_packages": "' + "ab" * 32 + '", '
-    '"requirements": ["torch==2.3", "numpy>=1"], "wheels": [["' + "c" * 64 + '", "/data/cache/x.whl"]], '
-    '"index_url": "https://pypi.example/simple", "extra_index_urls": ["https://b.example/simple", '
-    '"https://a.example/simple"], "no_index": false}'
+    '{"python": "3.12", "inherit": true, "base_packages": "' + "ab" * 32 + '", '
+    '"requirements": ["torch==2.3", "numpy>=1"], "wheels": [["' + "c" * 64 + '", '
+    '"code/t-1/c-1/x-1.0-py3-none-any.whl"]], "index_url": "https://pypi.example/simple", "extra_index_urls": '
+    '["https://b.example/simple", "https://a.example/simple"], "no_index": false}'
 )
 
 
@@ -70,29 +71,51 @@ def test_spec_hash_and_json_are_those_stored_before() -> None:
     assert venvs.BuildSpec is BuildSpec and venvs.BuildError is BuildError
 
 
+def test_a_spec_names_nothing_of_the_host() -> None:
+    """Decision 7: what is stored of a build is its content, never where this host keeps things (an old row's
+    host fields, from before migration 0024 took them out, are not read back either)."""
+    assert set(FULL.to_json()) == {
+        "python",
+        "inherit",
+        "base_packages",
+        "requirements",
+        "wheels",
+        "index_url",
+        "extra_index_urls",
+        "no_index",
+    }
+    old = {**json.loads(FULL_JSON), "interpreter": "/opt/py/bin/python3.12", "base_prefix": "/opt/py"}
+    assert BuildSpec.from_json({**old, "base_site": ["/opt/py/lib/python3.12/site-packages"]}) == FULL
+
+
+def local_backend(envs_dir: Path, **kw: Any) -> LocalVenvBackend:
+    """A local backend whose wheels come from a local store beside its venvs."""
+    store = LocalObjectStore(envs_dir.parent / "objects")
+    return LocalVenvBackend(envs_dir, wheels=ObjectCache(envs_dir.parent / "cache", store), **kw)
+
+
 def inherit_spec(backend: EnvironmentBackend, **kw: object) -> BuildSpec:
     python = backend.server_python()
-    fields: dict = dict(python=python, interpreter=backend.resolve_python(python), inherit=True, no_index=True)
+    fields: dict = dict(python=python, inherit=True, no_index=True)
     fields.update(backend.inherited_fields())
     fields.update(kw)
     return BuildSpec(**fields)
 
 
 def test_the_server_python_and_versions_it_lacks(tmp_path: Path) -> None:
-    backend = LocalVenvBackend(tmp_path / "envs")
+    backend = local_backend(tmp_path / "envs")
     assert backend.server_python() == f"{sys.version_info[0]}.{sys.version_info[1]}"
-    assert backend.resolve_python(backend.server_python()) == os.path.abspath(sys.executable)
+    backend.check_python(backend.server_python())
     with pytest.raises(InvalidArgument, match="Python 3.5 is not installed on the server; available: ") as exc:
-        backend.resolve_python("3.5")  # never a candidate: only python3.6 and later are looked for
+        backend.check_python("3.5")  # never a candidate: only python3.6 and later are looked for
     assert backend.server_python() in exc.value.details["available"]
     fields = backend.inherited_fields()
-    assert set(fields) == {"base_prefix", "base_site", "base_packages"}
-    assert fields["base_prefix"] == os.path.abspath(sys.prefix)
+    assert fields == {"base_packages": host_venvs.base_digest(host_venvs.base_distributions())}
     assert "pytest" in backend.server_packages()
 
 
 def test_build_locate_log_and_discard(tmp_path: Path) -> None:
-    backend = LocalVenvBackend(tmp_path / "envs")
+    backend = local_backend(tmp_path / "envs")
     spec = inherit_spec(backend)
     spec_hash = spec.spec_hash()
     result = backend.build(spec, spec_hash, Cancellation())
@@ -120,7 +143,7 @@ def test_build_locate_log_and_discard(tmp_path: Path) -> None:
 
 def test_a_build_that_cannot_write_fails_readably(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    backend = LocalVenvBackend(tmp_path / "file" / "envs")
+    backend = local_backend(tmp_path / "file" / "envs")
     spec = inherit_spec(backend)
     with pytest.raises(BuildError, match="could not build the environment: "):
         backend.build(spec, spec.spec_hash(), Cancellation())
@@ -140,7 +163,7 @@ def _waiting_spec(backend: EnvironmentBackend, index: str) -> BuildSpec:
 
 
 def test_cancel_stops_a_running_build_and_the_next_ones(tmp_path: Path, silent_index: str) -> None:
-    backend = LocalVenvBackend(tmp_path / "envs")
+    backend = local_backend(tmp_path / "envs")
     spec = _waiting_spec(backend, silent_index)
     spec_hash = spec.spec_hash()
     cancel = Cancellation()
@@ -168,7 +191,7 @@ def test_cancel_stops_a_running_build_and_the_next_ones(tmp_path: Path, silent_i
 
 
 def test_a_build_past_the_time_limit_fails(tmp_path: Path, silent_index: str) -> None:
-    backend = LocalVenvBackend(tmp_path / "envs", timeout=3.0)
+    backend = local_backend(tmp_path / "envs", timeout=3.0)
     spec = _waiting_spec(backend, silent_index)
     with pytest.raises(BuildError, match="pip install did not finish within the build time limit of 3 s"):
         backend.build(spec, spec.spec_hash(), Cancellation())
@@ -177,8 +200,9 @@ def test_a_build_past_the_time_limit_fails(tmp_path: Path, silent_index: str) ->
 
 def test_simulated_environments_are_described_like_local_ones_and_never_built(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data")
-    simulated = SimulatedExecutor().environments(settings)
-    local = LocalVenvBackend.from_settings(settings)
+    objects = open_object_store(settings)
+    simulated = SimulatedExecutor().environments(settings, objects)
+    local = LocalVenvBackend.from_settings(settings, objects)
     assert simulated.server_python() == local.server_python()
     assert simulated.inherited_fields() == local.inherited_fields()
     spec = inherit_spec(simulated, requirements=("nonexistent-pkg-dlcloud==9.9",))
@@ -192,3 +216,31 @@ def test_simulated_environments_are_described_like_local_ones_and_never_built(tm
 def test_a_platform_without_a_backend_says_so() -> None:
     with pytest.raises(Unavailable, match="runtime environments are not available"):
         NoEnvironments().server_python()
+
+
+class _RemoteLike(LocalObjectStore):
+    """A store that keeps no file where a build could read it (as S3): every read is a fetched copy."""
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+
+def test_a_wheel_is_built_from_its_storage_key_on_a_store_without_local_files(tmp_path: Path) -> None:
+    """The spec names the wheel by key; the build fetches it into the object cache (named by checksum) and
+    gives pip a file under the wheel's own name."""
+    wheel = make_wheel(tmp_path / "dist")
+    store = _RemoteLike(tmp_path / "objects")
+    key = f"code/t-1/c-1/{wheel.name}"
+    info = store.put_file(key, wheel)
+    backend = LocalVenvBackend(tmp_path / "envs", wheels=ObjectCache(tmp_path / "cache", store))
+    spec = inherit_spec(backend, wheels=((info.sha256, key),))
+    spec_hash = spec.spec_hash()
+    assert backend.build(spec, spec_hash, Cancellation()).built
+    python = backend.location(spec_hash) / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import tinypkg; print(tinypkg.__file__)"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith(str(backend.location(spec_hash))), out.stderr
+    assert (tmp_path / "cache" / info.sha256[:2] / info.sha256).is_file()
+
+    missing = inherit_spec(backend, wheels=(("0" * 64, "code/t-1/c-2/gone-1.0-py3-none-any.whl"),))
+    with pytest.raises(BuildError, match="is missing or damaged in storage"):
+        backend.build(missing, missing.spec_hash(), Cancellation())

@@ -179,7 +179,8 @@ def test_the_local_executor_reads_as_the_tenants_uid_in_its_sandbox_and_opens_no
     if not ex.sandbox.enabled:
         pytest.skip(f"no sandbox on this host: {ex.sandbox.reason}")
     settings = Settings(data_dir=tmp_path / "data")
-    ex.bind(settings, open_object_store(settings), ex.environments(settings))
+    objects = open_object_store(settings)
+    ex.bind(settings, objects, ex.environments(settings, objects))
     handle = ex.handle("t1", "j1", 1)
     top = Path(handle).parent / TENSORBOARD
     top.mkdir(parents=True, mode=0o700)
@@ -222,7 +223,8 @@ for i, attempt in enumerate((lambda: open({str(top / "x")!r}, "w"), lambda: open
 def test_the_local_executor_gives_every_attempt_a_tensorboard_dir_and_each_replica_its_own(tmp_path: Path) -> None:
     ex = LocalExecutor()
     settings = Settings(data_dir=tmp_path / "data")
-    ex.bind(settings, open_object_store(settings), ex.environments(settings))
+    objects = open_object_store(settings)
+    ex.bind(settings, objects, ex.environments(settings, objects))
     handle = ex.handle("t1", "j2", 1)
     run = ex._prepare(handle, Workload(job_id="j2", tenant_id="t1", attempt=1, command="true"), Path(handle))
     assert run is not None

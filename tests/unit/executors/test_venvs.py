@@ -19,24 +19,28 @@ from dlcloud.executors.local import venvs
 from dlcloud.executors.local.venvs import BuildError, BuildSpec, Runner
 from tests.wheels import make_wheel
 
+HOST = host_venvs.HostBuild.here(sys.executable)  # this host: its interpreter and base environment, no wheel
+
 
 def inherit_spec(**kw: object) -> BuildSpec:
-    fields: dict = dict(python=host_venvs.python_version(), interpreter=sys.executable, inherit=True, no_index=True)
+    fields: dict = dict(python=host_venvs.python_version(), inherit=True, no_index=True)
     fields.update(host_venvs.base_spec_fields())
     fields.update(kw)
     return BuildSpec(**fields)
 
 
 def test_hash_covers_the_spec_but_not_order_or_where_wheels_are_stored() -> None:
-    a = inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),))
-    b = inherit_spec(requirements=("a==2", "b==1"), wheels=(("f" * 64, "/y/two.whl"),))
+    a = inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "code/t1/c1/one.whl"),))
+    b = inherit_spec(requirements=("a==2", "b==1"), wheels=(("f" * 64, "code/t2/c2/two.whl"),))
     assert a.spec_hash() == b.spec_hash()
     assert len(a.spec_hash()) == 64
     for other in (
         inherit_spec(requirements=("a==2",)),
-        inherit_spec(requirements=("b==1", "a==2"), wheels=(("e" * 64, "/x/one.whl"),)),
-        inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),), no_index=False),
-        inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "/x/one.whl"),), base_packages="changed"),
+        inherit_spec(requirements=("b==1", "a==2"), wheels=(("e" * 64, "code/t1/c1/one.whl"),)),
+        inherit_spec(requirements=("b==1", "a==2"), wheels=(("f" * 64, "code/t1/c1/one.whl"),), no_index=False),
+        inherit_spec(
+            requirements=("b==1", "a==2"), wheels=(("f" * 64, "code/t1/c1/one.whl"),), base_packages="changed"
+        ),
     ):
         assert other.spec_hash() != a.spec_hash()
     assert BuildSpec.from_json(a.to_json()) == a
@@ -61,12 +65,13 @@ def test_base_distributions_are_read_from_site_packages() -> None:
 
 def test_concurrent_builds_of_one_hash_build_once_and_inherit_the_base(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "wheels")
-    spec = inherit_spec(wheels=(("a" * 64, str(wheel)),))
+    spec = inherit_spec(wheels=(("a" * 64, "code/t/c/tinypkg.whl"),))
+    host = host_venvs.HostBuild.here(sys.executable, (("a" * 64, str(wheel)),))
     spec_hash = spec.spec_hash()
     envs_dir = tmp_path / "envs"
     results: list[venvs.BuildResult] = []
     threads = [
-        threading.Thread(target=lambda: results.append(venvs.materialise(spec, spec_hash, envs_dir, Runner())))
+        threading.Thread(target=lambda: results.append(venvs.materialise(spec, spec_hash, envs_dir, Runner(), host)))
         for _ in range(3)
     ]
     for t in threads:
@@ -105,7 +110,7 @@ def test_broken_requirement_fails_readably_and_leaves_no_venv(tmp_path: Path) ->
     spec = inherit_spec(requirements=("nonexistent-pkg-dlcloud==9.9",))
     spec_hash = spec.spec_hash()
     with pytest.raises(BuildError, match="No matching distribution found for nonexistent-pkg-dlcloud==9.9") as exc:
-        venvs.materialise(spec, spec_hash, tmp_path, Runner())
+        venvs.materialise(spec, spec_hash, tmp_path, Runner(), HOST)
     assert str(exc.value).startswith("pip install failed (exit code 1):\n")
     assert not host_venvs.venv_dir(tmp_path, spec_hash).exists()
     assert "build failed: pip install failed" in host_venvs.log_path(tmp_path, spec_hash).read_text()
@@ -117,7 +122,7 @@ def test_an_interrupted_build_is_built_again(tmp_path: Path) -> None:
     leftover = host_venvs.venv_dir(tmp_path, spec_hash)
     (leftover / "bin").mkdir(parents=True)
     (leftover / "bin" / "half-written").write_text("x")
-    result = venvs.materialise(spec, spec_hash, tmp_path, Runner())
+    result = venvs.materialise(spec, spec_hash, tmp_path, Runner(), HOST)
     assert result.built and venvs.is_ready(tmp_path, spec_hash)
     assert not (leftover / "bin" / "half-written").exists()
     assert "removing the unfinished venv" in host_venvs.log_path(tmp_path, spec_hash).read_text()
@@ -151,7 +156,7 @@ def test_requirements_are_not_expanded_and_credentials_not_logged(tmp_path: Path
     env = host_venvs.build_env_vars(index_url="https://user:build-secret-42@127.0.0.1:9/simple")
     runner = Runner(env={**env, "PIP_RETRIES": "0"})  # nothing listens on port 9: fail at once
     with pytest.raises(BuildError) as exc:
-        venvs.materialise(spec, spec.spec_hash(), tmp_path, runner)
+        venvs.materialise(spec, spec.spec_hash(), tmp_path, runner, HOST)
     log = host_venvs.log_path(tmp_path, spec.spec_hash()).read_text()
     assert "stdout Collecting x @ https://127.0.0.1:9/${PIP_INDEX_URL}/" in log  # pip got the text as written
     assert "build-secret-42" not in log + str(exc.value)

@@ -14,6 +14,7 @@ import pytest
 from dlcloud.executors.local.launcher import Launcher
 from dlcloud.executors.local.runner import ProcessRunner
 from dlcloud.executors.local.sandbox import Sandbox
+from dlcloud.executors.log_reading import FileLogReader
 from dlcloud.schemas.jobs import LogSection
 from dlcloud.services import logs
 
@@ -48,15 +49,15 @@ def is_marker(line: str) -> bool:
     return logs.is_truncation_marker(line)
 
 
-def reader(w: Launcher) -> logs._LogReader:
-    return logs._LogReader(Path(w.dir) / "output.log")
+def reader(w: Launcher) -> FileLogReader:
+    return FileLogReader(Path(w.dir) / "output.log")
 
 
 def tail(w: Launcher, n: int | None, max_bytes: int = 1 << 20, keep=lambda line: True) -> list[str]:
     return logs.read_tail([(1, "", reader(w))], n, keep, lambda line, _: line, max_bytes)
 
 
-def drain(r: logs._LogReader) -> list[str]:
+def drain(r: FileLogReader) -> list[str]:
     out: list[str] = []
     while True:
         lines, more = r.read(4096)
@@ -157,9 +158,8 @@ def test_replicas_are_interleaved_by_time_from_the_end(tmp_path: Path):
         writers[i % 2].write_line("stdout", f"line {i:05d} " + "x" * 60)
     # the local executor's process layer reads an attempt's logs by its directory
     platform = SimpleNamespace(executor=ProcessRunner(sandbox=Sandbox(False, "not needed to read logs")))
-    files = logs._files(platform, [(1, str(tmp_path), None)], None)  # type: ignore[arg-type]
-    readers = [(n, name, logs._LogReader(path)) for n, name, path in files]
-    lines = logs.read_tail(readers, 4, lambda line: True, logs._labeller(files), 1 << 20)
+    readers = logs._open_logs(platform, [(1, str(tmp_path), None)], None)  # type: ignore[arg-type]
+    lines = logs.read_tail(readers, 4, lambda line: True, logs._labeller(readers), 1 << 20)
     assert numbers(lines) == [596, 597, 598, 599]
     assert [line.split()[1] for line in lines] == ["worker-0/stdout", "worker-1/stdout"] * 2
     for _, _, r in readers:

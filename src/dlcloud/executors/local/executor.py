@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dlcloud.errors import DlcloudError, InvalidState
+from dlcloud.executors import model_inspect
 from dlcloud.executors.base import (
     LAUNCH_FAILED,
     MAIN_LOG,
@@ -49,6 +51,7 @@ from dlcloud.executors.base import (
     DatasetMount,
     Executor,
     InputsUnavailable,
+    LogReader,
     Replica,
     Workload,
     check_inputs,
@@ -156,6 +159,20 @@ class LocalExecutor(Executor):
     def sandbox_prefix(self, writable: Sequence[Path], readable: Sequence[Path]) -> list[str] | None:
         return self.runner.sandbox_prefix(writable, readable)
 
+    def port_is_free(self, port: int) -> bool:
+        """Nothing on this host is bound to it: an attempt in its own network namespace would not mind, but
+        one on the host's network (settings ``job_network: host``, or no sandbox) would."""
+        return network.host_port_is_free(port)
+
+    @property
+    def inspects_sandboxed(self) -> bool:
+        return self.runner.sandbox.enabled
+
+    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare."""
+        sandbox = self.sandbox_prefix if self.inspects_sandboxed else None
+        return model_inspect.run_inspect(artifact, fmt, timeout, sandbox)
+
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
         return self.runner.reader_prefix(readable, slot)
 
@@ -166,9 +183,9 @@ class LocalExecutor(Executor):
     def build_sandbox(self) -> BuildSandbox | None:
         return self.runner.build_sandbox()
 
-    def environments(self, settings: Settings) -> LocalVenvBackend:
+    def environments(self, settings: Settings, objects: ObjectStore) -> LocalVenvBackend:
         """Venvs in ``settings.envs_dir``, built in this executor's build sandbox."""
-        return LocalVenvBackend.from_settings(settings, sandbox=self.runner.build_sandbox())
+        return LocalVenvBackend.from_settings(settings, objects, sandbox=self.runner.build_sandbox())
 
     @property
     def jobs_run_as_root(self) -> bool:
@@ -530,7 +547,14 @@ class LocalExecutor(Executor):
     # ---- logs, outputs, removal
 
     def log_files(self, handle: str) -> dict[str, Path]:
+        """The attempt's output.log files by replica name (this executor's own: ``archive_logs`` copies them)."""
         return self.runner.log_files(self.attempt_dir(handle))
+
+    def log_replicas(self, handle: str) -> list[str]:
+        return self.runner.log_replicas(self.attempt_dir(handle))
+
+    def open_log(self, handle: str, replica: str) -> LogReader:
+        return self.runner.open_log(self.attempt_dir(handle), replica)
 
     def save_outputs(self, handle: str, key: str, admit: Callable[[int], None] | None = None) -> bool:
         outputs = self.attempt_dir(handle).parent / OUTPUTS

@@ -222,3 +222,13 @@ def record(directory: Path, userns: bool, make: bool) -> dict[str, object]:
     """workload.json's ``sandbox.network``: where the launcher finds the attempt's namespace, and whether it
     starts the holder (the attempt's first launcher does)."""
     return {"dir": str(directory), "userns": userns, "make": make}
+
+
+def host_port_is_free(port: int) -> bool:
+    """Whether nothing on this host is bound to ``port`` (TCP, all interfaces)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True

@@ -45,6 +45,7 @@ from dlcloud.executors.base import (
     REPLICAS_DIR,
     AttemptReport,
     Egress,
+    LogReader,
     Replica,
     ReplicaReport,
     replica_log_files,
@@ -62,6 +63,7 @@ from dlcloud.executors.local.sandbox import (
     seal_for_readers,
 )
 from dlcloud.executors.local.venvs import BuildSandbox
+from dlcloud.executors.log_reading import open_file_log
 
 log = logging.getLogger(__name__)
 
@@ -772,6 +774,12 @@ class ProcessRunner:
 
     def log_files(self, attempt_dir: Path) -> dict[str, Path]:
         return replica_log_files(Path(os.path.abspath(attempt_dir)))
+
+    def log_replicas(self, attempt_dir: Path) -> list[str]:
+        return list(self.log_files(attempt_dir))
+
+    def open_log(self, attempt_dir: Path, replica: str) -> LogReader:
+        return open_file_log(self.log_files(attempt_dir), replica)
 
     # ---- reap
 

@@ -42,7 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlcloud.executors.environments import BuildCancelled, BuildError, BuildResult, BuildSpec
-from dlcloud.executors.host_venvs import BuildLog, build_env_vars, build_lock, log_path, remove_tree, venv_dir
+from dlcloud.executors.host_venvs import (
+    BuildLog,
+    HostBuild,
+    build_env_vars,
+    build_lock,
+    log_path,
+    remove_tree,
+    venv_dir,
+)
 
 READY_MARKER = ".dlcloud-ready"
 SPEC_FILE = "dlcloud-environment.json"
@@ -199,8 +207,9 @@ def _summary(lines: list[str]) -> str:
     return (":\n" + "\n".join(tail)) if tail else ""
 
 
-def materialise(spec: BuildSpec, spec_hash: str, envs_dir: Path, runner: Runner) -> BuildResult:
-    """Make ``<envs_dir>/<spec_hash>`` a finished venv for ``spec``, building it unless it is there.
+def materialise(spec: BuildSpec, spec_hash: str, envs_dir: Path, runner: Runner, host: HostBuild) -> BuildResult:
+    """Make ``<envs_dir>/<spec_hash>`` a finished venv for ``spec``, building it unless it is there, with what
+    this host has for it (``host``: the interpreter, the base environment, the wheels' files).
 
     Blocks while another builder holds the hash's lock. Raises BuildError (readable message; the venv
     directory is removed) or BuildCancelled.
@@ -215,7 +224,7 @@ def materialise(spec: BuildSpec, spec_hash: str, envs_dir: Path, runner: Runner)
         with open(log_file, "w", encoding="utf-8") as f:  # the log is that of the latest build
             log = BuildLog(f)
             try:
-                size = _build(spec, target, log, runner)
+                size = _build(spec, target, log, runner, host)
             except BuildCancelled:
                 log.system("build interrupted: the control plane is stopping; it starts again on the next start")
                 with contextlib.suppress(OSError):
@@ -229,7 +238,7 @@ def materialise(spec: BuildSpec, spec_hash: str, envs_dir: Path, runner: Runner)
         return BuildResult(size, built=True)
 
 
-def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner) -> int:
+def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner, host: HostBuild) -> int:
     started = time.monotonic()
     deadline = started + runner.timeout
     if os.path.lexists(target):
@@ -237,19 +246,19 @@ def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner) -> int:
         remove_tree(target)
     what = "inherits the server's packages" if spec.inherit else "a clean environment"
     log.system(
-        f"build started: Python {spec.python} ({spec.interpreter}), {what}, {len(spec.requirements)} "
+        f"build started: Python {spec.python} ({host.interpreter}), {what}, {len(spec.requirements)} "
         f"requirement(s), {len(spec.wheels)} wheel(s)"
     )
-    argv = [spec.interpreter, "-m", "venv"]
+    argv = [host.interpreter, "-m", "venv"]
     if spec.inherit:
         argv.append("--without-pip")  # pip comes from the base environment
     target.mkdir(mode=0o755)  # made here, so that a sandboxed step can be given it
     runner.run([*argv, str(target)], log, deadline, "creating the virtual environment", target)
     python = target / "bin" / "python"
     if spec.inherit:
-        _inherit(spec, target, python, log)
+        _inherit(spec, target, python, log, host)
     if spec.requirements or spec.wheels:
-        _pip_install(spec, target, python, log, runner, deadline)
+        _pip_install(spec, target, python, log, runner, deadline, host)
     with open(target / SPEC_FILE, "w", encoding="utf-8") as f:
         json.dump(spec.to_json(), f, indent=2)
     size = tree_size(target)
@@ -264,20 +273,22 @@ def _build(spec: BuildSpec, target: Path, log: BuildLog, runner: Runner) -> int:
     return size
 
 
-def _inherit(spec: BuildSpec, target: Path, python: Path, log: BuildLog) -> None:
+def _inherit(spec: BuildSpec, target: Path, python: Path, log: BuildLog, host: HostBuild) -> None:
     site = target / "lib" / f"python{spec.python}" / "site-packages"
     if not site.is_dir():
         raise BuildError(f"the new venv has no {site.relative_to(target)}; cannot add the base environment")
-    lines = [f"import site; site.addsitedir({d!r})" for d in spec.base_site]
+    lines = [f"import site; site.addsitedir({d!r})" for d in host.base_site]
     (site / BASE_PTH).write_text("\n".join(lines) + "\n", encoding="utf-8")
     for name in ("pip", "pip3", f"pip{spec.python}"):
         script = target / "bin" / name
         script.write_text(PIP_SCRIPT.format(python=python), encoding="utf-8")
         script.chmod(0o755)
-    log.system(f"inheriting the packages of {spec.base_prefix} ({', '.join(spec.base_site)})")
+    log.system(f"inheriting the packages of {host.base_prefix} ({', '.join(host.base_site)})")
 
 
-def _pip_install(spec: BuildSpec, target: Path, python: Path, log: BuildLog, runner: Runner, deadline: float) -> None:
+def _pip_install(
+    spec: BuildSpec, target: Path, python: Path, log: BuildLog, runner: Runner, deadline: float, host: HostBuild
+) -> None:
     argv = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if spec.no_index:
         argv.append("--no-index")
@@ -287,11 +298,11 @@ def _pip_install(spec: BuildSpec, target: Path, python: Path, log: BuildLog, run
         argv += ["--extra-index-url", url]
     # as arguments, never in a requirements file: pip expands ${NAME} in a file from its environment
     argv += spec.requirements
-    for sha, path in spec.wheels:
+    for sha, path in host.wheel_files:
         if not os.path.isfile(path):
             raise BuildError(
                 f"the uploaded wheel {os.path.basename(path)} (sha256 {sha[:12]}) is missing on the server"
             )
         argv.append(path)
     log.system("pip install " + _CREDENTIALS_RE.sub(r"\1***@", " ".join(argv[4:])))
-    runner.run(argv, log, deadline, "pip install", target, [path for _sha, path in spec.wheels])
+    runner.run(argv, log, deadline, "pip install", target, [path for _sha, path in host.wheel_files])

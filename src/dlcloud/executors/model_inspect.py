@@ -1,9 +1,9 @@
 """Model inspection's process: ``python -m dlcloud.serving.inspect`` run on an artifact, bounded and isolated.
 
-This module is the only place where the model registry starts a process; its interface is one function,
-``run_inspect(path, fmt, timeout, sandbox)``, which returns the finished process (return code, the tails of its
-stdout and stderr) or None at the timeout. It reads nothing of the registry's rows and writes none, so moving it
-behind the executor (an executor operation with this signature) changes its callers' import and nothing else.
+The registry asks the executor for it (``Executor.inspect_model``): the one process the registry has run, it is
+an executor operation, so no argv prefix or sandbox detail crosses the executor interface, and an executor
+elsewhere (Kubernetes) answers the same question its own way. ``run_inspect(path, fmt, timeout, sandbox)``
+returns the finished process (return code, the tails of its stdout and stderr) or None at the timeout.
 
 Invariants: the process gets an environment built here (``INSPECT_ENV_PASSED`` and fixed values, never the
 server's own: no database URL, no credentials), an empty working directory that is also its HOME and TMPDIR,
@@ -20,15 +20,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from dlcloud.services.platform import SandboxPrefix
 
 log = logging.getLogger(__name__)
 INSPECT_MODULE = "dlcloud.serving.inspect"
 # what the inspect process takes from the server's environment: where programs and libraries are, the locale
 INSPECT_ENV_PASSED = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 INSPECT_OUTPUT_LIMIT = 1024 * 1024
+# (writable paths, readable paths) -> argv prefix of a sandboxed one-off process (``Executor.sandbox_prefix``)
+SandboxPrefix = Callable[[Sequence[Path], Sequence[Path]], list[str] | None]
 
 
 def run_inspect(
@@ -42,7 +43,7 @@ def run_inspect(
     from the server's (no database URL, no ``PIP_*``, no credentials); the working directory is a new empty
     directory, also HOME and TMPDIR, removed afterwards. The process runs in its own session and its whole
     group is killed at the timeout. Output is read from files, at most ``INSPECT_OUTPUT_LIMIT`` bytes of each.
-    With ``sandbox`` (the platform's ``sandbox_prefix``) it runs in a sandbox that can write only its work
+    With ``sandbox`` (the executor's ``sandbox_prefix``) it runs in a sandbox that can write only its work
     directory and read only the artifact (docs/isolation.md).
     """
     with tempfile.TemporaryDirectory(prefix="dlcloud-inspect-") as tmp:
