@@ -65,7 +65,7 @@ def test_the_spec_stored_is_the_users_and_the_platforms_state_reads_back_typed(e
     assert not PLATFORM_KEYS & set(shown.spec) and shown.spec["env"] == {"PLAIN": "1"}
     assert shown.resolved.checkpoint_from_id == source_id and shown.resolved.env == {}
     [seen] = shown.resolved.datasets
-    assert seen == {"ref": "clicks", "name": "clicks", "owner": "default", "version": 1} | {
+    assert seen.model_dump(mode="json") == {"ref": "clicks", "name": "clicks", "owner": "default", "version": 1} | {
         "sha256": d.sha256,
         "size_bytes": d.size_bytes,
     }

@@ -250,7 +250,8 @@ def test_0025_moves_the_platforms_keys_out_of_older_specs_and_0024_gets_them_bac
     assert state.checkpoint_from_id == "j-source" and state.env == trial_env
     assert [d.model_dump() for d in state.datasets] == [dataset]
     shown = env.admin.jobs.get("trial-3")
-    assert shown.resolved.datasets == [{k: v for k, v in dataset.items() if k not in ("version_id", "storage_key")}]
+    shown_datasets = [d.model_dump(mode="json") for d in shown.resolved.datasets]
+    assert shown_datasets == [{k: v for k, v in dataset.items() if k not in ("version_id", "storage_key")}]
     env.platform.db.dispose()
 
     _alembic(db_url, "downgrade", "0024")

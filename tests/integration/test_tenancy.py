@@ -220,7 +220,7 @@ def test_every_mutating_call_is_audited(env):
     )
     body = {"user": "kim", "tenant": "team"}
     kim_key = do(admin, "POST", f"{API}/keys", body, action="keys.create", resource=new_key, status=201).json()
-    kim = _creds(kim_key)
+    kim = _creds(AccessKeyCreated.model_validate(kim_key))
     spare = do(kim, "POST", f"{API}/keys", {}, action="keys.create", resource=new_key, status=201).json()
     for verb, method, suffix in (("disable", "POST", "/disable"), ("enable", "POST", "/enable")):
         do(

@@ -360,7 +360,7 @@ def test_a_shared_python_model_reaches_neither_the_registry_secrets_nor_an_untru
             "mallory", "models", "register", "snoop", "--file", str(snoop), "--format", "python", "-o", "json"
         ).stdout
     )
-    seen = " ".join(_seen(registered))
+    seen = " ".join(_seen(ModelVersion.model_validate(registered)))
     for secret in (PIP_SECRET, DB_PASSWORD, "PIP_INDEX_URL", "DLCLOUD_DATABASE_URL", "DLCLOUD_"):
         assert secret not in seen
 
@@ -418,7 +418,7 @@ def test_inspecting_a_tenants_model_reaches_no_network(platform: Platform, tmp_p
             "mallory", "models", "register", "net", "--file", str(snoop), "--format", "python", "-o", "json"
         ).stdout
     )
-    seen = dict(item.split("=", 1) for item in _seen(registered))
+    seen = dict(item.split("=", 1) for item in _seen(ModelVersion.model_validate(registered)))
     assert seen["api"] != "connected" and seen["postgres"] != "connected", seen
     assert set(seen["interfaces"].split(",")) <= {"lo", ""}, seen
 
