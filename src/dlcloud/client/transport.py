@@ -9,6 +9,7 @@ the same ``validation_error`` the server would answer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,12 @@ def spec_body(model: type[R], spec: R | Mapping[str, Any]) -> dict[str, Any]:
         except ValidationError as exc:
             raise validation_error(exc) from None
     return spec.model_dump(mode="json", exclude_unset=True)
+
+
+@functools.cache
+def _list_of(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
+    """The validator of a list of ``model`` (built once per model: building one costs more than a call)."""
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
 
 
 def validation_error(exc: ValidationError) -> DlcloudError:
@@ -127,7 +134,8 @@ class Transport:
 
     def read_list(self, model: type[M], path: str, *, params: dict[str, Any] | None = None) -> list[M]:
         """A GET answering a JSON list, as a list of ``model``."""
-        return TypeAdapter(list[model]).validate_python(self.request("GET", path, params=params))  # type: ignore[valid-type]
+        answer: list[M] = _list_of(model).validate_python(self.request("GET", path, params=params))
+        return answer
 
     def upload(
         self,
