@@ -64,9 +64,9 @@ def test_built_once_reused_across_tenants_and_jobs_run_in_the_venv(running_env: 
     # two tenants create the same spec at the same moment: one build serves both
     with ThreadPoolExecutor(2) as pool:
         created = list(pool.map(lambda a: a[0].environments.create(a[1], **spec), [(alice, "tiny"), (bob, "tiny-too")]))
-    assert {c["state"] for c in created} <= {"BUILDING", "READY"}
-    assert created[0]["spec_hash"] == created[1]["spec_hash"]
-    spec_hash = created[0]["spec_hash"]
+    assert {c.state for c in created} <= {"BUILDING", "READY"}
+    assert created[0].spec_hash == created[1].spec_hash
+    spec_hash = created[0].spec_hash
     # a job submitted at once waits for the build (or finds it ready) and then runs in the venv
     alice.jobs.submit({"name": "probe", "command": PROBE, "environment": "tiny"})
 
@@ -120,7 +120,7 @@ def test_builtins_are_listed_for_everyone_and_built_on_first_use(running_env: En
     c = running_env.new_tenant_user("acme", "alice")
     listed = {e.name: e for e in c.environments.list()}
     assert list(listed) == ["default", "python", "pytorch", "tensorflow", "sklearn"]
-    assert all(e["builtin"] for e in listed.values())
+    assert all(e.builtin for e in listed.values())
     assert listed["default"].state == "READY" and listed["default"].spec_hash is None
     assert listed["pytorch"].state == "NOT_BUILT" and listed["pytorch"].inherit is True
     assert listed["python"].inherit is False

@@ -174,7 +174,7 @@ def test_secret_env_reaches_every_replica_and_no_read_shows_it(running_env, capl
     assert job.spec["env"] == {"PLAIN": "visible"}
     audit = c.accounting.audit(limit=1000)
     assert any(e.action == "jobs.submit" and e.resource == "secretive" for e in audit)
-    reads = json.dumps([job, c.jobs.list(), audit, texts])
+    reads = json.dumps([job, c.jobs.list(), audit, texts], default=lambda model: model.model_dump(mode="json"))
     assert secret not in reads
     assert not [r.getMessage() for r in caplog.records if secret in r.getMessage()]
     with running_env.platform.db.engine.connect() as conn:
