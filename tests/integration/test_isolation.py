@@ -147,7 +147,7 @@ def _assert_lists_are_clean(world: World, role: str, caller: Client) -> None:
         assert audit, "tenant B's own mutations are audited"
         assert {e.tenant for e in audit} == {"tenant-b"}
         listings.append(audit)
-    text = json.dumps(listings)
+    text = json.dumps([[item.model_dump(mode="json") for item in listing] for listing in listings])
     for s in a_strings:
         assert json.dumps(s) not in text, s
 

@@ -12,7 +12,7 @@ import shlex
 import pytest
 
 from dlcloud.schemas.studies import Trial
-from tests.integration.test_studies import REPORTING, _time, api_server, wait_study
+from tests.integration.test_studies import REPORTING, api_server, wait_study
 
 # a trial that honours the platform's contract for pausing: resume from its checkpoint, train to
 # DLCLOUD_STOP_AT_STEP (else to its last step), save the step reached after each one
@@ -53,9 +53,7 @@ def steps_run(c, job: str) -> list[int]:
 
 def max_overlap_all(c, trials: list[Trial]) -> int:
     """The most jobs of the study (every segment of every trial) alive at one time."""
-    spans = [
-        (_time(a.started_at), _time(a.finished_at)) for t in trials for job in t.jobs for a in c.jobs.get(job).attempts
-    ]
+    spans = [(a.started_at, a.finished_at) for t in trials for job in t.jobs for a in c.jobs.get(job).attempts]
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
     alive = most = 0
     for _, d in events:
