@@ -264,11 +264,16 @@ def test_kill9_while_the_dataset_cache_fetches_shows_no_partial_entry_and_the_jo
     watch = _CacheWatch(cache, {p.name: p.stat().st_size for p in src.iterdir()})
     try:
         server.cli("datasets", "create", "corpus", "--from", str(src))
-        server.cli("jobs", "submit", "--name", "verify", "--code", str(code), "--command", "python verify.py",
-                   "--dataset", "corpus")  # fmt: skip
+        # the fetch is watched while the CLI is still running: it can be over before a CLI process has exited
+        submit = subprocess.Popen(
+            [DLCLOUD, "jobs", "submit", "--name", "verify", "--code", str(code), "--command", "python verify.py",
+             "--dataset", "corpus"],
+            env=server.env, cwd=server.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         wait_for(lambda: any(cache.glob("staging/fetch-*/tree/*")), timeout=120, interval=0.002,
                  what="the dataset cache to fetch the version")  # fmt: skip
         server.kill9()
+        submit.wait(timeout=60)  # its answer may be lost with the server; a fetch means the job was recorded
         assert list(cache.glob("trees/*.size")) == []  # killed mid-fetch: no entry is complete
         assert list(cache.glob("staging/fetch-*")), "the crash left no fetch in progress behind?"
 
