@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -100,7 +101,8 @@ class LocalVenvBackend(HostVenvBackend):
         named = self.envs_dir / ".wheels" / sha / name
         if not named.is_file():
             named.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            part = named.with_name(f".{name}.part")
+            # a part of its own: two builds of different specs may link the same wheel at once
+            part = named.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}.part")
             part.unlink(missing_ok=True)
             try:
                 os.link(cached, part)
