@@ -45,7 +45,7 @@ def extract_archive(archive: str, dest: str) -> None:
         member = os.path.relpath(exc.filename, dest) if isinstance(exc.filename, str) else ""
         why = exc.strerror or type(exc).__name__
         raise PrepareError(f"cannot unpack code archive {os.path.basename(archive)}: {why}: {member!r}") from None
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, PrepareError) as exc:  # PrepareError: ``_safe_members`` refused a member
         raise PrepareError(f"cannot unpack code archive {os.path.basename(archive)}: {exc}") from None
 
 
