@@ -63,12 +63,8 @@ def _write_bootstrap_file(path: Path, access: str, secret: str, endpoint: str) -
 
 
 def public_endpoint(settings: Settings, port: int | None = None) -> str:
-    host = settings.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port if port is not None else settings.port}"
+    """The endpoint ``dlcloud up`` hands its first user (the bootstrap file, the CLI's profile)."""
+    return settings.local_url(port)
 
 
 def build_server(settings: Settings, executor: Executor | None = None) -> Server:

@@ -223,12 +223,17 @@ class Settings(BaseSettings):
         """The base URL (no trailing '/') jobs send their metrics to."""
         if self.job_api_url:
             return self.job_api_url.rstrip("/")
+        return self.local_url()
+
+    def local_url(self, port: int | None = None) -> str:
+        """``http://host:port`` where a process on this host reaches the server: a wildcard ``host`` as
+        127.0.0.1, an IPv6 address in brackets; ``port`` in place of the configured one when given."""
         host = self.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{port if port is not None else self.port}"
 
     @property
     def resolved_server_key_file(self) -> Path:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import CallerDep, PlatformDep, set_audit_resource
-from dlcloud.api.params import Name
+from dlcloud.api.params import Follow, Name, Tail
 from dlcloud.schemas.environments import Environment, EnvironmentCreate, EnvironmentDetail
 from dlcloud.services import environments as svc
 
@@ -38,11 +38,7 @@ def delete_environment(c: CallerDep, p: PlatformDep, name: Name) -> None:
 
 @router.get("/environments/{name}/logs", name="environments.logs", response_class=StreamingResponse)
 async def environment_logs(
-    c: CallerDep,
-    p: PlatformDep,
-    name: Name,
-    follow: bool = Query(False),
-    tail: int | None = Query(None, ge=0, le=1_000_000),
+    c: CallerDep, p: PlatformDep, name: Name, follow: Follow = False, tail: Tail = None
 ) -> StreamingResponse:
     lines = await svc.open_log_stream(p, c, name, follow=follow, tail=tail)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

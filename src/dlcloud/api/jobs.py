@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import StreamingResponse
 
 from dlcloud.api.deps import CallerDep, PlatformDep, run_read, set_audit_resource
-from dlcloud.api.params import JobName
+from dlcloud.api.params import Follow, JobName, PageLimit, PageOffset, Tail
 from dlcloud.schemas.jobs import Job, JobDetail, JobSpec, JobState, LogSection, QueueEntry
 from dlcloud.services import jobs as svc
 from dlcloud.services.logs import open_log_stream
@@ -25,8 +25,8 @@ def list_jobs(
     c: CallerDep,
     p: PlatformDep,
     state: list[JobState] | None = Query(None),
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0, le=10_000_000),
+    limit: PageLimit = 100,
+    offset: PageOffset = 0,
 ) -> list[Job]:
     return svc.list_jobs(p, c, states=state, limit=limit, offset=offset)
 
@@ -59,8 +59,8 @@ async def job_logs(
     c: CallerDep,
     p: PlatformDep,
     name: JobName,
-    follow: bool = Query(False),
-    tail: int | None = Query(None, ge=0, le=1_000_000),
+    follow: Follow = False,
+    tail: Tail = None,
     section: LogSection = Query(LogSection.ALL, description="only the lines of the pre, main or post phase"),
     replica: str | None = Query(
         None, max_length=64, pattern=r"^[a-z]+-[0-9]+(\.[0-9]+)?$", description="only this replica's lines (worker-1)"

@@ -66,3 +66,11 @@ Owner = Annotated[
         json_schema_extra={"pattern": NAME_RE.pattern},
     ),
 ]
+
+# a listing's page (jobs, studies): up to 1,000 rows from an offset under ten million; the defaults stay in
+# each route's signature (100 rows from the first)
+PageLimit = Annotated[int, Query(ge=1, le=1000)]
+PageOffset = Annotated[int, Query(ge=0, le=10_000_000)]
+# a log read (jobs, environment builds): whether to follow it as it grows, and how many of its last lines
+Follow = Annotated[bool, Query()]
+Tail = Annotated[int | None, Query(ge=0, le=1_000_000)]

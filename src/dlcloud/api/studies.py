@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Request, status
 
 from dlcloud.api.deps import CallerDep, PlatformDep, set_audit_resource
-from dlcloud.api.params import StudyName
+from dlcloud.api.params import PageLimit, PageOffset, StudyName
 from dlcloud.schemas.studies import BestTrial, Study, StudyDetail, StudySpec, Trial
 from dlcloud.services import studies as svc
 
@@ -19,9 +19,7 @@ def submit_study(c: CallerDep, p: PlatformDep, spec: StudySpec, request: Request
 
 
 @router.get("/studies", response_model=list[Study], name="studies.list")
-def list_studies(
-    c: CallerDep, p: PlatformDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10_000_000)
-) -> list[Study]:
+def list_studies(c: CallerDep, p: PlatformDep, limit: PageLimit = 100, offset: PageOffset = 0) -> list[Study]:
     return svc.list_studies(p, c, limit=limit, offset=offset)
 
 

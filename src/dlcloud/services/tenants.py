@@ -202,6 +202,21 @@ def _new_key_pair() -> tuple[str, str]:
     return access, secret
 
 
+def _add_key(s: Session, box: SecretBox, tenant_id: str, user_id: str) -> tuple[AccessKeyRow, str]:
+    """A new enabled key of the user, added to the session: its row and its secret (shown once, stored encrypted)."""
+    access, secret = _new_key_pair()
+    row = AccessKeyRow(
+        id=access,
+        tenant_id=tenant_id,
+        user_id=user_id,
+        secret_encrypted=box.encrypt(secret),
+        enabled=True,
+        created_at=utcnow(),
+    )
+    s.add(row)
+    return row, secret
+
+
 def create_key(db: Database, box: SecretBox, caller: Caller, req: KeyCreate) -> AccessKeyCreated:
     if req.user is None and req.tenant not in (None, caller.tenant):
         # it would be a key of the caller's own, in the caller's own tenant: never what was asked
@@ -220,19 +235,10 @@ def create_key(db: Database, box: SecretBox, caller: Caller, req: KeyCreate) -> 
         if user is None:
             raise NotFound(f"user {req.user!r} not found in tenant {tenant.name!r}")
         _require_may_manage_keys_of(caller, user)
-        access, secret = _new_key_pair()
-        row = AccessKeyRow(
-            id=access,
-            tenant_id=tenant.id,
-            user_id=user.id,
-            secret_encrypted=box.encrypt(secret),
-            enabled=True,
-            created_at=utcnow(),
-        )
-        s.add(row)
+        row, secret = _add_key(s, box, tenant.id, user.id)
         s.flush()
         return AccessKeyCreated(
-            access_key=access,
+            access_key=row.id,
             secret_key=secret,
             user=user.name,
             tenant=tenant.name,
@@ -327,19 +333,9 @@ def bootstrap(db: Database, box: SecretBox, tenant_name: str, admin_name: str) -
         )
         s.add(user)
         s.flush()
-        access, secret = _new_key_pair()
-        s.add(
-            AccessKeyRow(
-                id=access,
-                tenant_id=tenant.id,
-                user_id=user.id,
-                secret_encrypted=box.encrypt(secret),
-                enabled=True,
-                created_at=utcnow(),
-            )
-        )
+        key, secret = _add_key(s, box, tenant.id, user.id)
         try:
             s.flush()
         except IntegrityError:
             raise AlreadyExists("bootstrap raced with another process") from None
-        return Bootstrap(True, access, secret)
+        return Bootstrap(True, key.id, secret)
