@@ -46,6 +46,14 @@ def _error(exc: ServingError) -> Response:
     return Response(v2.encode_error(exc.message), exc.status, headers=exc.headers, media_type=JSON)
 
 
+def _failure(exc: Exception, what: str, model: str) -> Response:
+    """The answer to an inference request that raised: a ``ServingError`` as it says, anything else a logged 500."""
+    if isinstance(exc, ServingError):
+        return _error(exc)
+    log.exception("%s on model %s failed", what, model)
+    return _error(ServingError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
 def _version(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
@@ -228,13 +236,10 @@ class ServingApp:
                 mv.output_datatypes,
             )
             return Response(payload, headers=headers)
-        except ServingError as exc:
-            status = exc.status
-            return _error(exc)
         except Exception as exc:
-            status = 500
-            log.exception("infer on model %s failed", model)
-            return _error(ServingError(f"internal error: {type(exc).__name__}: {exc}"))
+            response = _failure(exc, "infer", model)
+            status = response.status_code
+            return response
         finally:
             self._record(request, model, version, "v2", status, started)
 
@@ -339,13 +344,10 @@ class ServingApp:
             else:
                 payload = tfserving.encode_results(outputs, method=action)
             return Response(payload, media_type=JSON)
-        except ServingError as exc:
-            status = exc.status
-            return _error(exc)
         except Exception as exc:
-            status = 500
-            log.exception("predict on model %s failed", model)
-            return _error(ServingError(f"internal error: {type(exc).__name__}: {exc}"))
+            response = _failure(exc, "predict", model)
+            status = response.status_code
+            return response
         finally:
             self._record(request, model, version_label, "tfserving", status, started)
 

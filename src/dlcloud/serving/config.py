@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dlcloud.schemas.common import parse_duration, parse_memory
 from dlcloud.serving.types import Signature
@@ -39,6 +48,16 @@ def _duration_or_zero(value: Any) -> Any:
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)]
 SecondsOrZero = Annotated[float, BeforeValidator(_duration_or_zero), Field(ge=0, le=3600)]
 Bytes = Annotated[int, BeforeValidator(parse_memory)]
+
+
+def _check_signature(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A declared signature as given, once ``Signature.from_dict`` has accepted it."""
+    if value is not None:
+        Signature.from_dict(value)
+    return value
+
+
+SignatureDict = Annotated[dict[str, Any] | None, AfterValidator(_check_signature)]
 MIN_ADMIN_TOKEN = 16
 
 
@@ -121,7 +140,7 @@ class ModelSpec(_Strict):
     name: str
     path: Path
     format: Literal["torchscript", "onnx", "sklearn", "xgboost", "savedmodel", "python"] | None = None
-    signature: dict[str, Any] | None = Field(default=None, description="declared inputs/outputs (overrides inference)")
+    signature: SignatureDict = Field(default=None, description="declared inputs/outputs (overrides inference)")
     batching: BatchingSpec = BatchingSpec()
     versions: Annotated[VersionPolicy, BeforeValidator(_parse_policy)] = VersionPolicy()
     labels: dict[str, int] = Field(default_factory=dict, description="label -> version, e.g. {stable: 1}")
@@ -136,13 +155,6 @@ class ModelSpec(_Strict):
                 f"model name {value!r} is invalid: use 1-128 letters, digits, '_', '.', '-', starting with a "
                 "letter or digit"
             )
-        return value
-
-    @field_validator("signature")
-    @classmethod
-    def _signature(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
-            Signature.from_dict(value)
         return value
 
     def declared_signature(self) -> Signature | None:
@@ -168,20 +180,13 @@ class PipelineSpec(_Strict):
     steps: tuple[PipelineStep, ...] = Field(min_length=1)
     preprocess: str | None = None
     combine: str = "concat"
-    signature: dict[str, Any] | None = None
+    signature: SignatureDict = None
 
     @field_validator("steps", mode="before")
     @classmethod
     def _steps(cls, value: Any) -> Any:
         if isinstance(value, list | tuple):
             return [{"model": v} if isinstance(v, str) else v for v in value]
-        return value
-
-    @field_validator("signature")
-    @classmethod
-    def _signature(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
-            Signature.from_dict(value)
         return value
 
 

@@ -281,20 +281,13 @@ class NetworkError(Exception):
     """The attempt's network namespace is not there or not the one the holder made; the message says why."""
 
 
-def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return int(raw[raw.rindex(b")") + 2 :].split()[19])
-
-
-def join_network(directory: str, userns: bool, timeout: float, stopped: Callable[[], bool]) -> list[tuple[int, int]]:
+def join_network(
+    directory: str, holder: Any, userns: bool, timeout: float, stopped: Callable[[], bool]
+) -> list[tuple[int, int]]:
     """Wait for the holder in ``directory`` to report its namespace, open it (and, unprivileged, its user
-    namespace) and check it: the holder's inside process still the one it reported, the namespace the one it
-    reported and not ours. Returns ``(fd, CLONE_NEW*)`` pairs for ``child_setup`` (close-on-exec fds).
-    ``stopped()`` true ends the wait early (NetworkError)."""
+    namespace) and check it: the holder's inside process still the one it reported (``holder.start_ticks``), the
+    namespace the one it reported and not ours. Returns ``(fd, CLONE_NEW*)`` pairs for ``child_setup``
+    (close-on-exec fds). ``stopped()`` true ends the wait early (NetworkError)."""
     ready_path = os.path.join(directory, NETWORK_READY_FILE)
     failed_path = os.path.join(directory, NETWORK_FAILED_FILE)
     deadline = time.monotonic() + timeout
@@ -322,7 +315,7 @@ def join_network(directory: str, userns: bool, timeout: float, stopped: Callable
             opened.append((os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind))
         net_inode = os.fstat(opened[-1][0]).st_ino
         mnt = [os.fstat(fd).st_ino for fd, kind in opened if kind == CLONE_NEWNS]
-        if _start_ticks(pid) != ready.get("inside_start_ticks") or net_inode != ready.get("netns_inode"):
+        if holder.start_ticks(pid) != ready.get("inside_start_ticks") or net_inode != ready.get("netns_inode"):
             raise NetworkError("the job's network namespace is gone (its holder process ended)")
         if mnt and mnt[0] != ready.get("mntns_inode"):
             raise NetworkError("the job's mount namespace is gone (its holder process ended)")

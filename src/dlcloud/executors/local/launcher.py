@@ -410,7 +410,11 @@ class Launcher:
         namespaces: list[tuple[int, int]] = []
         if isinstance(network, dict):
             namespaces = limits.join_network(
-                str(network["dir"]), bool(network.get("userns")), NETWORK_WAIT_SECONDS, lambda: self.term_requested
+                str(network["dir"]),
+                netns_holder,
+                bool(network.get("userns")),
+                NETWORK_WAIT_SECONDS,
+                lambda: self.term_requested,
             )
         disk = int(workload.get("disk_max_bytes") or 0)
         if disk > 0:
@@ -522,25 +526,11 @@ class Launcher:
         self.system(f"starting{label}{note}: {command}", phase)
         argv, fds = self.sandboxed(["/bin/sh", "-c", command])
         try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=code_dir,
-                env={**env, "DLCLOUD_PHASE": phase},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                close_fds=True,
-                pass_fds=fds,
-                process_group=0,
-                preexec_fn=preexec,
-            )
+            proc = self.spawn(argv, fds, code_dir, {**env, "DLCLOUD_PHASE": phase}, subprocess.PIPE, preexec)
         except (OSError, subprocess.SubprocessError) as exc:
             error = f"could not start the {PHASE_LABELS[phase]}: {exc}"
             self.system(error, phase)
             return LAUNCH_FAILED, error
-        finally:
-            for fd in fds:
-                os.close(fd)
         self.record_child(proc.pid, PHASE_ROLES[phase])
         return self.sandbox_status(self.supervise(proc, phase)), None
 
@@ -598,6 +588,34 @@ class Launcher:
             },
         )
 
+    def spawn(
+        self,
+        argv: list[str],
+        fds: tuple[int, ...],
+        cwd: str,
+        env: dict[str, str],
+        stderr: int,
+        preexec: Callable[[], None] | None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` (from ``sandboxed``) in a process group of its own, stdout a pipe, stderr ``stderr``
+        (a pipe of its own or stdout's), passing ``fds`` to it; they are closed here, started or not."""
+        try:
+            return subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                close_fds=True,
+                pass_fds=fds,
+                process_group=0,
+                preexec_fn=preexec,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def record_child(self, pid: int, role: str) -> None:
         self.live_pgid = pid
         write_json_atomic(
@@ -637,23 +655,9 @@ class Launcher:
             pip.append(str(seen.get("package") or package))
             argv, fds = self.sandboxed(pip)
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=code_dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    close_fds=True,
-                    pass_fds=fds,
-                    process_group=0,
-                    preexec_fn=self.preexec,
-                )
+                proc = self.spawn(argv, fds, code_dir, env, subprocess.STDOUT, self.preexec)
             except (OSError, subprocess.SubprocessError) as exc:
                 raise PrepareError(f"could not run pip: {exc}") from exc
-            finally:
-                for fd in fds:
-                    os.close(fd)
             self.record_child(proc.pid, "prepare")
             code = self.supervise(proc, "prepare")
             if self.stopped or self.timed_out:
