@@ -604,10 +604,9 @@ class StudyDriver:
                 earlier = live.configs.get(_key(params))
                 if earlier is not None:
                     first = next(x for x in trials if x.number == earlier)
-                    t.state, t.duplicate_of, t.job_id, t.job_name = TrialState.DUPLICATE.value, earlier, None, None
-                    t.reason = f"the same configuration as trial {earlier}: not run again"
-                    t.value = first.value if first.state == TrialState.COMPLETED.value else None
-                    t.finished_at = t.created_at
+                    study_states.record_duplicate(
+                        t, earlier, first.value if first.state == TrialState.COMPLETED.value else None
+                    )
                     s.add(t)
                     self._tell(live, t)
                     return True
@@ -618,7 +617,7 @@ class StudyDriver:
                     budget = self._rungs(live.spec).first_budget(last)
                 job_spec, env = studies.trial_job_spec(self.p, row.spec, row.name, number, params, stop_at_step=budget)
                 job = jobs.create_job_row(s, self.p, caller, job_spec, trial_env=env)
-                t.state, t.job_id, t.job_name, t.reason = TrialState.RUNNING.value, job.id, job.name, "submitted"
+                study_states.start_trial(t, job.id, job.name)
                 if budget is not None:
                     t.budget = budget
                     t.segments = [{"job_id": job.id, "job_name": job.name, "budget": budget, "last": last}]

@@ -1,5 +1,6 @@
 """The study and trial state machines. Every change of ``studies.state`` and ``study_trials.state`` goes
-through ``transition_study`` / ``transition_trial`` in this module.
+through this module: a new row's first state (``start_study``; ``start_trial`` or ``record_duplicate``) and
+every move after it (``transition_study`` / ``transition_trial``).
 
 Study::
 
@@ -80,6 +81,20 @@ def transition_study(study: StudyRow, to: StudyState, reason: str) -> None:
     if to in STUDY_ENDED:
         study.finished_at = now
     study.state, study.reason = to.value, reason
+
+
+def start_trial(trial: StudyTrialRow, job_id: str, job_name: str) -> None:
+    """A new trial row's first state when its job was created: RUNNING, that job its own."""
+    trial.state, trial.job_id, trial.job_name, trial.reason = T.RUNNING.value, job_id, job_name, "submitted"
+
+
+def record_duplicate(trial: StudyTrialRow, earlier: int, value: float | None) -> None:
+    """A new trial row's first (and last) state when trial ``earlier`` had the same configuration: DUPLICATE, no
+    job, ``value`` the earlier trial's (None unless it completed)."""
+    trial.state, trial.duplicate_of, trial.job_id, trial.job_name = T.DUPLICATE.value, earlier, None, None
+    trial.reason = f"the same configuration as trial {earlier}: not run again"
+    trial.value = value
+    trial.finished_at = trial.created_at
 
 
 def transition_trial(trial: StudyTrialRow, to: TrialState, reason: str, value: float | None = None) -> None:
