@@ -7,6 +7,7 @@ import tarfile
 
 import pytest
 
+from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
 from dlcloud.client.models import infer_format, pack_artifact, split_name
 from dlcloud.errors import InvalidArgument
@@ -63,7 +64,7 @@ def test_pack_keeps_everything_under_the_artifact_name(tmp_path):
                 "export/sub",
                 "export/sub/w.bin",
             ]
-            tf.extractall(tmp_path / "out", filter="data")
+            tarsafe.extractall(tf, tmp_path / "out")
     finally:
         archive.unlink()
     assert artifact_digest(tmp_path / "out" / "export").sha256 == artifact_digest(root).sha256

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest, verify
 from dlcloud.errors import InvalidArchive, InvalidArgument, PayloadTooLarge
 from dlcloud.storage.archives import ArchiveLimits
@@ -65,7 +66,7 @@ def test_streamed_tar_gz_round_trips_exactly(tmp_path):
     data = b"".join(iter_tar_gz(tree, chunk=64 * 1024))
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
         names = tf.getnames()
-        tf.extractall(tmp_path / "out", filter="data")
+        tarsafe.extractall(tf, tmp_path / "out")
     assert names[0] == "model" and "model/empty-dir" in names
     assert artifact_digest(tmp_path / "out" / "model").sha256 == artifact_digest(tree).sha256
     assert (tmp_path / "out" / "model" / "empty-dir").is_dir()
