@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from dlcloud.cli.common import client
+from dlcloud.cli.common import action_command, client
 from dlcloud.cli.output import (
     Output,
     OutputOption,
@@ -19,6 +19,7 @@ from dlcloud.cli.output import (
     render_fields,
     short_time,
 )
+from dlcloud.client import Client
 from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.common import format_memory, parse_duration
 from dlcloud.schemas.tenants import QuotaReport, RateLimit, SchedulingSpec, SchedulingTerms, Tenant
@@ -402,40 +403,40 @@ def keys_list(
     )
 
 
-@keys_app.command("disable")
-def keys_disable(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+KEY = ("key", "Access key id.")
+
+
+@action_command(keys_app, "disable", KEY, "key {} disabled")
+def keys_disable(c: Client, key: str) -> None:
     """Disable a key: requests signed with it are refused until it is enabled again.
 
     Example:
 
       dlcloud keys disable AKXXXXXXXXXXXXXXXXXX
     """
-    client(ctx).keys.disable(key)
-    err_console.print(f"key {key} disabled")
+    c.keys.disable(key)
 
 
-@keys_app.command("enable")
-def keys_enable(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+@action_command(keys_app, "enable", KEY, "key {} enabled")
+def keys_enable(c: Client, key: str) -> None:
     """Enable a disabled key.
 
     Example:
 
       dlcloud keys enable AKXXXXXXXXXXXXXXXXXX
     """
-    client(ctx).keys.enable(key)
-    err_console.print(f"key {key} enabled")
+    c.keys.enable(key)
 
 
-@keys_app.command("delete")
-def keys_delete(ctx: typer.Context, key: str = typer.Argument(..., help="Access key id.")) -> None:
+@action_command(keys_app, "delete", KEY, "key {} deleted")
+def keys_delete(c: Client, key: str) -> None:
     """Delete a key for good.
 
     Example:
 
       dlcloud keys delete AKXXXXXXXXXXXXXXXXXX
     """
-    client(ctx).keys.delete(key)
-    err_console.print(f"key {key} deleted")
+    c.keys.delete(key)
 
 
 def quota(

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from dlcloud.cli.common import client
+from dlcloud.cli.common import action_command, client
 from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time, size_text
 from dlcloud.client import Client
 from dlcloud.client.environments import RequirementsFile, read_requirements
@@ -220,8 +220,8 @@ def logs(
         _print_build_line(line, to_stderr=False)
 
 
-@app.command("delete")
-def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Environment name.")) -> None:
+@action_command(app, "delete", ("name", "Environment name."), "environment {} deleted")
+def delete(c: Client, name: str) -> None:
     """Delete an environment (refused while an unfinished job uses it or while it builds).
 
     Its venv is removed from the server once no environment of any tenant shares it.
@@ -230,5 +230,4 @@ def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Environment
 
       dlcloud envs delete nlp
     """
-    client(ctx).environments.delete(name)
-    err_console.print(f"environment {name} deleted")
+    c.environments.delete(name)

@@ -17,7 +17,7 @@ import yaml
 from rich.markup import escape
 
 from dlcloud.cli import metrics as view
-from dlcloud.cli.common import client
+from dlcloud.cli.common import action_command, answer_command, client
 from dlcloud.cli.output import (
     Output,
     OutputOption,
@@ -32,7 +32,7 @@ from dlcloud.cli.packing import pack_directory
 from dlcloud.client import Client
 from dlcloud.errors import InvalidSpec
 from dlcloud.schemas.common import format_memory
-from dlcloud.schemas.jobs import JobAttempt, JobDetail, JobState, LogSection
+from dlcloud.schemas.jobs import Job, JobAttempt, JobDetail, JobState, LogSection
 
 app = typer.Typer(help="Submit, watch and manage training jobs.", no_args_is_help=True)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -613,10 +613,11 @@ def logs(
         _print_log_line(line, timestamps, show_section=section == LogSection.ALL)
 
 
-@app.command("cancel")
-def cancel(
-    ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id."), output: Output = OutputOption
-) -> None:
+JOB = ("name", "Job name or id.")  # the argument of cancel and delete, as the help names it
+
+
+@answer_command(app, "cancel", JOB, err_console, lambda job: f"job {job.name}: {job.reason or job.state}")
+def cancel(c: Client, name: str) -> Job:
     """Cancel a job: queued jobs end at once; running ones get SIGTERM, then SIGKILL after the grace period,
     then their post_command runs.
 
@@ -624,23 +625,18 @@ def cancel(
 
       dlcloud jobs cancel mnist
     """
-    job = client(ctx).jobs.cancel(name)
-    if output == Output.json:
-        render(job, output, [])
-    else:
-        err_console.print(f"job {job.name}: {job.reason or job.state}")
+    return c.jobs.cancel(name)
 
 
-@app.command("delete")
-def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Job name or id.")) -> None:
+@action_command(app, "delete", JOB, "job {} deleted")
+def delete(c: Client, name: str) -> None:
     """Delete a finished job with its logs and files (cancel a running job first).
 
     Example:
 
       dlcloud jobs delete mnist
     """
-    client(ctx).jobs.delete(name)
-    err_console.print(f"job {name} deleted")
+    c.jobs.delete(name)
 
 
 class MetricsOutput(StrEnum):

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from dlcloud.cli.common import client
+from dlcloud.cli.common import answer_command, client
 from dlcloud.cli.jobs import _load_spec, upload_code, upload_template_data
 from dlcloud.cli.output import Output, OutputOption, console, print_json, render, render_fields, short_time
 from dlcloud.client import Client
@@ -17,7 +17,7 @@ from dlcloud.schemas.studies import Study, template_trial
 app = typer.Typer(help="Tune hyperparameters: studies of trial jobs (grid, random, TPE, ASHA).", no_args_is_help=True)
 
 
-STUDY = typer.Argument(..., help="Study name or id.")
+STUDY = ("name", "Study name or id.")  # the argument of stop and resume, as the help names it
 
 
 def _value(v: Any) -> str:
@@ -231,37 +231,25 @@ def best(
         console.print(f"  {k} = {_value(v)}")
 
 
-@app.command("stop")
-def stop(
-    ctx: typer.Context, name: str = typer.Argument(..., help="Study name or id."), output: Output = OutputOption
-) -> None:
+@answer_command(
+    app, "stop", STUDY, console, lambda s: f"study {s.name}: {s.state} (its running trials are being cancelled)"
+)
+def stop(c: Client, name: str) -> Study:
     """Stop a study: its running trials are cancelled (SIGTERM, then their grace period).
 
     Examples:
 
       dlcloud tune stop lr-search
     """
-    with client(ctx) as c:
-        s = c.studies.stop(name)
-    if output == Output.json:
-        print_json(s)
-        return
-    console.print(f"study {s.name}: {s.state} (its running trials are being cancelled)")
+    return c.studies.stop(name)
 
 
-@app.command("resume")
-def resume(
-    ctx: typer.Context, name: str = typer.Argument(..., help="Study name or id."), output: Output = OutputOption
-) -> None:
+@answer_command(app, "resume", STUDY, console, lambda s: f"study {s.name}: {s.state}")
+def resume(c: Client, name: str) -> Study:
     """Continue a stopped study where it stopped (its stopped trials are not run again).
 
     Examples:
 
       dlcloud tune resume lr-search
     """
-    with client(ctx) as c:
-        s = c.studies.resume(name)
-    if output == Output.json:
-        print_json(s)
-        return
-    console.print(f"study {s.name}: {s.state}")
+    return c.studies.resume(name)

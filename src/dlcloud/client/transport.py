@@ -9,6 +9,7 @@ the same ``validation_error`` the server would answer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -181,34 +182,32 @@ class Transport:
         timeout: float | None = None,
     ) -> httpx.Headers:
         """Stream a GET response body into the file ``dest``; returns the response headers."""
-        query = _query_string(params)
-        headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = _url(path, query)
-        try:
-            with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    self._raise_for(resp)
-                with dest.open("wb") as f:
-                    for chunk in resp.iter_bytes(CHUNK):
-                        f.write(chunk)
-                        if progress:
-                            progress(len(chunk))
-                return resp.headers
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the connection to {self.creds.endpoint}: {exc}") from None
+        with self._streamed_get(path, params, timeout) as resp, dest.open("wb") as f:
+            for chunk in resp.iter_bytes(CHUNK):
+                f.write(chunk)
+                if progress:
+                    progress(len(chunk))
+            return resp.headers
 
     def stream_lines(
         self, path: str, *, params: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Iterator[str]:
+        with self._streamed_get(path, params, timeout) as resp:
+            yield from resp.iter_lines()
+
+    @contextlib.contextmanager
+    def _streamed_get(
+        self, path: str, params: dict[str, Any] | None, timeout: float | None
+    ) -> Iterator[httpx.Response]:
+        """A signed GET whose body is read while it arrives: an error answer raises its DlcloudError before the body
+        is given out, and a connection lost before or while it is read raises Unavailable."""
         query = _query_string(params)
         headers = self._signed("GET", path, query, signing.EMPTY_SHA256)
-        url = _url(path, query)
         try:
-            with self._http.stream("GET", url, headers=headers, timeout=timeout) as resp:
+            with self._http.stream("GET", _url(path, query), headers=headers, timeout=timeout) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     self._raise_for(resp)
-                yield from resp.iter_lines()
+                yield resp
         except httpx.TransportError as exc:
             raise Unavailable(f"lost the connection to {self.creds.endpoint}: {exc}") from None
