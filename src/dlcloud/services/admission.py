@@ -26,13 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy.orm import Session
-
 from dlcloud.errors import QuotaExceeded, RateLimited
 from dlcloud.schemas.tenants import AdmissionLimits, RateLimit
 from dlcloud.services.auth import Caller
 from dlcloud.settings import Settings
-from dlcloud.store import jobs as job_store
 from dlcloud.store.rows import TenantRow
 
 MAX_BUCKETS = 100_000
@@ -149,13 +146,11 @@ def queued_jobs_cap(settings: Settings, tenant_limit: int | None) -> tuple[int |
     return None, "none"
 
 
-def check_queue_room(settings: Settings, s: Session, tenant: TenantRow) -> None:
-    """QuotaExceeded when ``tenant`` (locked by the caller's transaction) cannot queue one more job."""
+def check_queue_room(settings: Settings, tenant: TenantRow, queued: int) -> None:
+    """QuotaExceeded when ``tenant`` (locked by the caller's transaction), with ``queued`` jobs waiting in the
+    queue, cannot queue one more job."""
     limit, source = queued_jobs_cap(settings, tenant.quota_max_queued_jobs)
-    if limit is None:
-        return
-    queued = job_store.count_queued(s, tenant.id)
-    if queued < limit:
+    if limit is None or queued < limit:
         return
     whose = (
         f"the limit is {limit}"

@@ -65,6 +65,11 @@ class Caller:
         if not self.is_tenant_admin:
             raise PermissionDenied(f"{what} needs the tenant-admin or platform-admin role; you are {self.role.value}")
 
+    def require_owner_or_admin(self, kind: str, owner_id: str, name: str, action: str) -> None:
+        """PermissionDenied unless the caller owns the ``kind`` (a job, a study) or is one of its tenant's admins."""
+        if owner_id != self.user_id and not self.is_tenant_admin:
+            raise PermissionDenied(f"only the {kind}'s owner or a tenant admin can {action} {kind} {name!r}")
+
 
 class AuthError(DlcloudError):
     """A 401; ``access_key`` is kept for the audit log when one was given."""

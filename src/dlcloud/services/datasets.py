@@ -74,7 +74,7 @@ from dlcloud.store import uploads as upload_store
 from dlcloud.store.db import Database
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
 from dlcloud.store.models import user_names
-from dlcloud.store.rows import DatasetRow, DatasetVersionRow, JobDatasetRow, UploadClaimRow, utcnow
+from dlcloud.store.rows import DatasetRow, DatasetVersionRow, UploadClaimRow, utcnow
 
 log = logging.getLogger(__name__)
 FILES_PAGE, FILES_PAGE_MAX = 1000, 10_000  # files listed per page of GET .../files: by default, at most
@@ -603,8 +603,3 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
             )
         )
     return out
-
-
-def record_readers(s: Session, job_id: str, resolved: list[ResolvedDataset]) -> None:
-    for r in resolved:
-        s.add(JobDatasetRow(job_id=job_id, version_id=r.version_id))

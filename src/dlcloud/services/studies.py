@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound, PermissionDenied
+from dlcloud.errors import AlreadyExists, InvalidSpec, InvalidState, NotFound
 from dlcloud.schemas.datasets import DATASET_REF_RE, dataset_ref
 from dlcloud.schemas.jobs import SECRET_MASK, JobSpec
 from dlcloud.schemas.studies import (
@@ -44,14 +44,14 @@ from dlcloud.schemas.studies import (
     TrialCounts,
     TrialState,
 )
-from dlcloud.services import datasets, jobs, study_states
+from dlcloud.services import datasets, job_checks, jobs, study_states
 from dlcloud.services.auth import Caller
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.platform import Platform
 from dlcloud.store import studies as store
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.rows import StudyRow, StudyTrialRow, UserRow, utcnow
+from dlcloud.store.rows import StudyRow, StudyTrialRow, utcnow
 from dlcloud.templates import catalog
 
 
@@ -226,7 +226,7 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
         if tenant is None:
             raise NotFound("your tenant no longer exists")
-        jobs.check_fits(platform, tenant, job_spec)
+        job_checks.check_fits(platform, tenant, job_spec)
         jobs.resolve_checkpoint_from(s, caller, job_spec)  # trial.checkpoint_from: a job of yours that ended
         _pin_datasets(s, caller, stored["trial"])
         if store.name_taken(s, tenant.id, spec.name):
@@ -337,21 +337,16 @@ def _get_row(s: Session, caller: Caller, name_or_id: str, *, for_update: bool = 
     return row
 
 
-def _user_name(s: Session, user_id: str) -> str:
-    u = s.get(UserRow, user_id)
-    return u.name if u else user_id
-
-
 def list_studies(platform: Platform, caller: Caller, *, limit: int = 100, offset: int = 0) -> list[Study]:
     with platform.db.read() as s:
         rows = store.list_studies(s, caller.tenant_id, limit, offset)
-        return [_study_model(s, r, caller.tenant, _user_name(s, r.user_id)) for r in rows]
+        return [_study_model(s, r, caller.tenant, tenant_store.user_name(s, r.user_id)) for r in rows]
 
 
 def describe_study(platform: Platform, caller: Caller, name_or_id: str) -> StudyDetail:
     with platform.db.read() as s:
         row = _get_row(s, caller, name_or_id)
-        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id), detail=True)
+        study = _study_model(s, row, caller.tenant, tenant_store.user_name(s, row.user_id), detail=True)
     assert isinstance(study, StudyDetail)
     return study
 
@@ -372,20 +367,15 @@ def best_trial(platform: Platform, caller: Caller, name_or_id: str) -> BestTrial
         return _best_model(best)
 
 
-def _require_owner_or_admin(caller: Caller, row: StudyRow, what: str) -> None:
-    if row.user_id != caller.user_id and not caller.is_tenant_admin:
-        raise PermissionDenied(f"only the study's owner or a tenant admin can {what} study {row.name!r}")
-
-
 def stop_study(platform: Platform, caller: Caller, name_or_id: str) -> Study:
     """RUNNING -> STOPPING: the driver cancels its running trials, then it is STOPPED."""
     with platform.db.write() as s:
         row = _get_row(s, caller, name_or_id, for_update=True)
-        _require_owner_or_admin(caller, row, "stop")
+        caller.require_owner_or_admin("study", row.user_id, row.name, "stop")
         if row.state != StudyState.RUNNING.value:
             raise InvalidState(f"study {row.name!r} is {row.state}; only a RUNNING study can be stopped")
         study_states.transition_study(row, StudyState.STOPPING, f"stopped by {caller.user}")
-        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id))
+        study = _study_model(s, row, caller.tenant, tenant_store.user_name(s, row.user_id))
     platform.wake()
     return study
 
@@ -395,11 +385,11 @@ def resume_study(platform: Platform, caller: Caller, name_or_id: str) -> Study:
     require_isolation(platform, caller, "running studies")
     with platform.db.write() as s:
         row = _get_row(s, caller, name_or_id, for_update=True)
-        _require_owner_or_admin(caller, row, "resume")
+        caller.require_owner_or_admin("study", row.user_id, row.name, "resume")
         if row.state != StudyState.STOPPED.value:
             hint = "; wait until it is STOPPED" if row.state == StudyState.STOPPING.value else ""
             raise InvalidState(f"study {row.name!r} is {row.state}; only a STOPPED study can be resumed{hint}")
         study_states.transition_study(row, StudyState.RUNNING, f"resumed by {caller.user}")
-        study = _study_model(s, row, caller.tenant, _user_name(s, row.user_id))
+        study = _study_model(s, row, caller.tenant, tenant_store.user_name(s, row.user_id))
     platform.wake()
     return study

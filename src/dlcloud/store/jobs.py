@@ -6,6 +6,8 @@ statement skips query construction, and they run on a Core connection without OR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,9 +16,18 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
 from dlcloud.schemas.jobs import JobState
-from dlcloud.store import waits
+from dlcloud.store import studies, tenants, waits
 from dlcloud.store.ids import looks_like_id
-from dlcloud.store.rows import AttemptRow, JobEventRow, JobRow, ReplicaRow, TenantRow, UserRow
+from dlcloud.store.rows import (
+    AttemptRow,
+    CodeRow,
+    JobDatasetRow,
+    JobEventRow,
+    JobRow,
+    ReplicaRow,
+    TenantRow,
+    UserRow,
+)
 
 QUEUE_STATES = (JobState.QUEUED.value, JobState.RESTARTING.value)
 
@@ -41,6 +52,51 @@ def name_taken(s: Session, tenant_id: str, name: str) -> bool:
 def count_queued(s: Session, tenant_id: str) -> int:
     q = select(func.count()).select_from(JobRow).where(JobRow.tenant_id == tenant_id, JobRow.state.in_(QUEUE_STATES))
     return int(s.scalar(q) or 0)
+
+
+@dataclass(frozen=True)
+class SubmissionFacts:
+    """What the database says of a job about to be submitted, read at once in its submit transaction."""
+
+    tenant: TenantRow  # locked until the transaction ends: its quotas and its queue hold still meanwhile
+    code: CodeRow | None  # the upload the job names, if it is the tenant's
+    checkpoint_source: JobRow | None  # the tenant's job that ``checkpoint_from`` names, if any
+    name_taken: bool  # a job of the tenant has the name
+    trial_name_taken: bool  # the study asked about is one of the tenant's: the name is its trials'
+    queued: int  # the tenant's jobs waiting in the queue
+
+
+def submission_facts(
+    s: Session,
+    tenant_id: str,
+    name: str,
+    *,
+    code_id: str | None,
+    checkpoint_from: str | None,
+    trial_study: str | None,
+) -> SubmissionFacts | None:
+    """The facts a submit checks its job against, the tenant locked (FOR UPDATE) first; None when the tenant
+    no longer exists. ``trial_study``: the study whose trials' names ``name`` has the form of (None: ask none)."""
+    tenant = tenants.get_tenant(s, tenant_id, for_update=True)
+    if tenant is None:
+        return None
+    code = s.scalar(select(CodeRow).where(CodeRow.id == code_id, CodeRow.tenant_id == tenant_id)) if code_id else None
+    return SubmissionFacts(
+        tenant=tenant,
+        code=code,
+        checkpoint_source=get_job(s, tenant_id, checkpoint_from) if checkpoint_from is not None else None,
+        name_taken=name_taken(s, tenant_id, name),
+        trial_name_taken=trial_study is not None and studies.name_taken(s, tenant_id, trial_study),
+        queued=count_queued(s, tenant_id),
+    )
+
+
+def add_job(s: Session, row: JobRow, dataset_version_ids: Sequence[str]) -> None:
+    """Add a new job's row and the dataset versions it reads (which cannot be deleted while it has not ended)."""
+    s.add(row)
+    s.flush()
+    for version_id in dataset_version_ids:
+        s.add(JobDatasetRow(job_id=row.id, version_id=version_id))
 
 
 def list_jobs(

@@ -215,7 +215,7 @@ class JobRow(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     user_id: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(63))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the user's own (``_stored_spec`` in services/jobs.py)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the user's own (``JobDraft.stored``, services/job_drafts.py)
     # what the platform decided at submit, beside the spec, never in it (``JobPlatformState`` says why one
     # sub-document); fixed at submit
     platform_state: Mapped[JobPlatformState] = mapped_column(PlatformStateJSON, default=lambda: JobPlatformState())

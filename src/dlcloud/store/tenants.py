@@ -101,6 +101,12 @@ def user_names(s: Session, user_ids: list[str]) -> dict[str, str]:
     return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(user_ids)))}
 
 
+def user_name(s: Session, user_id: str) -> str:
+    """The name of the user with this id; the id itself for a user deleted since."""
+    user = s.get(UserRow, user_id)
+    return user.name if user else user_id
+
+
 def any_user(s: Session) -> bool:
     """Whether the platform has a user at all (before its first start it has none)."""
     return s.scalar(select(UserRow.id).limit(1)) is not None
