@@ -83,7 +83,12 @@ def test_a_trials_platform_variables_stay_out_of_its_spec(env: Env) -> None:
     assert state == JobPlatformState(env=trial_env)
     shown = env.admin.jobs.get("s-3")
     assert shown.spec["env"] == {"MINE": "x"}
-    assert shown.resolved.model_dump(mode="json") == {"datasets": [], "checkpoint_from_id": None, "env": trial_env}
+    assert shown.resolved.model_dump(mode="json") == {
+        "datasets": [],
+        "checkpoint_from_id": None,
+        "env": trial_env,
+        "register_model": None,
+    }
     with env.platform.db.read() as s:  # what its processes get: its own env and the trial's variables
         row = s.scalars(select(JobRow).where(JobRow.name == "s-3")).one()
         assert jobs.job_env(env.platform, row) == {"MINE": "x", **trial_env}

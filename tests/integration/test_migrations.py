@@ -262,3 +262,43 @@ def test_0025_moves_the_platforms_keys_out_of_older_specs_and_0024_gets_them_bac
     assert back["trial-3"] == older and back["plain"] == specs["plain"]
     _alembic(db_url, "upgrade", "head")
     engine.dispose()
+
+
+def test_0026_moves_the_completed_register_model_into_the_platform_state_and_0025_gets_it_back(env, db_url):
+    """0025 kept ``register_model`` completed at submit (path, format decided) in the user's spec; 0026 copies
+    it into ``platform_state.register_model``, which registration reads, and going back to 0025 puts the
+    completed form in the spec again (a row submitted after 0026 keeps the user's form in its spec)."""
+    import json
+
+    from sqlalchemy import text
+
+    from dlcloud.schemas.jobs import ModelTarget
+    from dlcloud.store.rows import JobRow
+
+    env.admin.jobs.submit({"name": "plain", "command": "true"})
+    env.admin.jobs.submit({"name": "exports", "command": "true", "register_model": {"name": "m", "path": "a.onnx"}})
+    completed = {"name": "m", "path": "a.onnx", "format": "onnx", "signature": None, "description": ""}
+    with env.platform.db.read() as s:
+        rows = {r.name: (r.spec, r.platform_state) for r in s.scalars(select(JobRow))}
+    assert rows["exports"][0]["register_model"] == {**completed, "format": None}  # the user's, as given
+    assert rows["exports"][1].register_model == ModelTarget(**completed)
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0025")
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT name, spec, platform_state FROM jobs")).all()
+    older = {
+        n: (json.loads(s) if isinstance(s, str) else s, json.loads(p) if isinstance(p, str) else p) for n, s, p in found
+    }
+    assert older["exports"][0]["register_model"] == completed and "register_model" not in older["exports"][1]
+    assert older["plain"][0]["register_model"] is None and "register_model" not in older["plain"][1]
+    _alembic(db_url, "upgrade", "head")
+
+    with env.platform.db.read() as s:
+        rows = {r.name: (r.spec, r.platform_state) for r in s.scalars(select(JobRow))}
+    assert rows["exports"][1].register_model == ModelTarget(**completed)
+    assert rows["exports"][0]["register_model"] == completed  # an older row's spec keeps what 0025 stored
+    assert rows["plain"][1].register_model is None
+    assert env.admin.jobs.get("exports").resolved.register_model == ModelTarget(**completed)
+    engine.dispose()

@@ -245,7 +245,15 @@ def test_cli_pushes_a_local_data_file_as_a_dataset_named_after_the_job(env: Env,
         {"name": "churn", "template": section, "hparams": {"layers": 3}, "register_model": {"name": "churn"}}
     )
     detail = c.jobs.get("churn")
-    assert detail.spec["register_model"] == {
+    assert detail.spec["register_model"] == {  # the user's, as given
+        "name": "churn",
+        "path": None,
+        "format": None,
+        "signature": None,
+        "description": "",
+    }
+    assert detail.resolved.register_model is not None
+    assert detail.resolved.register_model.model_dump() == {  # completed at submit
         "name": "churn",
         "path": "model",
         "format": "torchscript",

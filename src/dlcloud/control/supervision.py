@@ -359,7 +359,7 @@ class Supervisor:
             failure=failure,
             note=post_note(report),
         )
-        return job.state == JobState.SUCCEEDED.value and bool(job.spec.get("register_model"))
+        return job.state == JobState.SUCCEEDED.value and job.platform_state.register_model is not None
 
     def _lost(self, job_id: str, attempt_id: int, report: AttemptReport) -> None:
         if not report.launched and attempt_id not in self._relaunched:

@@ -432,6 +432,20 @@ class ResolvedDataset(JobDatasetVersion):
     storage_key: str
 
 
+class ModelTarget(BaseModel):
+    """``register_model`` as the platform completed it at submit: the path in the outputs (a template's export
+    directory by default), the format (a template's, else told from the path's suffix), the signature
+    validated and normalised (None: inferred when the model is registered)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    path: str
+    format: str
+    signature: dict[str, Any] | None = None
+    description: str = ""
+
+
 class JobPlatformState(BaseModel):
     """What the platform decided for a job at submit, kept beside the user's spec (``jobs.platform_state``),
     never inside it: the spec a job row keeps is the user's own, and no reader looks the platform's state up by
@@ -443,8 +457,9 @@ class JobPlatformState(BaseModel):
       that job never ran an attempt and so has no checkpoints).
     - ``env``: the DLCLOUD_* variables the study driver gives a trial's job (DLCLOUD_HPARAMS, DLCLOUD_STUDY,
       DLCLOUD_TRIAL, DLCLOUD_STOP_AT_STEP), which a user's spec may not set; empty for other jobs.
+    - ``register_model``: the spec's ``register_model`` completed (``ModelTarget``); None when it has none.
 
-    One typed sub-document in one JSON column rather than a column each: the three are decided together at
+    One typed sub-document in one JSON column rather than a column each: they are decided together at
     submit and never written after, no query filters or joins on them (the jobs reading a dataset version are
     the ``job_datasets`` rows), two of them are a list and a mapping (JSON either way), and what the platform
     decides next at submit becomes a field here, not another migration. The store validates it on every load
@@ -456,6 +471,7 @@ class JobPlatformState(BaseModel):
     datasets: tuple[ResolvedDataset, ...] = ()
     checkpoint_from_id: str | None = None
     env: dict[str, str] = {}
+    register_model: ModelTarget | None = None
 
 
 class JobResolved(Response):
@@ -465,11 +481,12 @@ class JobResolved(Response):
     datasets: list[JobDatasetVersion] = []
     checkpoint_from_id: str | None = None  # the job ``spec.checkpoint_from`` resolved to (None: no checkpoints)
     env: dict[str, str] = {}  # a study trial's DLCLOUD_* variables, set by the platform
+    register_model: ModelTarget | None = None  # the spec's register_model with path, format and signature decided
 
 
 class JobDetail(Job):
-    # the user's spec as stored: defaults filled in, register_model's path and format decided, each secret_env
-    # value shown as SECRET_MASK
+    # the user's spec as stored: defaults filled in, each secret_env value shown as SECRET_MASK (what the
+    # platform decided of it, register_model completed among it, is ``resolved``)
     spec: dict[str, Any]
     resolved: JobResolved = JobResolved()
     environment_hash: str | None  # the build of the environment the job runs in (None for default)

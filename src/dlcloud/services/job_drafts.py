@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dlcloud.errors import InvalidSpec
-from dlcloud.schemas.jobs import JobSpec
+from dlcloud.schemas.jobs import JobSpec, ModelTarget
 from dlcloud.schemas.models import FORMATS, format_from_name
 from dlcloud.services import recipes
 from dlcloud.services.model_signatures import check_signature
@@ -38,7 +38,8 @@ class JobDraft:
     """A job spec that passed every check of its own, with what its row derives from it."""
 
     spec: JobSpec
-    stored: dict[str, Any]  # the spec as the row keeps it: secrets encrypted, register_model filled in
+    stored: dict[str, Any]  # the spec as the row keeps it: the user's, its secrets encrypted
+    register_model: ModelTarget | None  # the spec's register_model completed (JobPlatformState.register_model)
     dataset_refs: tuple[str, ...]  # the datasets it reads, a template's data among them
     command: str  # the main command as one shell string
     replica_groups: list[dict[str, Any]] | None  # per group its count and resources; None for one process
@@ -56,8 +57,8 @@ def plan(platform: Platform, spec: JobSpec) -> JobDraft:
     _check_template(spec)
     _check_publish(platform, spec)
     register = _register_model_spec(spec)
-    if register is not None and looks_like_id(register["name"]):
-        raise InvalidSpec(reserved_name_message("model", register["name"]))
+    if register is not None and looks_like_id(register.name):
+        raise InvalidSpec(reserved_name_message("model", register.name))
     refs = list(spec.datasets)
     template_data = spec.template.data if spec.template is not None else None
     if template_data is not None and catalog.dataset_name(template_data) not in {catalog.dataset_name(r) for r in refs}:
@@ -67,7 +68,6 @@ def plan(platform: Platform, spec: JobSpec) -> JobDraft:
         raise InvalidSpec(f"{', '.join(both)} given in both env and secret_env; give each variable in one of them")
     stored = spec.model_dump(mode="json")
     stored["secret_env"] = {k: platform.box.encrypt(v).decode() for k, v in spec.secret_env.items()}
-    stored["register_model"] = register
     groups = spec.groups()
     replica_groups = None
     if spec.process_count() > 1:
@@ -77,6 +77,7 @@ def plan(platform: Platform, spec: JobSpec) -> JobDraft:
     return JobDraft(
         spec=spec,
         stored=stored,
+        register_model=register,
         dataset_refs=tuple(refs),
         command=recipes.shell_command(spec),
         replica_groups=replica_groups,
@@ -110,8 +111,9 @@ def _check_publish(platform: Platform, spec: JobSpec) -> None:
         )
 
 
-def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
-    """``register_model`` as stored: path and format filled in (a template's export; else the path's suffix)."""
+def _register_model_spec(spec: JobSpec) -> ModelTarget | None:
+    """``register_model`` completed: path and format filled in (a template's export; else the path's suffix),
+    the signature checked."""
     r = spec.register_model
     if r is None:
         return None
@@ -125,4 +127,4 @@ def _register_model_spec(spec: JobSpec) -> dict[str, Any] | None:
             f"give one of {', '.join(FORMATS)}"
         )
     signature = check_signature(r.signature) if r.signature is not None else None
-    return {"name": r.name, "path": path, "format": fmt, "signature": signature, "description": r.description}
+    return ModelTarget(name=r.name, path=path, format=fmt, signature=signature, description=r.description)

@@ -59,7 +59,9 @@ def register_from_job(platform: Platform, job_id: str) -> str:
         job = s.get(JobRow, job_id)
         if job is None:
             return "job deleted before its model was registered"
-        spec: dict[str, Any] = dict(job.spec.get("register_model") or {})
+        target = job.platform_state.register_model
+        if target is None:
+            return "the job registers no model"
         user = s.get(UserRow, job.user_id)
         tenant = s.get(TenantRow, job.tenant_id)
         if user is not None and tenant is not None:
@@ -73,20 +75,20 @@ def register_from_job(platform: Platform, job_id: str) -> str:
             )
         rows = metric_store.read_points(s, job.id, (), job.attempt, "")
         attempt, job_name, user_id = job.attempt, job.name, job.user_id
-    name = str(spec.get("name"))
+    name = target.name
     try:
         if caller is None:
             raise DlcloudError(f"the job's user {user_id} no longer exists", "not_found")
         req = ModelRegister(
             name=name,
-            format=str(spec["format"]),
-            from_job=FromJob(job=job_id, path=str(spec["path"])),
-            signature=spec.get("signature"),
+            format=target.format,
+            from_job=FromJob(job=job_id, path=target.path),
+            signature=target.signature,
             metrics=_last_metrics(rows, attempt),
-            description=str(spec.get("description") or f"registered by job {job_name} when it succeeded"),
+            description=target.description or f"registered by job {job_name} when it succeeded",
         )
         version = models.register_model(platform, caller, req)
-        reason = f"model {name} version {version.version} registered from {spec['path']}"
+        reason = f"model {name} version {version.version} registered from {target.path}"
     except DlcloudError as exc:
         reason = f"model {name} not registered: {exc.message}"
     except Exception:  # whatever went wrong, the job's owner learns that it did

@@ -101,6 +101,7 @@ def public_state(state: JobPlatformState) -> JobResolved:
         ],
         checkpoint_from_id=state.checkpoint_from_id,
         env=dict(state.env),
+        register_model=state.register_model,
     )
 
 
@@ -222,7 +223,10 @@ def _new_row(caller: Caller, draft: JobDraft, decided: Decisions, trial_env: dic
         name=spec.name,
         spec=draft.stored,
         platform_state=JobPlatformState(
-            datasets=decided.datasets, checkpoint_from_id=decided.checkpoint_from_id, env=dict(trial_env)
+            datasets=decided.datasets,
+            checkpoint_from_id=decided.checkpoint_from_id,
+            env=dict(trial_env),
+            register_model=draft.register_model,
         ),
         command=draft.command,
         code_id=spec.code,
