@@ -95,11 +95,12 @@ class SteppedClock:
 
 @pytest.fixture
 def registry_clock(monkeypatch: pytest.MonkeyPatch) -> ShiftedClock:
-    """The model registry's clock (it gives and checks deployment leases), moved on by the test instead of waiting."""
-    from dlcloud.services import model_leases, models
+    """The model registry's clock (it gives and checks deployment leases, and dates versions), moved on by the test
+    instead of waiting."""
+    from dlcloud.services import model_leases, registry
 
     clock = ShiftedClock()
-    for module in (models, model_leases):
+    for module in (registry, model_leases):
         monkeypatch.setattr(module, "utcnow", clock)
     return clock
 

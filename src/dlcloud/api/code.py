@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request, status
 
-from dlcloud import signing
-from dlcloud.api.deps import (
-    CallerDep,
-    PlatformDep,
-    StreamingCallerDep,
-    set_audit_resource,
-)
+from dlcloud.api.deps import CallerDep, PlatformDep, StreamingCallerDep, incoming, set_audit_resource
 from dlcloud.api.params import CodeId
-from dlcloud.errors import InvalidArgument
 from dlcloud.schemas.jobs import CodeUpload
 from dlcloud.services import code as svc
 
@@ -37,12 +30,7 @@ async def upload_code(
         json_schema_extra={"pattern": svc.FILENAME_RE.pattern},
     ),
 ) -> CodeUpload:
-    length = request.headers.get("content-length")
-    try:
-        content_length = int(length) if length is not None else None
-    except ValueError:
-        raise InvalidArgument("Content-Length must be an integer") from None
-    declared = request.headers[signing.HEADER_CONTENT_SHA256.lower()]
+    body = incoming(request)
     upload = await svc.upload_code(
         p.db,
         p.settings,
@@ -50,9 +38,9 @@ async def upload_code(
         c,
         kind=kind,
         filename=filename,
-        declared_sha256=declared,
-        content_length=content_length,
-        chunks=request.stream(),
+        declared_sha256=body.declared_sha256,
+        content_length=body.content_length,
+        chunks=body.chunks,
     )
     set_audit_resource(request, upload.id)
     return upload

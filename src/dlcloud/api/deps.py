@@ -11,10 +11,11 @@ from fastapi import Depends, Request
 
 from dlcloud import signing
 from dlcloud.api.guard import signed_path
-from dlcloud.errors import Unauthenticated
+from dlcloud.errors import InvalidArgument, Unauthenticated
 from dlcloud.services.auth import BatchVerifier, Caller, SignedRequest
 from dlcloud.services.metrics import JobToken, read_token
 from dlcloud.services.platform import Platform
+from dlcloud.services.uploads import Incoming
 
 T = TypeVar("T")
 
@@ -93,3 +94,14 @@ async def run_read(platform: Platform, call: Callable[..., T], *args: Any) -> T:
 
 def set_audit_resource(request: Request, resource: str) -> None:
     request.state.audit_resource = resource
+
+
+def incoming(request: Request) -> Incoming:
+    """An upload's body as its request brings it: the SHA-256 its client signed and its declared length (400 for
+    a Content-Length that is no integer)."""
+    length = request.headers.get("content-length")
+    try:
+        content_length = int(length) if length is not None else None
+    except ValueError:
+        raise InvalidArgument("Content-Length must be an integer") from None
+    return Incoming(request.headers[signing.HEADER_CONTENT_SHA256.lower()], content_length, request.stream())

@@ -9,19 +9,10 @@ import typer
 
 from dlcloud.cli import registry
 from dlcloud.cli.common import client
-from dlcloud.cli.output import (
-    Output,
-    OutputOption,
-    err_console,
-    render,
-    render_fields,
-    short_time,
-    size_text,
-    transfer_progress,
-)
+from dlcloud.cli.output import Output, OutputOption, err_console, render, short_time, size_text, transfer
 from dlcloud.client.datasets import is_bucket_source, pack_data, split_name
 from dlcloud.errors import DlcloudError, InvalidArgument
-from dlcloud.schemas.datasets import DatasetVersion
+from dlcloud.schemas.datasets import DatasetDetail, DatasetVersion
 
 app = typer.Typer(
     help="Push, version, label, share and download datasets: trees of files in numbered immutable versions "
@@ -29,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 WORDS = registry.Words("dataset", "datasets", "clicks", "acme/clicks")
+# the version of ``files`` and ``download``: NAME@REF, or NAME with --version REF
+NAME_REF = typer.Argument(..., help="Dataset name (OWNER/NAME for a shared one), or NAME@REF.")
+VERSION = typer.Option(None, "--version", help="A version number, a label or latest [default: latest].")
 
 
 def _name_ref(name: str, version: str | None) -> tuple[str, str | None]:
@@ -104,19 +98,11 @@ def create(
         return
     packed = pack_data(source)
     c = client(ctx)
-    try:
-        with transfer_progress() as progress:
-            task = progress.add_task(f"uploading {Path(source).name}", total=packed.archive.stat().st_size)
-            up = c.datasets.upload(packed.archive, progress=lambda n: progress.advance(task, n))
-    finally:
-        packed.archive.unlink(missing_ok=True)
-    version = c.datasets.push(name, upload=up.id, description=description)
-    if output == Output.json:
-        render(version, output, [])
-        return
-    err_console.print(
-        f"dataset [bold]{version.dataset}[/bold] version {version.version} created "
-        f"({version.file_count} files, {version.size_bytes} bytes)"
+    upload = registry.upload_archive(c.datasets.upload, packed.archive, Path(source).name)
+    version = c.datasets.push(name, upload=upload, description=description)
+    shown = f"{version.file_count} files, {version.size_bytes} bytes"
+    registry.show_made(
+        version, output, f"dataset [bold]{version.dataset}[/bold] version {version.version} created ({shown})"
     )
 
 
@@ -171,65 +157,42 @@ def list_datasets(ctx: typer.Context, output: Output = OutputOption) -> None:
 
 
 def _describe_version(v: DatasetVersion, output: Output) -> None:
-    render_fields(
-        v,
-        output,
-        [
-            ("Dataset", v.dataset),
-            ("Version", v.version),
-            ("State", _state(v) + (f" ({v.state_reason})" if v.state_reason else "")),
-            ("Source", v.source or "-"),
-            ("Files", v.file_count),
-            ("Size", f"{size_text(v.size_bytes)} ({v.size_bytes} bytes)"),
-            ("SHA256", v.sha256 or "-"),
-            ("Labels", ", ".join(v.labels) or "-"),
-            ("Description", v.description or "-"),
-            ("Created by", v.created_by),
-            ("Created", short_time(v.created_at)),
-            ("In use by", ", ".join(v.in_use_by) or "-"),
-        ],
-    )
+    head = [
+        ("State", _state(v) + (f" ({v.state_reason})" if v.state_reason else "")),
+        ("Source", v.source or "-"),
+        ("Files", v.file_count),
+        ("Size", f"{size_text(v.size_bytes)} ({v.size_bytes} bytes)"),
+        ("SHA256", v.sha256 or "-"),
+    ]
+    in_use = ("In use by", ", ".join(v.in_use_by) or "-")
+    registry.show_version(v, output, ("Dataset", v.dataset), head, [], [in_use])
 
 
-@app.command("describe")
-def describe(
-    ctx: typer.Context,
-    name: str = typer.Argument(
-        ..., help="Dataset name, OWNER/NAME for one shared with your tenant; NAME@REF shows one version."
-    ),
-    version: str | None = typer.Option(None, "--version", help="Show one version: a number, a label or latest."),
-    output: Output = OutputOption,
-) -> None:
-    """Show a dataset with its versions, labels and shares, or one version.
-
-    Examples:
-
-      dlcloud datasets describe clicks
-
-      dlcloud datasets describe clicks --version production -o json
-
-      dlcloud datasets describe acme/clicks@3
-    """
-    name, ref = _name_ref(name, version)
-    c = client(ctx)
-    if ref is not None:
-        _describe_version(c.datasets.version(name, ref), output)
-        return
-    d = c.datasets.get(name)
+def _describe(d: DatasetDetail, output: Output) -> None:
     size = f"{size_text(d.size_bytes)} in {d.version_count} version(s)"
     registry.show_entry(d, output, [("Size", size)], VERSION_COLUMNS)
 
 
+registry.describe_command(
+    app,
+    WORDS,
+    (
+        "Show a dataset with its versions, labels and shares, or one version.",
+        "Dataset name, OWNER/NAME for one shared with your tenant; NAME@REF shows one version.",
+        "describe acme/clicks@3",
+    ),
+    _describe,
+    _describe_version,
+    _name_ref,
+)
 registry.versions_command(app, WORDS, VERSION_COLUMNS)
 
 
 @app.command("files")
 def files(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name (OWNER/NAME for a shared one), or NAME@REF."),
-    version: str | None = typer.Option(
-        None, "--version", help="A version number, a label or latest [default: latest]."
-    ),
+    name: str = NAME_REF,
+    version: str | None = VERSION,
     output: Output = OutputOption,
 ) -> None:
     """List the files of a version with their sizes and SHA-256, sorted by path.
@@ -253,10 +216,8 @@ def files(
 @app.command("download")
 def download(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="Dataset name (OWNER/NAME for a shared one), or NAME@REF."),
-    version: str | None = typer.Option(
-        None, "--version", help="A version number, a label or latest [default: latest]."
-    ),
+    name: str = NAME_REF,
+    version: str | None = VERSION,
     dest: Path | None = typer.Option(None, "--dest", help="A new or empty directory for the files [default: ./NAME]."),
 ) -> None:
     """Download a version's files into a new or empty directory and verify its checksum.
@@ -273,9 +234,8 @@ def download(
     target = dest if dest is not None else Path(name.rpartition("/")[2])
     c = client(ctx)
     meta = c.datasets.version(name, ref or "latest")
-    with transfer_progress() as progress:
-        task = progress.add_task(f"downloading {name} version {meta.version}", total=None)
-        c.datasets.download(name, meta.version, target, progress=lambda n: progress.advance(task, n))
+    shown = f"{name} version {meta.version}"
+    transfer(f"downloading {shown}", lambda advance: c.datasets.download(name, meta.version, target, advance))
     err_console.print(
         f"downloaded {name} version {meta.version} to {target} ({meta.file_count} files, checksum verified)"
     )

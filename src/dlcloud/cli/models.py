@@ -11,20 +11,10 @@ import yaml
 
 from dlcloud.cli import registry
 from dlcloud.cli.common import client
-from dlcloud.cli.output import (
-    Output,
-    OutputOption,
-    console,
-    err_console,
-    render,
-    render_fields,
-    short_time,
-    size_text,
-    transfer_progress,
-)
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, short_time, size_text, transfer
 from dlcloud.client.models import infer_format, pack_artifact, split_name, unknown_format_error
 from dlcloud.errors import InvalidArgument, InvalidSignature, UnknownFormat
-from dlcloud.schemas.models import FORMATS, ModelVersion
+from dlcloud.schemas.models import FORMATS, ModelDetail, ModelVersion
 
 app = typer.Typer(
     help="Register, version, label, share and download models (NAME, or OWNER/NAME for a shared model).",
@@ -142,23 +132,16 @@ def register(
     kwargs: dict[str, Any] = {"signature": sig, "metrics": metrics, "description": description}
     if file is not None:
         split_name(name)  # a malformed OWNER/NAME fails before the upload
-        archive = pack_artifact(file)
-        try:
-            with transfer_progress() as progress:
-                task = progress.add_task(f"uploading {file.name}", total=archive.stat().st_size)
-                up = c.models.upload(archive, progress=lambda n: progress.advance(task, n))
-        finally:
-            archive.unlink(missing_ok=True)
-        version = c.models.register(name, fmt, upload=up.id, **kwargs)
+        upload = registry.upload_archive(c.models.upload, pack_artifact(file), file.name)
+        version = c.models.register(name, fmt, upload=upload, **kwargs)
     else:
         version = c.models.register(name, fmt, from_job=from_job, path=path, **kwargs)
-    if output == Output.json:
-        render(version, output, [])
-        return
-    err_console.print(
+    summary = (
         f"model [bold]{version.model}[/bold] version {version.version} registered "
         f"({version.format}, {size_text(version.size_bytes)}, sha256 {version.sha256[:12]})"
     )
+    if registry.show_made(version, output, summary):
+        return
     if version.signature is None:
         err_console.print("signature: not declared (could not be inferred; give --signature FILE to declare it)")
     if version.executes_code:
@@ -183,52 +166,21 @@ def list_models(ctx: typer.Context, output: Output = OutputOption) -> None:
 
 def _describe_version(v: ModelVersion, output: Output) -> None:
     sig = v.signature
-    fields: list[tuple[str, Any]] = [
-        ("Model", v.model),
-        ("Version", v.version),
+    head = [
         ("Format", v.format),
         ("Executes code", "yes: loading it runs its author's code" if v.executes_code else "no"),
         ("Artifact", v.artifact),
         ("Size", size_text(v.size_bytes)),
         ("SHA256", v.sha256),
-        ("Labels", ", ".join(v.labels) or "-"),
-        ("Signature", "not declared" if sig is None else ""),
     ]
+    middle = [("Signature", "not declared" if sig is None else "")]
     if sig is not None:
-        fields += [("  inputs", _tensors(sig["inputs"])), ("  outputs", _tensors(sig["outputs"]))]
-    fields += [
-        ("Metrics", ", ".join(f"{k}={val:g}" for k, val in v.metrics.items()) or "-"),
-        ("Source", _source(v)),
-        ("Description", v.description or "-"),
-        ("Created by", v.created_by),
-        ("Created", short_time(v.created_at)),
-        ("Deployed", _deployments(v)),
-    ]
-    render_fields(v, output, fields)
+        middle += [("  inputs", _tensors(sig["inputs"])), ("  outputs", _tensors(sig["outputs"]))]
+    middle += [("Metrics", ", ".join(f"{k}={val:g}" for k, val in v.metrics.items()) or "-"), ("Source", _source(v))]
+    registry.show_version(v, output, ("Model", v.model), head, middle, [("Deployed", _deployments(v))])
 
 
-@app.command("describe")
-def describe(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Model name, or OWNER/NAME for a model shared with your tenant."),
-    version: str | None = typer.Option(None, "--version", help="Show one version: a number, a label or latest."),
-    output: Output = OutputOption,
-) -> None:
-    """Show a model with its versions, labels and shares, or one version with its signature and metrics.
-
-    Examples:
-
-      dlcloud models describe mnist
-
-      dlcloud models describe mnist --version production -o json
-
-      dlcloud models describe vision/mnist --version 3
-    """
-    c = client(ctx)
-    if version is not None:
-        _describe_version(c.models.version(name, version), output)
-        return
-    m = c.models.get(name)
+def _describe(m: ModelDetail, output: Output) -> None:
     registry.show_entry(m, output, [], VERSION_COLUMNS)
     if output == Output.json:
         return
@@ -237,6 +189,17 @@ def describe(
         console.print(f"signature: not declared for version(s) {', '.join(unsigned)}")
 
 
+registry.describe_command(
+    app,
+    WORDS,
+    (
+        "Show a model with its versions, labels and shares, or one version with its signature and metrics.",
+        "Model name, or OWNER/NAME for a model shared with your tenant.",
+        "describe vision/mnist --version 3",
+    ),
+    _describe,
+    _describe_version,
+)
 registry.versions_command(app, WORDS, VERSION_COLUMNS)
 registry.label_commands(app, WORDS, "staging or production", "production", "staging")
 registry.share_commands(app, WORDS, "it can list, describe and download it as OWNER/NAME")
@@ -258,9 +221,8 @@ def download(
 
       dlcloud models download vision/mnist 3
     """
-    c = client(ctx)
-    with transfer_progress() as progress:
-        task = progress.add_task(f"downloading {name}:{version}", total=None)
-        target = c.models.download(name, version, dest=dest, progress=lambda n: progress.advance(task, n))
+    models = client(ctx).models
+    shown = f"{name}:{version}"
+    target = transfer(f"downloading {shown}", lambda advance: models.download(name, version, dest, advance))
     err_console.print(f"downloaded {name}:{version} to {target} (checksum verified)")
     typer.echo(str(target))

@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -27,6 +27,7 @@ from dlcloud.schemas.common import format_memory
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+T = TypeVar("T")
 
 
 def transfer_progress() -> Progress:
@@ -39,6 +40,14 @@ def transfer_progress() -> Progress:
         console=err_console,
         transient=not err_console.is_terminal,
     )
+
+
+def transfer(shown: str, run: Callable[[Callable[[int], None]], T], total: int | None = None) -> T:
+    """``run(advance)`` under the progress bar ``shown`` (``transfer_progress``); ``advance(n)`` counts ``n`` more
+    bytes moved of ``total`` (None: unknown)."""
+    with transfer_progress() as progress:
+        task = progress.add_task(shown, total=total)
+        return run(lambda n: progress.advance(task, n))
 
 
 class Output(StrEnum):

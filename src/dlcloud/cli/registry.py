@@ -1,21 +1,24 @@
 """The commands every versioned registry (``dlcloud models``, ``dlcloud datasets``) has alike: versions, label,
 unlabel, share, unshare and delete, written once and added to each group with its own words and examples; the
-columns of ``list`` and the entry that ``describe`` shows."""
+columns of ``list``, the entry and the version that ``describe`` shows, and transfers under a progress bar."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from dlcloud.cli.common import client
-from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time
+from dlcloud.cli.output import Output, OutputOption, console, err_console, render, render_fields, short_time, transfer
 from dlcloud.client.registry import RegistryAPI
-from dlcloud.schemas.datasets import DatasetDetail
-from dlcloud.schemas.models import ModelDetail
+from dlcloud.schemas.datasets import DatasetDetail, DatasetUpload, DatasetVersion
+from dlcloud.schemas.models import ModelDetail, ModelUpload, ModelVersion
 
 Columns = list[tuple[str, Any]]
+Show = Callable[[Any, Output], None]  # shows a read model (an entry, a version) as ``-o`` says
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,87 @@ def show_entry(d: ModelDetail | DatasetDetail, output: Output, extra: Columns, v
     render(d.versions, Output.table, version_columns, title="Versions")
 
 
+def show_made(made: Any, output: Output, summary: str) -> bool:
+    """What a command made (a version, a label): with ``-o json`` as the API answered it, else ``summary`` on
+    stderr. Whether it was the JSON (a command then prints nothing more)."""
+    if output == Output.json:
+        render(made, output, [])
+        return True
+    err_console.print(summary)
+    return False
+
+
+def show_version(
+    v: ModelVersion | DatasetVersion,
+    output: Output,
+    entry: tuple[str, str],
+    head: Columns,
+    middle: Columns,
+    tail: Columns,
+) -> None:
+    """``describe NAME --version REF``: the version's fields: its ``entry`` ("Model", its name) and number, the
+    registry's ``head``, its labels, the registry's ``middle``, who made it and when, the registry's ``tail``."""
+    fields: Columns = [
+        entry,
+        ("Version", v.version),
+        *head,
+        ("Labels", ", ".join(v.labels) or "-"),
+        *middle,
+        ("Description", v.description or "-"),
+        ("Created by", v.created_by),
+        ("Created", short_time(v.created_at)),
+        *tail,
+    ]
+    render_fields(v, output, fields)
+
+
+def upload_archive(upload: Callable[..., ModelUpload | DatasetUpload], archive: Path, shown: str) -> str:
+    """Upload the temporary ``archive`` (deleted afterwards) under a progress bar ``uploading SHOWN``; the upload's
+    id."""
+    try:
+        size = archive.stat().st_size
+        return transfer(f"uploading {shown}", lambda advance: upload(archive, progress=advance).id, size)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _as_given(name: str, version: str | None) -> tuple[str, str | None]:
+    return name, version
+
+
+def describe_command(
+    app: typer.Typer,
+    w: Words,
+    texts: tuple[str, str, str],
+    show: Show,
+    show_version: Show,
+    name_ref: Callable[[str, str | None], tuple[str, str | None]] = _as_given,
+) -> None:
+    """``describe NAME [--version REF]``: the entry (``show``) or one version (``show_version``). ``texts``: the
+    command's summary, the NAME argument's help and a third example; ``name_ref(NAME, --version)`` reads the
+    NAME and the version it names (a dataset's ``NAME@REF``)."""
+    summary, name_help, example = texts
+
+    @app.command(
+        "describe",
+        help=w.examples(
+            summary, f"describe {w.example}", f"describe {w.example} --version production -o json", example
+        ),
+    )
+    def describe(
+        ctx: typer.Context,
+        name: str = typer.Argument(..., help=name_help),
+        version: str | None = typer.Option(None, "--version", help="Show one version: a number, a label or latest."),
+        output: Output = OutputOption,
+    ) -> None:
+        entry, ref = name_ref(name, version)
+        sdk = w.sdk(ctx)
+        if ref is not None:
+            show_version(sdk.version(entry, ref), output)
+        else:
+            show(sdk.get(entry), output)
+
+
 def versions_command(app: typer.Typer, w: Words, columns: list[Any]) -> None:
     """``versions NAME``: the entry's versions, oldest first, shown in ``columns``."""
 
@@ -114,10 +198,7 @@ def label_commands(app: typer.Typer, w: Words, labels: str, moved: str, removed:
         output: Output = OutputOption,
     ) -> None:
         result = w.sdk(ctx).set_label(name, label_name, version)
-        if output == Output.json:
-            render(result, output, [])
-        else:
-            err_console.print(f"{w.noun} {name}: {result.label} -> version {result.version}")
+        show_made(result, output, f"{w.noun} {name}: {result.label} -> version {result.version}")
 
     @app.command("unlabel", help=w.examples(f"Remove a label from a {w.noun}.", f"unlabel {w.example} {removed}"))
     def unlabel(

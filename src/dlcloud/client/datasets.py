@@ -1,9 +1,9 @@
 """Datasets, the sample library: push a directory or a file as a new version, read versions and their files,
 download a version with its checksum verified, move labels, share read-only.
 
-Datasets are named ``NAME`` in your tenant or ``OWNER/NAME`` for a dataset another tenant shares with yours
-(read-only). Versions are addressed by number, label, or ``latest``. A version's checksum is the canonical
-manifest checksum of ``dlcloud.checksums`` over its files, with paths relative to the dataset's root.
+Datasets are named and versioned as every registry's entries are (``client.registry``). A version's checksum
+is the canonical manifest checksum of ``dlcloud.checksums`` over its files, with paths relative to the
+dataset's root.
 
 from dlcloud.client import Client
 c = Client.from_env()
@@ -23,29 +23,17 @@ import stat
 import tarfile
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
 from dlcloud.client import registry
 from dlcloud.client.registry import RegistryAPI
 from dlcloud.client.transport import API
-from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument
-from dlcloud.schemas.datasets import (
-    Dataset,
-    DatasetDetail,
-    DatasetFile,
-    DatasetLabel,
-    DatasetShare,
-    DatasetUpload,
-    DatasetVersion,
-    DatasetVersionState,
-)
-from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
+from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArgument
+from dlcloud.schemas import datasets as schemas
 
 FILES_PAGE = 5000  # the files asked for per request of a version's listing (the server allows up to 10,000)
 
@@ -169,18 +157,17 @@ def _refuse_written_dest(dest: Path, work: Path) -> None:
         raise AlreadyExists(f"{dest} is not empty any more (something wrote {others[0].name}); nothing was moved")
 
 
-class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLabel, DatasetShare]):
-    noun = "dataset"
-    plural = "datasets"
-    entry_model = Dataset
-    detail_model = DatasetDetail
-    version_model = DatasetVersion
-    label_model = DatasetLabel
-    share_model = DatasetShare
+class DatasetsAPI(
+    RegistryAPI[
+        schemas.Dataset, schemas.DatasetDetail, schemas.DatasetVersion, schemas.DatasetLabel, schemas.DatasetShare
+    ]
+):
+    noun, plural, uploads = "dataset", "datasets", "dataset-uploads"
 
     # -- push ------------------------------------------------------------------------------------------
-    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> DatasetUpload:
-        """Upload a .tar.gz of a dataset's files (see ``pack_data``); it waits for one ``push``.
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> schemas.DatasetUpload:
+        """Upload a .tar.gz of a dataset's files (see ``pack_data``); it waits for one ``push`` (``delete_upload``
+        drops it).
 
         Args:
             archive: the .tar.gz; the paths in it are the paths in the dataset.
@@ -193,18 +180,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
             InvalidArchive: not a tar(.gz), or it holds links, devices, ``..`` or absolute paths.
             PayloadTooLarge: over the server's upload or unpacked size limits.
         """
-        return self._t.upload(DatasetUpload, f"{API}/dataset-uploads", archive, progress=progress)
-
-    def delete_upload(self, upload_id: str) -> None:
-        """Drop an upload that will not be pushed.
-
-        Args:
-            upload_id: the ``id`` ``upload`` returned.
-
-        Raises:
-            NotFound: no such upload of your tenant (pushed, deleted or expired).
-        """
-        self._t.request("DELETE", f"{API}/dataset-uploads/{upload_id}")
+        return self._t.upload(schemas.DatasetUpload, f"{API}/{self.uploads}", archive, progress=progress)
 
     def push(
         self,
@@ -215,7 +191,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
         source: str | None = None,
         description: str = "",
         progress: Callable[[int], None] | None = None,
-    ) -> DatasetVersion:
+    ) -> schemas.DatasetVersion:
         """Add a version to ``name`` (the dataset is created with version 1). The upload is used once: when the
         push fails it is deleted.
 
@@ -248,7 +224,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
         url = f"{API}/datasets/{dataset}/versions"
         if source is not None:
             body = {"source": source, "description": description}
-            return self._t.read(DatasetVersion, "POST", url, params=params, json_body=body)
+            return self._t.read(schemas.DatasetVersion, "POST", url, params=params, json_body=body)
         if upload is None:
             assert path is not None
             packed = pack_data(path)
@@ -256,15 +232,14 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
                 upload = self.upload(packed.archive, progress=progress).id
             finally:
                 packed.archive.unlink(missing_ok=True)
-        try:
-            body = {"upload": upload, "description": description}
-            return self._t.read(DatasetVersion, "POST", url, params=params, json_body=body)
-        except DlcloudError:
-            with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
-                self.delete_upload(upload)
-            raise
+        used = {"upload": upload, "description": description}
+        return self._use_upload(
+            upload, lambda: self._t.read(schemas.DatasetVersion, "POST", url, params=params, json_body=used)
+        )
 
-    def wait_ready(self, name: str, version: int, timeout: float = 3600.0, interval: float = 1.0) -> DatasetVersion:
+    def wait_ready(
+        self, name: str, version: int, timeout: float = 3600.0, interval: float = 1.0
+    ) -> schemas.DatasetVersion:
         """Wait until a version registered in place is no longer ``pending``.
 
         Args:
@@ -282,7 +257,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
         deadline = time.monotonic() + timeout
         while True:
             found = self.version(name, version)
-            if found.state != DatasetVersionState.PENDING:
+            if found.state != schemas.DatasetVersionState.PENDING:
                 return found
             if time.monotonic() > deadline:
                 raise DlcloudError(
@@ -293,7 +268,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
             time.sleep(interval)
 
     # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
-    def files(self, name: str, ref: int | str = "latest") -> builtins.list[DatasetFile]:
+    def files(self, name: str, ref: int | str = "latest") -> builtins.list[schemas.DatasetFile]:
         """A version's files.
 
         Args:
@@ -307,10 +282,10 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
             DlcloudError (code dataset_not_found / dataset_version_not_found): no such dataset or version.
         """
         dataset, params = split_name(name)
-        out: builtins.list[DatasetFile] = []
+        out: builtins.list[schemas.DatasetFile] = []
         while True:  # the server answers a page at a time
             page = self._t.read_list(
-                DatasetFile,
+                schemas.DatasetFile,
                 f"{API}/datasets/{dataset}/versions/{ref}/files",
                 params={**params, "limit": FILES_PAGE, **({"after": out[-1].path} if out else {})},
             )
@@ -342,7 +317,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
             InvalidArchive (code checksum_mismatch): what arrived does not match the version's checksum;
                 nothing is left in ``dest``.
         """
-        dataset, params = split_name(name)
+        split_name(name)  # a malformed OWNER/NAME fails before anything is made
         dest = Path(dest)
         _refuse_used_dest(dest)
         meta = self.version(name, ref)
@@ -355,29 +330,7 @@ class DatasetsAPI(RegistryAPI[Dataset, DatasetDetail, DatasetVersion, DatasetLab
         # next to (or, for an empty directory, inside) ``dest``: one filesystem, so the files move by rename
         work = Path(tempfile.mkdtemp(prefix=".dlcloud-download-", dir=dest if dest.exists() else dest.parent))
         try:
-            archive = work / "data.tar.gz"
-            headers = self._t.download(
-                f"{API}/datasets/{dataset}/versions/{meta.version}/data", archive, params=params, progress=progress
-            )
-            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta.sha256
-            tree = work / "tree"
-            tree.mkdir()
-            try:
-                with tarfile.open(archive, "r:gz") as tf:
-                    tarsafe.extractall(tf, tree)
-                archive.unlink()
-                got = tree_checksum(tree)
-            except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
-                raise InvalidArchive(
-                    f"the downloaded data of {name} version {meta.version} is damaged ({exc}); try again",
-                    code="checksum_mismatch",
-                ) from None
-            if got != expected or expected != meta.sha256:
-                raise InvalidArchive(
-                    f"the downloaded data of {name} version {meta.version} does not match its checksum "
-                    f"(recorded {meta.sha256}, received {got}); the stored copy may be damaged",
-                    code="checksum_mismatch",
-                )
+            tree = self._download_checked(name, meta, work, progress, tree_checksum, ("data", "recorded"))
             if dest.exists():
                 _refuse_written_dest(dest, work)
                 for child in tree.iterdir():

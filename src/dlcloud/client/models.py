@@ -1,7 +1,7 @@
 """The model registry: register artifacts, read versions, move labels, share, download, deployment leases.
 
-Models are named ``NAME`` in your tenant or ``OWNER/NAME`` for a model another tenant shares with yours
-(read-only). Versions are addressed by number, label, or ``latest``.
+Models are named and versioned as every registry's entries are (``client.registry``): ``NAME`` or
+``OWNER/NAME``; a version by number, label or ``latest``.
 
 from dlcloud.client import Client
 c = Client.from_env()
@@ -12,7 +12,6 @@ c.models.download("mnist", "production", dest=Path("models/"))
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tarfile
@@ -21,25 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dlcloud import tarsafe
 from dlcloud.checksums import artifact_digest
 from dlcloud.client import registry
 from dlcloud.client.registry import RegistryAPI
 from dlcloud.client.transport import API
-from dlcloud.errors import AlreadyExists, DlcloudError, InvalidArchive, InvalidArgument, UnknownFormat
-from dlcloud.schemas.models import (
-    ARTIFACT_SHA256_HEADER,
-    DIRECTORY_MARKERS,
-    FORMATS,
-    Model,
-    ModelDeployment,
-    ModelDetail,
-    ModelLabel,
-    ModelShare,
-    ModelUpload,
-    ModelVersion,
-    format_from_name,
-)
+from dlcloud.errors import AlreadyExists, InvalidArgument, UnknownFormat
+from dlcloud.schemas import models as schemas
+from dlcloud.schemas.models import DIRECTORY_MARKERS, FORMATS, format_from_name
 
 
 def infer_format(path: Path | str, *, local: bool = True) -> str | None:
@@ -98,31 +85,26 @@ def pack_artifact(path: Path) -> Path:
     return archive
 
 
+_ARTIFACT = ("artifact", "registered")  # what a download checks, and how its checksum was recorded
+
+
 def split_name(name: str) -> tuple[str, dict[str, Any]]:
     """``OWNER/NAME`` -> (NAME, {"owner": OWNER}); ``NAME`` -> (NAME, {})."""
     return registry.split_name(name, "model")
 
 
-class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelShare]):
-    noun = "model"
-    plural = "models"
-    entry_model = Model
-    detail_model = ModelDetail
-    version_model = ModelVersion
-    label_model = ModelLabel
-    share_model = ModelShare
+class ModelsAPI(
+    RegistryAPI[schemas.Model, schemas.ModelDetail, schemas.ModelVersion, schemas.ModelLabel, schemas.ModelShare]
+):
+    noun, plural, uploads = "model", "models", "model-uploads"
 
     # -- register --------------------------------------------------------------------------------------
-    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> ModelUpload:
+    def upload(self, archive: Path, progress: Callable[[int], None] | None = None) -> schemas.ModelUpload:
         """Upload a .tar.gz holding one file or directory (see ``pack_artifact``); ``id`` is its upload id.
 
-        The upload waits for one ``register`` call (at most a day by default).
+        The upload waits for one ``register`` call (at most a day by default); ``delete_upload`` drops it.
         """
-        return self._t.upload(ModelUpload, f"{API}/model-uploads", archive, progress=progress)
-
-    def delete_upload(self, upload_id: str) -> None:
-        """Drop an upload that will not be registered."""
-        self._t.request("DELETE", f"{API}/model-uploads/{upload_id}")
+        return self._t.upload(schemas.ModelUpload, f"{API}/{self.uploads}", archive, progress=progress)
 
     def register(
         self,
@@ -136,7 +118,7 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
         signature: dict[str, Any] | None = None,
         metrics: dict[str, float] | None = None,
         description: str = "",
-    ) -> ModelVersion:
+    ) -> schemas.ModelVersion:
         """Register a new version of ``name`` (the model is created with its first version).
 
         Args:
@@ -178,7 +160,7 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
         body["name"] = model
         if from_job is not None:
             body["from_job"] = {"job": from_job, "path": path}
-            return self._t.read(ModelVersion, "POST", f"{API}/models", params=params, json_body=body)
+            return self._t.read(schemas.ModelVersion, "POST", f"{API}/models", params=params, json_body=body)
         if upload is None:
             assert artifact is not None
             if format not in FORMATS:  # before packing and uploading what the server would refuse
@@ -190,15 +172,12 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
                 archive.unlink(missing_ok=True)
         return self._register_upload(upload, body, params)
 
-    def _register_upload(self, upload_id: str, body: dict[str, Any], params: dict[str, Any]) -> ModelVersion:
-        """An upload is used once: by a successful register, or deleted here when the register fails."""
-        try:
-            body = {**body, "upload": upload_id}
-            return self._t.read(ModelVersion, "POST", f"{API}/models", params=params, json_body=body)
-        except DlcloudError:
-            with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
-                self.delete_upload(upload_id)
-            raise
+    def _register_upload(self, upload_id: str, body: dict[str, Any], params: dict[str, Any]) -> schemas.ModelVersion:
+        body = {**body, "upload": upload_id}
+        url = f"{API}/models"
+        return self._use_upload(
+            upload_id, lambda: self._t.read(schemas.ModelVersion, "POST", url, params=params, json_body=body)
+        )
 
     # -- reads (the entries, their versions, labels, shares and deletion: RegistryAPI) ------------------------
     def download(
@@ -218,7 +197,6 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
             InvalidArchive (code checksum_mismatch): what arrived does not match the registered checksum;
                 nothing is left in ``dest``.
         """
-        model, params = split_name(name)
         meta = self.version(name, version)
         dest = Path(dest)
         target = dest / meta.artifact
@@ -227,27 +205,10 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
         dest.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".dlcloud-download-", dir=dest))
         try:
-            archive = work / "artifact.tar.gz"
-            headers = self._t.download(
-                f"{API}/models/{model}/versions/{meta.version}/artifact", archive, params=params, progress=progress
+            checked = self._download_checked(
+                name, meta, work, progress, lambda tree: artifact_digest(tree / meta.artifact).sha256, _ARTIFACT
             )
-            expected = headers.get(ARTIFACT_SHA256_HEADER) or meta.sha256
-            unpacked = work / "unpacked"
-            try:
-                with tarfile.open(archive, "r:gz") as tf:
-                    tarsafe.extractall(tf, unpacked)
-                got = artifact_digest(unpacked / meta.artifact).sha256
-            except (tarfile.TarError, OSError, ValueError) as exc:
-                raise InvalidArchive(
-                    f"the downloaded artifact is damaged ({exc}); try again", code="checksum_mismatch"
-                ) from None
-            if got != expected or expected != meta.sha256:
-                raise InvalidArchive(
-                    f"the downloaded artifact of {name} version {meta.version} does not match its checksum "
-                    f"(registered {meta.sha256}, received {got}); the stored copy may be damaged",
-                    code="checksum_mismatch",
-                )
-            os.rename(unpacked / meta.artifact, target)
+            os.rename(checked / meta.artifact, target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return target
@@ -255,7 +216,7 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
     # -- deployment leases (used by the model server) ----------------------------------------------------
     def heartbeat_deployment(
         self, name: str, version: int, deployment: str, endpoint: str, ttl_seconds: float = 60.0
-    ) -> ModelDeployment:
+    ) -> schemas.ModelDeployment:
         """Create or renew the lease that marks ``version`` as deployed for ``ttl_seconds``.
 
         Works on your tenant's models and on models shared with it (``OWNER/NAME``). The lease belongs to
@@ -267,7 +228,7 @@ class ModelsAPI(RegistryAPI[Model, ModelDetail, ModelVersion, ModelLabel, ModelS
         model, params = split_name(name)
         body = {"name": deployment, "endpoint": endpoint, "ttl_seconds": ttl_seconds}
         path = f"{API}/models/{model}/versions/{version}/deployments"
-        return self._t.read(ModelDeployment, "POST", path, params=params, json_body=body)
+        return self._t.read(schemas.ModelDeployment, "POST", path, params=params, json_body=body)
 
     def release_deployment(self, name: str, version: int, deployment: str) -> None:
         """End your lease (no error if it expired or never existed; PermissionDenied if another user holds it)."""

@@ -1,20 +1,29 @@
 """What the SDK's versioned registries (``client.models``, ``client.datasets``) do alike: names, reads of entries
-and versions, labels, shares and deletion; each registry's own API adds what differs (register and signatures
-for models; push, files and the cache for datasets)."""
+and versions, labels, shares, deletion, uploads and checked downloads; each registry's own API adds what differs
+(register and signatures for models; push, files and the cache for datasets).
+
+An entry is named ``NAME`` in your tenant or ``OWNER/NAME`` for one another tenant shares with yours
+(read-only). Versions are addressed by number, label, or ``latest``.
+"""
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
+import typing
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from dlcloud import tarsafe
 from dlcloud.client.transport import API, Transport
-from dlcloud.errors import InvalidArgument
+from dlcloud.errors import DlcloudError, InvalidArchive, InvalidArgument
 from dlcloud.schemas.common import Response
+from dlcloud.schemas.models import ARTIFACT_SHA256_HEADER
 from dlcloud.schemas.registry import LabelAnswer, ShareAnswer
 
 EntryT = TypeVar("EntryT", bound=Response)
@@ -22,6 +31,19 @@ DetailT = TypeVar("DetailT", bound=Response)
 VersionT = TypeVar("VersionT", bound=Response)
 LabelT = TypeVar("LabelT", bound=LabelAnswer)
 ShareT = TypeVar("ShareT", bound=ShareAnswer)
+T = TypeVar("T")
+# the read models a registry's routes answer with, in the order of RegistryAPI's type parameters
+MODEL_ATTRIBUTES = ("entry_model", "detail_model", "version_model", "label_model", "share_model")
+
+
+class Stored(Protocol):
+    """A version as a download checks it: its number and its checksum."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
 
 
 def split_name(name: str, noun: str) -> tuple[str, dict[str, Any]]:
@@ -75,17 +97,26 @@ def tree_entries(top: Path, arc_top: str, what: str) -> Iterator[tuple[Path, str
 
 
 class RegistryAPI(Generic[EntryT, DetailT, VersionT, LabelT, ShareT]):
-    """The calls every registry has; ``noun`` ("model") and ``plural`` ("models", the path under the API), and
-    the read models of its routes: ``entry_model`` (one of the list), ``detail_model`` (one described),
-    ``version_model``, ``label_model``, ``share_model``."""
+    """The calls every registry has; ``noun`` ("model"), ``plural`` ("models", the path under the API) and
+    ``uploads`` (the path of its uploads). The read models of its routes are the type arguments a registry's
+    API gives (``RegistryAPI[Model, ...]``): ``entry_model`` (one of the list), ``detail_model`` (one
+    described), ``version_model``, ``label_model``, ``share_model``."""
 
     noun: ClassVar[str] = ""
     plural: ClassVar[str] = ""
+    uploads: ClassVar[str] = ""
     entry_model: type[EntryT]
     detail_model: type[DetailT]
     version_model: type[VersionT]
     label_model: type[LabelT]
     share_model: type[ShareT]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is RegistryAPI:
+                for attribute, model in zip(MODEL_ATTRIBUTES, typing.get_args(base), strict=True):
+                    setattr(cls, attribute, model)
 
     def __init__(self, t: Transport):
         self._t = t
@@ -194,3 +225,62 @@ class RegistryAPI(Generic[EntryT, DetailT, VersionT, LabelT, ShareT]):
         """
         path, params = self._path(name, f"/versions/{version}")
         self._t.request("DELETE", path, params=params)
+
+    def delete_upload(self, upload_id: str) -> None:
+        """Drop an upload that will not be used (registered, pushed).
+
+        Args:
+            upload_id: the ``id`` ``upload`` returned.
+
+        Raises:
+            NotFound: no such upload of your tenant (used, deleted or expired).
+        """
+        self._t.request("DELETE", f"{API}/{self.uploads}/{upload_id}")
+
+    def _use_upload(self, upload_id: str, use: Callable[[], T]) -> T:
+        """``use()`` the upload ``upload_id``: an upload is used once, by a call that succeeds, or deleted here
+        when the call fails."""
+        try:
+            return use()
+        except DlcloudError:
+            with contextlib.suppress(DlcloudError):  # best effort: an upload left over expires on the server
+                self.delete_upload(upload_id)
+            raise
+
+    def _download_checked(
+        self,
+        name: str,
+        meta: Stored,
+        work: Path,
+        progress: Callable[[int], None] | None,
+        checksum: Callable[[Path], str],
+        what: tuple[str, str],
+    ) -> Path:
+        """Download ``meta``'s archive into the directory ``work``, unpack it into ``work/tree`` and return that,
+        its ``checksum(tree)`` checked against the one the server sent and the one it recorded for ``meta``.
+        ``what`` names what is downloaded (``artifact``: ``/versions/N/artifact``) and how its checksum was
+        recorded (``registered``).
+
+        Raises:
+            InvalidArchive (code checksum_mismatch): what arrived is damaged or does not match.
+        """
+        shown = f"the downloaded {what[0]} of {name} version {meta.version}"
+        archive, tree = work / f"{what[0]}.tar.gz", work / "tree"
+        path, params = self._path(name, f"/versions/{meta.version}/{what[0]}")
+        headers = self._t.download(path, archive, params=params, progress=progress)
+        expected = headers.get(ARTIFACT_SHA256_HEADER) or meta.sha256
+        tree.mkdir()
+        try:
+            with tarfile.open(archive, "r:gz") as tf:
+                tarsafe.extractall(tf, tree)
+            archive.unlink()
+            got = checksum(tree)
+        except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
+            raise InvalidArchive(f"{shown} is damaged ({exc}); try again", code="checksum_mismatch") from None
+        if got != expected or expected != meta.sha256:
+            raise InvalidArchive(
+                f"{shown} does not match its checksum ({what[1]} {meta.sha256}, received {got}); the stored copy "
+                "may be damaged",
+                code="checksum_mismatch",
+            )
+        return tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+M = TypeVar("M", bound=BaseModel)
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_MEMORY_BYTES = 16 * 1024**4  # 16 TiB: anything more is a typo
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600
@@ -216,6 +217,14 @@ def exactly_one_of(**fields: str) -> ConfigDict:
         {"required": [name], "properties": {name: {"type": kind}}} for name, kind in fields.items()
     ]
     return ConfigDict(json_schema_extra={"oneOf": one_of})
+
+
+def require_one(model: M, first: str, second: str, message: str) -> M:
+    """``model`` when exactly one of its fields ``first`` and ``second`` is given (not None); ValueError
+    ``message`` otherwise (for a request model's own validator)."""
+    if (getattr(model, first) is None) == (getattr(model, second) is None):
+        raise ValueError(message)
+    return model
 
 
 class Response(BaseModel):

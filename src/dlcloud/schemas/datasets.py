@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from dlcloud.schemas.common import Request, Response
+from dlcloud.schemas.common import Request, Response, require_one
 from dlcloud.schemas.models import Label
 from dlcloud.schemas.registry import LabelAnswer, LabelMove, ShareAnswer
 
@@ -90,9 +90,9 @@ class DatasetPush(Request):
 
     @model_validator(mode="after")
     def _one_origin(self) -> DatasetPush:
-        if (self.upload is None) == (self.source is None):
-            raise ValueError("give exactly one of upload (an uploaded .tar.gz) or source (s3://BUCKET/PREFIX)")
-        return self
+        return require_one(
+            self, "upload", "source", "give exactly one of upload (an uploaded .tar.gz) or source (s3://BUCKET/PREFIX)"
+        )
 
 
 class DatasetLabelSet(LabelMove):  # a subclass without a docstring: the same component, named for datasets

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from dlcloud.schemas.common import Name, Request, Response, exactly_one_of
+from dlcloud.schemas.common import Name, Request, Response, exactly_one_of, require_one
 from dlcloud.schemas.registry import LabelAnswer, LabelMove, ShareAnswer
 
 LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -122,9 +122,8 @@ class ModelRegister(Request):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelRegister:
-        if (self.upload is None) == (self.from_job is None):
-            raise ValueError("give exactly one artifact source: 'upload' (an upload id) or 'from_job' (job and path)")
-        return self
+        message = "give exactly one artifact source: 'upload' (an upload id) or 'from_job' (job and path)"
+        return require_one(self, "upload", "from_job", message)
 
 
 class LabelSet(LabelMove):  # a subclass without a docstring: the same component, named for models

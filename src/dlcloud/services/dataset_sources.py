@@ -83,9 +83,7 @@ def register_version(
     assert req.source is not None
     src = check_source(platform.settings, req.source)  # 400 / 403 before anything is read or written
     sources = reader(platform)
-    if owner is not None and owner != caller.tenant:
-        with platform.db.read() as s:
-            datasets._writable(s, caller, name, owner, "pushing versions")
+    datasets.REGISTRY.check_writable(platform, caller, name, owner, "pushing versions")
     sources.check_not_empty(src)
 
     def row(dataset: DatasetRow, number: int) -> DatasetVersionRow:

@@ -26,7 +26,7 @@ import re
 import secrets
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,6 @@ from dlcloud.errors import (
     DlcloudError,
     InvalidArchive,
     InvalidArgument,
-    Unavailable,
 )
 from dlcloud.schemas.common import NAME_RE
 from dlcloud.schemas.datasets import (
@@ -60,20 +59,18 @@ from dlcloud.schemas.datasets import (
 )
 from dlcloud.schemas.datasets import dataset_env_name as env_name
 from dlcloud.schemas.jobs import JobState, ResolvedDataset
-from dlcloud.services import job_states, storage_quota, uploads
+from dlcloud.services import job_states, registry, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Deletion, Versioned, retry_on_conflict, take_number
 from dlcloud.services.registry_access import Registry, shown_name
 from dlcloud.storage.archives import ArchiveLimits, failure_text, validate_tar
 from dlcloud.storage.artifacts import iter_stored_tree
-from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore, scan_tree
+from dlcloud.storage.objects import Manifest, ObjectStore, scan_tree
 from dlcloud.store import datasets as store
 from dlcloud.store import uploads as upload_store
 from dlcloud.store.db import Database
-from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
-from dlcloud.store.models import user_names
+from dlcloud.store.ids import looks_like_id, reserved_name_message
 from dlcloud.store.rows import DatasetRow, DatasetVersionRow, UploadClaimRow, utcnow
 
 log = logging.getLogger(__name__)
@@ -128,27 +125,15 @@ def _limits(platform: Platform) -> ArchiveLimits:
 # -- uploads ---------------------------------------------------------------------------------------------
 
 
-async def upload_data(
-    platform: Platform,
-    caller: Caller,
-    *,
-    declared_sha256: str,
-    content_length: int | None,
-    chunks: AsyncIterator[bytes],
-) -> DatasetUpload:
+async def upload_data(platform: Platform, caller: Caller, incoming: uploads.Incoming) -> DatasetUpload:
     """Receive a .tar(.gz) of the dataset's files (paths inside it are the paths in the dataset)."""
     limits = _limits(platform)
-    upload_id, size, _ = await uploads.store_upload(
-        platform,
-        caller,
-        id_prefix="du-",
-        declared_sha256=declared_sha256,
-        content_length=content_length,
-        chunks=chunks,
-        check=lambda tmp: validate_tar(tmp, limits),
-    )
-    expires = utcnow() + timedelta(seconds=platform.settings.model_upload_ttl_seconds)
-    return DatasetUpload(id=upload_id, sha256=declared_sha256, size=size, expires_at=expires)
+
+    def check(tmp: Path) -> dict[str, Any]:
+        validate_tar(tmp, limits)  # the files' paths and sizes: a dataset's upload answers nothing more
+        return {}
+
+    return await uploads.store_upload(platform, caller, incoming, "du-", check, DatasetUpload)
 
 
 def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
@@ -181,7 +166,6 @@ def _is_shared(s: Session, dataset: DatasetRow, tenant_id: str) -> bool:
 
 DATASETS = Registry("dataset", store.get_dataset, _is_shared, DatasetNotFound)
 _readable = DATASETS.readable
-_writable = DATASETS.writable
 
 
 def _bad_ref(ref: str, shown: str) -> InvalidArgument:
@@ -192,9 +176,10 @@ def _end_share(s: Session, caller: Caller, dataset: DatasetRow, name: str, tenan
     _end_readers(s, dataset, tenant_id, f"dataset '{caller.tenant}/{name}' is no longer shared with it")
 
 
-REGISTRY = Versioned(
+REGISTRY = registry.Versioned(
     DATASETS,
     store.TABLES,
+    "storage_key",
     DatasetVersionNotFound,
     _bad_ref,
     ("moving labels", "moving labels"),
@@ -212,61 +197,23 @@ def _readers_shown(readers: list[tuple[str, str]], tenant_id: str) -> list[str]:
 
 
 def _version_models(
-    s: Session, dataset: DatasetRow, shown: str, owner: str, rows: list[DatasetVersionRow], caller_tenant_id: str
+    s: Session, caller: Caller, dataset: DatasetRow, shown: str, owner: str, rows: list[DatasetVersionRow]
 ) -> list[DatasetVersion]:
-    labels = store.labels_of(s, [dataset.id])[dataset.id]
-    by_version: dict[str, list[str]] = {}
-    for label, (version_id, _n) in labels.items():
-        by_version.setdefault(version_id, []).append(label)
-    users = user_names(s, [r.created_by for r in rows])
+    fields = registry.VersionFields(s, store.TABLES, dataset.id, rows)
     in_use = store.readers(s, [r.id for r in rows])
     return [
         DatasetVersion(
+            **fields.of(r),
             dataset=shown,
             owner=owner,
-            version=r.version,
-            sha256=r.sha256,
-            size_bytes=r.size_bytes,
             file_count=r.file_count,
-            description=r.description,
-            created_by=users.get(r.created_by, r.created_by),
-            created_at=r.created_at,
-            labels=sorted(by_version.get(r.id, [])),
-            in_use_by=_readers_shown(in_use[r.id], caller_tenant_id),
+            in_use_by=_readers_shown(in_use[r.id], caller.tenant_id),
             state=DatasetVersionState(r.state),
             state_reason=r.state_reason,
             source=r.source_url,
         )
         for r in rows
     ]
-
-
-def _datasets(s: Session, caller: Caller, rows: list[tuple[DatasetRow, str]]) -> list[Dataset]:
-    ids = [d.id for d, _ in rows]
-    stats = store.version_stats(s, ids)
-    labels = store.labels_of(s, ids)
-    shares = store.shares_of(s, ids)
-    users = user_names(s, [d.created_by for d, _ in rows])
-    out = []
-    for d, owner in rows:
-        count, newest, size = stats[d.id]
-        own = owner == caller.tenant
-        out.append(
-            Dataset(
-                name=shown_name(d.name, owner, caller),
-                owner=owner,
-                shared=not own,
-                description=d.description,
-                created_by=users.get(d.created_by, d.created_by),
-                created_at=d.created_at,
-                latest_version=newest,
-                version_count=count,
-                size_bytes=size,
-                labels={label: n for label, (_id, n) in labels[d.id].items()},
-                shared_with=[t for t, _ in shares[d.id]] if own else [],
-            )
-        )
-    return out
 
 
 # -- push ------------------------------------------------------------------------------------------------
@@ -290,9 +237,7 @@ def push_upload(
     thread."""
     check_name(name)
     assert req.upload is not None
-    if owner is not None and owner != caller.tenant:
-        with platform.db.read() as s:
-            _writable(s, caller, name, owner, "pushing versions")
+    REGISTRY.check_writable(platform, caller, name, owner, "pushing versions")
     scratch_root = upload_scratch_dir(platform.settings)
     with (
         tempfile.TemporaryDirectory(dir=scratch_root) as scratch,
@@ -347,16 +292,10 @@ def _insert_version(
 
 def version_row(caller: Caller, req: DatasetPush, dataset: DatasetRow, number: int, **fields: Any) -> DatasetVersionRow:
     """A new version row of ``dataset`` numbered ``number``, by the caller, with ``fields`` (key, checksum...)."""
-    return DatasetVersionRow(
-        id=new_id("dv-"),
-        dataset_id=dataset.id,
-        tenant_id=caller.tenant_id,
-        version=number,
-        description=req.description,
-        created_by=caller.user_id,
-        created_at=utcnow(),
-        **fields,
+    row: DatasetVersionRow = registry.new_version_row(
+        store.TABLES, caller, dataset.id, number, req.description, "dv-", **fields
     )
+    return row
 
 
 def add_version(
@@ -372,52 +311,25 @@ def add_version(
 
     def add() -> DatasetVersion:
         with platform.db.write() as s:
-            dataset, number, _ = take_number(s, caller, store.TABLES, name, req.description, size, "ds-")
+            dataset, number, _ = registry.take_number(s, caller, store.TABLES, name, req.description, size, "ds-")
             row = make_row(dataset, number)
             s.add(row)
             s.flush()
-            [result] = _version_models(s, dataset, name, caller.tenant, [row], caller.tenant_id)
+            [result] = _version_models(s, caller, dataset, name, caller.tenant, [row])
         return result
 
-    return retry_on_conflict(add)
+    return registry.retry_on_conflict(add)
 
 
 # -- reads -----------------------------------------------------------------------------------------------
 
 
-def list_datasets(platform: Platform, caller: Caller) -> list[Dataset]:
-    """The tenant's datasets, then those other tenants share with it (``OWNER/NAME``)."""
-    with platform.db.read() as s:
-        rows = [(d, caller.tenant) for d in store.list_datasets(s, caller.tenant_id)]
-        rows += store.shared_datasets(s, caller.tenant_id)
-        return _datasets(s, caller, rows)
-
-
-def describe_dataset(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> DatasetDetail:
-    with platform.db.read() as s:
-        dataset, owner_name = _readable(s, caller, name, owner)
-        [base] = _datasets(s, caller, [(dataset, owner_name)])
-        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        detail = _version_models(s, dataset, base.name, owner_name, versions, caller.tenant_id)
-        return DatasetDetail(**base.model_dump(), versions=detail)
-
-
-def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[DatasetVersion]:
-    with platform.db.read() as s:
-        dataset, owner_name = _readable(s, caller, name, owner)
-        versions = store.list_versions(s, dataset.tenant_id, dataset.id)
-        return _version_models(s, dataset, shown_name(name, owner_name, caller), owner_name, versions, caller.tenant_id)
-
-
-def _get_version(
-    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
-) -> tuple[DatasetVersion, str]:
-    with platform.db.read() as s:
-        dataset, owner_name = _readable(s, caller, name, owner)
-        shown = shown_name(name, owner_name, caller)
-        row = _find_version(s, dataset, ref, shown)
-        [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
-        return version, row.storage_key
+READS = registry.Reads(REGISTRY, Dataset, DatasetDetail, _version_models)
+list_datasets = READS.list_entries
+describe_dataset = READS.describe
+list_versions = READS.list_versions
+get_version = READS.get_version
+_get_version = READS.version_and_key
 
 
 def require_ready(version: DatasetVersion) -> None:
@@ -439,19 +351,9 @@ def require_ready(version: DatasetVersion) -> None:
     )
 
 
-def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> DatasetVersion:
-    return _get_version(platform, caller, name, ref, owner)[0]
-
-
 def _manifest(objects: ObjectStore, key: str, version: DatasetVersion) -> Manifest:
-    try:
-        return objects.tree_manifest(key)
-    except ObjectMissing:
-        log.error("dataset %s version %d is missing at %s in %s", version.dataset, version.version, key, objects.url)
-        raise Unavailable(
-            f"the files of version {version.version} of dataset {version.dataset!r} are missing from the server's "
-            "storage; ask an administrator"
-        ) from None
+    what = f"the files of version {version.version} of dataset {version.dataset!r}"
+    return registry.stored_manifest(objects, key, what, "are")
 
 
 def list_files(
@@ -547,7 +449,7 @@ def _release(s: Session, caller: Caller, rows: list[DatasetVersionRow], what: st
     _forget_ended_readers(s, [r.id for r in rows])
 
 
-DELETION = Deletion(REGISTRY, _release, "storage_key", "dataset version")
+DELETION = registry.Deletion(REGISTRY, _release, "dataset version")
 delete_version = DELETION.delete_version
 _remove_stored = DELETION.remove_stored
 
@@ -588,18 +490,13 @@ def resolve_for_job(s: Session, caller: Caller, refs: list[str]) -> list[Resolve
         shown = shown_name(name, owner_name, caller)
         row = _find_version(s, dataset, version_ref, shown)
         if row.state != DatasetVersionState.READY.value:
-            [version] = _version_models(s, dataset, shown, owner_name, [row], caller.tenant_id)
+            [version] = _version_models(s, caller, dataset, shown, owner_name, [row])
             require_ready(version)
-        out.append(
-            ResolvedDataset(
-                ref=ref,
-                name=name,
-                owner=owner_name,
-                version=row.version,
-                version_id=row.id,
-                storage_key=row.storage_key,
-                sha256=row.sha256,
-                size_bytes=row.size_bytes,
-            )
-        )
+        kept = {
+            "version": row.version,
+            "storage_key": row.storage_key,
+            "sha256": row.sha256,
+            "size_bytes": row.size_bytes,
+        }
+        out.append(ResolvedDataset(ref=ref, name=name, owner=owner_name, version_id=row.id, **kept))
     return out

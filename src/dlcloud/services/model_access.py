@@ -45,6 +45,7 @@ def _end_share(s: Session, caller: Caller, model: ModelRow, name: str, tenant_id
 MODEL_REGISTRY = Versioned(
     MODELS,
     store.TABLES,
+    "artifact_key",
     ModelVersionNotFound,
     _bad_ref,
     ("setting labels", "removing labels"),

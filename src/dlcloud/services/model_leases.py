@@ -19,6 +19,7 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.model_access import MODELS, shown_name
 from dlcloud.services.platform import Platform
 from dlcloud.store import models as store
+from dlcloud.store.registry import user_names
 from dlcloud.store.rows import ModelDeploymentRow, ModelVersionRow, utcnow
 
 
@@ -100,7 +101,7 @@ def record_deployment(
             )
             s.add(dep)
         else:
-            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "renew")
+            _check_holder(dep, caller, user_names(s, [dep.holder_id]), "renew")
             dep.holder_id, dep.holder_key = caller.user_id, caller.access_key  # adopts a lease without a holder
             dep.endpoint, dep.last_seen, dep.expires_at = lease.endpoint, now, expires
         s.flush()
@@ -120,7 +121,7 @@ def release_deployment(
         if dep is None:
             return
         if dep.expires_at > utcnow():
-            _check_holder(dep, caller, store.user_names(s, [dep.holder_id]), "release")
+            _check_holder(dep, caller, user_names(s, [dep.holder_id]), "release")
         s.delete(dep)
 
 

@@ -26,15 +26,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
 from sqlalchemy.orm import Session
 
-from dlcloud.errors import InvalidArgument, ModelNotFound, NotFound, Unavailable
+from dlcloud.errors import InvalidArgument, ModelNotFound, NotFound
 from dlcloud.executors.outputs import BAD_NAME, LINK, load_left_out
 from dlcloud.schemas.models import (
     UPLOAD_ID_RE,
@@ -46,28 +45,26 @@ from dlcloud.schemas.models import (
     ModelVersion,
     executes_code,
 )
-from dlcloud.services import storage_quota, uploads
+from dlcloud.services import registry, storage_quota, uploads
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import upload_scratch_dir
 from dlcloud.services.isolation import require_isolation
 from dlcloud.services.job_keys import outputs_key
-from dlcloud.services.model_access import MODEL_REGISTRY, MODELS, find_version, shown_name
+from dlcloud.services.model_access import MODEL_REGISTRY
 from dlcloud.services.model_leases import deployment_model, live_leases, refuse_if_deployed
 from dlcloud.services.model_signatures import check_format, check_signature, infer_signature
 from dlcloud.services.platform import Platform
-from dlcloud.services.registry import Deletion, retry_on_conflict, take_number
 from dlcloud.storage.archives import ArchiveLimits, validate_tar
 from dlcloud.storage.artifacts import ArtifactStore, StagedArtifact, archive_top_level, iter_stored_tree
 from dlcloud.storage.objects import ObjectMissing
 from dlcloud.store import jobs as job_store
 from dlcloud.store import models as store
-from dlcloud.store.ids import looks_like_id, new_id, reserved_name_message
+from dlcloud.store.ids import looks_like_id, reserved_name_message
 from dlcloud.store.rows import (
     JobRow,
     ModelDeploymentRow,
     ModelRow,
     ModelVersionRow,
-    utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -99,34 +96,16 @@ def _check_output_path(path: str) -> PurePosixPath:
 # -- uploads ---------------------------------------------------------------------------------------------
 
 
-async def upload_artifact(
-    platform: Platform,
-    caller: Caller,
-    *,
-    declared_sha256: str,
-    content_length: int | None,
-    chunks: AsyncIterator[bytes],
-) -> ModelUpload:
+async def upload_artifact(platform: Platform, caller: Caller, incoming: uploads.Incoming) -> ModelUpload:
     """Receive a .tar.gz holding one file or directory; it waits (at most the upload TTL) for a register."""
-    settings = platform.settings
     artifacts = artifact_store(platform)
-    await anyio.to_thread.run_sync(artifacts.sweep, settings.model_upload_ttl_seconds)
+    await anyio.to_thread.run_sync(artifacts.sweep, platform.settings.model_upload_ttl_seconds)
 
-    def check(tmp: Path) -> str:
+    def check(tmp: Path) -> dict[str, Any]:
         validate_tar(tmp, artifacts.limits)
-        return archive_top_level(tmp)
+        return {"artifact": archive_top_level(tmp)}
 
-    upload_id, size, name = await uploads.store_upload(
-        platform,
-        caller,
-        id_prefix="mu-",
-        declared_sha256=declared_sha256,
-        content_length=content_length,
-        chunks=chunks,
-        check=check,
-    )
-    expires = utcnow() + timedelta(seconds=settings.model_upload_ttl_seconds)
-    return ModelUpload(id=upload_id, sha256=declared_sha256, size=size, artifact=name, expires_at=expires)
+    return await uploads.store_upload(platform, caller, incoming, "mu-", check, ModelUpload)
 
 
 def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
@@ -137,12 +116,9 @@ def delete_upload(platform: Platform, caller: Caller, upload_id: str) -> None:
 
 
 def _version_models(
-    s: Session, model: ModelRow, shown: str, owner: str, rows: list[ModelVersionRow], viewer: Caller
+    s: Session, viewer: Caller, model: ModelRow, shown: str, owner: str, rows: list[ModelVersionRow]
 ) -> list[ModelVersion]:
     """Read models of versions as ``viewer`` sees them: the owner sees every lease, another tenant its own."""
-    labels_by_version: dict[int, list[str]] = {}
-    for label, version in store.labels_of(s, [model.id])[model.id].items():
-        labels_by_version.setdefault(version, []).append(label)
     deployments = live_leases(s, [r.id for r in rows])
     own = viewer.tenant_id == model.tenant_id
     shown_leases = {
@@ -150,64 +126,31 @@ def _version_models(
         for version_id, leases in deployments.items()
     }
     holders = [d.holder_id for leases in shown_leases.values() for d, _ in leases if d.tenant_id == viewer.tenant_id]
-    users = store.user_names(s, [r.created_by for r in rows] + holders)
+    fields = registry.VersionFields(s, store.TABLES, model.id, rows, holders)
 
     def holder(d: ModelDeploymentRow) -> str | None:
         if d.tenant_id != viewer.tenant_id or not d.holder_id:
             return None
-        return users.get(d.holder_id, d.holder_id)
+        return fields.users.get(d.holder_id, d.holder_id)
 
     return [
         ModelVersion(
+            **fields.of(r),
             model=shown,
             owner=owner,
-            version=r.version,
             format=r.format,
             executes_code=executes_code(r.format),
             artifact=r.artifact_name,
-            sha256=r.sha256,
-            size_bytes=r.size_bytes,
             signature=r.signature,
             metrics=r.metrics or {},
             source_job=r.source_job_name,
             source_job_id=r.source_job_id,
             source_path=r.source_path,
-            created_by=users.get(r.created_by, r.created_by),
-            created_at=r.created_at,
-            description=r.description,
-            labels=sorted(labels_by_version.get(r.version, [])),
             deployments=[deployment_model(d, t, holder(d)) for d, t in shown_leases[r.id]],
             deployed=bool(deployments[r.id]),
         )
         for r in rows
     ]
-
-
-def _models(s: Session, rows: list[tuple[ModelRow, str, bool]]) -> list[Model]:
-    """Read models for (row, owner tenant name, shared with the caller) triples."""
-    ids = [m.id for m, _, _ in rows]
-    stats = store.version_stats(s, ids)
-    labels = store.labels_of(s, ids)
-    shares = store.shares_of(s, [m.id for m, _, shared in rows if not shared])
-    users = store.user_names(s, [m.created_by for m, _, _ in rows])
-    out = []
-    for m, owner, shared in rows:
-        count, latest = stats[m.id]
-        out.append(
-            Model(
-                name=f"{owner}/{m.name}" if shared else m.name,
-                owner=owner,
-                shared=shared,
-                description=m.description,
-                created_by=users.get(m.created_by, m.created_by),
-                created_at=m.created_at,
-                latest_version=latest,
-                version_count=count,
-                labels=labels[m.id],
-                shared_with=[t for t, _ in shares.get(m.id, [])],
-            )
-        )
-    return out
 
 
 # -- register --------------------------------------------------------------------------------------------
@@ -293,11 +236,13 @@ def _insert_version(
             model = s.get(ModelRow, model_id, with_for_update=True)
             if model is None:
                 raise ModelNotFound(f"model {req.name!r} was deleted while this version was stored")
-            row = ModelVersionRow(
-                id=new_id("mv-"),
-                model_id=model_id,
-                tenant_id=caller.tenant_id,
-                version=number,
+            row = registry.new_version_row(
+                store.TABLES,
+                caller,
+                model_id,
+                number,
+                req.description,
+                "mv-",
                 format=req.format,
                 artifact_name=staged.name,
                 artifact_key=key,
@@ -308,13 +253,10 @@ def _insert_version(
                 source_job_id=job.id if job else None,
                 source_job_name=job.name if job else None,
                 source_path=req.from_job.path if req.from_job else None,
-                description=req.description,
-                created_by=caller.user_id,
-                created_at=utcnow(),
             )
             s.add(row)
             s.flush()
-            [result] = _version_models(s, model, req.name, caller.tenant, [row], caller)
+            [result] = _version_models(s, caller, model, req.name, caller.tenant, [row])
         return result
     except BaseException:
         _remove_stored(platform, [key])
@@ -331,10 +273,12 @@ def _take_number(platform: Platform, caller: Caller, req: ModelRegister, size: i
 
     def take() -> tuple[str, int, bool]:
         with platform.db.write() as s:
-            model, number, created = take_number(s, caller, store.TABLES, req.name, req.description, size, "m-")
+            model, number, created = registry.take_number(
+                s, caller, store.TABLES, req.name, req.description, size, "m-"
+            )
             return model.id, number, created
 
-    return retry_on_conflict(take)
+    return registry.retry_on_conflict(take)
 
 
 def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner: str | None = None) -> ModelVersion:
@@ -343,9 +287,7 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
         raise InvalidArgument(reserved_name_message("model", req.name))
     check_format(req.format)
     signature = check_signature(req.signature) if req.signature is not None else None
-    if owner is not None and owner != caller.tenant:
-        with platform.db.read() as s:
-            MODELS.writable(s, caller, req.name, owner, "registering versions")
+    MODEL_REGISTRY.check_writable(platform, caller, req.name, owner, "registering versions")
     artifacts = artifact_store(platform)
     with contextlib.ExitStack() as stack:
         upload = None
@@ -384,61 +326,22 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
 # -- reads -----------------------------------------------------------------------------------------------
 
 
-def list_models(platform: Platform, caller: Caller) -> list[Model]:
-    """The tenant's models, then the models other tenants share with it (named ``OWNER/NAME``)."""
-    with platform.db.read() as s:
-        rows = [(m, caller.tenant, False) for m in store.list_models(s, caller.tenant_id)]
-        rows += [(m, owner, True) for m, owner in store.shared_models(s, caller.tenant_id)]
-        return _models(s, rows)
-
-
-def describe_model(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> ModelDetail:
-    with platform.db.read() as s:
-        model, owner_name = MODELS.readable(s, caller, name, owner)
-        shared = owner_name != caller.tenant
-        [base] = _models(s, [(model, owner_name, shared)])
-        versions = store.list_versions(s, model.tenant_id, model.id)
-        detail = _version_models(s, model, base.name, owner_name, versions, caller)
-        return ModelDetail(**base.model_dump(), versions=detail)
-
-
-def list_versions(platform: Platform, caller: Caller, name: str, owner: str | None = None) -> list[ModelVersion]:
-    with platform.db.read() as s:
-        model, owner_name = MODELS.readable(s, caller, name, owner)
-        versions = store.list_versions(s, model.tenant_id, model.id)
-        return _version_models(s, model, shown_name(name, owner_name, caller), owner_name, versions, caller)
-
-
-def get_version(platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None) -> ModelVersion:
-    """A version by number, label or ``latest``."""
-    return _get_version(platform, caller, name, ref, owner)[0]
-
-
-def _get_version(
-    platform: Platform, caller: Caller, name: str, ref: str, owner: str | None
-) -> tuple[ModelVersion, str]:
-    with platform.db.read() as s:
-        model, owner_name = MODELS.readable(s, caller, name, owner)
-        shown = shown_name(name, owner_name, caller)
-        row = find_version(s, model, ref, shown)
-        [version] = _version_models(s, model, shown, owner_name, [row], caller)
-        return version, row.artifact_key
+READS = registry.Reads(MODEL_REGISTRY, Model, ModelDetail, _version_models)
+list_models = READS.list_entries
+describe_model = READS.describe
+list_versions = READS.list_versions
+get_version = READS.get_version
 
 
 def open_artifact(
     platform: Platform, caller: Caller, name: str, ref: str, owner: str | None = None
 ) -> tuple[ModelVersion, Iterator[bytes]]:
     """The version and its artifact as a .tar.gz stream (the checksum is ``version.sha256``)."""
-    version, key = _get_version(platform, caller, name, ref, owner)
+    version, key = READS.version_and_key(platform, caller, name, ref, owner)
     objects = platform.objects
-    try:
-        manifest = objects.tree_manifest(key)
-    except ObjectMissing:
-        log.error("artifact of %s version %d is missing at %s in %s", version.model, version.version, key, objects.url)
-        raise Unavailable(
-            f"the artifact of version {version.version} of model {version.model!r} is missing from the server's "
-            "storage; ask an administrator"
-        ) from None
+    manifest = registry.stored_manifest(
+        objects, key, f"the artifact of version {version.version} of model {version.model!r}"
+    )
     return version, iter_stored_tree(objects, key, manifest)
 
 
@@ -458,7 +361,7 @@ def _release(s: Session, caller: Caller, rows: list[ModelVersionRow], what: str)
     refuse_if_deployed(s, rows, what)  # the leases go with the rows (ON DELETE CASCADE)
 
 
-DELETION = Deletion(MODEL_REGISTRY, _release, "artifact_key", "model artifact")
+DELETION = registry.Deletion(MODEL_REGISTRY, _release, "model artifact")
 delete_version = DELETION.delete_version
 _remove_stored = DELETION.remove_stored
 

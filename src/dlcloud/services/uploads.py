@@ -14,14 +14,16 @@ import re
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from sqlalchemy.exc import IntegrityError
 
 from dlcloud.errors import InvalidArgument, InvalidState, NotFound, PayloadTooLarge
+from dlcloud.schemas.common import Response
 from dlcloud.services import storage_quota
 from dlcloud.services.auth import Caller
 from dlcloud.services.code import check_content_length, receive_upload, upload_scratch_dir
@@ -31,7 +33,7 @@ from dlcloud.store import uploads as upload_store
 from dlcloud.store.ids import new_id
 from dlcloud.store.rows import UploadClaimRow, utcnow
 
-T = TypeVar("T")
+R = TypeVar("R", bound=Response)
 
 
 def upload_key(tenant_id: str, upload_id: str) -> str:
@@ -46,19 +48,27 @@ def sweep_uploads(objects: ObjectStore, max_age_seconds: float) -> None:
             objects.delete(info.key)
 
 
+@dataclass(frozen=True)
+class Incoming:
+    """An upload as its request brings it: the SHA-256 its client signed, the length it declared, its body."""
+
+    declared_sha256: str
+    content_length: int | None
+    chunks: AsyncIterator[bytes]
+
+
 async def store_upload(
     platform: Platform,
     caller: Caller,
-    *,
+    incoming: Incoming,
     id_prefix: str,
-    declared_sha256: str,
-    content_length: int | None,
-    chunks: AsyncIterator[bytes],
-    check: Callable[[Path], T],
-) -> tuple[str, int, T]:
-    """Receive, check (``check(path)`` in a worker thread: raise to refuse) and store an upload; returns
-    (upload id, size, what ``check`` returned)."""
+    check: Callable[[Path], dict[str, Any]],
+    answer: type[R],
+) -> R:
+    """Receive, check (``check(path)`` in a worker thread: raise to refuse) and store an upload; its read model
+    ``answer``: id, checksum, size, when it expires unused, and the fields ``check`` returned."""
     settings = platform.settings
+    content_length, declared_sha256 = incoming.content_length, incoming.declared_sha256
     check_content_length(content_length, settings.max_upload_bytes)
     limit = storage_quota.upload_allowance(
         platform.db, platform.objects, caller, content_length, settings.max_upload_bytes
@@ -69,7 +79,7 @@ async def store_upload(
     tmp = Path(tmp_name)
     try:
         try:
-            size = await receive_upload(fd, chunks, limit=limit, declared_sha256=declared_sha256)
+            size = await receive_upload(fd, incoming.chunks, limit=limit, declared_sha256=declared_sha256)
         except PayloadTooLarge:
             if limit < settings.max_upload_bytes and (
                 err := storage_quota.over_quota_while_receiving(platform.db, caller)
@@ -82,7 +92,10 @@ async def store_upload(
         await anyio.to_thread.run_sync(lambda: objects.put_file(key, tmp, sha256=declared_sha256))
     finally:
         tmp.unlink(missing_ok=True)
-    return upload_id, size, checked
+    expires = utcnow() + timedelta(seconds=settings.model_upload_ttl_seconds)
+    return answer.model_validate(
+        {"id": upload_id, "sha256": declared_sha256, "size": size, "expires_at": expires, **checked}
+    )
 
 
 def _stored_key(platform: Platform, caller: Caller, upload_id: str, id_re: re.Pattern[str]) -> str | None:

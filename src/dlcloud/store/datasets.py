@@ -25,7 +25,7 @@ from dlcloud.store.rows import (
 ENDED_JOB_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 QUEUED_JOB_STATES = ("QUEUED", "RESTARTING")
 
-TABLES = Tables(DatasetRow, DatasetVersionRow, DatasetLabelRow, DatasetShareRow, "dataset_id")
+TABLES = Tables(DatasetRow, DatasetVersionRow, DatasetLabelRow, DatasetShareRow)
 get_dataset, list_datasets, shared_datasets = TABLES.get, TABLES.list_entries, TABLES.shared
 is_shared, shares_of = TABLES.is_shared, TABLES.shares_of
 list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.get_version, TABLES.get_latest_version
@@ -40,42 +40,6 @@ def pending_versions(s: Session) -> list[DatasetVersionRow]:
         .order_by(DatasetVersionRow.created_at)
     )
     return list(s.scalars(q))
-
-
-def labels_of(s: Session, dataset_ids: Iterable[str]) -> dict[str, dict[str, tuple[str, int]]]:
-    """dataset id -> {label: (version id, version number)}."""
-    ids = list(dataset_ids)
-    out: dict[str, dict[str, tuple[str, int]]] = {i: {} for i in ids}
-    if ids:
-        q = (
-            select(DatasetLabelRow.dataset_id, DatasetLabelRow.label, DatasetVersionRow.id, DatasetVersionRow.version)
-            .join(DatasetVersionRow, DatasetVersionRow.id == DatasetLabelRow.version_id)
-            .where(DatasetLabelRow.dataset_id.in_(ids))
-            .order_by(DatasetLabelRow.label)
-        )
-        for dataset_id, label, version_id, version in s.execute(q):
-            out[dataset_id][label] = (version_id, version)
-    return out
-
-
-def version_stats(s: Session, dataset_ids: Iterable[str]) -> dict[str, tuple[int, int | None, int]]:
-    """dataset id -> (number of versions, newest version number, bytes of all versions)."""
-    ids = list(dataset_ids)
-    out: dict[str, tuple[int, int | None, int]] = {i: (0, None, 0) for i in ids}
-    if ids:
-        q = (
-            select(
-                DatasetVersionRow.dataset_id,
-                func.count(),
-                func.max(DatasetVersionRow.version),
-                func.coalesce(func.sum(DatasetVersionRow.size_bytes), 0),
-            )
-            .where(DatasetVersionRow.dataset_id.in_(ids))
-            .group_by(DatasetVersionRow.dataset_id)
-        )
-        for dataset_id, count, newest, size in s.execute(q):
-            out[dataset_id] = (int(count), newest, int(size))
-    return out
 
 
 def readers(s: Session, version_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from dlcloud.store.registry import Tables
@@ -21,46 +21,12 @@ from dlcloud.store.rows import (
     ModelShareRow,
     ModelVersionRow,
     TenantRow,
-    UserRow,
 )
 
-TABLES = Tables(ModelRow, ModelVersionRow, ModelLabelRow, ModelShareRow, "model_id")
+TABLES = Tables(ModelRow, ModelVersionRow, ModelLabelRow, ModelShareRow)
 get_model, list_models, shared_models = TABLES.get, TABLES.list_entries, TABLES.shared
 is_shared, shares_of = TABLES.is_shared, TABLES.shares_of
 list_versions, get_version, get_latest_version = TABLES.list_versions, TABLES.get_version, TABLES.get_latest_version
-
-
-def version_stats(s: Session, model_ids: Iterable[str]) -> dict[str, tuple[int, int | None]]:
-    """model id -> (number of versions, newest version number)."""
-    ids = list(model_ids)
-    out: dict[str, tuple[int, int | None]] = {i: (0, None) for i in ids}
-    if not ids:
-        return out
-    q = (
-        select(ModelVersionRow.model_id, func.count(), func.max(ModelVersionRow.version))
-        .where(ModelVersionRow.model_id.in_(ids))
-        .group_by(ModelVersionRow.model_id)
-    )
-    for model_id, count, newest in s.execute(q):
-        out[model_id] = (int(count), int(newest) if newest is not None else None)
-    return out
-
-
-def labels_of(s: Session, model_ids: Iterable[str]) -> dict[str, dict[str, int]]:
-    """model id -> {label: version number}."""
-    ids = list(model_ids)
-    out: dict[str, dict[str, int]] = {i: {} for i in ids}
-    if not ids:
-        return out
-    q = (
-        select(ModelLabelRow.model_id, ModelLabelRow.label, ModelVersionRow.version)
-        .join(ModelVersionRow, ModelVersionRow.id == ModelLabelRow.version_id)
-        .where(ModelLabelRow.model_id.in_(ids))
-        .order_by(ModelLabelRow.label)
-    )
-    for model_id, label, version in s.execute(q):
-        out[model_id][label] = int(version)
-    return out
 
 
 def live_deployments(
@@ -108,10 +74,3 @@ def delete_expired_deployments(s: Session, version_id: str, now: datetime) -> No
             ModelDeploymentRow.model_version_id == version_id, ModelDeploymentRow.expires_at <= now
         )
     )
-
-
-def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
-    ids = list(set(user_ids))
-    if not ids:
-        return {}
-    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}

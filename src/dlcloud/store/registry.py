@@ -1,10 +1,11 @@
 """The queries every versioned registry (models, datasets) makes alike: entries, versions, labels, shares.
 
-A registry's tables (``Tables``) are an entry row with ``id``, ``tenant_id`` and ``name``; a version row with
-``id``, ``tenant_id`` and ``version``; a label row keyed by (entry id, label) and a share row keyed by (entry
-id, tenant id); the entry id is the column ``entry_key`` of the version, label and share rows. Every lookup of
-an entry takes the owning ``tenant_id``; another tenant's entry is visible only through ``shared`` and
-``is_shared``, which check the share row.
+A registry's tables (``Tables``) are its rows of ``store/rows.py``: an entry row with ``id``, ``tenant_id`` and
+``name``; a version row with ``id``, ``tenant_id``, ``version`` and ``size_bytes``; a label row keyed by (entry
+id, label) and a share row keyed by (entry id, tenant id), both holding the entry's id as ``entry_id``; the
+version row holds it as the registry's own column (``entry_key``: ``model_id``). Every lookup of an entry takes
+the owning ``tenant_id``; another tenant's entry is visible only through ``shared`` and ``is_shared``, which
+check the share row.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import TenantRow
+from dlcloud.store.rows import TenantRow, UserRow
 
 E = TypeVar("E")  # the entry row
 V = TypeVar("V")  # the version row
@@ -29,10 +30,20 @@ class Tables(Generic[E, V]):
     version_row: type[V]
     label_row: type[Any]
     share_row: type[Any]
-    entry_key: str  # "model_id": the entry's id in the version, label and share rows
+
+    @property
+    def entry_key(self) -> str:
+        """The version row's column of the entry's id (``model_id``)."""
+        entry: Any = self.entry_row
+        return f"{entry.kind}_id"
+
+    @property
+    def _version(self) -> Any:
+        """The version row, typed loosely for building queries."""
+        return self.version_row
 
     def _key(self, row: type[Any]) -> Any:
-        return getattr(row, self.entry_key)
+        return row.entry_id if row is not self.version_row else getattr(row, self.entry_key)
 
     def get(self, s: Session, tenant_id: str, name: str, *, for_update: bool = False) -> E | None:
         entry: Any = self.entry_row
@@ -76,6 +87,35 @@ class Tables(Generic[E, V]):
                 out[entry_id].append((tenant, at))
         return out
 
+    def version_stats(self, s: Session, entry_ids: Iterable[str]) -> dict[str, tuple[int, int | None, int]]:
+        """entry id -> (number of versions, newest version number, bytes of all versions)."""
+        ids = [*entry_ids]
+        out: dict[str, tuple[int, int | None, int]] = {i: (0, None, 0) for i in ids}
+        if ids:
+            version = self._version
+            key = self._key(version)
+            sizes = func.coalesce(func.sum(version.size_bytes), 0)
+            q = select(key, func.count(), func.max(version.version), sizes).where(key.in_(ids)).group_by(key)
+            for entry_id, count, newest, size in s.execute(q):
+                out[entry_id] = (int(count), int(newest) if newest is not None else None, int(size))
+        return out
+
+    def labels_of(self, s: Session, entry_ids: Iterable[str]) -> dict[str, dict[str, tuple[str, int]]]:
+        """entry id -> {label: (version id, version number)}, sorted by label."""
+        ids = [*entry_ids]
+        out: dict[str, dict[str, tuple[str, int]]] = {i: {} for i in ids}
+        if ids:
+            label, version = self.label_row, self._version
+            q = (
+                select(label.entry_id, label.label, version.id, version.version)
+                .join(version, version.id == label.version_id)
+                .where(label.entry_id.in_(ids))
+                .order_by(label.label)
+            )
+            for entry_id, name, version_id, number in s.execute(q):
+                out[entry_id][name] = (version_id, int(number))
+        return out
+
     def list_versions(self, s: Session, tenant_id: str, entry_id: str) -> list[V]:
         version: Any = self.version_row
         q = (
@@ -101,3 +141,12 @@ class Tables(Generic[E, V]):
             .limit(1)
         )
         return s.scalars(q).first()
+
+
+def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
+    """user id -> name, for the authors and holders a registry's read models name (a user deleted since is left
+    out: the read model shows the id)."""
+    ids = list(set(user_ids))
+    if not ids:
+        return {}
+    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -71,12 +71,27 @@ class Base(DeclarativeBase):
 
 
 # What the two versioned registries, models and datasets, have alike in their tables (each keeps its own tables;
-# these mixins hold the columns written once, services/registry_access.py the rules over them).
+# these mixins hold the columns written once, services/registry_access.py the rules over them). A registry's row
+# classes name its kind (``kind = "model"``); its tables are ``{kind}s``, ``{kind}_versions``, ``{kind}_labels``
+# and ``{kind}_shares``, and the entry's id is ``{kind}_id`` in the last three.
 
 
-class _RegistryItemColumns:
+class _RegistryTable:
+    """A registry's table, named after the registry's ``kind`` (its row class says it) and ``table_suffix``."""
+
+    kind: ClassVar[str]  # "model", "dataset"
+    table_suffix: ClassVar[str]  # the table's name after the kind: "s", "_versions", "_labels", "_shares"
+
+    @declared_attr.directive
+    def __tablename__(cls) -> str:
+        return f"{cls.kind}{cls.table_suffix}"
+
+
+class _RegistryItemColumns(_RegistryTable):
     """A name in a tenant. ``last_version`` is the highest number ever given, so a deleted version's number is
     never reused."""
+
+    table_suffix = "s"
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[UniqueConstraint]:
@@ -91,8 +106,15 @@ class _RegistryItemColumns:
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class _RegistryVersionColumns:
-    """An immutable numbered version of an item: its bytes' checksum and size, who made it and when."""
+class _RegistryVersionColumns(_RegistryTable):
+    """An immutable numbered version of an item: its bytes' checksum and size, who made it and when. The entry's
+    id is the registry's own column (``model_id``), declared by each version row."""
+
+    table_suffix = "_versions"
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[UniqueConstraint]:
+        return (UniqueConstraint(f"{cls.kind}_id", "version"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(32), index=True)
@@ -104,16 +126,34 @@ class _RegistryVersionColumns:
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class _RegistryLabelColumns:
+class _RegistryEntryKey(_RegistryTable):
+    """A row of one entry's (a label, a share): the entry's id, ``{kind}_id``, first in the primary key; the row
+    goes with the entry."""
+
+    @declared_attr
+    def entry_id(cls) -> Mapped[str]:
+        entries = ForeignKey(f"{cls.kind}s.id", ondelete="CASCADE")
+        return mapped_column(f"{cls.kind}_id", entries, primary_key=True, sort_order=-2)
+
+
+class _RegistryLabelColumns(_RegistryEntryKey):
     """A label points at exactly one version of its item (the primary key, item and label, makes that so)."""
+
+    table_suffix = "_labels"
+
+    @declared_attr
+    def version_id(cls) -> Mapped[str]:
+        versions = f"{cls.kind}_versions.id"
+        return mapped_column(ForeignKey(versions, ondelete="CASCADE"), index=True, sort_order=-1)
 
     label: Mapped[str] = mapped_column(String(63), primary_key=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class _RegistryShareColumns:
+class _RegistryShareColumns(_RegistryEntryKey):
     """Read-only access to an item for another tenant."""
 
+    table_suffix = "_shares"
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, index=True)
     created_by: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -399,12 +439,11 @@ class AuditRow(Base):
 class ModelRow(_RegistryItemColumns, Base):
     """A registry model."""
 
-    __tablename__ = "models"
+    kind = "model"
 
 
 class ModelVersionRow(_RegistryVersionColumns, Base):
-    __tablename__ = "model_versions"
-    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    kind = "model"
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     format: Mapped[str] = mapped_column(String(32))
     artifact_name: Mapped[str] = mapped_column(String(255))
@@ -417,14 +456,11 @@ class ModelVersionRow(_RegistryVersionColumns, Base):
 
 
 class ModelLabelRow(_RegistryLabelColumns, Base):
-    __tablename__ = "model_labels"
-    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    version_id: Mapped[str] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"), index=True)
+    kind = "model"
 
 
 class ModelShareRow(_RegistryShareColumns, Base):
-    __tablename__ = "model_shares"
-    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    kind = "model"
 
 
 class ModelDeploymentRow(Base):
@@ -495,7 +531,7 @@ class LeadershipRow(Base):
 class DatasetRow(_RegistryItemColumns, Base):
     """A dataset of the sample library."""
 
-    __tablename__ = "datasets"
+    kind = "dataset"
 
 
 class DatasetVersionRow(_RegistryVersionColumns, Base):
@@ -506,8 +542,7 @@ class DatasetVersionRow(_RegistryVersionColumns, Base):
     ``claimed_at``: the server process doing it and its last sign of life), then ``ready`` or ``failed``
     (``state_reason`` says why). ``services/dataset_sources.py`` owns that state machine."""
 
-    __tablename__ = "dataset_versions"
-    __table_args__ = (UniqueConstraint("dataset_id", "version"),)
+    kind = "dataset"
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
     storage_key: Mapped[str] = mapped_column(Text)
     file_count: Mapped[int] = mapped_column(Integer)
@@ -519,14 +554,11 @@ class DatasetVersionRow(_RegistryVersionColumns, Base):
 
 
 class DatasetLabelRow(_RegistryLabelColumns, Base):
-    __tablename__ = "dataset_labels"
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    version_id: Mapped[str] = mapped_column(ForeignKey("dataset_versions.id", ondelete="CASCADE"), index=True)
+    kind = "dataset"
 
 
 class DatasetShareRow(_RegistryShareColumns, Base):
-    __tablename__ = "dataset_shares"
-    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    kind = "dataset"
 
 
 class UploadClaimRow(Base):
