@@ -65,9 +65,8 @@ class OwnAttempts:
         self.lowest = {tid: min(c.held.priority for c in cs) for tid, cs in self.own.items()}
 
     def queue(self, attained_gpu_s: float) -> int:
-        """The las queue inside a tenant of an attained service (``tenant_las_queue``, written out: a pass asks it
-        about ten thousand times)."""
-        return bisect.bisect_right(self.bounds, attained_gpu_s) if self.bounds else 0
+        """The las queue inside a tenant of an attained service."""
+        return tenant_las_queue(self.bounds, attained_gpu_s)
 
     def outranks(self, job: QueuedJob, tid: str) -> bool:
         """``job`` may preempt attempts of its own tenant ``tid``: some have a lower priority, or (las in the
