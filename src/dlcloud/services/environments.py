@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,13 +198,6 @@ def _builtin_model(
     return Environment(**common, state=state, error=error, spec_hash=spec_hash, ready_at=ready, size_bytes=size), build
 
 
-def _user_names(s: Session, ids: Iterable[str]) -> dict[str, str]:
-    wanted = list(set(ids))
-    if not wanted:
-        return {}
-    return tenant_store.user_names(s, wanted)
-
-
 # -- create --------------------------------------------------------------------------------------------------
 
 
@@ -304,7 +297,7 @@ def list_environments(platform: Platform, caller: Caller) -> list[Environment]:
         out = [_builtin_model(s, backend, b, dists)[0] for b in BUILTINS.values()]
         rows = store.list_environments(s, caller.tenant_id)
         builds = store.builds_of(s, (r.spec_hash for r in rows))
-        users = _user_names(s, (r.created_by for r in rows))
+        users = tenant_store.user_names(s, (r.created_by for r in rows))
         out += [_user_model(r, builds.get(r.spec_hash), users.get(r.created_by, r.created_by)) for r in rows]
         return out
 
@@ -322,7 +315,8 @@ def describe_environment(platform: Platform, caller: Caller, name: str) -> Envir
             if row is None:
                 raise NotFound(f"environment {name!r} not found")
             build = store.get_build(s, row.spec_hash)
-            env = _user_model(row, build, _user_names(s, [row.created_by]).get(row.created_by, row.created_by))
+            author = tenant_store.user_name(s, row.created_by)  # the id itself for a user deleted since
+            env = _user_model(row, build, author)
             spec = row.spec
             extra = dict(
                 wheels=[w["filename"] for w in spec.get("wheels") or []],

@@ -19,8 +19,8 @@ from dlcloud.services.auth import Caller
 from dlcloud.services.model_access import MODELS, shown_name
 from dlcloud.services.platform import Platform
 from dlcloud.store import models as store
-from dlcloud.store.registry import user_names
 from dlcloud.store.rows import ModelDeploymentRow, ModelVersionRow, utcnow
+from dlcloud.store.tenants import user_names
 
 
 def deployment_model(row: ModelDeploymentRow, tenant: str, holder: str | None) -> ModelDeployment:

@@ -42,8 +42,9 @@ from dlcloud.services.registry_access import Registry, require_author_or_admin, 
 from dlcloud.storage.objects import Manifest, ObjectMissing, ObjectStore
 from dlcloud.store import tenants as tenant_store
 from dlcloud.store.ids import new_id
-from dlcloud.store.registry import Tables, user_names
+from dlcloud.store.registry import Tables
 from dlcloud.store.rows import utcnow
+from dlcloud.store.tenants import user_names
 
 
 class Entry(Protocol):

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlcloud.store.rows import TenantRow, UserRow
+from dlcloud.store.rows import TenantRow
 
 E = TypeVar("E")  # the entry row
 V = TypeVar("V")  # the version row
@@ -141,12 +141,3 @@ class Tables(Generic[E, V]):
             .limit(1)
         )
         return s.scalars(q).first()
-
-
-def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
-    """user id -> name, for the authors and holders a registry's read models name (a user deleted since is left
-    out: the read model shows the id)."""
-    ids = list(set(user_ids))
-    if not ids:
-        return {}
-    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}

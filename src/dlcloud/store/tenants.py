@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, func, select
@@ -96,9 +97,13 @@ def list_keys(s: Session, tenant_id: str | None, user_id: str | None) -> list[tu
     return [(k, u, t) for k, u, t in s.execute(q.order_by(AccessKeyRow.created_at))]
 
 
-def user_names(s: Session, user_ids: list[str]) -> dict[str, str]:
-    """The names of the users with these ids (a user deleted since is left out)."""
-    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(user_ids)))}
+def user_names(s: Session, user_ids: Iterable[str]) -> dict[str, str]:
+    """user id -> name for these ids, each asked once (a user deleted since is left out: a read model then shows
+    the id); no query for none."""
+    ids = list(set(user_ids))
+    if not ids:
+        return {}
+    return {uid: name for uid, name in s.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))}
 
 
 def user_name(s: Session, user_id: str) -> str:
