@@ -300,6 +300,9 @@ def test_inferred_signature_of_a_scikit_learn_model(world, tmp_path):
             {"name": "probabilities", "datatype": "FP64", "shape": [-1, 2]},
         ],
     }
+    # inspected where it is stored (read in place on local storage): the stored copy stays read-only and whole
+    stored = _artifact_path(world.env, "churn", 1)
+    assert stored.stat().st_mode & 0o777 == 0o444 and verify(stored, v.sha256)
 
 
 def test_failed_inference_leaves_the_signature_undeclared(world, tmp_path):

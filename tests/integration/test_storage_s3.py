@@ -94,6 +94,25 @@ def test_code_jobs_and_models_live_in_the_bucket(s3_env: tuple[Env, S3Server], t
     assert [k for k in _bucket_keys(server, prefix) if k.startswith("models/")] == []
 
 
+def test_a_signature_is_inferred_from_the_copy_in_the_bucket(s3_env: tuple[Env, S3Server], tmp_path: Path) -> None:
+    """Inference runs after the artifact is stored, on the stored tree: with S3 the executor fetches it into a
+    scratch directory of its own (verified against the manifest) and removes it afterwards."""
+    from tests.serving_models import make_onnx_mlp
+
+    env, server = s3_env
+    built = make_onnx_mlp(tmp_path / "onnx", in_features=6, out=3)
+    version = env.admin.models.register("inferred", "onnx", artifact=built.path)
+    assert version.signature is not None
+    [given] = version.signature["inputs"]
+    assert (given["name"], given["datatype"], given["shape"]) == ("input", "FP32", [-1, 6])
+    assert version.signature["outputs"][0]["shape"] == [-1, 3]
+    scratch = env.settings.data_dir / "tmp" / "inspect"
+    assert not scratch.exists() or list(scratch.iterdir()) == []  # the fetched copy is gone
+    assert not (env.settings.data_dir / "models").exists()  # the artifact lives in the bucket alone
+    prefix = env.platform.objects.url.split("/", 3)[3]
+    assert [k for k in _bucket_keys(server, prefix) if k.startswith("uploads/")] == []
+
+
 def test_jobs_read_datasets_through_this_hosts_cache(s3_env: tuple[Env, S3Server], tmp_path: Path) -> None:
     env, _server = s3_env
     from tests.integration.test_datasets import FILES, READER, _push, _tar_gz

@@ -161,12 +161,13 @@ def test_on_a_host_without_a_sandbox_another_tenant_must_declare_a_code_models_s
 
 
 def test_an_executor_that_runs_no_user_code_here_inspects_nothing(tmp_path):
-    artifact = tmp_path / "marks-model"
-    artifact.mkdir()
-    (artifact / "predictor.py").write_text(MARKS.replace("@MARK_DIR@", str(tmp_path)))
+    tree = tmp_path / "store" / "models" / "t-1" / "m-1" / "1"
+    (tree / "marks-model").mkdir(parents=True)
+    (tree / "marks-model" / "predictor.py").write_text(MARKS.replace("@MARK_DIR@", str(tmp_path)))
     simulated = SimulatedExecutor()
     assert not simulated.inspects_sandboxed
-    assert simulated.inspect_model(artifact, "python", 30) is None and not (tmp_path / "ran").exists()
+    assert simulated.inspect_model("models/t-1/m-1/1", "marks-model", "python", 30) is None
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_model_that_is_not_shared_is_unreachable(env: Env, tmp_path):
@@ -384,7 +385,18 @@ def test_a_shared_python_model_reaches_neither_the_registry_secrets_nor_an_untru
 
 
 NET_SNOOP = """
+import os
 import socket
+
+
+def _write_own():
+    # the artifact is inspected where it is stored: writing there would change a stored version
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "planted"), "w") as f:
+            f.write("x")
+        return "ok"
+    except OSError as exc:
+        return type(exc).__name__
 
 
 def _try(host, port):
@@ -399,6 +411,7 @@ class NetSnoop:
     def load(self):
         seen = [f"api={_try('127.0.0.1', @PORT@)}", f"postgres={_try('127.0.0.1', 5432)}"]
         seen.append(f"interfaces={','.join(sorted(name for _, name in socket.if_nameindex()))}")
+        seen.append(f"own={_write_own()}")
         self.signature = {"inputs": [{"name": i, "datatype": "FP32", "shape": [-1]} for i in seen], "outputs": []}
 
     def predict(self, batch):
@@ -421,6 +434,9 @@ def test_inspecting_a_tenants_model_reaches_no_network(platform: Platform, tmp_p
     seen = dict(item.split("=", 1) for item in _seen(ModelVersion.model_validate(registered)))
     assert seen["api"] != "connected" and seen["postgres"] != "connected", seen
     assert set(seen["interfaces"].split(",")) <= {"lo", ""}, seen
+    assert seen["own"] != "ok", seen  # the stored artifact it was read from stays as stored
+    platform.as_("mallory", "models", "download", "net", "1", "--dest", str(tmp_path / "back"))
+    assert sorted(p.name for p in (tmp_path / "back").rglob("*") if p.is_file()) == ["predictor.py"]
 
 
 def _served_version(url: str) -> str:

@@ -394,11 +394,14 @@ class Executor(abc.ABC):
         or not at all): the registry lets only the tenants that may run code unsandboxed ask it then."""
         return False
 
-    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
-        """Run model inspection (``python -m dlcloud.serving.inspect``, ``model_inspect.run_inspect``) on an
-        artifact file of this process, in ``sandbox_prefix``'s sandbox where ``inspects_sandboxed``; None when it
-        did not finish within ``timeout`` s, or when this executor runs no user code on this host (this one:
-        the answer is then "no signature", and nothing of the artifact ran)."""
+    def inspect_model(
+        self, tree: str, artifact: str, fmt: str, timeout: float
+    ) -> subprocess.CompletedProcess[str] | None:
+        """Run model inspection (``python -m dlcloud.serving.inspect``, ``model_inspect.run_inspect``) on the
+        artifact ``artifact`` (the top-level file or directory) of the tree stored under the key ``tree``,
+        fetched from the object store where this executor runs it, in ``sandbox_prefix``'s sandbox where
+        ``inspects_sandboxed``; None when it did not finish within ``timeout`` s, or when this executor runs no
+        user code (this one: the answer is then "no signature", and nothing of the artifact ran)."""
         return None
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from dlcloud.errors import InvalidSignature, UnknownFormat
@@ -67,18 +66,18 @@ def check_signature(data: Any) -> dict[str, Any]:
     return Signature.from_dict(data).to_dict()
 
 
-def infer_signature(executor: Executor, path: Path, fmt: str, timeout: float) -> dict[str, Any] | None:
-    """Ask ``python -m dlcloud.serving.inspect``, run by ``executor``, for the artifact's signature; None when
-    it cannot tell.
+def infer_signature(executor: Executor, tree: str, artifact: str, fmt: str, timeout: float) -> dict[str, Any] | None:
+    """Ask ``python -m dlcloud.serving.inspect``, run by ``executor`` on the stored artifact (``artifact`` in
+    the tree ``tree``), for its signature; None when it cannot tell.
 
     The contract: it prints ``{"signature": {...} | null}`` on stdout and exits 0. Anything else (the
     module missing, a library missing, a crash, the timeout) means "no signature", never a failed register.
     """
-    proc = executor.inspect_model(path, fmt, timeout)
+    proc = executor.inspect_model(tree, artifact, fmt, timeout)
     if proc is None:
         return None
     if proc.returncode != 0:
-        log.info("signature inference for %s exited %d: %s", path, proc.returncode, proc.stderr[-2000:])
+        log.info("signature inference for %s exited %d: %s", tree, proc.returncode, proc.stderr[-2000:])
         return None
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     data: Any = None
@@ -94,5 +93,5 @@ def infer_signature(executor: Executor, path: Path, fmt: str, timeout: float) ->
     try:
         return check_signature(signature)
     except InvalidSignature as exc:
-        log.warning("signature inferred for %s is unusable: %s", path, exc)
+        log.warning("signature inferred for %s is unusable: %s", tree, exc)
         return None

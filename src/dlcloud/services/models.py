@@ -223,14 +223,19 @@ def _insert_version(
     staged: StagedArtifact,
     job: JobRow | None,
 ) -> ModelVersion:
-    """Three steps, so that no write transaction is open while the artifact is stored (on SQLite it would stop
-    every other write for that long): take the next number (creating the model), store the tree under it,
-    then add the version's row. A failure after the first step removes what it stored and a model it
-    created; the number it took is not given again (numbers are never reused anyway)."""
+    """Three steps, so that no write transaction is open while the artifact is stored and inspected (on SQLite
+    it would stop every other write for that long): take the next number (creating the model), store the tree
+    under it (and infer a signature not declared, from the stored tree), then add the version's row. A failure
+    after the first step removes what it stored and a model it created; the number it took is not given again
+    (numbers are never reused anyway)."""
     model_id, number, created = _take_number(platform, caller, req, staged.digest.size)
     key = version_key(caller.tenant_id, model_id, number)
     try:
         platform.objects.put_tree(key, staged.dir)
+        if signature is None and platform.executor is not None:
+            # inferred from the stored tree, where the executor runs it (no file of this host crosses to it)
+            timeout = platform.settings.model_inspect_timeout_seconds
+            signature = infer_signature(platform.executor, key, staged.name, req.format, timeout)
         with platform.db.write() as s:
             storage_quota.check_fits(s, caller.tenant_id, caller.tenant, staged.digest.size)
             model = s.get(ModelRow, model_id, with_for_update=True)
@@ -312,9 +317,6 @@ def register_model(platform: Platform, caller: Caller, req: ModelRegister, owner
             if signature is None and executes_code(req.format) and not (executor and executor.inspects_sandboxed):
                 # inspecting it would run its author's code bare: only where that harms no other tenant
                 require_isolation(platform, caller, "inferring the signature of a model whose loading runs code")
-            if signature is None and executor is not None:
-                timeout = platform.settings.model_inspect_timeout_seconds
-                signature = infer_signature(executor, staged.path, req.format, timeout)
             version = _insert_version(platform, caller, req, signature, staged, job)
         finally:
             artifacts.discard(staged)

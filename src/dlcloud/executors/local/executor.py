@@ -168,10 +168,21 @@ class LocalExecutor(Executor):
     def inspects_sandboxed(self) -> bool:
         return self.runner.sandbox.enabled
 
-    def inspect_model(self, artifact: Path, fmt: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
-        """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare."""
+    def inspect_model(
+        self, tree: str, artifact: str, fmt: str, timeout: float
+    ) -> subprocess.CompletedProcess[str] | None:
+        """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare. The
+        tree is read where the store keeps it on this host (read-only), else fetched (and verified) into a
+        private scratch directory removed afterwards."""
         sandbox = self.sandbox_prefix if self.inspects_sandboxed else None
-        return model_inspect.run_inspect(artifact, fmt, timeout, sandbox)
+        local = self.objects.tree_local_path(tree)
+        if local is not None:
+            return model_inspect.run_inspect(local / artifact, fmt, timeout, sandbox)
+        scratch = self.settings.data_dir / "tmp" / "inspect"
+        make_private_dirs(scratch)
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            self.objects.get_tree(tree, Path(tmp) / "tree")
+            return model_inspect.run_inspect(Path(tmp) / "tree" / artifact, fmt, timeout, sandbox)
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
         return self.runner.reader_prefix(readable, slot)

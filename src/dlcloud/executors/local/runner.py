@@ -162,20 +162,27 @@ def _used(attempt_dir: Path) -> InvalidState:
 
 
 def _open_for_readers(path: Path) -> None:
-    """Let every uid read ``path`` (and below it): for what a sandbox binds read-only from the data dir."""
+    """Let every uid read ``path`` (and below it): for what a sandbox binds read-only from the data dir. Read
+    (and, on directories, search) bits are added, none taken: a stored tree's read-only files stay read-only."""
     if path.is_symlink() or not path.exists():
         return
     if path.is_file():
-        os.chmod(path, 0o644)
+        _add_mode(str(path), 0o444)
         return
-    os.chmod(path, 0o755)
+    _add_mode(str(path), 0o555)
     for root, dirs, files in os.walk(path):
         for name in dirs:
             if not os.path.islink(os.path.join(root, name)):
-                os.chmod(os.path.join(root, name), 0o755)
+                _add_mode(os.path.join(root, name), 0o555)
         for name in files:
             if not os.path.islink(os.path.join(root, name)):
-                os.chmod(os.path.join(root, name), 0o644)
+                _add_mode(os.path.join(root, name), 0o444)
+
+
+def _add_mode(path: str, bits: int) -> None:
+    mode = os.lstat(path).st_mode & 0o7777
+    if mode | bits != mode:
+        os.chmod(path, mode | bits)
 
 
 def stop_deadline(workload: dict[str, Any]) -> float:
