@@ -78,6 +78,7 @@ def test_0008_names_the_files_an_older_data_dir_already_has(env, db_url, tmp_pat
 
 def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env, db_url):
     """Pausing became the default for template trials in 0014; a study submitted before keeps running as it was."""
+    from dlcloud.schemas.studies import StudyPlatformState
     from dlcloud.store.rows import StudyRow
     from tests.integration.test_studies import RECORDED
 
@@ -89,8 +90,8 @@ def test_0014_keeps_optunas_pruner_for_asha_studies_submitted_before_pausing(env
     )
     with env.platform.db.write() as s:  # as an older server stored it: no pause, perhaps no early_stopping
         older = s.scalars(select(StudyRow).where(StudyRow.name == "older")).one()
-        assert older.spec["early_stopping"]["pause"] is False  # decided and stored at submit now
-        older.spec = {**older.spec, "early_stopping": None}
+        assert older.platform_state.pause is False and older.spec["early_stopping"] is None  # decided at submit
+        older.platform_state = StudyPlatformState()
     env.platform.db.dispose()
 
     _alembic(db_url, "downgrade", "0013")
@@ -302,3 +303,46 @@ def test_0026_moves_the_completed_register_model_into_the_platform_state_and_002
     assert rows["plain"][1].register_model is None
     assert env.admin.jobs.get("exports").resolved.register_model == ModelTarget(**completed)
     engine.dispose()
+
+
+def test_0027_keeps_a_studys_file_as_submitted_and_0026_gets_the_decisions_back_in_it(env, db_url, tmp_path):
+    """From 0027 a study row keeps its file as submitted and the platform's decisions at submit (pinned dataset
+    versions, ASHA's pause) in ``platform_state``; going back to 0026 writes them (and the drawn seed) into the
+    spec, where 0026 kept them, and an older row read at head runs on the same spec as before."""
+    import json
+
+    from sqlalchemy import text
+
+    from dlcloud.schemas.studies import StudyPlatformState
+    from dlcloud.services.studies import run_spec
+    from dlcloud.store.rows import StudyRow
+    from tests.integration.test_studies import RECORDED
+
+    data = tmp_path / "clicks.csv"
+    data.write_text("x,y\n1,0\n")
+    for _ in range(2):
+        env.admin.datasets.push("clicks", path=data)
+    trial = {"command": "true", "datasets": ["clicks"]}
+    env.admin.studies.submit({**RECORDED, "name": "asha", "algorithm": "asha", "trial": trial})
+    with env.platform.db.read() as s:
+        row = s.scalars(select(StudyRow).where(StudyRow.name == "asha")).one()
+        assert row.spec["trial"]["datasets"] == ["clicks"] and row.spec["seed"] is None  # as submitted
+        assert row.platform_state == StudyPlatformState(datasets=("clicks@2",), pause=False)
+        ran_on, seed = run_spec(row), row.seed
+    assert ran_on["trial"]["datasets"] == ["clicks@2"] and ran_on["early_stopping"]["pause"] is False
+    env.platform.db.dispose()
+    _alembic(db_url, "downgrade", "0026")
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    with engine.connect() as conn:
+        [raw] = conn.execute(text("SELECT spec FROM studies")).scalars().all()
+    older = json.loads(raw) if isinstance(raw, str) else raw
+    assert older == {**ran_on, "seed": seed}
+    _alembic(db_url, "upgrade", "head")
+    engine.dispose()
+
+    with env.platform.db.read() as s:
+        row = s.scalars(select(StudyRow)).one()
+        assert row.platform_state == StudyPlatformState() and run_spec(row) == older
+    detail = env.admin.studies.get("asha")
+    assert detail.resolved == StudyPlatformState() and detail.spec["trial"]["datasets"] == ["clicks@2"]

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import select
 
+from dlcloud.services.studies import run_spec, trial_job_spec
+from dlcloud.store.rows import StudyRow
 from tests.conftest import Env, assert_api_error
 from tests.integration.test_studies import API, assert_each_trial_ran_once, cli, max_overlap, wait_study
 from tests.integration.test_templates import template_env  # noqa: F401  (the fixture)
@@ -180,14 +183,19 @@ def test_a_template_trial_reads_the_dataset_version_named_at_submit(env: Env, tm
     trial = {"template": "mlp", "data": "blobs", "path": "train.csv", "validation_split": 0.5, "seed": 3}
     c.studies.submit(_template_study(trial=trial))
     c.datasets.push("blobs", path=dense_csv(tmp_path / "train.csv", n=40))
-    stored = c.studies.get("tpl").spec["trial"]
-    assert stored["template"] == {
+    study = c.studies.get("tpl")
+    assert study.resolved.template_data == "blobs@2" and study.resolved.datasets is None
+    assert study.spec["trial"]["template"] == {  # the file as submitted; its trials run on blobs@2
         "name": "mlp",
-        "data": "blobs@2",
+        "data": "blobs",
         "path": "train.csv",
         "validation_split": 0.5,
         "seed": 3,
     }
+    with env.platform.db.read() as s:
+        row = s.scalars(select(StudyRow).where(StudyRow.name == "tpl")).one()
+        job_spec, _ = trial_job_spec(env.platform, run_spec(row), "tpl", 0, {})
+    assert job_spec.template is not None and job_spec.template.data == "blobs@2"
 
 
 def test_a_trials_datasets_given_as_mappings_are_pinned_at_submit(env: Env, tmp_path: Path) -> None:
@@ -196,7 +204,9 @@ def test_a_trials_datasets_given_as_mappings_are_pinned_at_submit(env: Env, tmp_
         c.datasets.push(name, path=dense_csv(tmp_path / "train.csv", n=20))
     trial = {"template": "mlp", "data": "blobs@1", "label": "y", "datasets": [{"name": "extra"}]}
     c.studies.submit(_template_study(trial=trial))
-    assert c.studies.get("tpl").spec["trial"]["datasets"] == ["extra@2"]
+    study = c.studies.get("tpl")
+    assert study.resolved.datasets == ("extra@2",) and study.resolved.template_data == "blobs@1"
+    assert study.spec["trial"]["datasets"] == [{"name": "extra"}]  # the file as submitted
 
 
 def test_a_pausing_asha_study_over_a_template_resumes_trials_from_their_checkpoints(

@@ -217,7 +217,7 @@ class StudyDriver:
         from optuna.trial import create_trial
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        spec = StudySpec.model_validate(row.spec)
+        spec = StudySpec.model_validate(studies.run_spec(row))
         study = optuna.create_study(
             direction="minimize" if spec.objective.direction == Direction.MINIMIZE else "maximize",
             sampler=_sampler(spec, row.seed, len(trials)),
@@ -372,7 +372,8 @@ class StudyDriver:
                 row = s.get(StudyRow, study_id, with_for_update=True)
                 if row is None or row.state != StudyState.RUNNING.value:
                     return False
-                spec = StudySpec.model_validate(row.spec)
+                stored = studies.run_spec(row)
+                spec = StudySpec.model_validate(stored)
                 if not spec.pauses():
                     return False
                 trials = list(store.list_trials(s, study_id))
@@ -387,7 +388,7 @@ class StudyDriver:
                     raise NotFound(f"its last job {previous} was deleted, and its checkpoints with it")
                 job_spec, env = studies.trial_job_spec(
                     self.p,
-                    row.spec,
+                    stored,
                     row.name,
                     t.number,
                     t.params,
@@ -612,10 +613,11 @@ class StudyDriver:
                     return True
                 caller = self._caller(s, row)
                 budget = last = None
+                stored = studies.run_spec(row)
                 if live.spec.pauses():
-                    last = studies.trial_last_step(row.spec, params)
+                    last = studies.trial_last_step(stored, params)
                     budget = self._rungs(live.spec).first_budget(last)
-                job_spec, env = studies.trial_job_spec(self.p, row.spec, row.name, number, params, stop_at_step=budget)
+                job_spec, env = studies.trial_job_spec(self.p, stored, row.name, number, params, stop_at_step=budget)
                 job = jobs.create_job_row(s, self.p, caller, job_spec, trial_env=env)
                 study_states.start_trial(t, job.id, job.name)
                 if budget is not None:

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dlcloud.schemas.common import Name, Request, Response
 from dlcloud.schemas.jobs import TemplateSpec
@@ -310,5 +310,28 @@ class Study(Response):
     finished_at: datetime | None
 
 
+class StudyPlatformState(BaseModel):
+    """What the platform decided for a study at submit, kept beside the study file (``studies.platform_state``),
+    never inside it: the spec a study row keeps is the file as submitted, and its trials run on the spec with
+    these applied (``services/studies.run_spec``).
+
+    - ``datasets``: ``trial.datasets``, each pinned ``NAME@VERSION`` to the version it named at submit (a label
+      or ``latest`` may move while the study runs; its trials all read the same data); None: the trial names
+      none.
+    - ``template_data``: ``trial.template.data`` pinned the same way; None: no template trial.
+    - ``pause``: ``early_stopping.pause`` as decided for an ASHA study (its default depends on the trial), so a
+      later default cannot change a running study; None for other algorithms.
+
+    The seed the platform draws when the file gives none is the ``seed`` column (and the read's ``seed``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    datasets: tuple[str, ...] | None = None
+    template_data: str | None = None
+    pause: bool | None = None
+
+
 class StudyDetail(Study):
     spec: dict[str, Any]  # the study file as submitted (secret_env values masked)
+    resolved: StudyPlatformState  # what the platform decided at submit: pinned dataset versions, pause

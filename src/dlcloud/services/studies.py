@@ -14,6 +14,9 @@ Invariants:
   search-space parameter must be one of its hyperparameters, with values it allows. The datasets a trial reads
   (its template's data, its ``datasets``) are pinned at submit to the version they name then, so every trial
   reads the same data.
+- The study row keeps the study file as submitted; what the platform decides at submit (those pinned versions,
+  an ASHA study's ``early_stopping.pause``, a drawn seed) is kept beside it (``platform_state``, the ``seed``
+  column), and trials run on ``run_spec``: the file with the decisions applied.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dlcloud.schemas.studies import (
     ParamType,
     Study,
     StudyDetail,
+    StudyPlatformState,
     StudySpec,
     StudyState,
     Trial,
@@ -180,9 +184,10 @@ def _check_template_space(spec: StudySpec, job_spec: JobSpec) -> None:
         raise InvalidSpec(f"trial.hparams: {exc}") from None
 
 
-def _pin_datasets(s: Session, caller: Caller, trial: dict[str, Any]) -> None:
-    """Each dataset reference of the stored ``trial`` made ``NAME@VERSION`` of the version it names now (a
-    label or ``latest`` may move while the study runs; its trials must all read the same data)."""
+def _decide(s: Session, caller: Caller, spec: StudySpec, trial: dict[str, Any]) -> StudyPlatformState:
+    """What the platform decides at submit (``StudyPlatformState``): each dataset reference of ``trial`` pinned
+    to ``NAME@VERSION`` of the version it names now (a label or ``latest`` may move while the study runs; its
+    trials must all read the same data), and an ASHA study's ``early_stopping.pause``."""
 
     def pin(ref: str) -> str:
         (resolved,) = datasets.resolve_for_job(s, caller, [ref])
@@ -191,11 +196,26 @@ def _pin_datasets(s: Session, caller: Caller, trial: dict[str, Any]) -> None:
         owner = f"{m.group('owner')}/" if m.group("owner") else ""
         return f"{owner}{m.group('name')}@{resolved.version}"
 
-    if trial.get("datasets"):
-        trial["datasets"] = [pin(dataset_ref(r)) for r in trial["datasets"]]  # a mapping too
+    pinned = tuple(pin(dataset_ref(r)) for r in trial["datasets"]) if trial.get("datasets") else None  # a mapping too
     template = trial.get("template")
-    if isinstance(template, dict) and template.get("data"):
-        trial["template"] = {**template, "data": pin(str(template["data"]))}
+    data = pin(str(template["data"])) if isinstance(template, dict) and template.get("data") else None
+    pause = spec.pauses() if spec.algorithm == Algorithm.ASHA else None  # a later default cannot change it
+    return StudyPlatformState(datasets=pinned, template_data=data, pause=pause)
+
+
+def run_spec(row: StudyRow) -> dict[str, Any]:
+    """The study file with the platform's decisions at submit applied (``row.platform_state``): what its trials
+    run on. A row from before migration 0027 has its decisions in its spec and an empty state."""
+    state = row.platform_state
+    spec: dict[str, Any] = json.loads(json.dumps(row.spec))
+    trial = spec["trial"]
+    if state.datasets is not None:
+        trial["datasets"] = list(state.datasets)
+    if state.template_data is not None:
+        trial["template"] = {**trial["template"], "data": state.template_data}
+    if state.pause is not None:
+        spec["early_stopping"] = {**(spec.get("early_stopping") or {}), "pause": state.pause}
+    return spec
 
 
 def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
@@ -209,8 +229,6 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
         stored["trial"]["secret_env"] = {k: platform.box.encrypt(str(v)).decode() for k, v in secret.items()}
     job_spec, _ = trial_job_spec(platform, stored, spec.name, 0, _example_params(spec))
     _check_template_space(spec, job_spec)
-    if spec.algorithm == Algorithm.ASHA:  # stored decided: a later default cannot change a running study
-        stored["early_stopping"] = {**(stored["early_stopping"] or {}), "pause": spec.pauses()}
     if spec.pauses():
         trial_last_step(stored, _example_params(spec))
         metric = spec.objective.metric
@@ -220,15 +238,14 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
                 f"study ranks trials at every rung: use {metric.removeprefix('best_')} with objective.step: best "
                 "(or early_stopping.pause: false)"
             )
-    if stored["seed"] is None:
-        stored["seed"] = secrets.randbelow(2**31)
+    seed = spec.seed if spec.seed is not None else secrets.randbelow(2**31)
     with platform.db.write() as s:
         tenant = tenant_store.get_tenant(s, caller.tenant_id, for_update=True)
         if tenant is None:
             raise NotFound("your tenant no longer exists")
         job_checks.check_fits(platform, tenant, job_spec)
         jobs.resolve_checkpoint_from(s, caller, job_spec)  # trial.checkpoint_from: a job of yours that ended
-        _pin_datasets(s, caller, stored["trial"])
+        decided = _decide(s, caller, spec, stored["trial"])
         if store.name_taken(s, tenant.id, spec.name):
             raise AlreadyExists(f"study {spec.name!r} already exists; choose another name")
         row = StudyRow(
@@ -237,8 +254,9 @@ def submit_study(platform: Platform, caller: Caller, spec: StudySpec) -> Study:
             user_id=caller.user_id,
             name=spec.name,
             spec=stored,
+            platform_state=decided,
             algorithm=spec.algorithm.value,
-            seed=stored["seed"],
+            seed=seed,
             elapsed_seconds=0.0,
             created_at=utcnow(),
         )
@@ -303,7 +321,7 @@ def _study_model(s: Session, row: StudyRow, tenant: str, user: str, *, detail: b
         finished_at=row.finished_at,
     )
     if detail:
-        return StudyDetail(**fields, spec=_public_spec(row.spec))
+        return StudyDetail(**fields, spec=_public_spec(row.spec), resolved=row.platform_state)
     return Study(**fields)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -24,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
 from dlcloud.schemas.jobs import JobPlatformState
+from dlcloud.schemas.studies import StudyPlatformState
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -48,18 +50,22 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-class PlatformStateJSON(TypeDecorator[JobPlatformState]):
-    """``JobPlatformState`` stored as JSON, validated on load: the column reads back typed, in ORM rows and in
-    Core rows alike."""
+class PlatformStateJSON(TypeDecorator[BaseModel]):
+    """A platform state model (``JobPlatformState``, ``StudyPlatformState``) stored as JSON, validated on load:
+    the column reads back typed, in ORM rows and in Core rows alike."""
 
     impl = JSON
     cache_ok = True
 
-    def process_bind_param(self, value: JobPlatformState | None, dialect: Any) -> dict[str, Any] | None:
+    def __init__(self, model: type[BaseModel]) -> None:
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value: BaseModel | None, dialect: Any) -> dict[str, Any] | None:
         return None if value is None else value.model_dump(mode="json")
 
-    def process_result_value(self, value: Any, dialect: Any) -> JobPlatformState | None:
-        return None if value is None else JobPlatformState.model_validate(value)
+    def process_result_value(self, value: Any, dialect: Any) -> BaseModel | None:
+        return None if value is None else self.model.model_validate(value)
 
 
 def utcnow() -> datetime:
@@ -258,7 +264,9 @@ class JobRow(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the user's own (``JobDraft.stored``, services/job_drafts.py)
     # what the platform decided at submit, beside the spec, never in it (``JobPlatformState`` says why one
     # sub-document); fixed at submit
-    platform_state: Mapped[JobPlatformState] = mapped_column(PlatformStateJSON, default=lambda: JobPlatformState())
+    platform_state: Mapped[JobPlatformState] = mapped_column(
+        PlatformStateJSON(JobPlatformState), default=lambda: JobPlatformState()
+    )
     command: Mapped[str] = mapped_column(Text)
     code_id: Mapped[str | None] = mapped_column(String(40))
     state: Mapped[str] = mapped_column(String(16))
@@ -604,7 +612,9 @@ class StudyRow(Base):
     """A hyperparameter study (docs/tuning.md); its state changes only through ``services/study_states.py``.
 
     ``spec`` is the study file as submitted (the trial's ``secret_env`` values encrypted, as a job row keeps
-    them). ``elapsed_seconds`` is the time it spent RUNNING before ``running_since`` (None while not RUNNING).
+    them); what the platform decided at submit is ``platform_state`` (``StudyPlatformState``; a row written
+    before migration 0027 has an empty one and its decisions inside ``spec``). ``elapsed_seconds`` is the time it
+    spent RUNNING before ``running_since`` (None while not RUNNING).
     """
 
     __tablename__ = "studies"
@@ -614,6 +624,9 @@ class StudyRow(Base):
     user_id: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(63))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    platform_state: Mapped[StudyPlatformState] = mapped_column(
+        PlatformStateJSON(StudyPlatformState), default=lambda: StudyPlatformState()
+    )
     algorithm: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))
