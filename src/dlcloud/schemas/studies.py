@@ -334,4 +334,4 @@ class StudyPlatformState(BaseModel):
 
 class StudyDetail(Study):
     spec: dict[str, Any]  # the study file as submitted (secret_env values masked)
-    resolved: StudyPlatformState  # what the platform decided at submit: pinned dataset versions, pause
+    resolved: StudyPlatformState = StudyPlatformState()  # the platform's decisions at submit: pinned datasets, pause

@@ -232,6 +232,7 @@ def _insert_version(
     key = version_key(caller.tenant_id, model_id, number)
     try:
         platform.objects.put_tree(key, staged.dir)
+        artifact_store(platform).discard(staged)  # stored: its staged copy is not kept while it is inspected
         if signature is None and platform.executor is not None:
             # inferred from the stored tree, where the executor runs it (no file of this host crosses to it)
             timeout = platform.settings.model_inspect_timeout_seconds

@@ -259,3 +259,28 @@ def test_local_datasets_that_can_never_fit_this_hosts_cache_end_the_attempt(
     ex.start(handle, _workload("big", datasets=(mount,)))
     report = _state(ex, handle, "exited")
     assert report.exit_code == LAUNCH_FAILED and "dataset_cache_max_bytes" in report.message, report
+
+
+def test_local_inspection_of_a_tree_it_cannot_fetch_is_no_signature(settings: Settings) -> None:
+    """On a store that keeps no files on this host the local executor fetches the stored tree before inspecting it;
+    when the store fails (down, damaged, disk full) the answer is "no signature", never an error, and nothing is
+    left in the scratch directory."""
+    from dlcloud.storage.local import LocalObjectStore
+    from dlcloud.storage.objects import StorageError
+
+    class Unreachable(LocalObjectStore):
+        def tree_local_path(self, prefix: str) -> Path | None:
+            return None
+
+        def get_tree(self, prefix: str, dest: Path, manifest: object = None) -> object:  # type: ignore[override]
+            dest.mkdir(parents=True)
+            (dest / "partial").write_bytes(b"x")
+            raise StorageError("the object store did not answer")
+
+    objects = Unreachable(settings.data_dir / "objects")
+    ex = LocalExecutor()
+    ex.bind(settings, objects, ex.environments(settings, objects))
+    assert ex.inspect_model("models/t1/m-1/1", "model.onnx", "onnx", 30) is None
+    assert list((settings.data_dir / "tmp" / "uploads").iterdir()) == []
+    with pytest.raises(Exception, match="artifact name"):
+        ex.inspect_model("models/t1/m-1/1", "../escape", "onnx", 30)

@@ -78,6 +78,7 @@ from dlcloud.executors.local.venvs import BuildSandbox
 from dlcloud.executors.outputs import save_left_out, scan_outputs
 from dlcloud.schemas.datasets import dataset_env_name
 from dlcloud.settings import Settings
+from dlcloud.storage.artifacts import check_artifact_name
 from dlcloud.storage.cache import ObjectCache
 from dlcloud.storage.objects import Manifest, ObjectStore, StorageError, scan_tree
 from dlcloud.storage.tree_cache import CacheFull, TreeCache
@@ -173,15 +174,21 @@ class LocalExecutor(Executor):
     ) -> subprocess.CompletedProcess[str] | None:
         """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare. The
         tree is read where the store keeps it on this host (read-only), else fetched (and verified) into a
-        private scratch directory removed afterwards."""
+        private directory of the requests' scratch (``tmp/uploads``, whose sweep removes what a crash leaves),
+        removed afterwards. A tree that cannot be fetched is "no signature", as any other failure here."""
+        check_artifact_name(artifact)
         sandbox = self.sandbox_prefix if self.inspects_sandboxed else None
         local = self.objects.tree_local_path(tree)
         if local is not None:
             return model_inspect.run_inspect(local / artifact, fmt, timeout, sandbox)
-        scratch = self.settings.data_dir / "tmp" / "inspect"
+        scratch = self.settings.data_dir / "tmp" / "uploads"
         make_private_dirs(scratch)
-        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-            self.objects.get_tree(tree, Path(tmp) / "tree")
+        with tempfile.TemporaryDirectory(prefix="inspect-", dir=scratch) as tmp:
+            try:
+                self.objects.get_tree(tree, Path(tmp) / "tree")
+            except (DlcloudError, OSError) as exc:  # storage unavailable, damaged, disk full
+                log.warning("signature inference could not fetch %s: %s", tree, exc)
+                return None
             return model_inspect.run_inspect(Path(tmp) / "tree" / artifact, fmt, timeout, sandbox)
 
     def reader_prefix(self, readable: Sequence[Path], slot: int | None) -> list[str] | None:
