@@ -106,8 +106,8 @@ def test_a_signature_is_inferred_from_the_copy_in_the_bucket(s3_env: tuple[Env, 
     [given] = version.signature["inputs"]
     assert (given["name"], given["datatype"], given["shape"]) == ("input", "FP32", [-1, 6])
     assert version.signature["outputs"][0]["shape"] == [-1, 3]
-    scratch = env.settings.data_dir / "tmp" / "inspect"
-    assert not scratch.exists() or list(scratch.iterdir()) == []  # the fetched copy is gone
+    scratch = env.settings.data_dir / "tmp" / "uploads"  # where the executor fetched the tree to inspect it
+    assert scratch.is_dir() and list(scratch.glob("inspect-*")) == []  # the fetched copy is gone
     assert not (env.settings.data_dir / "models").exists()  # the artifact lives in the bucket alone
     prefix = env.platform.objects.url.split("/", 3)[3]
     assert [k for k in _bucket_keys(server, prefix) if k.startswith("uploads/")] == []
