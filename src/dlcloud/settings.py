@@ -244,6 +244,12 @@ class Settings(BaseSettings):
         return self.data_dir / "runs"
 
     @property
+    def scratch_dir(self) -> Path:
+        """Where requests keep files while they run (uploads before their check, an artifact fetched to be
+        inspected): this host's own, and what a crash leaves there is swept (``sweep_upload_scratch``)."""
+        return self.data_dir / "tmp" / "uploads"
+
+    @property
     def code_dir(self) -> Path:
         return self.data_dir / "code"
 

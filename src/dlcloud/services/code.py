@@ -139,7 +139,7 @@ async def upload_code(
 
 def upload_scratch_dir(settings: Settings) -> Path:
     """Where the API receives uploads before they are checked and stored: this host's own (0700)."""
-    scratch = settings.data_dir / "tmp" / "uploads"
+    scratch = settings.scratch_dir
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     return scratch
 

@@ -174,14 +174,14 @@ class LocalExecutor(Executor):
     ) -> subprocess.CompletedProcess[str] | None:
         """On this host: sandboxed where jobs are (no network, writing only its work directory), else bare. The
         tree is read where the store keeps it on this host (read-only), else fetched (and verified) into a
-        private directory of the requests' scratch (``tmp/uploads``, whose sweep removes what a crash leaves),
-        removed afterwards. A tree that cannot be fetched is "no signature", as any other failure here."""
+        private directory of the requests' scratch (``settings.scratch_dir``, whose sweep removes what a crash
+        leaves), removed afterwards. A tree that cannot be fetched is "no signature", as any other failure here."""
         check_artifact_name(artifact)
         sandbox = self.sandbox_prefix if self.inspects_sandboxed else None
         local = self.objects.tree_local_path(tree)
         if local is not None:
             return model_inspect.run_inspect(local / artifact, fmt, timeout, sandbox)
-        scratch = self.settings.data_dir / "tmp" / "uploads"
+        scratch = self.settings.scratch_dir
         make_private_dirs(scratch)
         with tempfile.TemporaryDirectory(prefix="inspect-", dir=scratch) as tmp:
             try:
