@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,6 +105,21 @@ def registry_clock(monkeypatch: pytest.MonkeyPatch) -> ShiftedClock:
     for module in (registry, model_leases):
         monkeypatch.setattr(module, "utcnow", clock)
     return clock
+
+
+NOBODY = 65534
+
+
+def python_for_nobody() -> str:
+    """An interpreter the unprivileged uid ``NOBODY`` can run: this one where the directories above it let that
+    uid through (a pyenv under a private /root does not), else the system's of the same version, whose C ABI is
+    this one's (so this venv's packages import in it too)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, f"/usr/bin/python{version}"):
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", candidate, "-c", "pass"]
+        if Path(candidate).exists() and subprocess.run(argv, capture_output=True).returncode == 0:
+            return candidate
+    pytest.fail(f"no Python {version} that uid {NOBODY} may run: neither {sys.executable} nor /usr/bin/python{version}")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):

@@ -131,6 +131,13 @@ class Settings(BaseSettings):
     # the most disk a job's checkpoint_from copy may take (the source's allocated blocks, each hard-linked file
     # once), else its launch fails; the copy also leaves 5 % of the disk free, at least 1 GiB (docs/jobs.md)
     checkpoint_copy_max_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024**3
+    # jobs' checkpoints saved into the object store too (docs/jobs.md#checkpoints), so that an attempt on another
+    # host, or after this host's copy is lost, resumes from the last one saved: "on", "off", or "auto" (on where
+    # the store is not this host's disk, i.e. S3: a second copy on the same disk would be lost with the first).
+    # A running job's are saved when it changed them and then left them alone a few seconds, at most once every
+    # ``checkpoint_save_interval_seconds``; an attempt's, when it ends (preempted or not). Bounded like a copy.
+    checkpoint_store: Literal["auto", "on", "off"] = "auto"
+    checkpoint_save_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 60.0
 
     # Scheduling (docs/scheduling.md): how each pass orders and places jobs (fifo | priority-backfill | fair-share
     # | las); aging raises a waiting job's priority by ``scheduling_aging_step`` every

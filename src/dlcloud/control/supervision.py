@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from dlcloud.control import gangs, workloads
+from dlcloud.control.checkpoint_saves import CheckpointSaves
 from dlcloud.control.fair_pool import FairPool, pool_size
 from dlcloud.control.leader import LeadershipLost
 from dlcloud.control.ports import attempt_ports, release_ports
@@ -99,6 +100,7 @@ class Supervisor:
         self._saves: dict[int, bool] = {}  # attempt id -> what its save on the pool said, until the loop takes it
         self._saves_lock = threading.Lock()
         self._checkpoints: dict[int, datetime] = {}  # attempt id -> the last change to its checkpoints recorded
+        self.checkpoint_saves = CheckpointSaves(executor, platform.settings, platform.objects, self.savers, self._tell)
 
     def run(self) -> None:
         """Poll every attempt that has not ended and apply what happened to it."""
@@ -110,6 +112,7 @@ class Supervisor:
                 del self._saves[gone]
         for gone in set(self._checkpoints) - {row[0] for row in live}:
             del self._checkpoints[gone]
+        self.checkpoint_saves.forget({row[1] for row in live})
         for attempt_id, handle, tenant_id, number, job_id, state, cancel, preempt in live:
             try:
                 # a preemption stops the attempt as a cancel does; how it ends decides the rest (job_states)
@@ -141,6 +144,7 @@ class Supervisor:
             report = self._gang(job_id, attempt_id, handle, report)
         if report.state == "running" and report.checkpoint_at is not None:
             self._checkpointed(attempt_id, report.checkpoint_at)
+            self.checkpoint_saves.running(tenant_id, job_id, number, handle, report.checkpoint_at)
         if report.state == "running" and state == JobState.STARTING.value:
             self._mark_running(job_id, attempt_id, report)
         elif report.state == "pending" and report.message and state == JobState.STARTING.value:
@@ -191,14 +195,15 @@ class Supervisor:
         return False
 
     def _save_outputs(self, job_id: str, tenant_id: str, number: int, handle: str, retry: bool = True) -> bool:
-        """The job's outputs as the attempt left them, and the attempt's logs, into the object store
-        (``job_keys``: ``outputs_key``, ``logs_key``) before the attempt's end is recorded; the earlier attempts' saved
-        outputs go (registering reads the latest). Outputs and checkpoints count in the tenant's storage quota
+        """The job's outputs as the attempt left them, the attempt's logs, and (``checkpoint_saves``) the job's
+        checkpoints, into the object store (``job_keys``) before the attempt's end is recorded; the earlier attempts'
+        saved outputs go (registering reads the latest). Outputs and checkpoints count in the tenant's storage quota
         (``storage_quota``): outputs over what it leaves are refused before a byte is copied, and the job is told.
         False: the store failed, try again at the next pass (they stay with the executor meanwhile), at most
         ``SAVE_TRIES`` times; then the job is told."""
         try:
             self.executor.archive_logs(handle, logs_key(tenant_id, job_id, number))
+            self.checkpoint_saves.at_end(tenant_id, job_id, number, handle)
             checkpoints = self.executor.checkpoints_bytes(handle)
             with self.write() as s:
                 storage_quota.record_checkpoints(s, job_id, checkpoints)

@@ -5,7 +5,8 @@ that was recorded but never launched) turns a job row into a ``Workload``: its c
 (``env``, the decrypted ``secret_env``, the DLCLOUD_* variables the platform sets, the attempt's metrics
 token among them, and a trial's from its platform state), its code and datasets by storage key (the versions
 resolved at submit, ``JobRow.platform_state``), its environment by spec hash, the replicas its recipe makes, its
-limits, the job whose checkpoints its own start from (``checkpoint_from``, by the id resolved at submit). Where
+limits, the job whose checkpoints its own start from (``checkpoint_from``, by the id resolved at submit), and where
+the store keeps both jobs' saved checkpoints when it keeps them (``checkpoint_saves``). Where
 the attempt runs (directories, local copies, addresses) the executor decides behind its handle.
 """
 
@@ -15,10 +16,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from dlcloud.control.checkpoint_saves import checkpoints_saved
 from dlcloud.executors.base import DatasetMount, Egress, Executor, StoredCode, Workload
 from dlcloud.schemas.jobs import DEFAULT_POST_TIMEOUT_SECONDS
 from dlcloud.services import metrics, recipes
 from dlcloud.services.admission import tenant_processes
+from dlcloud.services.job_keys import checkpoints_key
 from dlcloud.services.jobs import hparams_env, job_env
 from dlcloud.services.platform import Platform
 from dlcloud.store.rows import CodeRow, JobRow, TenantRow, utcnow
@@ -40,6 +43,7 @@ def build(
     if launch is not None:
         env.update(launch.env)
     grace = job.spec.get("grace_period")
+    keys = _checkpoint_keys(platform, job)
     return Workload(
         job_id=job.id,
         tenant_id=job.tenant_id,
@@ -60,10 +64,21 @@ def build(
         log_max_bytes=platform.settings.job_log_max_bytes,
         replicas=launch.replicas if launch else (),
         checkpoint_from=job.platform_state.checkpoint_from_id,
+        checkpoints_key=keys[0],
+        checkpoint_from_key=keys[1],
         api_url=platform.settings.resolved_job_api_url,
         publish=tuple(int(p) for p in job.spec.get("publish") or ()),
         **_tenant_terms(platform, s.get(TenantRow, job.tenant_id), len(launch.replicas) if launch else 1),
     )
+
+
+def _checkpoint_keys(platform: Platform, job: JobRow) -> tuple[str | None, str | None]:
+    """Where the store keeps the job's saved checkpoints and those of the job its own start from, where they are
+    saved there (``checkpoint_saves.checkpoints_saved``); else (None, None)."""
+    if not checkpoints_saved(platform.settings, platform.objects):
+        return None, None
+    source = job.platform_state.checkpoint_from_id
+    return checkpoints_key(job.tenant_id, job.id), checkpoints_key(job.tenant_id, source) if source else None
 
 
 def _stored_code(s: Session, job: JobRow) -> StoredCode | None:

@@ -119,6 +119,11 @@ class Workload:
     # the id of an ended job of the same tenant whose checkpoint directory this job's starts as a copy of
     # (``checkpoint_from`` of the spec; see ``Executor``); None: the job's own, empty at first
     checkpoint_from: str | None = None
+    # where the object store keeps this job's saved checkpoints (``storage/checkpoint_store.py``), and those of
+    # the job ``checkpoint_from`` names; None: checkpoints stay with the executor alone (settings
+    # ``checkpoint_store``). See ``Executor.save_checkpoints``.
+    checkpoints_key: str | None = None
+    checkpoint_from_key: str | None = None
     # the control plane's API as the job reaches it (its metrics URL's base); the executor makes it reachable
     # from the job's network, and nothing else of the host's
     api_url: str | None = None
@@ -250,6 +255,12 @@ class CheckpointsUnavailable(InputsUnavailable):
     submitted) or cannot be copied: the attempt ends with ``LAUNCH_FAILED`` and this message."""
 
 
+class CheckpointsNotSaved(DlcloudError):
+    """The job's checkpoints are past what a save copies (files, bytes, the disk's free space): not saved."""
+
+    code = "checkpoints_not_saved"
+
+
 def check_inputs(objects: ObjectStore, workload: Workload) -> list[tuple[DatasetMount, Manifest]]:
     """Whether the store holds the workload's code and the dataset versions it names (each dataset's manifest
     hashes to what the workload was given); the manifests, for fetching. Raises InputsUnavailable, or
@@ -305,6 +316,12 @@ class Executor(abc.ABC):
       is the job's, as if it had written it; what the named job wrote is never followed (links), opened
       (special files) nor changed. The named job's directory gone (the job was deleted) ends the attempt with
       ``LAUNCH_FAILED`` (``CheckpointsUnavailable``); a named job that saved no checkpoints gives an empty one.
+    - Checkpoints in the object store (``Workload.checkpoints_key``): ``save_checkpoints`` puts a snapshot of
+      the job's checkpoint directory there (the control plane asks when an attempt ends, preempted or not, and
+      when a running one changed its checkpoints and then left them alone a while); an attempt that finds the
+      job's directory missing on its host (another host, or the host's copy lost) starts from the last one saved,
+      before anything of the job runs; ``checkpoint_from`` reads the named job's saved checkpoints when its
+      directory is not on this host. A save never replaces a saved checkpoint with an empty directory.
     Public methods log; implementations fill the ``_`` hooks.
     """
 
@@ -486,6 +503,14 @@ class Executor(abc.ABC):
         ``admit(size)``: called once the outputs are measured (the bytes of their regular files, measured without
         following a link) and before any byte of them is read or copied; what it raises refuses them: nothing is
         stored, and the error goes to the caller (the storage quota, ``services/storage_quota.py``)."""
+
+    def save_checkpoints(self, handle: str, key: str) -> bool:
+        """Put a snapshot of the job's checkpoint directory, as the attempt ``handle`` has it now, into the object
+        store as the job's last saved checkpoints at ``key`` (``storage/checkpoint_store.py``); False when there
+        is nothing to save (no directory on this executor, or an empty one). Raises CheckpointsNotSaved when
+        they are past the bounds a save copies, StorageError when the store fails. An executor that keeps no
+        checkpoint directories saves nothing."""
+        return False
 
     def checkpoints_bytes(self, handle: str) -> int:
         """The disk the job's checkpoint directory takes on this executor, measured without following a link

@@ -87,6 +87,8 @@ def _copy_verified(src: Path, dest: Path, entry: TreeEntry, key: str) -> None:
 
 
 class LocalObjectStore(ObjectStore):
+    on_this_host = True
+
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
         self.url = self.root.as_uri()

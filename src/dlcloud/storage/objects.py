@@ -215,6 +215,7 @@ class ObjectStore(abc.ABC):
     in a worker thread from async code)."""
 
     url: str  # where it stores: file:///path or s3://bucket/prefix (no credentials)
+    on_this_host = False  # whether what it stores is on this host's disks (lost with the host)
     # where the files of trees registered in place are read (``Manifest.source``); None: no such tree can
     # be read through this store (``open_object_store`` gives one from the settings)
     sources: TreeSources | None = None

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from dlcloud.executors.base import Egress
 from dlcloud.executors.local import netns_holder, network, seccomp
 from dlcloud.schemas.tenants import NetworkSpec
+from tests.conftest import python_for_nobody
 
 
 @pytest.mark.parametrize(
@@ -110,7 +111,7 @@ def test_the_seccomp_filter_refuses_user_namespaces_and_keeps_threads():
         "print('unshare', subprocess.run(['unshare', '-Ur', 'true'], capture_output=True).returncode)\n"
     )
     argv = ["bwrap", "--seccomp", str(fd), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--"]
-    argv += ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "python3", "-c", script]
+    argv += ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", python_for_nobody(), "-c", script]
     out = subprocess.run(argv, pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
     os.close(fd)
     assert "thread" in out and "unshare 1" in out

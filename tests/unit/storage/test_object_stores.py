@@ -28,6 +28,7 @@ from dlcloud.storage.objects import (
     file_sha256,
     scan_tree,
 )
+from tests.conftest import python_for_nobody
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -270,19 +271,11 @@ def test_local_trees_are_stored_by_an_unprivileged_server(tmp_path: Path) -> Non
         "print(sorted(p.name for p in (root / 'data' / 'models' / 't' / 'm' / '1').iterdir()))\n"
     )
 
-    def drop() -> None:
-        os.setgid(65534)
-        os.setuid(65534)
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
     try:
         res = subprocess.run(
-            [sys.executable, "-c", script, str(root)],
-            env=env,
-            capture_output=True,
-            text=True,
-            preexec_fn=drop,
-            timeout=60,
+            [*drop, python_for_nobody(), "-c", script, str(root)], env=env, capture_output=True, text=True, timeout=60
         )
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(request_cleanup)], check=False)

@@ -58,7 +58,7 @@ from dlcloud.executors.base import (
     log_segments,
 )
 from dlcloud.executors.environments import EnvironmentBackend
-from dlcloud.executors.local import job_view, network, reader_charge
+from dlcloud.executors.local import job_view, network, reader_charge, saved_checkpoints
 from dlcloud.executors.local import launcher as launcher_mod
 from dlcloud.executors.local.checkpoints import (
     NoRoom,
@@ -315,7 +315,8 @@ class LocalExecutor(Executor):
         if data is None:
             return None
         jd = attempt_dir.parent
-        if not self._copy_checkpoints_from(handle, w, attempt_dir):
+        restored = self._restore_checkpoints(handle, w, jd / CHECKPOINTS)
+        if not restored and not self._copy_checkpoints_from(handle, w, attempt_dir):
             return None
         with self._lock:
             self._preparing[handle] = ""
@@ -355,6 +356,28 @@ class LocalExecutor(Executor):
             disk_max_bytes=self.settings.job_disk_max_bytes,
             publish_address=str(self.settings.job_publish_address),
         )
+
+    def _restore_checkpoints(self, handle: str, w: Workload, dest: Path) -> bool:
+        """The job's checkpoint directory missing on this host: the last one the store keeps of it, else (the job
+        starts from another's, ``checkpoint_from``) the named job's, when its own directory is not on this host.
+        True: the directory is there now (restored, or already there); False: ``_copy_checkpoints_from`` decides."""
+        if os.path.lexists(dest):
+            return True
+        saved = [(w.checkpoints_key, "")]
+        source = w.checkpoint_from
+        elsewhere = source is not None and JOB_ID_RE.fullmatch(source) and source != w.job_id
+        if source is not None and elsewhere and not (self._job_dir(w.tenant_id, source) / CHECKPOINTS).is_dir():
+            saved.append((w.checkpoint_from_key, source))
+        for key, whose in saved:
+            if key is None:
+                continue
+            with self._lock:
+                self._preparing[handle] = f"fetching the checkpoints {'of job ' + whose if whose else 'it saved'}"
+            uid = self.sandbox.uid_for(w.sandbox_slot) if self.sandbox.enabled else None
+            limits = self.settings.max_archive_members, self.settings.checkpoint_copy_max_bytes
+            if saved_checkpoints.restore(self.objects, key, dest, uid, self.settings.scratch_dir, *limits, whose):
+                return True
+        return False
 
     def _copy_checkpoints_from(self, handle: str, w: Workload, attempt_dir: Path) -> bool:
         """The job's checkpoint directory as a copy of the one of the job ``w.checkpoint_from`` names (of the same
@@ -588,6 +611,12 @@ class LocalExecutor(Executor):
         if left_out:
             save_left_out(self.objects, key, left_out)
         return True
+
+    def save_checkpoints(self, handle: str, key: str) -> bool:
+        """A snapshot of the job's checkpoint directory into the store (``saved_checkpoints.save``)."""
+        limits = self.settings.max_archive_members, self.settings.checkpoint_copy_max_bytes
+        job_dir = self.attempt_dir(handle).parent
+        return saved_checkpoints.save(self.objects, key, job_dir, CHECKPOINTS, self.settings.scratch_dir, *limits)
 
     def checkpoints_bytes(self, handle: str) -> int:
         """Allocated blocks, each file once (``checkpoints.measure_checkpoints``), bounded like a copy of them."""
