@@ -13,20 +13,22 @@ attempt's workload names the job's key (``job_keys.checkpoints_key``) and the ke
   their grace period, and the checkpoints are as they left them), before its end is recorded, with its outputs
   (``supervision._save_outputs``: the store down, tried again as they are).
 
-A save that finds the checkpoints past its bounds tells the job, once per attempt; the store down while it runs
-is logged and the next change tries again.
+A save that finds the checkpoints past its bounds tells the job, once per attempt; a save while running that
+fails otherwise (the store down, the server's disk full) is logged, and the next is tried no sooner than
+``RETRY_SECONDS`` later (each try copies the whole directory again). At the end, a failure other than the store's
+is told and leaves the outputs' save alone (``supervision``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from dlcloud.control.fair_pool import FairPool
-from dlcloud.errors import DlcloudError
-from dlcloud.executors.base import Executor
+from dlcloud.executors.base import CheckpointsNotSaved, Executor
 from dlcloud.services.job_keys import checkpoints_key
 from dlcloud.settings import Settings
 from dlcloud.storage.objects import ObjectStore, StorageError
@@ -34,6 +36,7 @@ from dlcloud.store.rows import utcnow
 
 log = logging.getLogger(__name__)
 QUIET_SECONDS = 5.0  # a change to a running job's checkpoints is saved once they were left alone this long
+RETRY_SECONDS = 60.0  # after a failed save of a running attempt's checkpoints, the next waits this long
 
 
 def checkpoints_saved(settings: Settings, objects: ObjectStore) -> bool:
@@ -57,30 +60,42 @@ class CheckpointSaves:
         self.interval = settings.checkpoint_save_interval_seconds
         self.pool = pool
         self.tell = tell  # (job id, attempt number, what): a note on the job
+        self._lock = threading.Lock()  # the saves run on the pool's threads, the rest on the loop's
         self._saved: dict[str, tuple[datetime, float]] = {}  # handle -> (the change saved, monotonic when)
+        self._failed: dict[str, float] = {}  # handle -> when (monotonic) its last save while running failed
         self._told: set[str] = set()  # the handles of attempts told their checkpoints were not saved
 
     def forget(self, live: set[str]) -> None:
         """Drop what is kept of attempts that ended (``live``: the handles of those that did not)."""
-        for gone in set(self._saved) - live:
-            del self._saved[gone]
-        self._told &= live
+        with self._lock:
+            for kept in (self._saved, self._failed):
+                for gone in set(kept) - live:
+                    del kept[gone]
+            self._told &= live
 
     def running(self, tenant_id: str, job_id: str, number: int, handle: str, at: datetime) -> None:
         """A running attempt's checkpoints last changed at ``at``: saved once quiet, if not saved since."""
         if not self.on or utcnow() - at < timedelta(seconds=QUIET_SECONDS):
             return
-        last = self._saved.get(handle)
-        if last is not None and (last[0] >= at or time.monotonic() - last[1] < self.interval):
+        now = time.monotonic()
+        with self._lock:
+            last, failed = self._saved.get(handle), self._failed.get(handle)
+        if last is not None and (last[0] >= at or now - last[1] < self.interval):
+            return
+        if failed is not None and now - failed < RETRY_SECONDS:
             return
 
         def task() -> None:
             try:
                 self._save(tenant_id, job_id, number, handle)
-            except StorageError as exc:  # the next change, or the end, tries again
-                log.error("job %s attempt %d: checkpoints not saved yet: %s", job_id, number, exc.message)
+            except Exception as exc:  # the store down, the disk full: tried again later, and at the end
+                log.error("job %s attempt %d: checkpoints not saved yet: %s", job_id, number, exc)
+                with self._lock:
+                    self._failed[handle] = time.monotonic()
                 return
-            self._saved[handle] = (at, time.monotonic())
+            with self._lock:
+                self._saved[handle] = (at, time.monotonic())
+                self._failed.pop(handle, None)
 
         if self.pool.running:
             self.pool.submit(tenant_id, ("checkpoints", handle), task)
@@ -88,16 +103,24 @@ class CheckpointSaves:
             task()
 
     def at_end(self, tenant_id: str, job_id: str, number: int, handle: str) -> None:
-        """The ended attempt's checkpoints, as it left them. StorageError goes to the caller (tried again)."""
-        if self.on:
+        """The ended attempt's checkpoints, as it left them. StorageError goes to the caller (tried again); any
+        other failure is logged and told, and the attempt ends all the same."""
+        if not self.on:
+            return
+        try:
             self._save(tenant_id, job_id, number, handle)
+        except StorageError:
+            raise
+        except Exception:
+            log.exception("job %s attempt %d: checkpoints not saved", job_id, number)
+            self.tell(job_id, number, "its checkpoints could not be saved to the server's storage (see the server log)")
 
     def _save(self, tenant_id: str, job_id: str, number: int, handle: str) -> None:
         try:
             self.executor.save_checkpoints(handle, checkpoints_key(tenant_id, job_id))
-        except StorageError:
-            raise
-        except DlcloudError as exc:  # past the bounds a save copies: the last saved stays the last saved
-            if handle not in self._told:
+        except CheckpointsNotSaved as exc:  # past the bounds a save copies: the last saved stays the last saved
+            with self._lock:
+                told = handle in self._told
                 self._told.add(handle)
+            if not told:
                 self.tell(job_id, number, f"its checkpoints were not saved to the server's storage: {exc.message}")

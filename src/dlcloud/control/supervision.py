@@ -203,11 +203,11 @@ class Supervisor:
         ``SAVE_TRIES`` times; then the job is told."""
         try:
             self.executor.archive_logs(handle, logs_key(tenant_id, job_id, number))
-            self.checkpoint_saves.at_end(tenant_id, job_id, number, handle)
             checkpoints = self.executor.checkpoints_bytes(handle)
             with self.write() as s:
                 storage_quota.record_checkpoints(s, job_id, checkpoints)
             self._save_counted(job_id, tenant_id, number, handle)
+            self.checkpoint_saves.at_end(tenant_id, job_id, number, handle)
         except LeadershipLost:  # a write of the quota's found this process deposed: nothing more of it
             raise
         except StorageError as exc:

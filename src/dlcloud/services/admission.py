@@ -10,9 +10,11 @@ Invariants:
 - A job's metrics push counts only in the bucket of its job attempt, after its token's MAC checked: a user's
   flood cannot starve their jobs' pushes, nor a job's its user.
 - ``/healthz``, ``/readyz`` and ``/metrics`` never pass through here.
-- Buckets are this process's: behind N API replicas a key may send up to N times the rate.
-- At most ``MAX_BUCKETS`` buckets per limit are kept: past that, the full ones are forgotten first (a full
-  bucket and a new one are the same), then the oldest.
+- The API processes of one ``dlcloud up --api-workers N`` share their buckets (``rate_table.py``, a table mapped
+  into each): a key's requests count against one limit whichever process answers. Behind N replicas on
+  several hosts (the cluster deployment), each replica's are its own: a key may send up to N times the rate.
+- At most ``MAX_BUCKETS`` buckets per limit are kept in one process: past that, the full ones are forgotten
+  first (a full bucket and a new one are the same), then the oldest.
 
 Vocabulary: *rate*: tokens added per second; *burst*: a bucket's size, the requests admitted at once after a
 quiet spell; a rate of 0 turns that limit off. *Queued*: a job ``QUEUED`` or ``RESTARTING``.
@@ -20,6 +22,7 @@ quiet spell; a rate of 0 turns that limit off. *Queued*: a job ``QUEUED`` or ``R
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -29,6 +32,7 @@ from typing import Literal
 from dlcloud.errors import QuotaExceeded, RateLimited
 from dlcloud.schemas.tenants import AdmissionLimits, RateLimit
 from dlcloud.services.auth import Caller
+from dlcloud.services.rate_table import SharedBuckets
 from dlcloud.settings import Settings
 from dlcloud.store.rows import TenantRow
 
@@ -37,12 +41,14 @@ QueueCapSource = Literal["tenant quota", "platform default", "none"]
 
 
 class TokenBuckets:
-    """The buckets of one limit, keyed by access key id, tenant id or job attempt. Not thread-safe: the caller
-    holds a lock."""
+    """The buckets of one limit, keyed by access key id, tenant id or job attempt: this process's, or those of
+    the shared table ``shared`` (under the name ``limit``). Not thread-safe: the caller holds a lock (and the
+    shared table's)."""
 
-    def __init__(self, rate: float, burst: int) -> None:
+    def __init__(self, rate: float, burst: int, shared: SharedBuckets | None = None, limit: str = "") -> None:
         self.rate = rate
         self.burst = burst
+        self.shared, self.limit = shared, limit
         self._buckets: dict[object, list[float]] = {}  # key -> [tokens, at (monotonic seconds)]
 
     @property
@@ -51,22 +57,27 @@ class TokenBuckets:
 
     def wait(self, key: object, now: float) -> float:
         """Seconds until ``key`` holds a whole token (0: it holds one now)."""
-        bucket = self._refilled(key, now)
-        return 0.0 if bucket[0] >= 1 else (1 - bucket[0]) / self.rate
+        tokens = self._refilled(key, now)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
 
     def take(self, key: object, now: float) -> None:
-        self._refilled(key, now)[0] -= 1
+        tokens = self._refilled(key, now) - 1
+        if self.shared is not None:
+            self.shared.write(self.shared.find(self.limit, key, self.burst, self.rate, now), tokens, now)
+        else:
+            self._buckets[key] = [tokens, now]
 
-    def _refilled(self, key: object, now: float) -> list[float]:
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            if len(self._buckets) >= MAX_BUCKETS:
-                self._forget(now)
-            bucket = self._buckets[key] = [float(self.burst), now]
-        elif now > bucket[1]:
-            bucket[0] = min(float(self.burst), bucket[0] + (now - bucket[1]) * self.rate)
-            bucket[1] = now
-        return bucket
+    def _refilled(self, key: object, now: float) -> float:
+        if self.shared is not None:
+            tokens, at = self.shared.read(self.shared.find(self.limit, key, self.burst, self.rate, now))
+        else:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= MAX_BUCKETS:
+                    self._forget(now)
+                bucket = self._buckets[key] = [float(self.burst), now]
+            tokens, at = bucket
+        return min(float(self.burst), tokens + max(0.0, now - at) * self.rate)
 
     def _forget(self, now: float) -> None:
         for key, (tokens, at) in list(self._buckets.items()):
@@ -86,12 +97,15 @@ class _Check:
 
 
 class RateLimits:
-    """The request rate limits of one API process (``create_app`` builds it from the settings)."""
+    """The request rate limits of one API process (``create_app`` builds it from the settings), in buckets of
+    its own or in the table the API processes of this host share (``shared``)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.per_key = TokenBuckets(settings.api_rate_limit_per_key, settings.api_rate_limit_per_key_burst)
-        self.per_tenant = TokenBuckets(settings.api_rate_limit_per_tenant, settings.api_rate_limit_per_tenant_burst)
-        self.per_job = TokenBuckets(settings.api_rate_limit_per_job, settings.api_rate_limit_per_job_burst)
+    def __init__(self, settings: Settings, shared: SharedBuckets | None = None) -> None:
+        s = settings
+        self.per_key = TokenBuckets(s.api_rate_limit_per_key, s.api_rate_limit_per_key_burst, shared, "key")
+        self.per_tenant = TokenBuckets(s.api_rate_limit_per_tenant, s.api_rate_limit_per_tenant_burst, shared, "tenant")
+        self.per_job = TokenBuckets(s.api_rate_limit_per_job, s.api_rate_limit_per_job_burst, shared, "job")
+        self.shared = shared
         self._lock = threading.Lock()
 
     def admit(self, caller: Caller) -> None:
@@ -117,7 +131,7 @@ class RateLimits:
         checks = tuple(c for c in checks if c.buckets.on)
         if not checks:
             return
-        with self._lock:
+        with self._lock, self.shared.locked() if self.shared is not None else contextlib.nullcontext():
             now = time.monotonic()
             waits = [(c.buckets.wait(c.key, now), c) for c in checks]
             longest, check = max(waits, key=lambda w: w[0])

@@ -14,9 +14,11 @@ have (directories 0700, files 0600).
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from pathlib import Path
 
+from dlcloud.errors import OutputsTooLarge
 from dlcloud.executors.base import CheckpointsNotSaved, CheckpointsUnavailable
 from dlcloud.executors.local.checkpoints import (
     NoRoom,
@@ -24,6 +26,7 @@ from dlcloud.executors.local.checkpoints import (
     TooLarge,
     TooManyEntries,
     copy_checkpoints,
+    free_margin,
     size_text,
 )
 from dlcloud.executors.local.runner import make_private_dirs
@@ -64,10 +67,18 @@ def save(
             ) from None
         if not copied.source_found or not copied.files:
             return False
-        manifest, left_out = scan_outputs(snapshot, max_entries, max_bytes)
+        try:  # apparent sizes: a sparse file or a file of many names counts whole, once a name, as it is sent
+            manifest, left_out = scan_outputs(snapshot, max_entries, max_bytes)
+        except OutputsTooLarge:
+            raise CheckpointsNotSaved(
+                f"they hold more than {size_text(max_bytes)} (each name of a file counted, a sparse file whole), "
+                "the most that is saved (checkpoint_copy_max_bytes)"
+            ) from None
+        if not manifest.entries:  # nothing a stored tree can hold: not a checkpoint to replace the last one with
+            return False
         saved = checkpoint_store.save(objects, key, snapshot, manifest)
     if copied.left_out or left_out:
-        shown = ", ".join(sorted({**copied.left_out, **left_out})[:20])
+        shown = ", ".join(ascii(name) for name in sorted({**copied.left_out, **left_out})[:20])
         log.warning("checkpoints saved at %s without what a tree cannot hold: %s", key, shown)
     log.info("checkpoints saved at %s/%s (%d files, %d bytes)", key, saved.slot, saved.files, saved.bytes)
     return True
@@ -88,7 +99,16 @@ def restore(
     (``checkpoint_from``). Raises CheckpointsUnavailable when they cannot be read or put in place, StorageError
     when the store cannot be read (the preparation tries again)."""
     of = f" of job {whose} (checkpoint_from)" if whose else ""
+    last = checkpoint_store.latest(objects, key)
+    if last is None:
+        return False
     make_private_dirs(scratch)
+    fs = os.statvfs(scratch)  # fetched first into the scratch: it must fit there, the margin kept
+    if last.bytes > fs.f_bavail * fs.f_frsize - free_margin(fs):
+        raise CheckpointsUnavailable(
+            f"the checkpoints{of} saved in the server's storage ({size_text(last.bytes)}) do not fit on this "
+            "server's disk; ask an administrator"
+        )
     with tempfile.TemporaryDirectory(prefix="restore-", dir=scratch) as tmp:
         try:
             saved = checkpoint_store.restore(objects, key, Path(tmp) / SNAPSHOT)
