@@ -134,3 +134,39 @@ class DlcloudServer(Process):
                     return line.removeprefix("isolation: ").strip()
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} printed no isolation line:\n{self.log_path.read_text()}")
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields 3... of /proc/PID/stat (after the command name), or None if the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_tree(root: int) -> dict[int, str]:
+    """``root`` and its descendants (the API workers of ``dlcloud up``; Ray's raylet, workers and replicas),
+    each with its start time."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            starts[int(entry.name)] = fields[19]
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in starts:
+            tree[pid] = starts[pid]
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its live descendants."""
+    total = 0
+    for pid in process_tree(root):
+        if (fields := proc_stat(pid)) is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")

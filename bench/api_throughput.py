@@ -1,22 +1,25 @@
-"""API throughput: signed ``GET /api/v1/jobs/{id}`` under 32 concurrent clients, next to a bare FastAPI peer.
+"""API throughput: signed ``GET /api/v1/jobs/{id}`` under 32 concurrent clients, next to a bare FastAPI peer,
+with 1 and N API processes (``dlcloud up --api-workers``).
 
-Starts ``dlcloud up`` on a free port with a temporary data dir, submits one job and uses its id. Then the
-same load generator drives, one after the other:
+For each worker count K (``--api-workers``, default ``1`` and the machine's cores) it starts ``dlcloud up
+--api-workers K`` on a free port with a temporary data dir, submits one job and uses its id. Then the same load
+generator drives, one after the other:
 
 * dlcloud: ``GET /api/v1/jobs/{id}``, every request freshly signed (``dlcloud.signing.sign_request``,
   unique nonce), so each one pays for the full authentication including the nonce insert;
 * peer: an unauthenticated ``@app.get("/ping") def ping(): return {"ok": True}`` served by uvicorn with
-  the settings ``dlcloud up`` uses (one process, same host, same loop/http auto-detection).
+  the settings ``dlcloud up`` uses and K worker processes (same host, same loop/http auto-detection).
 
 The load generator runs in separate processes (default 2 processes x 16 connections, HTTP/1.1
 keep-alive, one request in flight per connection). It competes with the server for the CPU, which is why
 the peer is measured by the same generator in the same run: the ratio is the figure to compare. Only
 requests that complete inside the measured window (after the warm-up) count. Server CPU per request is
-read from /proc/<pid>/stat and does not depend on the generator.
+read from /proc/<pid>/stat of the server and its processes (the API workers, and dlcloud's control process,
+idle but for its loop) and does not depend on the generator.
 
 Example:
 
-    .venv/bin/python bench/api_throughput.py --duration 10 --warmup 2
+    .venv/bin/python bench/api_throughput.py --duration 10 --warmup 2 --api-workers 1,2
 """
 
 from __future__ import annotations
@@ -33,11 +36,17 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import DlcloudServer, Process, machine, percentile  # bench/ is on sys.path when run as a script
+from _common import (  # bench/ is on sys.path when run as a script
+    DlcloudServer,
+    Process,
+    machine,
+    percentile,
+    tree_cpu_seconds,
+)
 
 from dlcloud.signing import sign_request
 
-TARGET_RPS = 1000.0
+TARGET_RATIO = 0.5  # dlcloud's signed reads per second over the bare peer's, at every worker count
 # one key sends the whole load: rate limits it never reaches, so their check is in what is measured but no
 # request is refused (the defaults, 50 requests/s per key, would answer most of the load 429)
 UNREACHED_RATE_LIMITS = {"DLCLOUD_API_RATE_LIMIT_PER_KEY": "1000000", "DLCLOUD_API_RATE_LIMIT_PER_TENANT": "1000000"}
@@ -55,19 +64,14 @@ def ping():
     return {"ok": True}
 
 
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
-            lifespan="on", timeout_graceful_shutdown=5)
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[3])
+    uvicorn.run("peer_app:app", host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
+                lifespan="on", timeout_graceful_shutdown=5, workers=int(sys.argv[2]))
 """
 
 
 # -- machine and numbers ---------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads)."""
-    raw = Path(f"/proc/{pid}/stat").read_bytes()
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def uvicorn_stack() -> str:
@@ -85,8 +89,11 @@ def uvicorn_stack() -> str:
 
 # -- servers ---------------------------------------------------------------------------------------
 class PeerServer(Process):
-    def start(self) -> None:
-        self._spawn([sys.executable, "-c", PEER_APP, str(self.port)], "/ping")
+    def start(self, workers: int = 1) -> None:
+        app_dir = self.root / f"{self.name}-app"
+        app_dir.mkdir(exist_ok=True)
+        (app_dir / "peer_app.py").write_text(PEER_APP)
+        self._spawn([sys.executable, str(app_dir / "peer_app.py"), str(self.port), str(workers), str(app_dir)], "/ping")
 
 
 # -- the load generator ----------------------------------------------------------------------------
@@ -217,11 +224,11 @@ def drive(
     for w in workers:
         w.start()
     time.sleep(max(0.0, measure_from - time.time()))
-    cpu0 = cpu_seconds(server_pid)
-    gen0 = sum(cpu_seconds(w.pid) for w in workers if w.pid)
+    cpu0 = tree_cpu_seconds(server_pid)
+    gen0 = sum(tree_cpu_seconds(w.pid) for w in workers if w.pid)
     time.sleep(max(0.0, measure_to - time.time()))
-    cpu1 = cpu_seconds(server_pid)
-    gen1 = sum(cpu_seconds(w.pid) for w in workers if w.pid)
+    cpu1 = tree_cpu_seconds(server_pid)
+    gen1 = sum(tree_cpu_seconds(w.pid) for w in workers if w.pid)
     latencies: list[float] = []
     ok = errors = 0
     for _ in workers:
@@ -237,32 +244,62 @@ def drive(
 
 
 # -- report ----------------------------------------------------------------------------------------
-def print_report(args: argparse.Namespace, dl: Result, peer: Result) -> None:
+def print_report(args: argparse.Namespace, results: list[tuple[int, Result, Result]]) -> None:
     print()
     print(f"machine: {machine()}")
     print(
         f"load: {args.clients} concurrent clients ({args.procs} processes x asyncio, keep-alive), "
-        f"{args.warmup:g} s warm-up, {args.duration:g} s measured; servers: {uvicorn_stack()}, 1 process"
+        f"{args.warmup:g} s warm-up, {args.duration:g} s measured; servers: {uvicorn_stack()}"
     )
     print()
-    header = f"{'':<38}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'srv CPU':>9}{'CPU us/req':>11}"
+    header = f"{'':<46}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'srv CPU':>9}{'CPU us/req':>11}"
     print(header)
     print("-" * len(header))
-    for r in (dl, peer):
-        label = "dlcloud GET /api/v1/jobs/{id} signed" if r is dl else "peer FastAPI GET /ping, no auth"
-        us = r.server_cpu / r.requests * 1e6 if r.requests else float("nan")
+    met = True
+    for workers, dl, peer in results:
+        for r in (dl, peer):
+            label = "dlcloud GET /api/v1/jobs/{id} signed" if r is dl else "peer FastAPI GET /ping, no auth"
+            us = r.server_cpu / r.requests * 1e6 if r.requests else float("nan")
+            print(
+                f"{label + f', {workers} proc':<46}{r.rps:>9.0f}{r.p50_ms:>9.1f}{r.p99_ms:>9.1f}{r.errors:>8}"
+                f"{r.server_cpu / r.seconds * 100:>8.0f}%{us:>11.0f}"
+            )
+        ratio = dl.rps / peer.rps
+        met = met and ratio >= TARGET_RATIO
         print(
-            f"{label:<38}{r.rps:>9.0f}{r.p50_ms:>9.1f}{r.p99_ms:>9.1f}{r.errors:>8}"
-            f"{r.server_cpu / r.seconds * 100:>8.0f}%{us:>11.0f}"
+            f"{f'ratio dlcloud / peer, {workers} proc':<46}{ratio:>9.2f}{dl.p50_ms / peer.p50_ms:>9.2f}"
+            f"{dl.p99_ms / peer.p99_ms:>9.2f}"
         )
-    print(
-        f"{'ratio dlcloud / peer':<38}{dl.rps / peer.rps:>9.2f}{dl.p50_ms / peer.p50_ms:>9.2f}"
-        f"{dl.p99_ms / peer.p99_ms:>9.2f}"
+    print(f"target: dlcloud / peer >= {TARGET_RATIO} at every worker count ({'met' if met else 'MISSED'})")
+    gen = ", ".join(
+        f"{r.name} {w} proc {r.generator_cpu / r.seconds * 100:.0f}%" for w, dl, peer in results for r in (dl, peer)
     )
-    verdict = "met" if dl.rps >= TARGET_RPS else "MISSED"
-    print(f"target: dlcloud >= {TARGET_RPS:,.0f} req/s ({verdict})")
-    gen = ", ".join(f"{r.name} {r.generator_cpu / r.seconds * 100:.0f}%" for r in (dl, peer))
-    print(f"(srv CPU: server process CPU over the window, 100% = one core; load generator CPU: {gen})")
+    print(f"(srv CPU: the server's processes over the window, 100% = one core; load generator CPU: {gen})")
+
+
+def measure(workers: int, root: Path, args: argparse.Namespace) -> tuple[Result, Result]:
+    """dlcloud with ``workers`` API processes, then the peer with as many."""
+    dl_server = DlcloudServer(root, f"dlcloud-{workers}")
+    peer_server = PeerServer(root, f"peer-{workers}")
+    try:
+        ak, sk = dl_server.start(
+            args.log_level, extra_args=["--api-workers", str(workers)], extra_env=UNREACHED_RATE_LIMITS
+        )
+        from dlcloud.client import Client, Credentials
+
+        with Client(Credentials(dl_server.endpoint, ak, sk)) as client:
+            job = client.jobs.submit({"name": "bench-api", "command": "true", "resources": {"memory": "64Mi"}})
+            client.jobs.get(job.id)  # the path works before the clock starts
+        assert dl_server.proc is not None
+        dl = drive("dlcloud", dl_server.port, f"/api/v1/jobs/{job.id}", (ak, sk), dl_server.proc.pid, args)
+        dl_server.stop()
+        peer_server.start(workers)
+        assert peer_server.proc is not None
+        peer = drive("peer", peer_server.port, "/ping", None, peer_server.proc.pid, args)
+    finally:
+        peer_server.stop()
+        dl_server.stop()
+    return dl, peer
 
 
 def main() -> None:
@@ -271,35 +308,34 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before (default 2)")
     ap.add_argument("--clients", type=int, default=32, help="concurrent connections (default 32)")
     ap.add_argument("--procs", type=int, default=2, help="load generator processes (default 2)")
+    ap.add_argument(
+        "--api-workers",
+        default=f"1,{os.cpu_count() or 1}",
+        help="comma-separated API process counts, each measured against the peer with as many (default 1,cores)",
+    )
     ap.add_argument("--log-level", default="warning", help="dlcloud server log level (default warning)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary dir (server logs)")
     args = ap.parse_args()
     if args.clients < args.procs or args.procs < 1:
         ap.error("need --procs >= 1 and --clients >= --procs")
+    try:
+        counts = sorted({int(n) for n in args.api_workers.split(",")})
+    except ValueError:
+        ap.error(f"--api-workers: comma-separated numbers, got {args.api_workers!r}")
+    if not counts or counts[0] < 1:
+        ap.error("--api-workers: each count at least 1")
 
     root = Path(tempfile.mkdtemp(prefix="dlcloud-bench-api-"))
-    dl_server = DlcloudServer(root, "dlcloud")
-    peer_server = PeerServer(root, "peer")
+    results = []
     try:
-        ak, sk = dl_server.start(args.log_level, extra_env=UNREACHED_RATE_LIMITS)
-        from dlcloud.client import Client, Credentials
-
-        with Client(Credentials(dl_server.endpoint, ak, sk)) as client:
-            job = client.jobs.submit({"name": "bench-api", "command": "true", "resources": {"memory": "64Mi"}})
-            client.jobs.get(job.id)  # the path works before the clock starts
-        assert dl_server.proc is not None
-        dl = drive("dlcloud", dl_server.port, f"/api/v1/jobs/{job.id}", (ak, sk), dl_server.proc.pid, args)
-        peer_server.start()
-        assert peer_server.proc is not None
-        peer = drive("peer", peer_server.port, "/ping", None, peer_server.proc.pid, args)
+        for workers in counts:
+            results.append((workers, *measure(workers, root, args)))
     finally:
-        peer_server.stop()
-        dl_server.stop()
         if args.keep:
             print(f"kept: {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print_report(args, dl, peer)
+    print_report(args, results)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,16 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _common import Process, free_port, load_average, machine, percentile  # bench/ is on sys.path
+from _common import (  # bench/ is on sys.path
+    Process,
+    free_port,
+    load_average,
+    machine,
+    percentile,
+    proc_stat,
+    process_tree,
+    tree_cpu_seconds,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY_SCRIPT = Path(__file__).resolve().parent / "ray_serve_mlp.py"
@@ -331,41 +340,6 @@ def run_wrk(
     return json.loads(match.group(1)), cpu
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields 3... of /proc/PID/stat (after the command name), or None if the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def process_tree(root: int) -> dict[int, str]:
-    """``root`` and its descendants (Ray's raylet, workers, proxy and replica), each with its start time."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            starts[int(entry.name)] = fields[19]
-    tree, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in starts:
-            tree[pid] = starts[pid]
-            todo.extend(children.get(pid, ()))
-    return tree
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of a process and its live descendants."""
-    total = 0
-    for pid in process_tree(root):
-        if (fields := _stat(pid)) is not None:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def measure(
     label: str,
     url: str,
@@ -531,7 +505,7 @@ class RayServe:
                 proc.wait()
         # what that cluster left running (same pid and start time as before: not a reused pid) goes too
         for pid, started in tree.items():
-            fields = _stat(pid)
+            fields = proc_stat(pid)
             if fields is not None and fields[19] == started:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)

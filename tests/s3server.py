@@ -264,3 +264,15 @@ def _stop_server() -> None:
 def s3_server(request: pytest.FixtureRequest) -> Iterator[S3Server]:
     """The session's SeaweedFS (see the module docstring)."""
     yield s3_server_or_skip(request)
+
+
+def s3_settings_in_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[S3Server, str]:
+    """The session's server (``s3_server_or_skip``) and a new store's URL on it, with the credentials set as an
+    operator gives them: in the server's environment, where boto3 reads them."""
+    server = s3_server_or_skip(request)
+    store = server.new_store()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", server.region)
+    return server, store.url

@@ -8,6 +8,7 @@ re-adopted on the next start.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -17,11 +18,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.supervisors.multiprocess import Multiprocess
 
+from dlcloud import api_workers
 from dlcloud.api.app import create_app
+from dlcloud.api_workers import WakeReceiver, build_platform, worker_app
 from dlcloud.control.dataset_sources import SourceWorker
 from dlcloud.control.housekeeping import Housekeeping
 from dlcloud.control.leader import Leadership
@@ -29,13 +34,12 @@ from dlcloud.control.loop import ControlLoop
 from dlcloud.errors import InvalidArgument
 from dlcloud.executors.base import Executor
 from dlcloud.executors.registry import get_executor_class
-from dlcloud.scheduler.inventory import build_inventory
 from dlcloud.schemas.tenants import egress_target
+from dlcloud.services import rate_table
 from dlcloud.services.platform import Platform
 from dlcloud.services.secrets import SecretBox
 from dlcloud.services.tenants import bootstrap
 from dlcloud.settings import Settings
-from dlcloud.storage.stores import open_object_store
 from dlcloud.store.db import Database, migrate
 from dlcloud.uvicorn_server import Uvicorn
 
@@ -85,18 +89,22 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
         assert boot.access_key and boot.secret_key
         _write_bootstrap_file(bootstrap_file, boot.access_key, boot.secret_key, public_endpoint(settings))
         log.info("created the platform admin %r; its key is in %s", settings.bootstrap_admin_name, bootstrap_file)
-    declared = (
-        [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory] if settings.gpu_inventory is not None else None
-    )
-    inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     if executor is None:
         executor = get_executor_class(settings.executor).from_settings(settings)
-    objects = open_object_store(settings)
-    objects.check()
-    log.info("storage: %s", objects.url)
-    isolated, isolation = executor.isolation()
-    log.info("isolation of user code: %s", isolation)
-    if not isolated:
+    holder: dict[str, ControlLoop] = {}
+    workers: dict[str, SourceWorker] = {}
+    platform = build_platform(
+        settings,
+        db,
+        box,
+        executor,
+        wake=lambda: holder["c"].wake(),
+        wake_sources=lambda: workers["w"].wake(),
+    )
+    platform.objects.check()
+    log.info("storage: %s", platform.objects.url)
+    log.info("isolation of user code: %s", platform.isolation)
+    if not platform.isolated:
         log.warning(
             "user code runs WITHOUT a sandbox: %s",
             "every tenant's jobs may run (--allow-unsandboxed-tenants): they can read each other's data and the "
@@ -104,21 +112,6 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
             if settings.allow_unsandboxed_tenants
             else f"only tenant {settings.bootstrap_tenant_name!r} may run jobs and build environments",
         )
-    holder: dict[str, ControlLoop] = {}
-    workers: dict[str, SourceWorker] = {}
-    platform = Platform(
-        settings=settings,
-        db=db,
-        box=box,
-        inventory=inventory,
-        wake=lambda: holder["c"].wake(),
-        wake_sources=lambda: workers["w"].wake(),
-        isolated=isolated,
-        isolation=isolation,
-        objects=objects,
-        environments=executor.environments(settings, objects),
-        executor=executor,
-    )
     leadership = Leadership(db, data_dir)
     control = ControlLoop(platform, executor, leadership)
     holder["c"] = control
@@ -148,33 +141,45 @@ def build_server(settings: Settings, executor: Executor | None = None) -> Server
 def _lifespan(server: Server, state: dict[str, bool]):
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        threads = [
-            threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
-            # every process, leader or follower: sweeps remove only what no live request uses, and claims keep
-            # two processes from computing one dataset version
-            threading.Thread(
-                target=server.housekeeping.run, args=(server.stop_event,), name="dlcloud-housekeeping", daemon=True
-            ),
-            threading.Thread(
-                target=server.sources.run, args=(server.stop_event,), name="dlcloud-dataset-sources", daemon=True
-            ),
-        ]
-        for t in threads:
-            t.start()
+        threads = _start_background(server, state)
         try:
             yield
         finally:
-            server.stop_event.set()
-            server.control.wake()
-            server.sources.wake()
-            server.housekeeping.wake()
-            for t in threads:
-                t.join(timeout=10)
-            server.leadership.release()
-            server.platform.db.dispose()
-            log.info("control plane stopped; running jobs keep running and are re-adopted on the next start")
+            _stop_background(server, threads)
 
     return lifespan
+
+
+def _start_background(server: Server, state: dict[str, bool], *more: threading.Thread) -> list[threading.Thread]:
+    """The control process's threads, started: the election and the control loop, housekeeping, the dataset-source
+    worker (and ``more``)."""
+    threads = [
+        threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
+        # every process, leader or follower: sweeps remove only what no live request uses, and claims keep
+        # two processes from computing one dataset version
+        threading.Thread(
+            target=server.housekeeping.run, args=(server.stop_event,), name="dlcloud-housekeeping", daemon=True
+        ),
+        threading.Thread(
+            target=server.sources.run, args=(server.stop_event,), name="dlcloud-dataset-sources", daemon=True
+        ),
+        *more,
+    ]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _stop_background(server: Server, threads: list[threading.Thread]) -> None:
+    server.stop_event.set()
+    server.control.wake()
+    server.sources.wake()
+    server.housekeeping.wake()
+    for t in threads:
+        t.join(timeout=10)
+    server.leadership.release()
+    server.platform.db.dispose()
+    log.info("control plane stopped; running jobs keep running and are re-adopted on the next start")
 
 
 def _leader_loop(server: Server, state: dict[str, bool]) -> None:
@@ -199,19 +204,16 @@ def _leader_loop(server: Server, state: dict[str, bool]) -> None:
 
 
 def serve(settings: Settings, on_ready=None) -> None:
-    """Run until SIGTERM/SIGINT."""
+    """Run until SIGTERM/SIGINT: in one process (``api_workers`` 1), else as a control process keeping
+    ``api_workers`` API processes on the port (``api_workers.py``)."""
     os.umask(0o077)  # the database, keys, code and logs are readable by this user only
     server = build_server(settings)
-    config = uvicorn.Config(
-        server.app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    uv = Uvicorn(config)
+    if settings.resolved_api_workers > 1:
+        if on_ready is not None:
+            on_ready(server)
+        _serve_workers(server, settings.resolved_api_workers)
+        return
+    uv = Uvicorn(_uvicorn_config(settings, server.app))
     if on_ready is not None:
         on_ready(server)
     # start-up made the long-lived objects (the app, SQLAlchemy's and pydantic's caches): leave them out
@@ -219,3 +221,40 @@ def serve(settings: Settings, on_ready=None) -> None:
     gc.collect()
     gc.freeze()
     uv.run()
+
+
+def _uvicorn_config(settings: Settings, app: Any, **more: Any) -> uvicorn.Config:
+    """How ``dlcloud up`` serves the API, in one process or in workers."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        **more,
+    )
+
+
+def _serve_workers(server: Server, workers: int) -> None:
+    """This process runs the control plane's threads and keeps ``workers`` API processes serving the port until
+    SIGTERM/SIGINT (uvicorn's supervisor replaces one that dies), then stops them and its threads."""
+    settings = server.settings
+    app = functools.partial(worker_app, settings, os.getpid())
+    config = _uvicorn_config(settings, app, factory=True, workers=workers)
+    rate_table.create(api_workers.rate_table(settings))
+    receiver = WakeReceiver(
+        api_workers.wake_socket(settings),
+        {api_workers.WAKE_CONTROL: server.control.wake, api_workers.WAKE_SOURCES: server.sources.wake},
+    )
+    wakes = threading.Thread(target=receiver.run, args=(server.stop_event,), name="dlcloud-wakes", daemon=True)
+    sock = config.bind_socket()
+    threads = _start_background(server, {"leader": False, "follower": False}, wakes)
+    log.info("serving the API with %d worker processes; this process runs the control plane", workers)
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        receiver.close()
+        _stop_background(server, threads)
+        sock.close()

@@ -6,6 +6,7 @@ Nothing here imports other dlcloud modules.
 
 from __future__ import annotations
 
+import os
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
@@ -213,6 +214,10 @@ class Settings(BaseSettings):
     job_disk_max_bytes: Annotated[int, Field(ge=0)] = 50 * 1024**3
 
     log_level: str = "info"
+    # API processes of ``dlcloud up`` behind its port (docs/configuration.md#api-workers): 1 serves the API and
+    # runs the control plane in one process; more, a control process keeps that many API processes; None: one per
+    # core of this machine
+    api_workers: Annotated[int, Field(ge=1, le=256)] | None = None
 
     @property
     def resolved_database_url(self) -> str:
@@ -245,6 +250,10 @@ class Settings(BaseSettings):
     @property
     def resolved_server_key_file(self) -> Path:
         return self.server_key_file or self.data_dir / "server.key"
+
+    @property
+    def resolved_api_workers(self) -> int:
+        return self.api_workers if self.api_workers is not None else max(1, os.cpu_count() or 1)
 
     @property
     def runs_dir(self) -> Path:

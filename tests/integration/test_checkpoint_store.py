@@ -20,7 +20,7 @@ from dlcloud.services.job_keys import checkpoints_key
 from dlcloud.settings import GpuSpec
 from dlcloud.storage import checkpoint_store
 from tests.conftest import Env, build_env, control_running, make_settings, release, wait_for
-from tests.s3server import S3Server, s3_server_or_skip
+from tests.s3server import S3Server, s3_settings_in_env
 
 H100 = "NVIDIA H100 80GB HBM3"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -42,16 +42,11 @@ def _look_often(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @contextmanager
 def _platform(request, tmp_path: Path, db_url: str, monkeypatch, **overrides) -> Iterator[tuple[Env, S3Server]]:
-    server = s3_server_or_skip(request)
-    store = server.new_store()
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
-    monkeypatch.setenv("AWS_REGION", server.region)
+    server, url = s3_settings_in_env(request, monkeypatch)
     settings = make_settings(
         tmp_path,
         db_url,
-        storage_url=store.url,
+        storage_url=url,
         s3_addressing_style="path",
         gpu_inventory=[GpuSpec(index=0, name=H100)],
         checkpoint_save_interval_seconds=0,

@@ -15,7 +15,7 @@ import pytest
 from dlcloud.checksums import artifact_digest
 from dlcloud.executors.local.executor import LocalExecutor
 from tests.conftest import Env, build_env, control_running, make_settings, wait_for
-from tests.s3server import S3Server, s3_server_or_skip
+from tests.s3server import S3Server, s3_settings_in_env
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 SIG = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs": []}
@@ -23,16 +23,10 @@ SIG = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs
 
 @pytest.fixture
 def s3_env(request: pytest.FixtureRequest, tmp_path: Path, db_url: str, monkeypatch) -> Iterator[tuple[Env, S3Server]]:
-    server = s3_server_or_skip(request)
-    store = server.new_store()
-    # the credentials as an operator gives them: in the server's environment, where boto3 reads them
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
-    monkeypatch.setenv("AWS_REGION", server.region)
-    settings = make_settings(tmp_path, db_url, storage_url=store.url, s3_addressing_style="path")
+    server, url = s3_settings_in_env(request, monkeypatch)
+    settings = make_settings(tmp_path, db_url, storage_url=url, s3_addressing_style="path")
     e = build_env(settings, LocalExecutor())
-    assert e.platform.objects.url == store.url
+    assert e.platform.objects.url == url
     with control_running(e):
         yield e, server
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from dlcloud.schemas.errors import validation_problems
 from dlcloud.services.admission import RateLimits
 from dlcloud.services.auth import AuthError, BatchVerifier
 from dlcloud.services.platform import Platform
+from dlcloud.services.rate_table import SharedBuckets
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -48,8 +50,10 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
-    """Build the API. ``ready_check`` returns None when ready or a reason string (the control loop)."""
+def create_app(platform: Platform, *, ready_check: Any = None, rate_table: Path | None = None) -> FastAPI:
+    """Build the API. ``ready_check`` returns None when ready or a reason string (the control loop);
+    ``rate_table``: the rate limits' table the API processes of this host share (``services/rate_table.py``),
+    None: this process's own buckets."""
     app = FastAPI(
         title="dlcloud",
         version=__version__,
@@ -60,7 +64,8 @@ def create_app(platform: Platform, *, ready_check: Any = None) -> FastAPI:
     )
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
-    app.state.rate_limits = RateLimits(platform.settings)  # after authentication: api/deps.py
+    shared = SharedBuckets(rate_table) if rate_table is not None else None
+    app.state.rate_limits = RateLimits(platform.settings, shared)  # after authentication: api/deps.py
     prometheus_metrics = Metrics()
     scrape_token = platform.settings.metrics_scrape_token
     prometheus_metrics.registry.register(SchedulingCollector(platform, per_tenant=scrape_token is not None))

@@ -105,6 +105,14 @@ def up(
         help="auto: run user code in a bubblewrap sandbox where it works; off: never (then one tenant only) "
         "[default: auto].",
     ),
+    api_workers: int | None = typer.Option(
+        None,
+        "--api-workers",
+        min=1,
+        max=256,
+        help="API processes behind the port; with more than 1, one more process runs the scheduler "
+        "(docs/configuration.md#api-workers) [default: one per core].",
+    ),
     allow_unsandboxed_tenants: bool = typer.Option(
         False,
         "--allow-unsandboxed-tenants",
@@ -112,7 +120,10 @@ def up(
         "and the server's secrets (docs/isolation.md).",
     ),
 ) -> None:
-    """Start the platform on this machine: API, scheduler and local executor in one process.
+    """Start the platform on this machine: the API, the scheduler and the local executor.
+
+    The API is served by --api-workers processes (one per core by default); with more than one, another
+    process runs the scheduler and the executor and keeps them serving.
 
     On first start it creates the platform admin, writes its key to <data-dir>/bootstrap-admin.json and
     sets up the 'local' CLI profile. Stop with Ctrl-C or SIGTERM; running jobs keep running and are
@@ -125,6 +136,8 @@ def up(
       dlcloud up --port 9000 --data-dir /srv/dlcloud --database-url postgresql://postgres@127.0.0.1/dlcloud
 
       dlcloud up --sandbox off      # no bubblewrap here: only the 'default' tenant runs jobs
+
+      dlcloud up --api-workers 1    # the API and the scheduler in one process
 
       AWS_ENDPOINT_URL=http://127.0.0.1:9000 dlcloud up --storage-url s3://dlcloud/prod
     """
@@ -142,6 +155,7 @@ def up(
         "log_level": log_level,
         "sandbox": sandbox,
         "allow_unsandboxed_tenants": allow_unsandboxed_tenants or None,
+        "api_workers": api_workers,
         "data_dir": data_dir.expanduser().resolve() if data_dir is not None else None,
     }
     settings = Settings(**{k: v for k, v in flags.items() if v is not None})
