@@ -8,13 +8,16 @@ connection, and the client sees the connection close). It serves no request itse
 
 Each API process (``worker_app``, started by spawning, so it shares nothing of the control process's memory)
 builds its own platform handles from the same settings: a database engine (the schema is the control
-process's, migrated before any worker starts), the store, the executor (to read jobs' logs and remove deleted
-jobs; it never starts one), the server key. What must be one across the processes is:
+process's, migrated before any worker starts; its pool a share of one process's), the store, the executor (to
+read jobs' logs, infer models' signatures and remove deleted jobs; it never starts a job, and takes the control
+process's sandbox probe rather than making its own), the server key. What must be one across the processes is:
 
 - the scheduler: only the control process runs it; a request that changed what it decides (a job submitted,
   cancelled) wakes it through a datagram on a socket of the data dir (``WakeReceiver``, ``wake_sender``), as
   one process calls ``ControlLoop.wake``; a lost datagram costs at most the loop's interval;
 - the rate limits: in a table every process maps (``services/rate_table.py``), made by the control process;
+- ``/metrics``: the request counters of every worker, summed (prometheus_client's multiprocess mode, in a
+  directory the control process empties at start), the dead ones' included;
 - replay protection, sessions, quotas: in the database already, as with several ``dlcloud up`` on one database.
 
 An API process dies with the control process (``PR_SET_PDEATHSIG``): a kill -9 of ``dlcloud up`` leaves no
@@ -27,16 +30,19 @@ import ctypes
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
-from dlcloud.api.app import create_app
+from dlcloud.api.app import SharedByProcesses, create_app
 from dlcloud.executors.base import Executor
 from dlcloud.executors.registry import get_executor_class
 from dlcloud.scheduler.inventory import build_inventory
@@ -50,19 +56,48 @@ log = logging.getLogger("dlcloud")
 
 WAKE_CONTROL, WAKE_SOURCES = b"c", b"s"
 PR_SET_PDEATHSIG = 1
+WAKE_SOCKET, RATE_TABLE, METRICS = "wake.sock", "rate-limits", "metrics"
+CONTROL_READY = "control-ready"  # present while the control process leads or follows (its election runs)
 
 
-def run_dir(settings: Settings) -> Path:
-    """The control process's sockets and shared tables (0700, in the data dir: no job reaches them)."""
-    return settings.data_dir / "run"
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What an API process is started with (pickled to it by the spawn): the settings, its control process, and
+    what the control process decided at its start that the workers must not decide again (the executor's
+    ``decided``: the sandbox probe; the isolation it told)."""
+
+    settings: Settings
+    parent: int  # the control process's pid
+    executor: dict[str, Any] = field(default_factory=dict)
+    isolated: bool = True
+    isolation: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return run_dir(self.settings, self.parent)
 
 
-def wake_socket(settings: Settings) -> Path:
-    return run_dir(settings) / "wake.sock"
+def run_dir(settings: Settings, control_pid: int) -> Path:
+    """The sockets and shared tables of one control process and its workers (0700 in the data dir: no job reaches
+    them; one per process, so two ``dlcloud up`` sharing a data dir, a leader and its follower, keep theirs apart)."""
+    return settings.data_dir / "run" / str(control_pid)
 
 
-def rate_table(settings: Settings) -> Path:
-    return run_dir(settings) / "rate-limits"
+def prepare_run_dir(settings: Settings) -> Path:
+    """This control process's run directory, made empty, after removing those of control processes that are gone;
+    the workers' metrics directory named to every process started from now on (the workers import
+    prometheus_client after this, so their values go there; this process serves none)."""
+    parent = settings.data_dir / "run"
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for entry in parent.iterdir():
+        if entry.name.isdigit() and not Path(f"/proc/{entry.name}").exists():
+            shutil.rmtree(entry, ignore_errors=True)
+    path = run_dir(settings, os.getpid())
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    (path / METRICS).mkdir(mode=0o700)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path / METRICS)
+    return path
 
 
 def build_platform(
@@ -73,14 +108,16 @@ def build_platform(
     *,
     wake: Callable[[], None],
     wake_sources: Callable[[], None],
+    isolation: tuple[bool, str] | None = None,
 ) -> Platform:
-    """The platform's handles as every process of ``dlcloud up`` builds them from the settings."""
+    """The platform's handles as every process of ``dlcloud up`` builds them from the settings; ``isolation``:
+    (isolated, how) as the control process found it, else asked of the executor here."""
     declared = (
         [(g.index, g.name, g.memory_mb) for g in settings.gpu_inventory] if settings.gpu_inventory is not None else None
     )
     inventory = build_inventory(declared, settings.cpu_capacity, settings.memory_capacity_bytes, settings.host_name)
     objects = open_object_store(settings)
-    isolated, isolation = executor.isolation()
+    isolated, how = isolation if isolation is not None else executor.isolation()
     return Platform(
         settings=settings,
         db=db,
@@ -89,7 +126,7 @@ def build_platform(
         wake=wake,
         wake_sources=wake_sources,
         isolated=isolated,
-        isolation=isolation,
+        isolation=how,
         objects=objects,
         environments=executor.environments(settings, objects),
         executor=executor,
@@ -149,24 +186,34 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def worker_app(settings: Settings, parent: int) -> FastAPI:
+def worker_app(setup: WorkerSetup) -> FastAPI:
     """The API of one worker process (a uvicorn app factory, called once in each): its own handles on the
-    platform, its wakes sent to the control process ``parent``, its rate limits in the shared table."""
-    _die_with(parent)
+    platform, its wakes sent to its control process, its rate limits in the shared table, ready while the control
+    process's election runs."""
+    _die_with(setup.parent)
+    settings, here = setup.settings, setup.run_dir
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    db = Database(settings.resolved_database_url)
+    workers = settings.resolved_api_workers
+    # the connections of one process, shared out: N workers hold about what one process would
+    pool = max(4, 20 // workers)
+    db = Database(settings.resolved_database_url, pool_size=pool, max_overflow=pool)
     box = SecretBox.from_file(settings.resolved_server_key_file)
-    executor = get_executor_class(settings.executor).from_settings(settings)
-    path = wake_socket(settings)
+    executor = get_executor_class(settings.executor).from_settings(settings, **setup.executor)
     platform = build_platform(
         settings,
         db,
         box,
         executor,
-        wake=wake_sender(path, WAKE_CONTROL),
-        wake_sources=wake_sender(path, WAKE_SOURCES),
+        wake=wake_sender(here / WAKE_SOCKET, WAKE_CONTROL),
+        wake_sources=wake_sender(here / WAKE_SOCKET, WAKE_SOURCES),
+        isolation=(setup.isolated, setup.isolation),
     )
-    app = create_app(platform, rate_table=rate_table(settings))
+
+    def ready() -> str | None:
+        return None if (here / CONTROL_READY).exists() else "control loop not started"
+
+    shared = SharedByProcesses(here / RATE_TABLE, here / METRICS)
+    app = create_app(platform, ready_check=ready, shared=shared)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

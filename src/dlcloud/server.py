@@ -13,8 +13,9 @@ import gc
 import json
 import logging
 import os
+import shutil
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,12 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from dlcloud import api_workers
 from dlcloud.api.app import create_app
-from dlcloud.api_workers import WakeReceiver, build_platform, worker_app
+from dlcloud.api_workers import WakeReceiver, WorkerSetup, build_platform, worker_app
 from dlcloud.control.dataset_sources import SourceWorker
 from dlcloud.control.housekeeping import Housekeeping
 from dlcloud.control.leader import Leadership
@@ -150,11 +152,13 @@ def _lifespan(server: Server, state: dict[str, bool]):
     return lifespan
 
 
-def _start_background(server: Server, state: dict[str, bool], *more: threading.Thread) -> list[threading.Thread]:
-    """The control process's threads, started: the election and the control loop, housekeeping, the dataset-source
-    worker (and ``more``)."""
+def _start_background(
+    server: Server, state: dict[str, bool], *more: threading.Thread, announce: Callable[[], None] = lambda: None
+) -> list[threading.Thread]:
+    """The control process's threads, started: the election and the control loop (``announce``: told when its
+    state changed), housekeeping, the dataset-source worker (and ``more``)."""
     threads = [
-        threading.Thread(target=_leader_loop, args=(server, state), name="dlcloud-control", daemon=True),
+        threading.Thread(target=_leader_loop, args=(server, state, announce), name="dlcloud-control", daemon=True),
         # every process, leader or follower: sweeps remove only what no live request uses, and claims keep
         # two processes from computing one dataset version
         threading.Thread(
@@ -182,9 +186,10 @@ def _stop_background(server: Server, threads: list[threading.Thread]) -> None:
     log.info("control plane stopped; running jobs keep running and are re-adopted on the next start")
 
 
-def _leader_loop(server: Server, state: dict[str, bool]) -> None:
+def _leader_loop(server: Server, state: dict[str, bool], announce: Callable[[], None] = lambda: None) -> None:
     """Follow until this process wins the election, lead until it loses it (``ControlLoop.run`` returns on
-    ``LeadershipLost``), then release everything and follow again; until ``stop_event``."""
+    ``LeadershipLost``), then release everything and follow again; until ``stop_event``. ``announce``: told
+    after ``state`` changed (the workers' readiness, ``_serve_workers``)."""
     stop = server.stop_event
     while not stop.is_set():
         try:
@@ -194,11 +199,14 @@ def _leader_loop(server: Server, state: dict[str, bool]) -> None:
             leads = False
         if leads:
             state["leader"], state["follower"] = True, False
+            announce()
             server.control.run(stop)
             state["leader"], state["follower"] = False, True
+            announce()
             server.leadership.release()
             continue  # compete again at once: a lost lock session may be this process's own blip
         state["follower"] = True
+        announce()
         server.control.executor.reap()  # launchers this process started while it led
         stop.wait(2.0)
 
@@ -239,22 +247,41 @@ def _uvicorn_config(settings: Settings, app: Any, **more: Any) -> uvicorn.Config
 
 def _serve_workers(server: Server, workers: int) -> None:
     """This process runs the control plane's threads and keeps ``workers`` API processes serving the port until
-    SIGTERM/SIGINT (uvicorn's supervisor replaces one that dies), then stops them and its threads."""
+    SIGTERM/SIGINT (uvicorn's supervisor replaces one that dies), then stops them and its threads. Exits 3 when
+    the workers cannot start (uvicorn gives up on a worker that fails before serving)."""
     settings = server.settings
-    app = functools.partial(worker_app, settings, os.getpid())
-    config = _uvicorn_config(settings, app, factory=True, workers=workers)
-    rate_table.create(api_workers.rate_table(settings))
+    platform = server.platform
+    setup = WorkerSetup(settings, os.getpid(), server.control.executor.decided(), platform.isolated, platform.isolation)
+    config = _uvicorn_config(
+        settings, functools.partial(worker_app, setup), factory=True, workers=workers, timeout_worker_healthcheck=30
+    )
+    sock = config.bind_socket()  # the port first: a server that cannot have it changes nothing
+    here = api_workers.prepare_run_dir(settings)
+    rate_table.create(here / api_workers.RATE_TABLE)
     receiver = WakeReceiver(
-        api_workers.wake_socket(settings),
+        here / api_workers.WAKE_SOCKET,
         {api_workers.WAKE_CONTROL: server.control.wake, api_workers.WAKE_SOURCES: server.sources.wake},
     )
+    state = {"leader": False, "follower": False}
+    ready = here / api_workers.CONTROL_READY
+
+    def announce() -> None:
+        if state["leader"] or state["follower"]:
+            ready.touch(mode=0o600)
+        else:
+            ready.unlink(missing_ok=True)
+
     wakes = threading.Thread(target=receiver.run, args=(server.stop_event,), name="dlcloud-wakes", daemon=True)
-    sock = config.bind_socket()
-    threads = _start_background(server, {"leader": False, "follower": False}, wakes)
+    threads = _start_background(server, state, wakes, announce=announce)
     log.info("serving the API with %d worker processes; this process runs the control plane", workers)
+    supervisor = Multiprocess(config, sockets=[sock])
     try:
-        Multiprocess(config, sockets=[sock]).run()
+        supervisor.run()
     finally:
+        _stop_background(server, threads)  # the wakes' thread ends with the others, then its socket goes
         receiver.close()
-        _stop_background(server, threads)
         sock.close()
+        shutil.rmtree(here, ignore_errors=True)
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        log.error("the API worker processes could not start (see above); stopping")
+        raise SystemExit(3)

@@ -253,7 +253,7 @@ class Settings(BaseSettings):
 
     @property
     def resolved_api_workers(self) -> int:
-        return self.api_workers if self.api_workers is not None else max(1, os.cpu_count() or 1)
+        return self.api_workers if self.api_workers is not None else min(256, max(1, len(os.sched_getaffinity(0))))
 
     @property
     def runs_dir(self) -> Path:

@@ -70,6 +70,18 @@ def _two_workers(s: Server, without: int | None = None) -> set[int]:
     return wait_for(two, timeout=60, what="two API workers")
 
 
+def _listed(s: Server) -> float:
+    """How many ``GET /api/v1/jobs`` (route ``jobs.list``) answered 200, as ``/metrics`` says (on a connection of
+    its own)."""
+    text = httpx.get(f"{s.endpoint}/metrics", timeout=10, headers={"Connection": "close"}).text
+    wanted = ('route="jobs.list"', 'method="GET"', 'status="200"')
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("dlcloud_http_requests_total{") and all(w in line for w in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -89,6 +101,12 @@ def test_each_worker_serves_and_one_process_leads(workers: Server) -> None:
                 assert c.jobs.list() == []
         finally:
             os.kill(frozen, signal.SIGCONT)
+    # /metrics sums the workers' counters: the two lists above, and ten more, whichever worker answers
+    for _ in range(10):
+        with _client(s) as c:
+            c.jobs.list()
+    for _ in range(4):
+        assert _listed(s) == 12
     leads = [line for line in s.log().splitlines() if "this process leads the scheduler" in line]
     assert len(leads) == 1 and leads[0].endswith(f":{s.proc.pid})"), leads  # the control process, once
     with _client(s) as c:  # a submission through a worker wakes the control process's loop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,17 @@ def _error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(platform: Platform, *, ready_check: Any = None, rate_table: Path | None = None) -> FastAPI:
+@dataclass(frozen=True)
+class SharedByProcesses:
+    """What the API processes of one ``dlcloud up --api-workers N`` share (``api_workers.py``)."""
+
+    rate_table: Path  # the rate limits' buckets (``services/rate_table.py``)
+    metrics_dir: Path  # prometheus_client's multiprocess files: ``/metrics`` sums every process's counters
+
+
+def create_app(platform: Platform, *, ready_check: Any = None, shared: SharedByProcesses | None = None) -> FastAPI:
     """Build the API. ``ready_check`` returns None when ready or a reason string (the control loop);
-    ``rate_table``: the rate limits' table the API processes of this host share (``services/rate_table.py``),
-    None: this process's own buckets."""
+    ``shared``: what this process shares with the other API processes of the host; None: it is the only one."""
     app = FastAPI(
         title="dlcloud",
         version=__version__,
@@ -64,9 +72,9 @@ def create_app(platform: Platform, *, ready_check: Any = None, rate_table: Path 
     )
     app.state.platform = platform
     app.state.verifier = BatchVerifier(platform.db, platform.box, platform.settings.clock_skew_seconds)
-    shared = SharedBuckets(rate_table) if rate_table is not None else None
-    app.state.rate_limits = RateLimits(platform.settings, shared)  # after authentication: api/deps.py
-    prometheus_metrics = Metrics()
+    buckets = SharedBuckets(shared.rate_table) if shared is not None else None
+    app.state.rate_limits = RateLimits(platform.settings, buckets)  # after authentication: api/deps.py
+    prometheus_metrics = Metrics(shared.metrics_dir if shared is not None else None)
     scrape_token = platform.settings.metrics_scrape_token
     prometheus_metrics.registry.register(SchedulingCollector(platform, per_tenant=scrape_token is not None))
     app.state.metrics = prometheus_metrics

@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from dlcloud.services.accounting import AuditRecord, AuthFailureAudit, record_audit
 
@@ -28,18 +30,25 @@ MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "dlcloud_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
-        )
+    """The API's request counters and latencies, and ``registry``, what ``/metrics`` shows. ``multiprocess_dir``:
+    the directory where the API processes of one ``dlcloud up --api-workers N`` keep their values
+    (``PROMETHEUS_MULTIPROC_DIR``, set before this process imported prometheus_client): ``/metrics`` then sums
+    every process's, those of processes that died included."""
+
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        own = CollectorRegistry()
+        self.requests = Counter("dlcloud_http_requests", "HTTP requests", ["method", "route", "status"], registry=own)
         self.latency = Histogram(
             "dlcloud_http_request_seconds",
             "HTTP request latency",
             ["method", "route"],
-            registry=self.registry,
+            registry=own,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+        self.registry = own
+        if multiprocess_dir is not None:
+            self.registry = CollectorRegistry()
+            MultiProcessCollector(self.registry, str(multiprocess_dir))
 
 
 class RequestMiddleware:

@@ -333,9 +333,16 @@ class Executor(abc.ABC):
         self._settings: Settings | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Executor:
-        """The executor as ``dlcloud up`` builds it from the settings (``settings.executor`` names the class)."""
+    def from_settings(cls, settings: Settings, **decided: Any) -> Executor:
+        """The executor as ``dlcloud up`` builds it from the settings (``settings.executor`` names the class);
+        ``decided``: what another process of the same server decided at its start (``decided``), not probed again."""
         return cls()
+
+    def decided(self) -> dict[str, Any]:
+        """What this executor decided at its start that the API processes of ``dlcloud up --api-workers N`` must
+        share with it (picklable; ``from_settings(settings, **decided)`` in each): e.g. how jobs are sandboxed,
+        so that admission and inspection in a worker follow the control process's probe, not one of their own."""
+        return {}
 
     def bind(self, settings: Settings, objects: ObjectStore, environments: EnvironmentBackend) -> None:
         """Where this executor keeps what it owns and reads what workloads name: called once, at the

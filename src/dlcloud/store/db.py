@@ -28,7 +28,7 @@ class Database:
     turned a sub-millisecond wait into a tail of seconds. Other processes still wait in the busy handler.
     """
 
-    def __init__(self, url: str, *, pool_size: int = 20):
+    def __init__(self, url: str, *, pool_size: int = 20, max_overflow: int | None = None):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         kwargs: dict[str, Any] = {}
@@ -37,10 +37,10 @@ class Database:
             if ":memory:" in url:
                 raise ValueError("in-memory SQLite is not supported: the scheduler and API share the database")
             kwargs["pool_size"] = pool_size
-            kwargs["max_overflow"] = 40
+            kwargs["max_overflow"] = 40 if max_overflow is None else max_overflow
         else:
             kwargs["pool_size"] = pool_size
-            kwargs["max_overflow"] = 20
+            kwargs["max_overflow"] = 20 if max_overflow is None else max_overflow
             kwargs["pool_pre_ping"] = True
         self.engine: Engine = create_engine(url, **kwargs)
         if self.is_sqlite:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from dlcloud.errors import DlcloudError, InvalidState
 from dlcloud.executors import model_inspect
@@ -109,9 +110,10 @@ class LocalExecutor(Executor):
     name = "local"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> LocalExecutor:
-        """Sandboxed as the settings say (``sandbox``, the uid range), running jobs with this Python."""
-        sandbox = probe(
+    def from_settings(cls, settings: Settings, sandbox: Sandbox | None = None, **decided: Any) -> LocalExecutor:
+        """Sandboxed as the settings say (``sandbox``, the uid range), running jobs with this Python; ``sandbox``:
+        the probe another process of this server made (``decided``), else probed here."""
+        sandbox = sandbox or probe(
             enabled=settings.sandbox != "off",
             uid_start=settings.sandbox_uid_start,
             uid_count=settings.sandbox_uid_count,
@@ -140,6 +142,9 @@ class LocalExecutor(Executor):
         cache = settings.data_dir / "cache"
         self.code_cache = ObjectCache(cache / "objects", objects)
         self.data_cache = TreeCache(cache / "datasets", objects, settings.dataset_cache_max_bytes)
+
+    def decided(self) -> dict[str, Any]:
+        return {"sandbox": self.sandbox}
 
     # ---- what the runner knows
 
