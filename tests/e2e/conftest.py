@@ -23,6 +23,11 @@ from tests.conftest import WORKER_ENV, wait_for
 from tests.s3server import S3Server
 
 DLCLOUD = str(Path(sys.executable).parent / "dlcloud")
+# e2e servers run the API in one process unless a test asks for more: the default (one API process per core,
+# and one more for the scheduler) triples the processes each test starts on a 2-core CI machine. What N processes
+# change is tested where it is asked for (test_api_workers.py: --api-workers 2) and as a user meets it: the
+# README tour starts `dlcloud up` as written, with the default.
+SERVER_ENV = {"DLCLOUD_API_WORKERS": "1"}
 
 
 def free_port() -> int:
@@ -52,6 +57,7 @@ class Server:
     def env(self) -> dict[str, str]:
         e = {k: v for k, v in os.environ.items() if not k.startswith("DLCLOUD_")}
         e.update(WORKER_ENV)
+        e.update(SERVER_ENV)
         e["XDG_CONFIG_HOME"] = str(self.root / "config")
         e["HOME"] = str(self.root / "home")
         e["COLUMNS"] = "200"
