@@ -84,11 +84,14 @@ def save(objects: ObjectStore, prefix: str, src: Path, manifest: Manifest) -> Sa
     return saved
 
 
-def restore(objects: ObjectStore, prefix: str, dest: Path) -> SavedCheckpoint | None:
+def restore(
+    objects: ObjectStore, prefix: str, dest: Path, saved: SavedCheckpoint | None = None
+) -> SavedCheckpoint | None:
     """Write the job's last saved checkpoints into ``dest`` (created; it must not exist), each file verified
-    against its manifest; None when none were saved. That tree unreadable, the save before it; neither:
-    ObjectDamaged. StorageError (the store down) goes to the caller, which tries again later."""
-    saved = latest(objects, prefix)
+    against its manifest; None when none were saved. ``saved``: the pointer as the caller just read it
+    (``latest``), else read here. That tree unreadable, the save before it; neither: ObjectDamaged.
+    StorageError (the store down) goes to the caller, which tries again later."""
+    saved = saved or latest(objects, prefix)
     if saved is None:
         return None
     other = SLOTS[1] if saved.slot == SLOTS[0] else SLOTS[0]

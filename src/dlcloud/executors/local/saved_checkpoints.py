@@ -111,7 +111,7 @@ def restore(
         )
     with tempfile.TemporaryDirectory(prefix="restore-", dir=scratch) as tmp:
         try:
-            saved = checkpoint_store.restore(objects, key, Path(tmp) / SNAPSHOT)
+            saved = checkpoint_store.restore(objects, key, Path(tmp) / SNAPSHOT, last)
         except StorageError:
             raise
         except Exception as exc:  # damaged past both slots, or the scratch disk full
